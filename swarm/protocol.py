@@ -1,0 +1,337 @@
+"""The wire contract: every model that crosses a process boundary, shared by server and client.
+
+The server validates requests with these models, the client parses responses with them, and the
+researcher logs them. Depends on pydantic only. Field names follow OpenAI's chat API (and vLLM's
+``prompt_token_ids`` / ``token_ids`` extras) so any OpenAI SDK works unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+API_PREFIX = "/api/v1"
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class _Wire(BaseModel):
+    """Requests reject unknown fields so typos fail loudly instead of being ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorCode(str, Enum):
+    bad_request = "bad_request"
+    unauthorized = "unauthorized"
+    forbidden = "forbidden"
+    not_found = "not_found"
+    conflict = "conflict"
+    gone = "gone"
+    payload_too_large = "payload_too_large"
+    context_length_exceeded = "context_length_exceeded"
+    retry_later = "retry_later"
+    internal = "internal"
+
+
+class ErrorInfo(BaseModel):
+    code: ErrorCode
+    message: str
+    detail: Any = None
+    retry_after: float | None = None
+
+
+class ErrorBody(BaseModel):
+    """The one error shape of every route: ``{"error": {"code", "message", "detail"}}``."""
+
+    error: ErrorInfo
+
+
+# --------------------------------------------------------------------------- chat (OpenAI)
+
+
+class ChatMessage(BaseModel):
+    """A chat message as OpenAI clients send it; extra keys (name, tool_call_id, …) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions``. Unknown OpenAI options are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    n: int = Field(1, ge=1, le=64)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=4.0, description="server default if unset")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0 is supported")
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        return stops
+
+    def token_limit(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: ChoiceLogprobs | None = None
+    token_ids: list[int] = Field(default_factory=list, description="generated ids (vLLM's name)")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    policy_version: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "swarm"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# --------------------------------------------------------------------------- episodes
+
+
+class EpisodeState(str, Enum):
+    claimed = "claimed"
+    finished = "finished"
+    aborted = "aborted"
+    expired = "expired"
+
+
+# Valid lifecycle transitions; everything else is a user error (409/410).
+EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
+    EpisodeState.claimed: frozenset({EpisodeState.finished, EpisodeState.aborted, EpisodeState.expired}),
+    EpisodeState.finished: frozenset(),
+    EpisodeState.aborted: frozenset(),
+    EpisodeState.expired: frozenset(),
+}
+
+
+class ClaimRequest(_Wire):
+    """``POST /api/v1/episodes``: claim one episode of a task's GRPO group."""
+
+    task_id: str = Field(min_length=1, max_length=256)
+    group_id: str | None = Field(None, max_length=256, description="GRPO group; defaults to task_id")
+    group_size: int | None = Field(None, ge=1, le=1024, description="expected group size; server default if unset")
+    category: str | None = Field(None, max_length=64, description="task category for mixing ratios")
+    client_id: str = Field("anonymous", max_length=128)
+    lease_s: float | None = Field(None, gt=0, le=3600)
+    request_id: str | None = Field(None, max_length=128, description="makes the claim idempotent")
+
+
+class Episode(BaseModel):
+    episode_id: str
+    base_url: str
+    api_key: str
+    policy_version: int
+    lease_expires_at: float
+    task_id: str
+    group_id: str
+    category: str | None = None
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number (no NaN or infinity)")
+    return value
+
+
+class FinishRequest(_Wire):
+    reward: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_finite(cls, value: float) -> float:
+        return _finite(value)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_finite(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, number in value.items():
+            if not math.isfinite(number):
+                raise ValueError(f"metric {key!r} must be finite")
+        return value
+
+
+class AbortRequest(_Wire):
+    reason: str = Field("aborted by client", max_length=2000)
+
+
+class EpisodeStatus(BaseModel):
+    episode_id: str
+    state: EpisodeState
+    lease_expires_at: float | None = None
+    reward: float | None = None
+
+
+# --------------------------------------------------------------------------- status and metrics
+
+
+class EpisodeCounts(BaseModel):
+    claimed: int = 0
+    finished: int = 0
+    aborted: int = 0
+    expired: int = 0
+    trained: int = 0
+    dropped: int = 0
+
+
+class ServerState(str, Enum):
+    starting = "starting"
+    running = "running"
+    training = "training"
+    paused = "paused"
+    stopping = "stopping"
+    stopped = "stopped"
+
+
+class Status(BaseModel):
+    """``GET /api/v1/status``."""
+
+    state: ServerState
+    model: str
+    policy_version: int
+    step: int
+    episodes: EpisodeCounts
+    groups_pending: int = 0
+    clients: int = 0
+    config_version: int = 0
+    throughput: dict[str, float] = Field(default_factory=dict)
+    uptime_s: float = 0.0
+
+
+class StepMetrics(BaseModel):
+    """One training step's metrics; keys are slash-named (``train/reward_mean``)."""
+
+    step: int
+    policy_version: int
+    time: float
+    metrics: dict[str, float]
+
+
+# --------------------------------------------------------------------------- control
+
+
+class ControlAction(str, Enum):
+    pause = "pause"
+    resume = "resume"
+    checkpoint = "checkpoint"
+    stop = "stop"
+
+
+class ControlResult(BaseModel):
+    action: ControlAction
+    state: ServerState
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConfigPatch(_Wire):
+    """``PATCH /api/v1/config``: any subset of live settings; validated as a whole, then versioned."""
+
+    values: dict[str, Any] = Field(min_length=1)
+
+
+class ConfigView(BaseModel):
+    version: int
+    values: dict[str, Any]
+
+
+class SftExample(_Wire):
+    """A supervised warm-up example: the assistant's ``completion`` after ``messages``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    completion: str = Field(min_length=1)
+
+
+class SftRequest(_Wire):
+    """``POST /api/v1/control/sft``: a short supervised warm-up a study ships with its client."""
+
+    examples: list[SftExample] = Field(min_length=1, max_length=4096)
+    steps: int = Field(1, ge=1, le=10_000)
+    batch_size: int = Field(16, ge=1, le=1024)
+    lr: float | None = Field(None, gt=0, le=1.0)
+
+
+class SftResult(BaseModel):
+    steps: int
+    loss_first: float
+    loss_last: float
+    policy_version: int
+
+
+class Event(BaseModel):
+    """One item of ``GET /api/v1/events`` (SSE ``id`` = ``id``, ``event`` = ``type``)."""
+
+    id: int
+    type: str
+    time: float
+    data: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,101 @@
+"""Server settings: fixed process settings and the live, patchable training configuration.
+
+``ServerConfig`` extends the backend's ``TrainConfig`` with the engine's knobs, so one flat set of
+keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm config URL k=v`` use.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from swarm.backends.base import TrainConfig
+
+
+class ServerConfig(TrainConfig):
+    """Everything ``PATCH /api/v1/config`` may change while the server runs."""
+
+    # Batching: a step fires when ``batch_groups`` groups are complete.
+    group_size: int = Field(8, ge=1, le=1024, description="default GRPO group size")
+    batch_groups: int = Field(4, ge=1, le=4096, description="complete groups per training step")
+    min_group_size: int = Field(2, ge=1, description="groups with fewer finished members are dropped")
+    batch_mode: Literal["groups", "episodes", "varied_groups"] = Field(
+        "groups", description="count groups, episodes, or only groups whose rewards differ"
+    )
+    # Staleness: sync drains in-flight episodes before an update; async drops samples too old.
+    mode: Literal["sync", "async"] = "async"
+    max_staleness: int = Field(1, ge=0, le=64, description="async: oldest policy lag a sample may have")
+    # Generation defaults (used when a request leaves them unset).
+    temperature: float = Field(1.0, ge=0.0, le=4.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(64, ge=1, description="default completion length")
+    # Context tracking.
+    merge_timelines: bool = True
+    # Episodes.
+    lease_s: float = Field(60.0, gt=0, le=3600)
+    category_ratios: dict[str, float] = Field(default_factory=dict, description="target batch mix")
+    # Throughput: how long the batcher waits to collect concurrent requests into one forward pass.
+    batch_window_ms: float = Field(5.0, ge=0, le=1000)
+    max_batch_rows: int = Field(64, ge=1, le=4096)
+    # Durability.
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
+
+    @field_validator("category_ratios")
+    @classmethod
+    def _ratios_valid(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not (r >= 0) for r in value.values()):
+            raise ValueError("category ratios must be non-negative numbers")
+        if value and sum(value.values()) <= 0:
+            raise ValueError("category ratios must not all be zero")
+        return value
+
+    @model_validator(mode="after")
+    def _group_sizes_consistent(self) -> ServerConfig:
+        if self.min_group_size > self.group_size:
+            raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
+        return self
+
+    def patched(self, values: dict[str, Any]) -> ServerConfig:
+        """A validated copy with ``values`` applied; raises ``ValueError`` naming bad keys."""
+        unknown = sorted(set(values) - set(type(self).model_fields))
+        if unknown:
+            raise ValueError(f"unknown config keys: {unknown}; known: {sorted(type(self).model_fields)}")
+        try:
+            return type(self).model_validate({**self.model_dump(), **values})
+        except ValidationError as exc:
+            raise ValueError(_short_errors(exc)) from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> ServerConfig:
+        """Load a flat TOML file of config keys (an optional ``[server]`` table is also accepted)."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot read config {path}: {exc}") from None
+        data = data.get("server", data)
+        return cls().patched(data) if data else cls()
+
+
+class ServerSettings(BaseModel):
+    """Fixed for the life of a server process; built once by the CLI."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "tiny"
+    backend: str = "torch"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    state_dir: Path = Path("artifacts/swarm")
+    token: str | None = None
+    seed: int = 0
+    mlflow_uri: str | None = None
+    mlflow_run_id: str | None = None
+    max_context: int | None = Field(None, ge=16, description="override the model's context length")
+    config: ServerConfig = Field(default_factory=ServerConfig)
+
+
+def _short_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
