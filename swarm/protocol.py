@@ -79,7 +79,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=4.0, description="server default if unset")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 65, description="int64; choice i uses seed + i")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0 is supported")
     stream: bool = False
@@ -310,6 +310,7 @@ class SftExample(_Wire):
 
     messages: list[ChatMessage] = Field(min_length=1)
     completion: str = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = Field(None, description="tools rendered by the chat template, as in chat")
 
 
 class SftRequest(_Wire):

@@ -7,6 +7,7 @@ Heavy libraries (torch, transformers, verl, ray) are imported only inside ``swar
 from swarm.backends.base import (
     Backend,
     Generation,
+    RowFeed,
     SamplingParams,
     TokenCallback,
     TrainConfig,
@@ -16,6 +17,7 @@ from swarm.backends.base import (
 __all__ = [
     "Backend",
     "Generation",
+    "RowFeed",
     "SamplingParams",
     "TokenCallback",
     "TrainConfig",

@@ -34,8 +34,9 @@ class Generation:
     """One sampled continuation.
 
     ``token_ids`` decode to exactly the text returned to the client: on a stop string the ids are
-    cut before the token where the stop string begins. ``logprobs[i]`` is the log-probability of
-    ``token_ids[i]`` under the sampling distribution (after temperature and top-p).
+    cut before the token where the stop string begins. ``logprobs[i]`` is
+    ``log_softmax(logits / temperature)[token_ids[i]]`` (no top-p renormalisation; greedy rows use
+    temperature 1): the same quantity verl recomputes at training time, so the two can be compared.
     """
 
     token_ids: list[int]
@@ -98,6 +99,26 @@ class TrainConfig(BaseModel):
         return value
 
 
+class RowFeed(Protocol):
+    """Continuous batching: lets rows join a running ``generate`` and leave it one by one.
+
+    Row indices (for ``on_token`` too) number the initial prompts first, then admitted rows in the
+    order ``admit`` returned them. All methods are called from the generation thread.
+    """
+
+    def admit(self) -> Sequence[tuple[Sequence[int], SamplingParams]]:
+        """New rows to add now (called before the first step and between decode steps)."""
+        ...
+
+    def finished(self, row: int, generation: Generation) -> None:
+        """Row ``row`` is done; called as soon as it finishes, not when the whole batch ends."""
+        ...
+
+    def rejected(self, row: int, error: ValueError) -> None:
+        """Admitted row ``row`` cannot be served (bad prompt or params); it never ran."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the engine needs from a model owner. All methods are called from one worker thread."""
@@ -105,6 +126,7 @@ class Backend(Protocol):
     policy_version: int
     model_name: str
     max_context: int
+    eos_token_id: int  # the end-of-turn token a finished assistant message ends with
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Apply the chat template (with the generation prompt) and return prompt token ids."""
@@ -114,13 +136,22 @@ class Backend(Protocol):
         """Decode ids to text (special tokens skipped)."""
         ...
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added); used for supervised targets."""
+        ...
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
         params: Sequence[SamplingParams],
         on_token: TokenCallback | None = None,
+        feed: RowFeed | None = None,
     ) -> list[Generation]:
-        """Sample one continuation per prompt row in one batched forward loop."""
+        """Sample one continuation per prompt row in one batched forward loop.
+
+        With a ``feed`` the loop is continuous: rows may join between decode steps and each row is
+        reported the moment it finishes (see ``RowFeed``). Returns the initial rows' generations.
+        """
         ...
 
     def train_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
@@ -132,7 +163,9 @@ class Backend(Protocol):
         ...
 
     def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
-        """One supervised (NLL) update on the tokens where ``loss_mask`` is 1; increments ``policy_version``."""
+        """One supervised (NLL) update on the tokens where ``loss_mask`` is 1; increments ``policy_version``.
+
+        The returned metrics include ``sft/loss``."""
         ...
 
     def save(self, directory: str) -> None:

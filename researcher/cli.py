@@ -1,0 +1,428 @@
+"""``researcher …``: the composition root. The only module that reads the environment, builds
+settings, and wires planner, tracker and launcher into a study context.
+
+Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner; without
+them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
+accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
+SWARM_TOKEN (control token of existing servers given with --server).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from researcher import catalog, comparison, review, scheduler, study
+from researcher.context import StudyContext
+from researcher.launcher import Launcher
+from researcher.layout import StudyLayout, check_study_id, slugify
+from researcher.planner.offline import OfflinePlanner
+from researcher.planner.prompts import PromptLibrary
+from researcher.planner.schema import Planner, TopicNotMappable
+from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.tracking import Tracker
+
+app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
+                  add_completion=False)
+out = Console()
+log = logging.getLogger(__name__)
+_REPO = Path(__file__).resolve().parents[1]
+
+StudiesDir = Annotated[Path, typer.Option("--studies-dir", help="where study folders are written")]
+ArtifactsDir = Annotated[Path, typer.Option("--artifacts-dir", help="where run outputs and mlflow.db go")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    out.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _default_dir(relative: str) -> Path:
+    """cwd-relative when present (a checkout), else the installed repository's copy."""
+    here = Path(relative)
+    return here if here.is_dir() else _REPO / relative
+
+
+def build_settings(studies_dir: Path, artifacts_dir: Path, servers: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> ResearcherSettings:
+    env = dict(os.environ) if env is None else env
+    llm = None
+    if env.get("RESEARCHER_LLM_BASE_URL") or env.get("RESEARCHER_LLM_MODEL"):
+        if not (env.get("RESEARCHER_LLM_BASE_URL") and env.get("RESEARCHER_LLM_MODEL")):
+            raise ValueError("set both RESEARCHER_LLM_BASE_URL and RESEARCHER_LLM_MODEL (or neither for the "
+                             "offline planner)")
+        llm = LLMSettings(base_url=env["RESEARCHER_LLM_BASE_URL"], model=env["RESEARCHER_LLM_MODEL"],
+                          api_key=env.get("OPENAI_API_KEY") or "not-needed",
+                          price_in_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_IN") or 0),
+                          price_out_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_OUT") or 0))
+    for url in servers or []:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--server must be an http(s) URL, got {url!r}")
+    return ResearcherSettings(studies_root=studies_dir, artifacts_root=artifacts_dir,
+                              examples_root=_default_dir("studies/examples"), prompts_root=_default_dir("prompts"),
+                              tracking_uri=env.get("MLFLOW_TRACKING_URI") or None, servers=servers or [],
+                              server_token=env.get("SWARM_TOKEN") or None, llm=llm).resolved()
+
+
+def build_context(settings: ResearcherSettings, study_id: str, options: StudyOptions | None = None,
+                  verbose: bool = True, window_s: float | None = None) -> StudyContext:
+    layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
+    planner: Planner
+    if settings.llm is not None:
+        planner = _llm_planner(settings.llm, settings.prompts_root, layout)
+    else:
+        planner = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
+    options = options or StudyOptions()
+    threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
+    launcher = Launcher(settings.swarm_command, model=options.model, threads=threads,
+                        external_token=settings.server_token)
+    tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
+    return StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
+                        emit=_printer() if verbose else (lambda event, data: None),
+                        window_end=None if window_s is None else time.time() + window_s,
+                        min_free_disk_mb=options.min_free_disk_mb)
+
+
+def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
+    from researcher.planner.llm import LLMPlanner
+
+    counter = itertools.count(1)
+
+    def trace(record: dict[str, Any]) -> None:
+        layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
+        (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))
+
+    return LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace)
+
+
+def _printer() -> Any:
+    shown: dict[str, int] = {}
+
+    def emit(event: str, data: dict[str, Any]) -> None:
+        stamp = dt.datetime.now().strftime("%H:%M:%S")
+        if event == "progress":
+            last = shown.get(data["key"], -10)
+            if data["step"] - last < 5 and data["step"] < data["target"]:
+                return  # one line per 5 steps per run keeps the terminal readable
+            shown[data["key"]] = data["step"]
+            reward = "-" if data.get("reward") is None else f"{data['reward']:.3f}"
+            out.print(f"[dim]{stamp}[/dim] {data['experiment']} seed {data['seed']}: step "
+                      f"{data['step']}/{data['target']} reward {reward}", highlight=False)
+        elif event == "analyzed":
+            out.print(f"[dim]{stamp}[/dim] [bold]iteration {data['iteration']}[/bold] best: {data['best']}")
+            for line in data["lines"]:
+                out.print(f"    {line}", highlight=False)
+        elif event == "report":
+            out.print(f"[dim]{stamp}[/dim] [bold green]report[/bold green] {data['path']}\n{data['answer']}",
+                      highlight=False)
+        else:
+            details = " ".join(f"{k}={v}" for k, v in data.items())
+            out.print(f"[dim]{stamp}[/dim] [cyan]{event}[/cyan] {details}", highlight=False)
+
+    return emit
+
+
+def parse_duration(text: str) -> float:
+    """'10m', '90s', '2h', '1h30m' -> seconds."""
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*", text)
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise ValueError(f"cannot read duration {text!r}; use e.g. 10m, 90s, 2h or 1h30m")
+    h, m, s = (float(g) if g else 0.0 for g in parts.groups())
+    seconds = h * 3600 + m * 60 + s
+    if seconds <= 0:
+        raise ValueError("the budget must be positive")
+    return seconds
+
+
+def parse_until(text: str, now: float) -> float:
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"cannot read --until {text!r}; use ISO 8601, e.g. 2026-11-22T22:00") from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    if when.timestamp() <= now:
+        raise ValueError(f"--until {text} is in the past")
+    return when.timestamp()
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # Fail fast on an unreachable tracking server (the tracker spools and retries itself) instead
+    # of MLflow's default of 7 retries with exponential backoff, minutes per call.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+def _finish(state: dict[str, Any], layout: StudyLayout) -> None:
+    phase = state.get("phase")
+    if phase == "done":
+        out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
+        return
+    if phase == "stopped":
+        out.print(f"[yellow]study {layout.study_id} stopped[/yellow]: {layout.report_md}")
+        return
+    if phase == "parked":
+        parked = state.get("parked") or {}
+        out.print(f"[yellow]study {layout.study_id} parked[/yellow] in phase {parked.get('phase')}: "
+                  f"{parked.get('reason')}. `researcher resume {layout.study_id}` (or the daemon's next window) "
+                  "continues it.", highlight=False)
+        return
+    _fail(state.get("error") or f"study {layout.study_id} ended in phase {phase}", 3)
+
+
+@app.command()
+def start(
+    topic: Annotated[str, typer.Option(help="the research question, in plain words")],
+    budget: Annotated[str | None, typer.Option(help="wall-time budget, e.g. 10m, 2h")] = None,
+    until: Annotated[str | None, typer.Option(help="absolute deadline (ISO 8601) instead of --budget")] = None,
+    study_id: Annotated[str | None, typer.Option(help="default: derived from the topic and the time")] = None,
+    server: Annotated[list[str] | None, typer.Option(help="use this existing swarm server (repeatable)")] = None,
+    max_runs: Annotated[int | None, typer.Option(min=1, help="training runs the study may launch")] = None,
+    steps_per_run: Annotated[int | None, typer.Option(min=1, help="training steps per run")] = None,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds per configuration")] = None,
+    parallel: Annotated[int | None, typer.Option(min=1, help="runs alive at once (default 2)")] = None,
+    max_iterations: Annotated[int | None, typer.Option(min=1)] = None,
+    max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
+    max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
+    model: Annotated[str | None, typer.Option(help="what every run's `swarm serve --model` loads")] = None,
+    window: Annotated[str | None, typer.Option(help="end this session after this long (park; resume later)")] = None,
+    studies_dir: StudiesDir = Path("studies"),
+    artifacts_dir: ArtifactsDir = Path("artifacts"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Start a study: frame the topic, plan, run and analyse experiments, and write the report."""
+    _setup_logging(verbose)
+    now = time.time()
+    try:
+        if budget and until:
+            raise ValueError("give --budget or --until, not both")
+        deadline = parse_until(until, now) if until else now + parse_duration(budget or "20m")
+        settings = build_settings(studies_dir, artifacts_dir, server)
+        overrides = {k: v for k, v in {"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
+                                       "parallel_runs": parallel, "max_iterations": max_iterations,
+                                       "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
+                                       "model": model}.items()
+                     if v is not None}
+        if server and "parallel_runs" not in overrides:
+            overrides["parallel_runs"] = len(server)
+        options = StudyOptions(**overrides)
+        sid = check_study_id(study_id or f"{slugify(topic, 32)}-{dt.datetime.now():%m%d-%H%M%S}")
+        window_s = parse_duration(window) if window else None
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    ctx = build_context(settings, sid, options, window_s=window_s)
+    if isinstance(ctx.planner, OfflinePlanner):
+        try:  # refuse an unmappable topic before anything is written
+            ctx.planner.frame(topic, catalog.describe(settings.examples_root))
+        except TopicNotMappable as exc:
+            _fail(str(exc), 2)
+    out.print(f"study [bold]{sid}[/bold] · planner {ctx.planner.name} · deadline "
+              f"{dt.datetime.fromtimestamp(deadline):%H:%M:%S} · studies {ctx.layout.study_dir}")
+    try:
+        state = study.start(ctx, topic, options, deadline)
+    except (FileExistsError, study.StudyBusy) as exc:
+        _fail(str(exc), 2)
+    _finish(state, ctx.layout)
+
+
+def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
+                 verbose: bool = False, window_s: float | None = None) -> dict[str, Any]:
+    """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
+    settings = build_settings(Path(studies_dir), Path(artifacts_dir))
+    check_study_id(study_id)
+    layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
+    state = study.read_state(layout) or {}
+    options = StudyOptions(**state["options"]) if state.get("options") else None
+    ctx = build_context(settings, study_id, options, verbose=verbose, window_s=window_s)
+    return study.resume(ctx)
+
+
+@app.command()
+def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
+           window: Annotated[str | None, typer.Option(help="end this session after this long, e.g. 8h (park)")] = None,
+           verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Continue a study from its last checkpoint (re-attaching to runs that are still alive)."""
+    _setup_logging(verbose)
+    try:
+        window_s = parse_duration(window) if window else None
+        state = resume_study(study_id, str(studies_dir), str(artifacts_dir), verbose=True, window_s=window_s)
+    except (ValueError, study.StudyNotFound, study.StudyBusy) as exc:
+        _fail(str(exc), 2)
+    _finish(state, StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve()))
+
+
+@app.command()
+def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Annotated[bool, typer.Option("--json")] = False,
+           studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Show a study's state, iteration, runs and deadline (all studies without an id)."""
+    ids = [study_id] if study_id else review.study_ids(studies_dir, artifacts_dir)
+    rows = []
+    for sid in ids:
+        layout = StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve())
+        if not layout.graph_db.is_file() and not layout.study_toml.is_file():
+            _fail(f"no study {sid!r} under {studies_dir} / {artifacts_dir}", 2)
+        rows.append(review.summary(layout))
+    wakeups = scheduler.next_wakeups(artifacts_dir.resolve()) if rows else {}
+    for row in rows:
+        when = wakeups.get(row["study_id"])
+        row["scheduled"] = row["study_id"] in wakeups
+        row["next_wakeup"] = when.isoformat(timespec="seconds") if when else None
+    if json_:
+        print(json.dumps(rows[0] if study_id else rows, indent=2, default=str))
+        return
+    for row in rows:
+        table = Table(title=f"study {row['study_id']}", show_header=False)
+        for key in ("topic", "state", "active", "iteration", "runs", "deadline", "next_wakeup", "decision", "answer",
+                    "error"):
+            if row.get(key) not in (None, ""):
+                table.add_row(key, str(row[key]))
+        out.print(table)
+
+
+@app.command("list")
+def list_(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """List the studies on disk."""
+    table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
+    for sid in review.study_ids(studies_dir, artifacts_dir):
+        row = review.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
+        table.add_row(sid, row["state"], "yes" if row["active"] else "", str(row["iteration"]),
+                      str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
+    out.print(table)
+
+
+@app.command()
+def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
+           mlflow: Annotated[bool, typer.Option(help="also log the review to the study's MLflow parent runs")] = False) -> None:
+    """Render the study's review (comparison table + reward curves) as Markdown with PNG plots, after its report."""
+    _setup_logging(False)
+    try:
+        layout = StudyLayout(check_study_id(study_id), studies_dir.resolve(), artifacts_dir.resolve())
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if not layout.graph_db.is_file() and not layout.study_toml.is_file():
+        _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
+    state = study.read_state(layout) or {}
+    written = comparison.write(layout, (state.get("framing") or {}).get("metric", "train/reward_mean"))
+    if mlflow:
+        settings = build_settings(studies_dir, artifacts_dir)
+        tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
+        comparison.log_to_mlflow(tracker, layout, written)
+    if layout.report_md.is_file():
+        print(layout.report_md.read_text())
+    else:
+        print(f"(no report.md yet: the study is {state.get('phase', 'not started')})\n")
+    print(written["md"].read_text())
+    print(f"Files: {written['md']} · {written['csv']} · {written['png']}")
+
+
+@app.command("schedule")
+def schedule_(
+    study_id: str,
+    at: Annotated[str | None, typer.Option(help="daily at HH:MM[:SS] local time (with --every: the first time)")] = None,
+    cron: Annotated[str | None, typer.Option(help='crontab "M H dom mon dow" (or 6 fields, seconds first)')] = None,
+    every: Annotated[str | None, typer.Option(help="repeat at this interval, e.g. 6h")] = None,
+    window: Annotated[str, typer.Option(help="how long each session may run before it parks")] = "8h",
+    studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
+) -> None:
+    """Resume a study on a schedule (run `researcher daemon` to act on it)."""
+    try:
+        check_study_id(study_id)
+        spec = scheduler.ScheduleSpec(window_s=parse_duration(window), at=at, cron=cron,
+                                      every_s=parse_duration(every) if every else None)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    layout = StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve())
+    if not layout.graph_db.is_file():
+        _fail(f"no study {study_id!r} under {artifacts_dir}; `researcher start` it first", 2)
+    when = scheduler.schedule(study_id, spec, studies_dir.resolve(), artifacts_dir.resolve())
+    out.print(f"scheduled [bold]{study_id}[/bold] (job {scheduler.job_id(study_id)}): next session "
+              f"{when.isoformat(timespec='seconds') if when else 'never'}, {window} windows; "
+              f"`researcher daemon` runs it", highlight=False)
+
+
+@app.command()
+def unschedule(study_id: str, studies_dir: StudiesDir = Path("studies"),
+               artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Stop resuming a study on its schedule."""
+    try:
+        check_study_id(study_id)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if not scheduler.unschedule(study_id, studies_dir.resolve(), artifacts_dir.resolve()):
+        _fail(f"study {study_id!r} has no schedule", 2)
+    out.print(f"unscheduled {study_id}")
+
+
+@app.command()
+def daemon(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
+           poll: Annotated[float, typer.Option(min=0.5, help="seconds between syncs with the schedule files")] = 30.0,
+           verbose: Annotated[bool, typer.Option("--verbose", "-v")] = True) -> None:
+    """Run the scheduler in the foreground: resume scheduled studies in their windows (Ctrl-C to quit)."""
+    from researcher.daemon import run_daemon
+
+    _setup_logging(verbose)
+    out.print(f"researcher daemon: store {scheduler.store_url(artifacts_dir)}; studies {studies_dir.resolve()}")
+    run_daemon(studies_dir, artifacts_dir, poll_s=poll)
+
+
+@app.command()
+def stop(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Ask a running study to stop its runs and write its report; with no researcher running, stop its runs."""
+    layout = StudyLayout(check_study_id(study_id), studies_dir.resolve(), artifacts_dir.resolve())
+    if not layout.graph_db.is_file():
+        _fail(f"no study {study_id!r} under {artifacts_dir}", 2)
+    study.request_stop(layout)
+    if review.is_locked(layout):
+        out.print(f"stop requested: the researcher running {study_id} will stop its runs and write the report")
+        return
+    from researcher import runs
+
+    launcher = Launcher(build_settings(studies_dir, artifacts_dir).swarm_command)
+    stopped = 0
+    for record in runs.all_records(layout.runs_dir):
+        if not record.ended:
+            launcher.stop(layout.run_dir(record.iteration, record.trial), record, "stopped", "researcher stop")
+            stopped += 1
+    out.print(f"no researcher is running {study_id}; stopped {stopped} run(s). `researcher resume {study_id}` "
+              "continues it.")
+
+
+@app.command()
+def ui(port: int = 5000, artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Start the MLflow UI on the studies' tracking store (Ctrl-C to quit)."""
+    settings = build_settings(Path("studies"), artifacts_dir)
+    uri = settings.mlflow_uri()
+    out.print(f"MLflow UI on http://127.0.0.1:{port} (store {uri})")
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1"]
+    if uri.startswith("sqlite:"):
+        argv += ["--default-artifact-root", settings.mlflow_artifact_root().as_uri()]
+    try:
+        raise typer.Exit(subprocess.call(argv))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The study review: one comparison table of every training run and one plot of all reward curves.
+
+Table columns: iteration, hypothesis, experiment, config (the overrides it tests), seed, status,
+steps, final and best reward, AUC, wall time, cost (core-seconds: wall time x torch threads) and a
+verdict: ``keep`` (the best configuration of its iteration), ``discard`` (usable but not best) or
+``crashed`` (no usable curve: crashed, stalled, diverged, stopped). Written as review.md,
+review.csv and review.png (overlaid curves on a shared step axis), logged to every iteration's
+MLflow parent run, with lineage tags (study, iteration, hypothesis, run key, verdict) on the
+child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from researcher import analysis, runs, stats, studyfiles
+from researcher.layout import StudyLayout
+from researcher.tracking import Tracker, unreachable
+
+log = logging.getLogger(__name__)
+COLUMNS = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "steps", "final_reward",
+           "best_reward", "auc", "wall_s", "cost_core_s", "verdict", "run_key", "mlflow_run_id")
+
+
+def _analyses(layout: StudyLayout) -> dict[int, dict[str, Any]]:
+    found = {}
+    for path in layout.artifacts_dir.glob("analysis-*.json"):
+        data = json.loads(path.read_text())
+        found[int(data["iteration"])] = data
+    return found
+
+
+def table(layout: StudyLayout, metric: str = "train/reward_mean") -> list[dict[str, Any]]:
+    """One row per training run of the study, in run-key order."""
+    plan = studyfiles.read_plan(layout).get("iterations", {})
+    analyses = _analyses(layout)
+    rows = []
+    for record in runs.all_records(layout.runs_dir):
+        planned = plan.get(str(record.iteration), {})
+        experiment = next((e for e in planned.get("experiments", []) if e["name"] == record.experiment), {})
+        hypotheses = {h["id"]: h["statement"] for h in planned.get("hypotheses", [])}
+        hyp_id = experiment.get("hypothesis", "")
+        summary = analyses.get(record.iteration, {})
+        horizon = summary.get("horizon")
+        steps, values = runs.read_curve(layout.run_dir(record.iteration, record.trial), metric, horizon)
+        usable = record.status in analysis.OK_STATUSES and len(steps) >= analysis.MIN_POINTS
+        if not usable:
+            verdict = "crashed" if record.ended else record.status
+        elif summary.get("best") == record.experiment:
+            verdict = "keep"
+        else:
+            verdict = "discard"
+        wall = record.wall_s
+        rows.append({
+            "iteration": record.iteration,
+            "hypothesis": f"{hyp_id}: {hypotheses.get(hyp_id, '')}".strip(": ") if hyp_id else "",
+            "hypothesis_id": hyp_id,
+            "experiment": record.experiment,
+            "config": json.dumps(experiment.get("overrides", {}), sort_keys=True),
+            "seed": record.seed,
+            "status": record.status,
+            "steps": record.last_step,
+            "final_reward": round(stats.final_level(values), 4) if values else None,
+            "best_reward": round(max(values), 4) if values else None,
+            "auc": round(stats.auc(steps, values, horizon), 4) if values else None,
+            "wall_s": round(wall, 1) if wall is not None else None,
+            "cost_core_s": round(wall * record.threads, 1) if wall is not None else None,
+            "verdict": verdict,
+            "run_key": record.key,
+            "mlflow_run_id": record.mlflow_run_id,
+            "run_dir": str(layout.run_dir(record.iteration, record.trial)),
+        })
+    return rows
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def to_markdown(study_id: str, rows: list[dict[str, Any]], plot_name: str | None, extra: str = "") -> str:
+    def cell(value: Any) -> str:
+        return "" if value is None else str(value).replace("|", "\\|")
+
+    header = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final", "best", "AUC",
+              "wall s", "cost core·s", "verdict", "run key")
+    keys = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final_reward", "best_reward", "auc",
+            "wall_s", "cost_core_s", "verdict", "run_key")
+    lines = [f"# Review of study {study_id}", ""] + ([extra, ""] if extra else [])
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(row[k]) for k in keys) + " |" for row in rows]
+    if not rows:
+        lines.append("| (no training runs yet) |" + " |" * (len(header) - 1))
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("keep", "discard", "crashed")}
+    lines += ["", f"Verdicts: {counts['keep']} keep, {counts['discard']} discard, {counts['crashed']} crashed "
+                  "(keep = the best configuration of its iteration by mean AUC; crashed = no usable curve)."]
+    if plot_name:
+        lines += ["", f"![reward curves of every run on a shared step axis]({plot_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path, metric: str, title: str) -> Path:
+    """All runs' curves on one shared step axis: one colour per experiment, dashed when discarded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    colors: dict[str, str] = {}
+    for row in rows:
+        steps, values = runs.read_curve(Path(row["run_dir"]), metric)
+        if not steps:
+            continue
+        color = colors.setdefault(row["experiment"], f"C{len(colors) % 10}")
+        style = {"keep": "-", "discard": "--"}.get(row["verdict"], ":")
+        label = f"{row['experiment']} ({row['verdict']})"
+        shown = {h.get_label() for h in ax.get_legend_handles_labels()[0]}
+        ax.plot(steps, values, color=color, linestyle=style, linewidth=1.4, alpha=0.85,
+                label=None if label in shown else label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write(layout: StudyLayout, metric: str = "train/reward_mean") -> dict[str, Path]:
+    """Write review.md/.csv/.png into the study folder (figures/) and return their paths."""
+    rows = table(layout, metric)
+    png = plot(rows, layout.study_dir / "figures" / "review.png", metric, f"{layout.study_id} · every run")
+    csv_path = layout.study_dir / "review.csv"
+    studyfiles.write_atomic(csv_path, to_csv(rows))
+    md_path = layout.study_dir / "review.md"
+    studyfiles.write_atomic(md_path, to_markdown(layout.study_id, rows, "figures/review.png"))
+    return {"md": md_path, "csv": csv_path, "png": png, "rows": rows}  # type: ignore[dict-item]
+
+
+def log_to_mlflow(tracker: Tracker, layout: StudyLayout, written: dict[str, Any]) -> list[str]:
+    """Attach the review to every iteration's parent run and tag each child run with its lineage and
+    verdict; returns the parent run ids (empty when MLflow is unreachable: the review stays on disk)."""
+    rows = written["rows"]
+    for row in rows:
+        tracker.set_tags(row["mlflow_run_id"], {
+            "researcher.study_id": layout.study_id, "researcher.iteration": str(row["iteration"]),
+            "researcher.hypothesis_id": row["hypothesis_id"], "researcher.run_key": row["run_key"],
+            "researcher.experiment": row["experiment"], "researcher.verdict": row["verdict"]})
+    try:
+        found = tracker.client.get_experiment_by_name(layout.study_id)
+        if found is None:
+            return []
+        candidates = tracker.client.search_runs([found.experiment_id], filter_string="tags.`researcher.kind` = 'iteration'",
+                                                max_results=1000)
+    except Exception as exc:  # noqa: BLE001
+        if unreachable(exc):
+            log.warning("MLflow unreachable; the review stays in %s", layout.study_dir)
+            return []
+        raise
+    parents = []
+    for run in candidates:
+        iteration = run.data.tags.get("researcher.iteration", "")
+        mine = [r for r in rows if str(r["iteration"]) == iteration]
+        tracker.log_files(run.info.run_id, [written["md"], written["csv"], written["png"]], "review")
+        tracker.set_tags(run.info.run_id, {
+            "researcher.hypothesis_ids": ",".join(sorted({r["hypothesis_id"] for r in mine if r["hypothesis_id"]})),
+            "researcher.kept": ",".join(sorted({r["experiment"] for r in mine if r["verdict"] == "keep"}))})
+        try:
+            tracker.client.log_table(data={c: [r[c] for r in rows] for c in COLUMNS}, artifact_file="review/review_table.json",
+                                     run_id=run.info.run_id)
+        except Exception as exc:  # noqa: BLE001 - the table is a convenience; the CSV is already there
+            log.info("log_table failed for %s: %s", run.info.run_id, exc)
+        parents.append(run.info.run_id)
+    return parents

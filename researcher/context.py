@@ -1,0 +1,58 @@
+"""What every node needs besides the state: settings, the study's paths and its collaborators.
+
+Built once by the composition root (``researcher.cli`` through ``researcher.study``) and bound to
+the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from researcher.launcher import Launcher
+from researcher.layout import StudyLayout
+from researcher.planner.schema import Planner
+from researcher.settings import ResearcherSettings
+from researcher.tracking import Tracker
+
+
+def _quiet(event: str, data: dict[str, Any]) -> None:
+    return None
+
+
+@dataclass
+class StudyContext:
+    settings: ResearcherSettings
+    layout: StudyLayout
+    planner: Planner
+    tracker: Tracker
+    launcher: Launcher
+    emit: Callable[[str, dict[str, Any]], None] = field(default=_quiet)  # live progress for the terminal
+    clock: Callable[[], float] = time.time
+    window_end: float | None = None      # a scheduled session parks the study at this time
+    min_free_disk_mb: float = 0.0        # park the study when the artifacts disk has less free space
+    park_reason: str | None = None       # set by a watchdog (LLM quota, disk) to park at the next boundary
+
+    def stop_requested(self) -> bool:
+        return self.layout.stop_file.exists()
+
+    def park(self, reason: str) -> None:
+        self.park_reason = self.park_reason or reason
+
+    def should_park(self) -> str | None:
+        """Why this session must park now (window over, a watchdog), or None to go on."""
+        from researcher.watchdogs import disk_low
+
+        if self.park_reason:
+            return self.park_reason
+        if self.window_end is not None and self.clock() >= self.window_end:
+            return "the session window ended"
+        low = disk_low(self.layout.artifacts_root, self.min_free_disk_mb)
+        if low:
+            self.park_reason = low
+        return self.park_reason
+
+    def say(self, event: str, **data: Any) -> None:
+        self.emit(event, data)

@@ -1,0 +1,98 @@
+"""``researcher daemon``: run the scheduler in the foreground and resume studies on their schedules.
+
+On start, and every ``poll_s`` seconds, the daemon syncs the job store with the studies' schedule
+files: a job missing from the store is added, a job whose study lost its schedule file is removed,
+and a stored job with an unchanged spec is left alone (so its stored next run time survives a
+restart, and a run missed while the daemon was down runs once, coalesced). The periodic sync also
+makes the daemon notice jobs that ``researcher schedule`` added from another process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from researcher import scheduler as sched
+
+log = logging.getLogger(__name__)
+
+
+def sync_jobs(scheduler: Any, studies_root: Path, artifacts_root: Path) -> dict[str, list[str]]:
+    """Make the store match the schedule files; returns the study ids added and removed."""
+    specs = sched.read_schedules(studies_root)
+    added, removed = [], []
+    for study_id, spec in specs.items():
+        existing = scheduler.get_job(sched.job_id(study_id), jobstore="default")
+        if existing is None or existing.name != spec.key:
+            sched.add_job(scheduler, study_id, spec, studies_root, artifacts_root, replace=True)
+            added.append(study_id)
+    for job in scheduler.get_jobs(jobstore="default"):
+        if job.id.startswith("resume:") and job.id.split(":", 1)[1] not in specs:
+            scheduler.remove_job(job.id, jobstore="default")
+            removed.append(job.id.split(":", 1)[1])
+    if added or removed:
+        log.info("schedule sync: added %s, removed %s", added or "-", removed or "-")
+    return {"added": added, "removed": removed}
+
+
+def _history_writer(artifacts_root: Path) -> Any:
+    path = artifacts_root / sched.HISTORY_FILE
+    lock = threading.Lock()
+
+    def on_event(event: Any) -> None:
+        if not str(getattr(event, "job_id", "")).startswith("resume:"):
+            return
+        from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED
+
+        kind = {EVENT_JOB_MISSED: "missed", EVENT_JOB_ERROR: "error"}.get(event.code, "executed")
+        row: dict[str, Any] = {"job_id": event.job_id, "event": kind,
+                               "scheduled_for": event.scheduled_run_time.isoformat(timespec="seconds"),
+                               "logged_at": dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+        if kind == "executed" and isinstance(event.retval, dict):
+            row.update(event.retval)
+        if kind == "error":
+            row["error"] = repr(event.exception)
+        with lock, open(path, "a") as out:
+            out.write(json.dumps(row, default=str) + "\n")
+
+    return on_event
+
+
+def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0) -> None:
+    """Block running the scheduler until SIGINT/SIGTERM."""
+    from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.jobstores.memory import MemoryJobStore
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    studies_root, artifacts_root = studies_root.resolve(), artifacts_root.resolve()
+    # APScheduler logs every run of the frequent sync job at INFO; our own lines cover study sessions.
+    logging.getLogger("apscheduler.executors.default").setLevel(logging.WARNING)
+    artifacts_root.mkdir(parents=True, exist_ok=True)
+    scheduler = BlockingScheduler(
+        jobstores={"default": SQLAlchemyJobStore(url=sched.store_url(artifacts_root)), "internal": MemoryJobStore()},
+        executors={"default": ThreadPoolExecutor(8)}, job_defaults=sched.job_defaults())
+    scheduler.add_listener(_history_writer(artifacts_root), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+    scheduler.add_job(sync_jobs, "interval", seconds=poll_s, id="sync", jobstore="internal",
+                      args=[scheduler, studies_root, artifacts_root], misfire_grace_time=None, coalesce=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        log.info("signal %d: shutting the scheduler down (running sessions continue on their own)", signum)
+        scheduler.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # Sync once through a paused scheduler on the same store before the loop starts, so due
+    # (missed) jobs run right away and the loop sees the final jobs.
+    with sched.open_store(artifacts_root) as paused:
+        sync_jobs(paused, studies_root, artifacts_root)
+        for job in paused.get_jobs():
+            log.info("job %s next run %s", job.id, job.next_run_time)
+    log.info("daemon running (store %s, sync every %.0f s)", sched.store_url(artifacts_root), poll_s)
+    scheduler.start()  # blocks until shutdown

@@ -1,0 +1,107 @@
+"""Wiring only: the study graph's nodes, edges and retry policies.
+
+frame_topic → plan_experiments → write_client → validate ⇄ (repair) → launch_runs ⇄ monitor →
+analyze → decide → (plan_experiments | write_report). A failed or stopped study goes straight to
+write_report, which always runs last so every study ends with a report.
+
+Parking: after any node before the report, a session whose window ended (or a watchdog: LLM quota,
+disk) goes to ``park`` and ends; the next session re-enters at START, which routes by the phase the
+study was parked in.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import RetryPolicy
+
+from researcher.context import StudyContext
+from researcher.nodes import (analyze, decide, frame_topic, launch_runs, monitor, park, plan_experiments, validate,
+                              write_client, write_report)
+from researcher.planner.llm import is_transient
+from researcher.planner.schema import QuotaExhausted
+from researcher.state import StudyState
+
+
+def _transient(exc: Exception) -> bool:
+    """Retry only what may succeed on a second try: LLM connection/429/5xx, a locked SQLite."""
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return True
+    return is_transient(exc)
+
+
+RETRY = RetryPolicy(max_attempts=3, initial_interval=2.0, retry_on=_transient)
+# Where a session re-enters the graph, by the phase the study was in (a parked study keeps it).
+ENTRY = {"framing": "frame_topic", "planning": "plan_experiments", "writing": "write_client",
+         "validating": "validate", "running": "launch_runs", "analyzing": "analyze", "deciding": "decide",
+         "reporting": "write_report", "failed": "write_report", "stopped": "write_report"}
+NO_PARK = ("reporting", "done", "failed", "stopped")
+
+
+def _bind(node: Callable[[StudyState, StudyContext], dict[str, Any]], ctx: StudyContext) -> Callable[[StudyState], dict[str, Any]]:
+    def bound(state: StudyState) -> dict[str, Any]:
+        try:
+            return node(state, ctx)
+        except QuotaExhausted as exc:
+            # Out of LLM credit: change nothing, park; the next window re-runs this node.
+            ctx.park(str(exc))
+            return {}
+
+    return bound
+
+
+def build(ctx: StudyContext) -> StateGraph:
+    g = StateGraph(StudyState)
+    for name, module in (("frame_topic", frame_topic), ("plan_experiments", plan_experiments),
+                         ("write_client", write_client), ("validate", validate), ("launch_runs", launch_runs),
+                         ("monitor", monitor), ("analyze", analyze), ("decide", decide), ("park", park),
+                         ("write_report", write_report)):
+        g.add_node(name, _bind(module.run, ctx), retry_policy=RETRY)
+
+    def parkable(route: Callable[[StudyState], str]) -> Callable[[StudyState], str]:
+        def checked(state: StudyState) -> str:
+            if state.get("phase") not in NO_PARK and not ctx.stop_requested() and ctx.should_park():
+                return "park"
+            return route(state)
+        return checked
+
+    def entry(state: StudyState) -> str:
+        return ENTRY.get(state.get("phase") or "framing", "frame_topic")
+
+    def ok_or_report(next_node: str, phase: str) -> Callable[[StudyState], str]:
+        def route(state: StudyState) -> str:
+            return next_node if state.get("phase") == phase and not ctx.stop_requested() else "write_report"
+        return route
+
+    def after_validate(state: StudyState) -> str:
+        if ctx.stop_requested() or state.get("phase") == "failed":
+            return "write_report"
+        return "launch_runs" if state["validation"]["ok"] else "write_client"
+
+    def after_runs(state: StudyState) -> str:
+        statuses = [t["status"] for t in state["trials"]]
+        running = statuses.count("running")
+        # Fill a free slot first, so a finished run's core does not idle while others still train.
+        waiting = "pending" in statuses or "parked" in statuses
+        if waiting and running < state["options"]["parallel_runs"] and not ctx.stop_requested():
+            return "launch_runs"
+        return "monitor" if running else "analyze"
+
+    g.add_conditional_edges(START, entry, sorted(set(ENTRY.values())))
+    g.add_conditional_edges("frame_topic", parkable(ok_or_report("plan_experiments", "planning")),
+                            ["plan_experiments", "write_report", "park"])
+    g.add_conditional_edges("plan_experiments", parkable(ok_or_report("write_client", "writing")),
+                            ["write_client", "write_report", "park"])
+    g.add_conditional_edges("write_client", parkable(lambda state: "validate"), ["validate", "park"])
+    g.add_conditional_edges("validate", parkable(after_validate), ["launch_runs", "write_client", "write_report", "park"])
+    g.add_conditional_edges("launch_runs", parkable(after_runs), ["monitor", "launch_runs", "analyze", "park"])
+    g.add_conditional_edges("monitor", parkable(after_runs), ["monitor", "launch_runs", "analyze", "park"])
+    g.add_conditional_edges("analyze", parkable(lambda state: "decide"), ["decide", "park"])
+    g.add_conditional_edges("decide", parkable(ok_or_report("plan_experiments", "planning")),
+                            ["plan_experiments", "write_report", "park"])
+    g.add_edge("park", END)
+    g.add_edge("write_report", END)
+    return g

@@ -1,0 +1,46 @@
+"""decide: continue with another iteration or conclude (plateau, stop request, or budget)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from researcher import budget, studyfiles
+from researcher.context import StudyContext
+from researcher.planner.schema import Framing
+from researcher.state import StudyState, add_usage, new_usage
+
+
+def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+    options, history = state["options"], state.get("iterations", [])
+    last = history[-1]
+    n_next = 2 * options["seeds"]
+    left = budget.time_left(state, ctx.clock())
+    need = budget.iteration_estimate_s(state, n_next, options["parallel_runs"])
+    hard = None
+    if ctx.stop_requested():
+        hard = "a stop was requested"
+    elif last.get("best") is None:
+        hard = "this iteration produced no usable run; nothing to refine"
+    elif state["iteration"] >= state["budget"]["max_iterations"]:
+        hard = f"reached the iteration limit ({state['budget']['max_iterations']})"
+    elif budget.runs_left(state) < n_next:
+        hard = f"only {budget.runs_left(state)} runs left in the budget; an iteration needs {n_next}"
+    elif left < need:
+        hard = f"{left:.0f} s left before the report reserve; another iteration needs about {need:.0f} s"
+    elif budget.llm_exhausted(state):
+        hard = budget.llm_exhausted(state)
+    usage = state.get("llm") or new_usage()
+    if hard:
+        decision = {"action": "conclude", "reason": hard}
+    else:
+        context = {"last": {k: last.get(k) for k in ("iteration", "best", "best_value", "comparison", "plateau")},
+                   "tested_values": [e["value"] for s in history for e in s["experiments"]],
+                   "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options["min_effect"]}
+        reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)
+        usage = add_usage(usage, reply.usage)
+        decision = reply.value.model_dump()
+    studyfiles.log(ctx.layout, f"Decision after iteration {state['iteration']}: {decision['action']} — "
+                               f"{decision['reason']}.")
+    ctx.say("decided", **decision)
+    return {"decision": decision, "llm": usage,
+            "phase": "planning" if decision["action"] == "continue" else "reporting"}

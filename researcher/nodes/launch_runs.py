@@ -1,0 +1,156 @@
+"""launch_runs: start the servers of pending trials up to the parallelism, run and time budget.
+
+Idempotent: a trial whose run.json records a launch is re-attached to, never started twice (the
+crash test counts ``launches``). Each run gets an MLflow child run under the iteration's parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from researcher import budget, runs, studyfiles
+from researcher.context import StudyContext
+from researcher.launcher import LaunchError
+from researcher.runs import RunRecord
+from researcher.state import StudyState, Trial
+
+log = logging.getLogger(__name__)
+# Episodes per client start: a little over what the step budget consumes, so a run left alone (the
+# researcher crashed) goes idle soon after its target instead of training on; a client that runs
+# out early (dropped episodes) is restarted by the monitor.
+EPISODE_SLACK = 1.25
+
+
+def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+    options = state["options"]
+    trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
+    launched_total = _count_launched(ctx)
+    for trial in trials:
+        run_dir = Path(trial["run_dir"])
+        record = runs.load(run_dir)
+        if record is not None and record.status == "parked":
+            trial["status"] = _unpark(state, ctx, trials, run_dir, record, trial)
+            continue
+        if record is not None and (record.launches > 0 or record.ended):
+            trial["status"] = record.status  # re-attach: the monitor keeps polling it (or it is done)
+            continue
+        if trial["status"] != "pending":
+            continue
+        active = sum(1 for t in trials if t["status"] == "running")
+        if active >= options["parallel_runs"]:
+            break
+        if ctx.stop_requested():
+            trial["status"] = "stopped"
+            continue
+        if state["budget"]["max_runs"] - launched_total <= 0:
+            trial["status"] = "skipped"
+            continue
+        left = budget.time_left(state, ctx.clock())
+        if left <= 0 or (state.get("run_seconds") and left < 0.6 * budget.run_estimate_s(state)):
+            trial["status"] = "skipped"
+            studyfiles.log(ctx.layout, f"Skipped run {trial['key']}: {left:.0f} s left, a run takes about "
+                                       f"{budget.run_estimate_s(state):.0f} s.")
+            continue
+        record = _new_record(state, ctx, trial, record)
+        try:
+            record = ctx.launcher.start_server(run_dir, record, _config_path(ctx, trial))
+        except (LaunchError, OSError) as exc:
+            _fail(ctx, run_dir, record, trial, str(exc))
+            continue
+        launched_total += 1
+        trial["status"] = "running"
+        ctx.say("launched", key=trial["key"], experiment=trial["experiment"], seed=trial["seed"], url=record.url)
+    # Servers take a while to load; the monitor starts each client once its server answers, so
+    # runs already training keep being watched (and stopped on target) meanwhile.
+    return {"trials": trials, "runs_launched": launched_total, "phase": "running"}
+
+
+def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: Path, record: RunRecord,
+            trial: Trial) -> str:
+    """A run parked by an earlier session: resume it from its checkpoint when a slot is free, or end it
+    (stop requested, deadline passed). Returns the trial's new status."""
+    if ctx.stop_requested():
+        record.status, record.reason, record.ended_at = "stopped", "stop requested while parked", time.time()
+    elif budget.time_left(state, ctx.clock()) <= 0:
+        record.status, record.reason = "cut", f"deadline reached while parked at step {record.last_step}"
+        record.ended_at = time.time()
+    elif sum(1 for t in trials if t["status"] == "running") >= state["options"]["parallel_runs"]:
+        return "parked"
+    else:
+        try:
+            ctx.launcher.unpark(run_dir, record, _config_path(ctx, trial))
+        except OSError as exc:
+            _fail(ctx, run_dir, record, trial, str(exc))
+            return "crashed"
+        studyfiles.log(ctx.layout, f"Run {record.key} resumed from its checkpoint at step {record.last_step} "
+                                   f"(resume {record.resumes}).")
+        ctx.say("unparked", key=record.key, step=record.last_step)
+        return "running"
+    if record.parked_at:
+        record.parked_s += record.ended_at - record.parked_at if record.ended_at else 0.0
+    runs.save(run_dir, record)
+    ctx.tracker.end(record.mlflow_run_id, "KILLED" if record.status == "stopped" else "FINISHED")
+    studyfiles.log(ctx.layout, f"Run {record.key} ended {record.status}: {record.reason}.")
+    return record.status
+
+
+def _count_launched(ctx: StudyContext) -> int:
+    return sum(1 for r in runs.all_records(ctx.layout.runs_dir) if r.launches > 0)
+
+
+def _config_path(ctx: StudyContext, trial: Trial) -> Path:
+    return ctx.layout.experiment_dir(trial["experiment"]) / "config.toml"
+
+
+def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: RunRecord | None) -> RunRecord:
+    if existing is not None:
+        return existing  # written before a crash but never launched: reuse its MLflow run
+    import tomllib
+
+    folder = ctx.layout.experiment_dir(trial["experiment"])
+    config = tomllib.loads((folder / "config.toml").read_text())
+    group_size = int(config.get("group_size", 8))
+    steps = state["options"]["steps_per_run"]
+    batch = int(config.get("batch_groups", 4)) * group_size
+    episodes = int(steps * batch * EPISODE_SLACK) + batch
+    external = bool(ctx.settings.servers)
+    url = _free_server(ctx) if external else ""
+    child = ctx.tracker.start_child(state["study_id"], state.get("mlflow_parent_run"),
+                                    f"{trial['experiment']}-seed{trial['seed']}",
+                                    {**config, "seed": trial["seed"], "steps": steps, "run_key": trial["key"]},
+                                    {"researcher.run_key": trial["key"], "researcher.experiment": trial["experiment"],
+                                     "researcher.iteration": str(state["iteration"]),
+                                     "researcher.hypothesis_id": _hypothesis_of(ctx, state["iteration"],
+                                                                                trial["experiment"])})
+    record = RunRecord(key=trial["key"], study_id=state["study_id"], iteration=state["iteration"], trial=trial["trial"],
+                       experiment=trial["experiment"], seed=trial["seed"], config=config,
+                       client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,
+                       concurrency=batch, threads=ctx.launcher.threads,
+                       external=external, url=url, token=(ctx.settings.server_token or "") if external else "",
+                       mlflow_run_id=child)
+    runs.save(Path(trial["run_dir"]), record)
+    return record
+
+
+def _hypothesis_of(ctx: StudyContext, iteration: int, experiment: str) -> str:
+    planned = studyfiles.read_plan(ctx.layout).get("iterations", {}).get(str(iteration), {})
+    return next((e.get("hypothesis", "") for e in planned.get("experiments", []) if e["name"] == experiment), "")
+
+
+def _free_server(ctx: StudyContext) -> str:
+    """An existing server no live run of this study is using (one run per server at a time)."""
+    busy = {r.url for r in runs.all_records(ctx.layout.runs_dir) if r.external and not r.ended}
+    free = [url for url in ctx.settings.servers if url not in busy]
+    return (free or ctx.settings.servers)[0]
+
+
+def _fail(ctx: StudyContext, run_dir: Path, record: RunRecord, trial: Trial, error: str) -> None:
+    record.status, record.reason = "crashed", error[-500:]
+    runs.save(run_dir, record)
+    ctx.tracker.end(record.mlflow_run_id, "FAILED")
+    trial["status"] = "crashed"
+    studyfiles.log(ctx.layout, f"Run {trial['key']} failed to start: {error.strip().splitlines()[-1][:300]}")
+    log.warning("run %s failed to start: %s", trial["key"], error)

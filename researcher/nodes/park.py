@@ -1,0 +1,39 @@
+"""park: end this session cleanly (its window is over, or a watchdog asked) so a later one continues.
+
+Running training runs are checkpointed and stopped (their servers resume from the checkpoint in the
+next window); the study's phase becomes ``parked`` and ``parked.phase`` remembers where to re-enter.
+The study's absolute deadline and budgets are untouched: they apply across windows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from researcher import runs, studyfiles
+from researcher.context import StudyContext
+from researcher.state import StudyState, Trial
+
+
+def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+    reason = ctx.should_park() or "parked"
+    trials: list[Trial] = [dict(t) for t in state.get("trials") or []]  # type: ignore[misc]
+    parked_runs = []
+    for trial in trials:
+        if trial["status"] != "running":
+            continue
+        run_dir = Path(trial["run_dir"])
+        record = runs.load(run_dir)
+        if record is None or record.ended:
+            continue
+        ctx.launcher.park(run_dir, record, reason)
+        trial["status"] = "parked"
+        parked_runs.append(f"{record.key} at step {record.last_step}")
+    phase = state.get("phase") or "framing"
+    studyfiles.log(ctx.layout, f"Parked in phase {phase} (iteration {state.get('iteration', 0)}): {reason}. "
+                               + (f"Checkpointed and stopped runs: {', '.join(parked_runs)}. " if parked_runs else "")
+                               + "The next session resumes from here.")
+    ctx.say("parked", reason=reason, phase=phase, runs=len(parked_runs))
+    return {"trials": trials, "phase": "parked",
+            "parked": {"phase": phase, "reason": reason, "at": time.time(), "runs": parked_runs}}

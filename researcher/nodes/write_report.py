@@ -1,0 +1,106 @@
+"""write_report: the study's answer with its evidence (numbers per configuration, plots), the
+hypotheses as written before running, negative results, and the budget used."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from researcher import analysis, runs, studyfiles
+from researcher import comparison as review_table
+from researcher.context import StudyContext
+from researcher.planner.schema import Framing, PlannerError
+from researcher.state import StudyState, add_usage, new_usage
+
+
+def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+    usage = state.get("llm") or new_usage()
+    history = state.get("iterations", [])
+    framing = state.get("framing")
+    phase = state.get("phase")
+    final_phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
+    if framing is None:
+        answer, caveats = "No answer: the topic could not be framed.", state.get("error") or ""
+    else:
+        answer, caveats = analysis.verdict(framing["question"], history)
+        if final_phase == "failed" and not history:
+            answer = f"No answer: the study failed before any comparison. {(state.get('error') or '')[:500]}"
+        elif history:
+            try:
+                reply = ctx.planner.report(Framing.model_validate(framing), {
+                    "verdict": answer, "caveats": caveats,
+                    "iterations": [{k: s.get(k) for k in ("iteration", "experiments", "comparison", "plateau", "best")}
+                                   for s in history]})
+                usage = add_usage(usage, reply.usage)
+                answer, caveats = reply.value.answer, reply.value.discussion
+            except PlannerError as exc:
+                caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
+    text = _render(state, ctx, answer, caveats, usage, final_phase)
+    studyfiles.write_atomic(ctx.layout.report_md, text)
+    studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
+    review = review_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
+    review_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
+    parent = state.get("mlflow_parent_run")
+    if parent:
+        ctx.tracker.log_files(parent, [ctx.layout.report_md, ctx.layout.log_md], "report")
+        if ctx.layout.llm_calls_dir.is_dir():  # includes the decide/report calls made after analysis
+            ctx.tracker.log_files(parent, [ctx.layout.llm_calls_dir], "planner_calls")
+    ctx.say("report", path=str(ctx.layout.report_md), answer=answer, phase=final_phase)
+    return {"phase": final_phase, "llm": usage}
+
+
+def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usage: dict[str, Any],
+            phase: str) -> str:
+    framing = state.get("framing") or {}
+    plan = studyfiles.read_plan(ctx.layout)
+    records = runs.all_records(ctx.layout.runs_dir)
+    out = [f"# Study {state['study_id']}", "",
+           f"**Topic:** {state['topic']}  ", f"**Question:** {framing.get('question', 'n/a')}  ",
+           f"**Status:** {phase} · written {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}", "",
+           "## Answer", "", answer, ""]
+    for summary in state.get("iterations", []):
+        it = str(summary["iteration"])
+        planned = plan.get("iterations", {}).get(it, {})
+        out += [f"## Iteration {it}", ""]
+        for hyp in planned.get("hypotheses", []):
+            out.append(f"- Hypothesis {hyp['id']} (written before running): {hyp['statement']} "
+                       f"Metric `{hyp['metric']}`; expected: {hyp['expected_effect']}")
+        out += ["", f"Area under the `{summary['metric']}` curve (mean height over {summary['horizon']} training "
+                    "steps) and final reward (mean of the last 5 steps), mean ± 95% CI over seeds:", "",
+                f"| experiment | {summary['knob']} | AUC | final reward | usable runs | statuses |",
+                "|---|---|---|---|---|---|"]
+        for row in summary["experiments"]:
+            out.append(f"| {row['name']} | {row['value']} | {_cell(row.get('auc'))} | {_cell(row.get('final'))} | "
+                       f"{len(row['aucs'])}/{len(row['statuses'])} | {', '.join(row['statuses'])} |")
+        comparison = summary.get("comparison")
+        if comparison:
+            hw = f" ± {comparison['hw']:.3f}" if comparison["hw"] is not None else ""
+            out += ["", f"Difference {comparison['better']} − {comparison['worse']}: {comparison['diff']:+.3f}{hw} "
+                        f"({'clear' if comparison['clear'] else 'CI includes 0'})."]
+        if summary.get("plateau"):
+            out += ["", f"Plateau: {summary['plateau']}."]
+        if summary.get("plot"):
+            out += ["", f"![reward curves, iteration {it}]({summary['plot']})"]
+        out.append("")
+    out += ["## Discussion", "", caveats, "", "## Runs", "",
+            "| run key | experiment | seed | status | steps | client starts |", "|---|---|---|---|---|---|"]
+    for r in records:
+        out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
+                   f"| {r.client_starts} |")
+    decision = state.get("decision") or {}
+    out += ["", "## Budget", "",
+            f"- Runs launched: {sum(1 for r in records if r.launches)} (max {state['budget']['max_runs']})",
+            f"- Iterations: {state.get('iteration', 0)}; last decision: {decision.get('action', 'n/a')} — "
+            f"{decision.get('reason', '')}",
+            f"- Planner LLM: {usage['calls']} calls, {usage['prompt_tokens'] + usage['completion_tokens']} tokens, "
+            f"${usage['cost_usd']:.4f}",
+            f"- Deadline: {dt.datetime.fromtimestamp(state['budget']['deadline'], dt.timezone.utc).isoformat(timespec='seconds')}",
+            "", f"Everything is in MLflow experiment `{state['study_id']}` (`researcher ui`); the dated log is "
+                "LOG.md and the plan (hypotheses written before the runs) is plan.json.", ""]
+    return "\n".join(out)
+
+
+def _cell(cell: dict[str, Any] | None) -> str:
+    if not cell:
+        return "n/a"
+    return f"{cell['mean']:.3f}" + (f" ± {cell['hw']:.3f}" if cell.get("hw") is not None else f" (n={cell['n']})")

@@ -1,0 +1,5 @@
+"""Planners: ``offline`` (deterministic, no LLM) and ``llm`` (any OpenAI-compatible endpoint).
+
+Both answer the same steps with the validated models of ``schema``; prompts for the LLM live in
+the repository's ``prompts/`` folder, one Markdown template per step (``prompts`` renders them).
+"""

@@ -1,0 +1,104 @@
+"""What a planner answers at each step, as validated models (the LLM's structured-output schemas).
+
+Both planners (offline and LLM) return these, so the nodes never see raw text. ``Reply`` pairs an
+answer with the token usage it cost, which the nodes add to the budget in the graph state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from researcher.state import LLMUsage, new_usage
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Framing(_Answer):
+    answerable: bool = Field(description="false when the topic maps onto no task and knob we can run")
+    reason: str = Field(description="why (for unanswerable topics: what is missing)")
+    question: str = Field(description="the topic restated as one testable question")
+    task: str = Field(description="example study name, e.g. letters")
+    knob: str = Field(description="server config key varied, e.g. group_size")
+    metric: str = Field("train/reward_mean", description="slash-named training metric judged")
+
+
+class Hypothesis(_Answer):
+    id: str
+    statement: str
+    metric: str
+    expected_effect: str = Field(description="direction and rough size, written before any run")
+
+
+class Experiment(_Answer):
+    name: str = Field(description="short unique name: lowercase letters, digits, '-' or '_'",
+                      pattern=r"^[a-z0-9][a-z0-9_-]{0,59}$")
+    hypothesis: str = Field(description="id of the hypothesis it tests")
+    overrides: dict[str, Any] = Field(description="server config keys set on top of the task's config.toml")
+
+
+class Plan(_Answer):
+    hypotheses: list[Hypothesis] = Field(min_length=1)
+    experiments: list[Experiment] = Field(min_length=1, max_length=8)
+    rationale: str
+
+
+class ClientCode(_Answer):
+    code: str = Field(description="the complete client.py source")
+    notes: str = ""
+
+
+class Decision(_Answer):
+    action: Literal["continue", "conclude"]
+    reason: str
+
+
+class ReportText(_Answer):
+    answer: str = Field(description="the answer to the question in 1-3 sentences, citing the numbers")
+    discussion: str = Field(description="caveats, negative results and what to try next")
+
+
+@dataclass
+class Reply(Generic[T]):
+    value: T
+    usage: LLMUsage
+
+
+def free(value: T) -> Reply[T]:
+    return Reply(value, new_usage())
+
+
+class Planner(Protocol):
+    """One method per planner step; every method gets plain data and returns a validated answer."""
+
+    name: str
+
+    def frame(self, topic: str, catalog: str) -> Reply[Framing]: ...
+
+    def plan(self, framing: Framing, context: dict[str, Any]) -> Reply[Plan]: ...
+
+    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]]) -> Reply[ClientCode]: ...
+
+    def repair_client(self, code: str, error: str, example_source: str) -> Reply[ClientCode]: ...
+
+    def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]: ...
+
+    def report(self, framing: Framing, context: dict[str, Any]) -> Reply[ReportText]: ...
+
+
+class TopicNotMappable(ValueError):
+    """The topic names nothing the researcher can run; the message lists what it can study."""
+
+
+class PlannerError(RuntimeError):
+    """The planner produced no valid answer (after its repair round) or its endpoint refused."""
+
+
+class QuotaExhausted(PlannerError):
+    """The LLM provider refused for lack of quota or credit: park the study until the next window."""

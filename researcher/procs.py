@@ -1,0 +1,89 @@
+"""Detached processes: start them in their own session, check them by pid, stop their group.
+
+Runs are started with ``start_new_session=True`` so a researcher crash (even SIGKILL) does not
+take its training runs down; a resumed researcher finds them again by the pid and the process
+start time recorded in run.json (the start time guards against a recycled pid).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(argv: Sequence[str], *, log_path: Path, cwd: Path | None = None,
+          env: dict[str, str] | None = None) -> tuple[int, float | None]:
+    """Start ``argv`` detached with stdout+stderr appended to ``log_path``; returns (pid, start time)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True)
+    return proc.pid, start_time(proc.pid)
+
+
+def start_time(pid: int) -> float | None:
+    """The process start time in clock ticks since boot (Linux /proc), or None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return float(fields[19])
+
+
+def alive(pid: int | None, started: float | None = None) -> bool:
+    """True while ``pid`` runs (not a zombie) and is the same process that was started."""
+    if not pid:
+        return False
+    try:
+        # Reap it if it is our child, so an exited child does not linger as a zombie.
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat[stat.rindex(")") + 2:].split()[0]
+    if state in ("Z", "X"):
+        return False
+    return started is None or start_time(pid) == started
+
+
+def stop_group(pid: int | None, started: float | None = None, *, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group of ``pid``, then SIGKILL it after ``grace_s``."""
+    if pid is None or not alive(pid, started):
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not alive(pid, started):
+                return
+            time.sleep(0.1)
+
+
+def wait_exit(pid: int | None, started: float | None, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``pid`` to exit; True when it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid, started):
+            return True
+        time.sleep(0.1)
+    return not alive(pid, started)

@@ -1,0 +1,125 @@
+"""run.json: the durable record of one training run (its key, processes, progress and outcome).
+
+The record is the idempotency anchor of ``launch_runs``: a run whose run.json exists was launched
+and is re-attached to, never launched again. ``launches`` counts server starts (tests assert it
+stays 1 across a researcher crash). Writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_FILE = "run.json"
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str                              # study/iteration/trial
+    study_id: str
+    iteration: int
+    trial: int
+    experiment: str
+    seed: int
+    config: dict[str, Any]                # the full server config the run trains with
+    client: str                           # path of the client.py it runs
+    target_step: int                      # the run ends once the server reaches this step
+    episodes: int                         # episodes per client start
+    group_size: int
+    threads: int = 1                      # torch threads of its server (for the cost column)
+    concurrency: int = 32                 # episodes in flight: one training batch (more would go stale)
+    external: bool = False                # an existing server given by URL (never stopped by us)
+    url: str = ""
+    token: str = ""
+    port: int = 0
+    server_pid: int | None = None
+    server_started: float | None = None
+    client_pid: int | None = None
+    client_started: float | None = None
+    base_step: int = 0                    # external servers: step when the run began
+    launches: int = 0                     # server launches; > 1 would mean a run launched twice
+    resumes: int = 0                      # server restarts after a park (from the run's checkpoint)
+    client_starts: int = 0
+    status: str = "pending"               # pending|running|parked|finished|crashed|stalled|diverged|cut|stopped
+    reason: str = ""
+    started_at: float = Field(default_factory=time.time)
+    ended_at: float | None = None
+    last_step: int = 0
+    last_progress_at: float = Field(default_factory=time.time)
+    logged_step: int = 0                  # metrics with step <= this are in MLflow already
+    mlflow_run_id: str | None = None
+    parked_at: float | None = None
+    parked_s: float = 0.0                 # time spent parked (excluded from the run's wall time)
+    resumed_at: float | None = None
+    finished_seen: int = 0                # server's finished-episode count at the last poll (stuck-client watchdog)
+    finished_seen_at: float = Field(default_factory=time.time)
+
+    @property
+    def ended(self) -> bool:
+        return self.status not in ("pending", "running", "parked")
+
+    @property
+    def wall_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return max(self.ended_at - self.started_at - self.parked_s, 0.0)
+
+
+def path(run_dir: Path) -> Path:
+    return run_dir / RUN_FILE
+
+
+def load(run_dir: Path) -> RunRecord | None:
+    file = path(run_dir)
+    if not file.is_file():
+        return None
+    return RunRecord.model_validate_json(file.read_text())
+
+
+def save(run_dir: Path, record: RunRecord) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{RUN_FILE}.tmp"
+    tmp.write_text(record.model_dump_json(indent=2))
+    os.replace(tmp, path(run_dir))
+
+
+def all_records(runs_dir: Path) -> list[RunRecord]:
+    if not runs_dir.is_dir():
+        return []
+    records = [load(d) for d in sorted(runs_dir.iterdir()) if d.is_dir()]
+    return [r for r in records if r is not None]
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def append_metrics(run_dir: Path, steps: list[Any]) -> None:
+    """Keep the run's per-step metrics beside run.json, so analysis never needs the server alive."""
+    if not steps:
+        return
+    with open(run_dir / METRICS_FILE, "a") as out:
+        for item in steps:
+            out.write(item.model_dump_json() + "\n")
+
+
+def read_curve(run_dir: Path, metric: str, horizon: int | None = None) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric; a step logged twice (a crash between writes) counts once."""
+    file = run_dir / METRICS_FILE
+    if not file.is_file():
+        return [], []
+    by_step: dict[int, float] = {}
+    for line in file.read_text().splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        value = item.get("metrics", {}).get(metric)
+        if value is not None and (horizon is None or item["step"] <= horizon):
+            by_step[int(item["step"])] = float(value)
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]

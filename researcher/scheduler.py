@@ -1,0 +1,272 @@
+"""Scheduled resumption of studies: APScheduler 3 with a SQLAlchemy SQLite job store.
+
+Each scheduled study has one job, id ``resume:<study_id>``, in ``<artifacts>/scheduler.db``; the job
+is referenced by text (``researcher.scheduler:run_scheduled_resume``) so the store can be reloaded
+by a fresh daemon. Jobs use ``coalesce=True`` (several missed times run once), ``max_instances=1``
+and ``misfire_grace_time=None`` (APScheduler's default of 1 s would silently skip a run missed
+while the machine was off). The schedule itself is also kept in ``studies/<id>/schedule.toml``, the
+reviewable source of truth: the daemon re-adds a job missing from the store on start and every
+``poll`` seconds, but never replaces a stored job with the same spec (that would recompute its
+next run time and lose a missed run).
+
+A job runs one study session as a subprocess (``researcher resume ID --window …``), so a crashing
+study cannot take the daemon down; a study whose lock is held (a session already running) is
+skipped with a log line. Every fire is appended to ``<artifacts>/scheduler-history.jsonl``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from researcher import review, studyfiles
+from researcher.layout import StudyLayout
+
+log = logging.getLogger(__name__)
+
+JOB_FUNC = "researcher.scheduler:run_scheduled_resume"
+SCHEDULE_FILE = "schedule.toml"
+HISTORY_FILE = "scheduler-history.jsonl"
+STORE_FILE = "scheduler.db"
+SESSION_GRACE_S = 900.0  # a session may overrun its window by this much (finishing a node) before it is killed
+
+
+def job_id(study_id: str) -> str:
+    return f"resume:{study_id}"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """When a study resumes: daily ``at`` (HH:MM[:SS]), a ``cron`` (5 fields, or 6 with seconds
+    first), or ``every`` seconds (first at ``at`` if given); each session lasts ``window_s``."""
+
+    window_s: float
+    at: str | None = None
+    cron: str | None = None
+    every_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.cron and (self.at or self.every_s):
+            raise ValueError("give --cron, or --at and/or --every, not both")
+        if not (self.cron or self.at or self.every_s):
+            raise ValueError("give --at HH:MM, --cron \"M H * * *\" or --every DURATION")
+        if self.window_s <= 0:
+            raise ValueError("the window must be positive")
+        if self.every_s is not None and self.every_s <= 0:
+            raise ValueError("--every must be positive")
+        if self.at:
+            _parse_clock(self.at)
+        if self.cron:
+            self.trigger()  # validate now: a bad spec is refused before anything is written
+
+    @property
+    def key(self) -> str:
+        """A stable text of the spec (the job's name): a changed spec replaces the stored job."""
+        every = f"{float(self.every_s):g}" if self.every_s else ""
+        return f"at={self.at or ''};cron={self.cron or ''};every={every};window={float(self.window_s):g}"
+
+    def trigger(self, now: dt.datetime | None = None) -> Any:
+        from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        now = now or dt.datetime.now().astimezone()
+        if self.cron:
+            fields = self.cron.split()
+            try:
+                if len(fields) == 5:
+                    return CronTrigger.from_crontab(self.cron)
+                if len(fields) == 6:
+                    second, minute, hour, day, month, dow = fields
+                    return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month,
+                                       day_of_week=dow)
+            except ValueError as exc:
+                raise ValueError(f"invalid --cron {self.cron!r}: {exc}") from None
+            raise ValueError(f"invalid --cron {self.cron!r}: use 5 fields (M H dom mon dow) or 6 with seconds first")
+        if self.every_s:
+            # Anchored at today's HH:MM:SS (past or not): the trigger fires on that grid from now on.
+            start = clock_time_today(self.at, now) if self.at else now + dt.timedelta(seconds=self.every_s)
+            return IntervalTrigger(seconds=self.every_s, start_date=start)
+        hour, minute, second = _parse_clock(self.at or "")
+        return CronTrigger(hour=hour, minute=minute, second=second)
+
+    def to_toml(self) -> str:
+        data = {k: v for k, v in {"at": self.at, "cron": self.cron, "every_s": self.every_s,
+                                  "window_s": self.window_s}.items() if v is not None}
+        return studyfiles.dumps_toml(data,
+                                     "Written by `researcher schedule`; `researcher daemon` resumes the study "
+                                     "at these times.")
+
+    @classmethod
+    def from_toml(cls, text: str) -> ScheduleSpec:
+        data = tomllib.loads(text)
+        return cls(window_s=float(data["window_s"]), at=data.get("at"), cron=data.get("cron"),
+                   every_s=float(data["every_s"]) if data.get("every_s") else None)
+
+
+def _parse_clock(text: str) -> tuple[int, int, int]:
+    parts = text.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError
+        hour, minute, second = (int(p) for p in (parts + ["0"])[:3])
+        if not (0 <= hour < 24 and 0 <= minute < 60 and 0 <= second < 60):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"cannot read --at {text!r}; use HH:MM or HH:MM:SS (24 h, local time)") from None
+    return hour, minute, second
+
+
+def clock_time_today(text: str, now: dt.datetime) -> dt.datetime:
+    hour, minute, second = _parse_clock(text)
+    return now.replace(hour=hour, minute=minute, second=second, microsecond=0)
+
+
+def next_clock_time(text: str, now: dt.datetime) -> dt.datetime:
+    """The next local time (today or tomorrow) at HH:MM[:SS]."""
+    hour, minute, second = _parse_clock(text)
+    when = now.replace(hour=hour, minute=minute, second=second, microsecond=0)
+    return when if when > now else when + dt.timedelta(days=1)
+
+
+# --------------------------------------------------------------------------- schedule files
+
+
+def schedule_path(layout: StudyLayout) -> Path:
+    return layout.study_dir / SCHEDULE_FILE
+
+
+def write_schedule(layout: StudyLayout, spec: ScheduleSpec) -> None:
+    studyfiles.write_atomic(schedule_path(layout), spec.to_toml())
+
+
+def read_schedules(studies_root: Path) -> dict[str, ScheduleSpec]:
+    """Every study's schedule file; an unreadable one is logged and left out (never fatal to the daemon)."""
+    found: dict[str, ScheduleSpec] = {}
+    if not studies_root.is_dir():
+        return found
+    for path in sorted(studies_root.glob(f"*/{SCHEDULE_FILE}")):
+        try:
+            found[path.parent.name] = ScheduleSpec.from_toml(path.read_text())
+        except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
+            log.warning("ignoring unreadable schedule %s: %s", path, exc)
+    return found
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, window_s: float) -> dict[str, Any]:
+    """One scheduled session: ``researcher resume ID --window`` as a subprocess, unless one is running.
+
+    Module-level and referenced by text, so APScheduler's SQLite job store can reload it."""
+    layout = StudyLayout(study_id, Path(studies_dir), Path(artifacts_dir))
+    if review.is_locked(layout):
+        log.info("study %s is already being run (its lock is held); skipping this scheduled session", study_id)
+        return {"study_id": study_id, "outcome": "skipped", "reason": "study lock held by another process"}
+    argv = [sys.executable, "-m", "researcher.cli", "resume", study_id, "--window", f"{window_s:g}s",
+            "--studies-dir", studies_dir, "--artifacts-dir", artifacts_dir]
+    session_log = layout.artifacts_dir / "sessions.log"
+    session_log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    log.info("resuming study %s for a %.0f s window", study_id, window_s)
+    with open(session_log, "ab") as out:
+        out.write(f"\n=== scheduled session {dt.datetime.now().isoformat(timespec='seconds')} ===\n".encode())
+        out.flush()
+        # Own session: a Ctrl-C or SIGKILL of the daemon leaves a running study session alone.
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=window_s + SESSION_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.warning("study %s overran its window by %.0f s; terminating the session", study_id, SESSION_GRACE_S)
+            proc.terminate()
+            code = proc.wait()
+    outcome = {0: "ran", 2: "refused"}.get(code, "failed")
+    log.info("study %s session ended with code %s after %.0f s", study_id, code, time.time() - started)
+    return {"study_id": study_id, "outcome": outcome, "exit_code": code, "seconds": round(time.time() - started, 1)}
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def store_url(artifacts_root: Path) -> str:
+    return f"sqlite:///{artifacts_root.resolve() / STORE_FILE}"
+
+
+def job_defaults() -> dict[str, Any]:
+    return {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
+
+
+@contextmanager
+def open_store(artifacts_root: Path) -> Iterator[Any]:
+    """A paused scheduler on the job store: read and edit jobs without running any."""
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    artifacts_root.mkdir(parents=True, exist_ok=True)
+    scheduler = BackgroundScheduler(jobstores={"default": SQLAlchemyJobStore(url=store_url(artifacts_root))},
+                                    job_defaults=job_defaults())
+    scheduler.start(paused=True)
+    try:
+        yield scheduler
+    finally:
+        scheduler.shutdown(wait=False)
+
+
+def add_job(scheduler: Any, study_id: str, spec: ScheduleSpec, studies_root: Path, artifacts_root: Path,
+            replace: bool = True) -> Any:
+    """Add (or with ``replace``, reset) the study's job; returns the job."""
+    existing = scheduler.get_job(job_id(study_id))
+    if existing is not None and not replace and existing.name == spec.key:
+        return existing  # keep its stored next run time (a missed run must still happen)
+    return scheduler.add_job(JOB_FUNC, trigger=spec.trigger(), id=job_id(study_id), name=spec.key,
+                             kwargs={"study_id": study_id, "studies_dir": str(studies_root.resolve()),
+                                     "artifacts_dir": str(artifacts_root.resolve()), "window_s": spec.window_s},
+                             replace_existing=True, **job_defaults())
+
+
+def schedule(study_id: str, spec: ScheduleSpec, studies_root: Path, artifacts_root: Path) -> dt.datetime | None:
+    """Write the schedule file and (re)set the job; returns the next wake-up time."""
+    layout = StudyLayout(study_id, studies_root, artifacts_root)
+    write_schedule(layout, spec)
+    with open_store(artifacts_root) as scheduler:
+        job = add_job(scheduler, study_id, spec, studies_root, artifacts_root, replace=True)
+        return job.next_run_time
+
+
+def unschedule(study_id: str, studies_root: Path, artifacts_root: Path) -> bool:
+    """Remove the schedule file and the job; False when neither existed."""
+    layout = StudyLayout(study_id, studies_root, artifacts_root)
+    had_file = schedule_path(layout).is_file()
+    schedule_path(layout).unlink(missing_ok=True)
+    with open_store(artifacts_root) as scheduler:
+        had_job = scheduler.get_job(job_id(study_id)) is not None
+        if had_job:
+            scheduler.remove_job(job_id(study_id))
+    return had_file or had_job
+
+
+def next_wakeups(artifacts_root: Path) -> dict[str, dt.datetime | None]:
+    """study id -> next scheduled session, from the job store (empty when there is no store)."""
+    if not (artifacts_root / STORE_FILE).is_file():
+        return {}
+    with open_store(artifacts_root) as scheduler:
+        return {job.id.split(":", 1)[1]: job.next_run_time for job in scheduler.get_jobs()
+                if job.id.startswith("resume:")}
+
+
+def read_history(artifacts_root: Path) -> list[dict[str, Any]]:
+    path = artifacts_root / HISTORY_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

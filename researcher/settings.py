@@ -1,0 +1,92 @@
+"""Settings of one researcher process, validated once and passed down from the CLI.
+
+Nothing here reads the environment: ``researcher.cli`` is the one place that does (and builds
+``ResearcherSettings``), so tests construct settings with tmp dirs and explicit values.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LLMSettings(BaseModel):
+    """An OpenAI-compatible endpoint for the planner; absent means the offline planner."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    model: str
+    api_key: str = "not-needed"
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=10, description="transient errors only (connection, 429, 5xx)")
+    # Cost accounting: USD per million tokens (0 = free / unknown).
+    price_in_per_mtok: float = Field(0.0, ge=0)
+    price_out_per_mtok: float = Field(0.0, ge=0)
+
+
+class StudyOptions(BaseModel):
+    """Per-study knobs that size the experiments; stored in study.toml and in the graph state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps_per_run: int = Field(30, ge=1, le=100_000, description="training steps each run trains for")
+    seeds: int = Field(3, ge=1, le=16, description="seeds per configuration (3: t-intervals with n=2 are very wide)")
+    max_runs: int = Field(16, ge=1, description="training runs the whole study may launch")
+    max_iterations: int = Field(3, ge=1, le=50)
+    max_repairs: int = Field(3, ge=0, le=20, description="validate/repair rounds before giving up")
+    max_llm_tokens: int = Field(2_000_000, ge=0)
+    max_llm_cost_usd: float = Field(5.0, ge=0)
+    # Two runs at a time on 2 cores, one torch thread each: a tiny-model run is latency-bound (HTTP
+    # round trips, Python overhead, sync-mode drains) and leaves a core idle on its own, and two runs
+    # overlap their 15-30 s server start-ups. Configurations are compared per training step, and the
+    # example studies train in sync mode (on-policy whatever the speed), so the contention that slows
+    # each run's wall time does not bias the comparison.
+    parallel_runs: int = Field(2, ge=1, le=16, description="training runs alive at once")
+    smoke_episodes: int = Field(4, ge=1, le=64)
+    smoke_timeout_s: float = Field(60.0, gt=0)
+    stall_timeout_s: float = Field(120.0, gt=0, description="no new training step for this long = stalled")
+    poll_interval_s: float = Field(1.0, gt=0)
+    max_client_restarts: int = Field(3, ge=0)
+    client_stuck_s: float = Field(600.0, gt=0, description="no finished episode for this long while the server "
+                                  "waits = a hung client (restarted)")
+    min_free_disk_mb: float = Field(500.0, ge=0, description="park the study when the artifacts disk has less free")
+    model: str = Field("tiny", description="what `swarm serve --model` loads for every run")
+    min_effect: float = Field(0.02, ge=0, description="AUC gain below this counts as a plateau")
+
+
+class ResearcherSettings(BaseModel):
+    """Where studies live, how servers are started, and which planner to use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    studies_root: Path = Path("studies")
+    artifacts_root: Path = Path("artifacts")
+    examples_root: Path = Path("studies/examples")
+    prompts_root: Path = Path("prompts")
+    tracking_uri: str | None = Field(None, description="MLflow URI; default sqlite:///<artifacts>/mlflow.db")
+    # How to start `swarm …` as a process; a list so tests can point it at any interpreter.
+    swarm_command: list[str] = Field(default_factory=lambda: [sys.executable, "-c",
+                                                              "from swarm.cli import main; main()"])
+    servers: list[str] = Field(default_factory=list, description="existing swarm servers to use instead")
+    server_token: str | None = None
+    llm: LLMSettings | None = None
+
+    def resolved(self) -> ResearcherSettings:
+        """A copy with absolute paths, so child processes and MLflow URIs do not depend on cwd."""
+        return self.model_copy(update={
+            "studies_root": self.studies_root.resolve(),
+            "artifacts_root": self.artifacts_root.resolve(),
+            "examples_root": self.examples_root.resolve(),
+            "prompts_root": self.prompts_root.resolve(),
+        })
+
+    def mlflow_uri(self) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        return f"sqlite:///{self.artifacts_root.resolve() / 'mlflow.db'}"
+
+    def mlflow_artifact_root(self) -> Path:
+        return self.artifacts_root.resolve() / "mlartifacts"

@@ -1,0 +1,76 @@
+"""The graph state: references and small numbers only (code, metrics and logs live on disk/MLflow).
+
+LangGraph checkpoints the whole state after every node, so it must stay small. Every key is
+overwritten by the node that returns it (no reducers): nodes return only what they change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
+                "reporting", "done", "failed", "stopped", "parked"]
+
+
+class Budget(TypedDict):
+    deadline: float          # absolute epoch seconds
+    max_runs: int
+    max_iterations: int
+    max_repairs: int
+    max_llm_tokens: int
+    max_llm_cost_usd: float
+    report_reserve_s: float  # time kept free at the end for analysis and the report
+
+
+class LLMUsage(TypedDict):
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+class Trial(TypedDict):
+    trial: int
+    key: str                 # study/iteration/trial
+    experiment: str
+    seed: int
+    run_dir: str
+    status: str              # pending | running | parked | finished | crashed | stalled | diverged | cut | stopped
+
+
+class StudyState(TypedDict, total=False):
+    study_id: str
+    topic: str
+    phase: Phase
+    options: dict[str, Any]          # StudyOptions as a dict
+    budget: Budget
+    iteration: int
+    framing: dict[str, Any]          # planner.schema.Framing as a dict
+    experiments: list[str]           # names of this iteration's experiments (files under studies/)
+    validation: dict[str, Any]       # {attempts, ok, error}
+    trials: list[Trial]              # this iteration's runs
+    runs_launched: int               # over the whole study (budget: max_runs)
+    run_seconds: list[float]         # measured wall time of finished runs (for planning the budget)
+    iterations: list[dict[str, Any]]  # per-iteration summaries: best experiment, aucs, verdicts
+    decision: dict[str, Any]         # {action: continue|conclude, reason}
+    llm: LLMUsage
+    mlflow_parent_run: str | None
+    error: str | None
+    stop_requested: bool
+    parked: dict[str, Any] | None    # {phase, reason, at, runs}: where a parked study re-enters
+
+
+def new_usage() -> LLMUsage:
+    return {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+
+
+def add_usage(usage: LLMUsage, more: LLMUsage) -> LLMUsage:
+    return {
+        "calls": usage["calls"] + more["calls"],
+        "prompt_tokens": usage["prompt_tokens"] + more["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"] + more["completion_tokens"],
+        "cost_usd": round(usage["cost_usd"] + more["cost_usd"], 6),
+    }
+
+
+TERMINAL_TRIAL = frozenset({"finished", "crashed", "stalled", "diverged", "cut", "stopped"})

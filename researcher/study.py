@@ -1,0 +1,137 @@
+"""Run a study's graph: start a new one or resume one, under the study's one-writer file lock.
+
+The graph is checkpointed to ``artifacts/<id>/graph.db`` (SQLite, ``durability="sync"`` so a hard
+kill loses no finished node) with thread id = study id. Resume re-enters the graph with
+``invoke(None)``, after closing the MLflow runs a crash left RUNNING that nothing re-attaches to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from filelock import FileLock, Timeout
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from researcher import budget, runs, studyfiles
+from researcher.context import StudyContext
+from researcher.graph import build
+from researcher.layout import StudyLayout
+from researcher.settings import StudyOptions
+from researcher.state import StudyState, new_usage
+
+log = logging.getLogger(__name__)
+RECURSION_LIMIT = 100_000  # monitor/launch loops are long; the budget, not the step count, bounds a study
+
+
+class StudyBusy(RuntimeError):
+    """Another process holds the study's lock (one writer per study)."""
+
+
+class StudyNotFound(LookupError):
+    pass
+
+
+@contextmanager
+def study_lock(layout: StudyLayout) -> Iterator[None]:
+    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(layout.lock_file), timeout=0)
+    owner = layout.artifacts_dir / "study.lock.pid"
+    try:
+        lock.acquire()
+    except Timeout:
+        pid = owner.read_text().strip() if owner.is_file() else "?"
+        raise StudyBusy(f"study {layout.study_id} is already being run by another researcher process "
+                        f"(pid {pid}); wait for it, or `researcher stop {layout.study_id}`") from None
+    try:
+        owner.write_text(str(os.getpid()))
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
+def config_for(study_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": study_id}, "recursion_limit": RECURSION_LIMIT}
+
+
+@contextmanager
+def checkpointer(layout: StudyLayout) -> Iterator[SqliteSaver]:
+    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    with SqliteSaver.from_conn_string(str(layout.graph_db)) as saver:
+        yield saver
+
+
+def read_state(layout: StudyLayout) -> StudyState | None:
+    """The latest checkpointed state (read-only; works while another process runs the study)."""
+    if not layout.graph_db.is_file():
+        return None
+    with checkpointer(layout) as saver:
+        found = saver.get_tuple(config_for(layout.study_id))
+    return None if found is None else found.checkpoint["channel_values"]  # type: ignore[return-value]
+
+
+def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:
+    return {"study_id": study_id, "topic": topic, "phase": "framing", "options": options.model_dump(),
+            "budget": budget.make_budget(now, deadline, max_runs=options.max_runs,  # type: ignore[typeddict-item]
+                                         max_iterations=options.max_iterations, max_repairs=options.max_repairs,
+                                         max_llm_tokens=options.max_llm_tokens,
+                                         max_llm_cost_usd=options.max_llm_cost_usd),
+            "iteration": 0, "trials": [], "runs_launched": 0, "run_seconds": [], "iterations": [],
+            "llm": new_usage(), "mlflow_parent_run": None, "error": None}
+
+
+def start(ctx: StudyContext, topic: str, options: StudyOptions, deadline: float) -> StudyState:
+    layout = ctx.layout
+    if layout.graph_db.is_file() or layout.study_toml.is_file():
+        raise FileExistsError(f"study {layout.study_id} already exists; use `researcher resume {layout.study_id}` "
+                              "or pick another --study-id")
+    layout.ensure()
+    with study_lock(layout):
+        studyfiles.write_study_toml(layout, topic, ctx.planner.name, options.model_dump(), deadline)
+        state = initial_state(layout.study_id, topic, options, deadline, ctx.clock())
+        return _invoke(ctx, state)
+
+
+def resume(ctx: StudyContext) -> StudyState:
+    layout = ctx.layout
+    if not layout.graph_db.is_file():
+        raise StudyNotFound(f"no study {layout.study_id!r} under {layout.artifacts_root}")
+    with study_lock(layout):
+        layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
+        state = read_state(layout)
+        if state is not None:
+            keep = {r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if not r.ended and r.mlflow_run_id}
+            if state.get("phase") not in ("analyzing", "deciding", "reporting", "done", "failed", "stopped"):
+                keep.add(state.get("mlflow_parent_run") or "")
+            ctx.tracker.close_stale(layout.study_id, keep)
+            window = "" if ctx.window_end is None else f", window until {time.strftime('%H:%M:%S', time.localtime(ctx.window_end))}"
+            studyfiles.log(layout, f"Resumed (phase {state.get('phase')}, iteration {state.get('iteration')}{window}).")
+            if state.get("phase") == "parked":
+                # The parked session's graph run ended at `park`: start a new one, entering where it parked.
+                parked = state.get("parked") or {}
+                return _invoke(ctx, {"phase": parked.get("phase", "framing"), "parked": None})  # type: ignore[typeddict-item]
+        return _invoke(ctx, None)
+
+
+def _invoke(ctx: StudyContext, state: StudyState | None) -> StudyState:
+    with checkpointer(ctx.layout) as saver:
+        graph = build(ctx).compile(checkpointer=saver)
+        config = config_for(ctx.layout.study_id)
+        if state is None:
+            snap = graph.get_state(config)
+            if not snap.next and not snap.tasks:
+                return snap.values  # already complete: nothing to resume
+        started = time.monotonic()
+        result = graph.invoke(state, config, durability="sync")
+        log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
+        return result
+
+
+def request_stop(layout: StudyLayout) -> None:
+    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    layout.stop_file.write_text(str(time.time()))

@@ -1,0 +1,118 @@
+"""The study folder's small text files: study.toml, plan.json, experiments/, LOG.md, report.md.
+
+These are what a person reviews (and may commit), so they are plain, stable text. The TOML
+writer covers what configs hold here: scalars, lists of scalars and one level of tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from researcher.layout import StudyLayout
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"TOML cannot hold {value}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(data: dict[str, Any], header: str = "") -> str:
+    lines = [f"# {line}" for line in header.splitlines()]
+    tables = {k: v for k, v in data.items() if isinstance(v, dict) and v and all(not isinstance(x, dict) for x in v.values())
+              and k in ("server", "study", "budget", "options", "llm")}
+    for key, value in data.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for name, table in tables.items():
+        lines.append(f"\n[{name}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def server_config(example_config: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The example's flat server config (or its [server] table) with ``overrides`` applied."""
+    data = tomllib.loads(example_config.read_text())
+    return {**data.get("server", data), **overrides}
+
+
+def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dict[str, Any],
+                     deadline: float) -> None:
+    data = {"study": {"id": layout.study_id, "topic": topic, "planner": planner,
+                      "created": _now(), "deadline": _iso(deadline)},
+            "options": options}
+    write_atomic(layout.study_toml, dumps_toml(data, "Written by `researcher start`; the plan and results are "
+                                                     "in plan.json, LOG.md and report.md."))
+
+
+def read_study_toml(layout: StudyLayout) -> dict[str, Any]:
+    try:
+        return tomllib.loads(layout.study_toml.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def write_plan(layout: StudyLayout, iteration: int, plan: dict[str, Any], framing: dict[str, Any]) -> None:
+    """plan.json keeps every iteration's plan (hypotheses are written here before any run)."""
+    current = json.loads(layout.plan_json.read_text()) if layout.plan_json.is_file() else {}
+    current["framing"] = framing
+    iterations = {str(k): v for k, v in current.get("iterations", {}).items()}
+    iterations[str(iteration)] = {"written": _now(), **plan}
+    current["iterations"] = iterations
+    write_atomic(layout.plan_json, json.dumps(current, indent=2, default=str) + "\n")
+
+
+def read_plan(layout: StudyLayout) -> dict[str, Any]:
+    return json.loads(layout.plan_json.read_text()) if layout.plan_json.is_file() else {}
+
+
+def write_experiment(layout: StudyLayout, name: str, client_code: str, config: dict[str, Any],
+                     hypothesis: str) -> Path:
+    folder = layout.experiment_dir(name)
+    write_atomic(folder / "client.py", client_code)
+    write_atomic(folder / "config.toml", dumps_toml(config, f"experiment {name} (tests {hypothesis}); "
+                                                             "flat swarm server config keys"))
+    return folder
+
+
+def log(layout: StudyLayout, text: str) -> None:
+    """Append a dated entry to LOG.md (findings, decisions and negative results alike)."""
+    layout.log_md.parent.mkdir(parents=True, exist_ok=True)
+    new = not layout.log_md.is_file()
+    with open(layout.log_md, "a") as out:
+        if new:
+            out.write(f"# Log of study {layout.study_id}\n\n")
+        out.write(f"- **{_now()}** {text.strip()}\n")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")

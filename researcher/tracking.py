@@ -1,0 +1,238 @@
+"""The researcher's MLflow writer: one experiment per study, a parent run per iteration, a nested
+child run per training run (config params, per-step metrics, client code and logs).
+
+Uses ``MlflowClient`` with explicit run ids (never the fluent active-run stack), so a resumed
+process can re-attach to the runs recorded in state and run.json, and close the stale ones left
+RUNNING by a crash with ``set_terminated(run_id, "KILLED")``. Metrics go in ``log_batch`` chunks
+(one SQLite transaction per poll instead of one per value).
+
+With a spool folder, a write that fails because the store is unreachable is spooled to disk
+(``researcher.spool``) and replayed later, instead of failing the study; a store error caused by
+the write itself (an invalid value) is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from swarm.protocol import StepMetrics
+
+from researcher.spool import Spool
+
+log = logging.getLogger(__name__)
+_BATCH = 1000  # MLflow's per-request metric limit
+_REPLAY_EVERY_S = 30.0
+_CALLER_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+                  "INVALID_STATE"}
+
+
+class Tracker:
+    def __init__(self, uri: str, artifact_root: Path, spool_dir: Path | None = None) -> None:
+        self.uri = uri
+        self.artifact_root = artifact_root
+        self.spool = Spool(spool_dir) if spool_dir is not None else None
+        self._client: Any = None
+        self._next_replay = 0.0
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from mlflow import MlflowClient  # slow import: only when something is logged
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    # ------------------------------------------------------------------ delivery
+
+    def _deliver(self, op: str, args: dict[str, Any]) -> Any:
+        """Run one write now, or spool it when the store is unreachable (or earlier writes wait)."""
+        if self.spool is None:
+            return self._apply(op, args)
+        if self.spool.pending() and not self.flush():
+            self.spool.append(op, args)
+            return None
+        try:
+            return self._apply(op, args)
+        except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
+            if not unreachable(exc):
+                if _caller_error(exc):
+                    log.warning("MLflow refused %s (dropped): %s", op, exc)
+                    return None
+                raise
+            log.warning("MLflow store unreachable (%s); spooling %s to %s", type(exc).__name__, op, self.spool.folder)
+            self._next_replay = time.monotonic() + _REPLAY_EVERY_S
+            self.spool.append(op, args)
+            return None
+
+    def flush(self, force: bool = False) -> bool:
+        """Replay the spool (at most every 30 s unless ``force``); True when nothing is left."""
+        if self.spool is None or not self.spool.pending():
+            return True
+        if not force and time.monotonic() < self._next_replay:
+            return False
+        try:
+            done = self.spool.replay(self._apply)
+        except Exception as exc:  # noqa: BLE001
+            if not unreachable(exc):
+                raise
+            self._next_replay = time.monotonic() + _REPLAY_EVERY_S
+            return False
+        log.info("replayed %d spooled MLflow writes", done)
+        return True
+
+    def _run(self, run_id: str) -> str:
+        real = self.spool.real_id(run_id) if self.spool else run_id
+        if real is None:
+            raise LookupError(f"run {run_id} was never created")
+        return real
+
+    def _apply(self, op: str, args: dict[str, Any]) -> Any:
+        from mlflow.entities import Metric, Param
+
+        if op == "create_run":
+            local = args.get("local_id")
+            if local and self.spool and self.spool.real_id(local):
+                return self.spool.real_id(local)  # replayed before (a crash after create): not twice
+            tags = dict(args["tags"])
+            if tags.get("mlflow.parentRunId"):
+                tags["mlflow.parentRunId"] = self._run(tags["mlflow.parentRunId"])
+            run_id = self.client.create_run(self.experiment_id(args["study_id"]), run_name=args["name"],
+                                            tags=tags).info.run_id
+            if local and self.spool:
+                self.spool.map_id(local, run_id)
+            return run_id
+        run_id = self._run(args["run_id"])
+        if op == "params":
+            items = [Param(k, v) for k, v in args["params"]]
+            for i in range(0, len(items), 100):
+                self.client.log_batch(run_id, params=items[i:i + 100])
+        elif op == "metrics":
+            metrics = [Metric(k, v, ts, step) for k, v, ts, step in args["metrics"]]
+            for i in range(0, len(metrics), _BATCH):
+                self.client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+        elif op == "tags":
+            for key, value in args["tags"].items():
+                self.client.set_tag(run_id, key, value)
+        elif op == "files":
+            for path in map(Path, args["paths"]):
+                if path.is_file():
+                    self.client.log_artifact(run_id, str(path), args["artifact_path"])
+                elif path.is_dir():
+                    self.client.log_artifacts(run_id, str(path), args["artifact_path"] or path.name)
+        elif op == "text":
+            self.client.log_text(run_id, args["text"], args["name"])
+        elif op == "end":
+            self.client.set_terminated(run_id, args["status"])
+        else:
+            raise ValueError(f"unknown tracker op {op!r}")
+        return None
+
+    # ------------------------------------------------------------------ runs
+
+    def experiment_id(self, study_id: str) -> str:
+        found = self.client.get_experiment_by_name(study_id)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.uri.startswith("sqlite:"):
+            # A sqlite store needs an explicit artifact location beside it (mlartifacts/<study>).
+            path = self.artifact_root / study_id
+            path.mkdir(parents=True, exist_ok=True)
+            location = path.as_uri()
+        return self.client.create_experiment(study_id, artifact_location=location)
+
+    def _create(self, study_id: str, name: str, tags: dict[str, str]) -> str:
+        local = Spool.new_local_id() if self.spool else None
+        run_id = self._deliver("create_run", {"study_id": study_id, "name": name, "tags": tags, "local_id": local})
+        return run_id or local  # type: ignore[return-value]
+
+    def start_parent(self, study_id: str, iteration: int, tags: dict[str, str]) -> str:
+        return self._create(study_id, f"iteration-{iteration}",
+                            {"researcher.study_id": study_id, "researcher.iteration": str(iteration),
+                             "researcher.kind": "iteration", **tags})
+
+    def start_child(self, study_id: str, parent_run_id: str | None, name: str, params: dict[str, Any],
+                    tags: dict[str, str]) -> str:
+        all_tags = {"researcher.study_id": study_id, "researcher.kind": "training-run", **tags}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run_id = self._create(study_id, name, all_tags)
+        self.log_params(run_id, params)
+        return run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        self._deliver("params", {"run_id": run_id, "params": [[str(k), str(v)[:6000]] for k, v in sorted(params.items())]})
+
+    def log_steps(self, run_id: str, steps: Sequence[StepMetrics]) -> int:
+        """Log per-step metrics (slash keys as the server names them); returns how many values."""
+        metrics = [[key, float(value), int(s.time * 1000), s.step] for s in steps for key, value in sorted(s.metrics.items())]
+        if metrics:
+            self._deliver("metrics", {"run_id": run_id, "metrics": metrics})
+        return len(metrics)
+
+    def log_values(self, run_id: str, values: dict[str, float], step: int = 0) -> None:
+        now = int(time.time() * 1000)
+        metrics = [[k, float(v), now, step] for k, v in sorted(values.items())]
+        if metrics:
+            self._deliver("metrics", {"run_id": run_id, "metrics": metrics})
+
+    def set_tags(self, run_id: str | None, tags: dict[str, str]) -> None:
+        if run_id and tags:
+            self._deliver("tags", {"run_id": run_id, "tags": {k: str(v) for k, v in tags.items()}})
+
+    def log_files(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
+        self._deliver("files", {"run_id": run_id, "paths": [str(p) for p in paths], "artifact_path": artifact_path})
+
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self._deliver("text", {"run_id": run_id, "text": text, "name": name})
+
+    def end(self, run_id: str | None, status: str = "FINISHED") -> None:
+        """Close a run (FINISHED, FAILED or KILLED); closing a closed run again is harmless."""
+        if run_id:
+            self._deliver("end", {"run_id": run_id, "status": status})
+
+    def real_id(self, run_id: str | None) -> str | None:
+        """The MLflow id behind a (possibly local, spooled) run id; None while it is not created."""
+        return self.spool.real_id(run_id) if self.spool else run_id
+
+    def close_stale(self, study_id: str, keep: set[str]) -> list[str]:
+        """Mark runs a crash left RUNNING as KILLED, except those we re-attach to (``keep``)."""
+        try:
+            found = self.client.get_experiment_by_name(study_id)
+            if found is None:
+                return []
+            stale = self.client.search_runs([found.experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                            max_results=1000)
+        except Exception as exc:  # noqa: BLE001
+            if unreachable(exc):
+                log.warning("MLflow unreachable; stale runs of %s stay open for now: %s", study_id, exc)
+                return []
+            raise
+        keep = keep | {r for r in (self.real_id(k) for k in keep) if r}
+        closed = []
+        for run in stale:
+            if run.info.run_id not in keep:
+                self.client.set_terminated(run.info.run_id, "KILLED")
+                closed.append(run.info.run_id)
+        if closed:
+            log.info("closed %d stale MLflow runs of %s as KILLED", len(closed), study_id)
+        return closed
+
+
+def _caller_error(exc: BaseException) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, MlflowException) and exc.error_code in _CALLER_ERRORS
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The store could not be reached or answered with a server-side failure (worth a later retry)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, OSError):  # includes requests' connection errors
+        return True
+    return isinstance(exc, MlflowException) and exc.error_code not in _CALLER_ERRORS

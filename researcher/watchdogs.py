@@ -1,0 +1,57 @@
+"""Watchdogs for days-long studies, each a small function the graph or the monitor calls.
+
+- ``disk_low``: the artifacts disk is almost full (checkpoints would fail) -> park the study.
+- ``is_quota_error``: the LLM provider says the account is out of quota or credit (an openai
+  ``RateLimitError`` with ``insufficient_quota``, 402 Payment Required, a 403 about billing) -> park
+  and wait for the next window; unlike a plain 429, retrying soon cannot help.
+- ``client_stuck``: the server waits for episodes but none finished for a while while the client
+  process still lives (a hung agent) -> restart the client.
+A stalled server (no training step for ``stall_timeout_s``) is handled in the monitor itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+_QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "quota_exceeded",
+                "credit_balance_too_low", "payment_required"}
+_BILLING_WORDS = ("quota", "billing", "credit", "payment")
+
+
+def disk_low(path: Path, min_free_mb: float) -> str | None:
+    """A clear reason when the filesystem holding ``path`` has less than ``min_free_mb`` free."""
+    if min_free_mb <= 0:
+        return None
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_mb = shutil.disk_usage(probe).free / 2**20
+    if free_mb < min_free_mb:
+        return (f"disk almost full: {free_mb:.0f} MB free under {probe} (the study needs at least "
+                f"{min_free_mb:.0f} MB); free some space and the next window resumes it")
+    return None
+
+
+def is_quota_error(exc: BaseException) -> bool:
+    """True for an LLM API error that means 'out of quota/credit', not 'slow down'."""
+    import openai
+
+    if not isinstance(exc, openai.APIStatusError):
+        return False
+    code = str(getattr(exc, "code", None) or "").lower()
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error", body) if isinstance(body.get("error", body), dict) else {}
+    kinds = {code, str(error.get("code") or "").lower(), str(error.get("type") or "").lower()}
+    if kinds & _QUOTA_CODES:
+        return True
+    if exc.status_code == 402:
+        return True
+    text = str(exc).lower()
+    return exc.status_code in (403, 429) and any(word in text for word in _BILLING_WORDS) and "rate" not in code
+
+
+def client_stuck(*, finished_now: int, finished_before: int, since: float, now: float, server_waiting: bool,
+                 limit_s: float) -> bool:
+    """No episode finished for ``limit_s`` while the server was waiting for episodes."""
+    return server_waiting and finished_now <= finished_before and now - since > limit_s

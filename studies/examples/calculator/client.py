@@ -1,0 +1,170 @@
+"""Calculator: multi-turn tool use, 4-6 model calls per episode, small enough for the tiny model.
+
+The user gives a start value and the first operation (``7 +3``). The model calls the calculator
+with a compact call, ``<tool_call>7+3</tool_call>`` (``<tool_call>``/``</tool_call>`` are single
+tokens of the tiny tokenizer), the workflow evaluates it (no ``eval``) and replies with a ``tool``
+message holding the result and the next operation (``=10 *2``), until the reply says ``done``
+(``=20 done``) and the model answers with the final number (``20``). Each call re-sends the whole
+history with the model's replies verbatim, so the server merges an episode's calls into one token
+timeline (``context/samples_per_episode`` near 1).
+
+Every turn is short on purpose: the tiny model is byte-level (one token per character) and pays for
+every byte of history on every call and in training. For the same reason no ``tools=[...]`` are
+declared: the chat template's tool preamble alone is ~330 tokens, about as long as a whole episode.
+The tool results still flow through the template (``role: tool`` renders as ``<tool_response>``).
+
+Reward (partial credit, so GRPO can climb from an imperfect warm-up): 0.6 × the fraction of
+operations called with exactly the right expression + 0.1 × the fraction of turns that were
+well-formed calls + 0.3 × the final answer being right. ``setup`` runs a short supervised warm-up on
+correct trajectories on a fresh server (a random tiny model cannot produce the call syntax); it
+leaves the policy imperfect, and GRPO improves it. Run it with::
+
+    swarm serve --model tiny --config studies/examples/calculator/config.toml
+    swarm run studies/examples/calculator/client.py --server http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Iterator
+
+from swarm.client import EpisodeHandle, SwarmClient, run_study_cli
+
+log = logging.getLogger(__name__)
+
+GROUP_SIZE = 8
+CONCURRENCY = 16  # two groups in flight: the server batches their calls into one forward pass
+MIN_OPS, MAX_OPS = 3, 5  # tool calls per episode; plus the final answer: 4-6 model calls
+MAX_TURNS = 8  # a malformed call is answered with an error and retried, up to this many calls
+MAX_TOKENS = 16  # a call is ~8 tokens; a longer reply is wrong anyway
+WARMUP_TRAJECTORIES = 400
+WARMUP_STEPS = 60
+WARMUP_BATCH = 16
+WARMUP_LR = 3e-3
+
+_CALL = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.DOTALL)
+_EXPR = re.compile(r"^(-?\d+)([+*-])(\d+)$")
+
+
+# ---------------------------------------------------------------------------- the environment
+
+
+def _ops(rng: random.Random) -> list[str]:
+    ops = []
+    for _ in range(rng.randint(MIN_OPS, MAX_OPS)):
+        op = rng.choice("+-*")
+        ops.append(f"{op}{rng.randint(2, 3) if op == '*' else rng.randint(1, 9)}")
+    return ops
+
+
+def calc(expr: str) -> int | None:
+    """The tool: ``a+b``, ``a-b`` or ``a*b`` on integers (no ``eval``); ``None`` if malformed."""
+    match = _EXPR.match(expr.replace(" ", ""))
+    if match is None:
+        return None
+    a, op, b = int(match[1]), match[2], int(match[3])
+    if abs(a) > 10**6 or b > 10**6:  # keeps a runaway policy from building huge numbers
+        return None
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def parse_call(text: str) -> str | None:
+    """The expression of a well-formed ``<tool_call>expr</tool_call>`` reply, else ``None``."""
+    match = _CALL.match(text)
+    if match is None or calc(match[1]) is None:
+        return None
+    return match[1].replace(" ", "")
+
+
+def call_text(expr: str) -> str:
+    return f"<tool_call>{expr}</tool_call>"
+
+
+def tool_text(result: int | str, next_op: str | None) -> str:
+    return f"={result} {next_op if next_op is not None else 'done'}"
+
+
+def first_messages(start: int, ops: list[str]) -> list[dict]:
+    return [{"role": "user", "content": f"{start} {ops[0]}"}]
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def tasks(seed: int) -> Iterator[dict]:
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        yield {"task_id": f"calc-{seed}-{index}", "start": rng.randint(1, 20), "ops": _ops(rng)}
+        index += 1
+
+
+def workflow(ep: EpisodeHandle, task: dict) -> float:
+    llm = ep.openai()
+    ops: list[str] = task["ops"]
+    value = task["start"]  # what the tool has computed so far (what the model was last told)
+    expected = task["start"]  # what a perfect agent would have
+    messages = first_messages(task["start"], ops)
+    correct_calls = wellformed = 0
+    step = 0  # index of the operation the model should apply next
+    answer_right = False
+    turns = 0
+    for turns in range(1, MAX_TURNS + 1):
+        reply = llm.chat.completions.create(model="policy", messages=messages, max_tokens=MAX_TOKENS)
+        text = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})  # verbatim: keeps the timeline append-only
+        if step >= len(ops):  # every operation done: this turn is the final answer
+            answer_right = text.strip() == str(expected)
+            break
+        expr = parse_call(text)
+        if expr is None:
+            messages.append({"role": "tool", "content": tool_text("error", ops[step])})
+            continue
+        wellformed += 1
+        correct_calls += expr == f"{value}{ops[step]}"
+        expected = calc(f"{expected}{ops[step]}")
+        value = calc(expr)
+        step += 1
+        messages.append({"role": "tool", "content": tool_text(value, ops[step] if step < len(ops) else None)})
+    call_turns = turns - (step >= len(ops))
+    reward = 0.6 * correct_calls / len(ops) + 0.1 * wellformed / max(call_turns, 1) + 0.3 * answer_right
+    ep.finish(reward, metrics={"turns": float(turns), "correct_calls": correct_calls / len(ops),
+                               "answer_right": float(answer_right)})
+    return reward
+
+
+def warmup_examples(rng: random.Random, trajectories: int) -> list[dict]:
+    """One supervised example per correct trajectory: a random turn (history so far -> the reply)."""
+    examples = []
+    for _ in range(trajectories):
+        start, ops = rng.randint(1, 20), _ops(rng)
+        messages = first_messages(start, ops)
+        value = start
+        turns: list[tuple[list[dict], str]] = []
+        for i, op in enumerate(ops):
+            call = call_text(f"{value}{op}")
+            turns.append((list(messages), call))
+            value = calc(f"{value}{op}")
+            messages = [*messages, {"role": "assistant", "content": call},
+                        {"role": "tool", "content": tool_text(value, ops[i + 1] if i + 1 < len(ops) else None)}]
+        turns.append((messages, str(value)))
+        history, completion = rng.choice(turns)
+        examples.append({"messages": history, "completion": completion})
+    return examples
+
+
+def setup(client: SwarmClient) -> None:
+    """Teach the call format once per server (skipped when the server has trained already)."""
+    if client.status().policy_version > 0:
+        log.info("server already trained (policy version > 0): skipping the warm-up")
+        return
+    examples = warmup_examples(random.Random(4242), WARMUP_TRAJECTORIES)
+    result = client.sft(examples, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR)
+    log.info("warm-up on %d examples: %d steps, loss %.3f -> %.3f", len(examples), result.steps,
+             result.loss_first, result.loss_last)
+
+
+if __name__ == "__main__":
+    run_study_cli(__file__)

@@ -1,0 +1,49 @@
+"""Letters: the smallest study that visibly learns. Prompt: 8 random letters; reward: the fraction
+of 'a' among the 16 sampled tokens (the tiny model is byte-level, so a token is a character).
+
+A randomly initialised tiny model writes almost no 'a' (reward ~0.003); under GRPO it learns to
+within a minute on 2 CPU cores. Run it with::
+
+    swarm serve --model tiny --config studies/examples/letters/config.toml
+    swarm run studies/examples/letters/client.py --server http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterator
+
+from swarm.client import EpisodeHandle, run_study_cli
+
+GROUP_SIZE = 8  # samples per prompt: GRPO compares them with each other
+CONCURRENCY = 32  # four groups in flight, so the server batches them into one forward pass
+COMPLETION_TOKENS = 16
+
+
+def tasks(seed: int) -> Iterator[dict]:
+    """An endless stream of prompts of 8 random lowercase letters."""
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        letters = "".join(rng.choice(string.ascii_lowercase) for _ in range(8))
+        yield {"task_id": f"letters-{seed}-{index}", "prompt": letters}
+        index += 1
+
+
+def reward(text: str) -> float:
+    return text.count("a") / COMPLETION_TOKENS
+
+
+def workflow(ep: EpisodeHandle, task: dict) -> float:
+    reply = ep.openai().chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": task["prompt"]}],
+        max_tokens=COMPLETION_TOKENS,
+        temperature=1.0,
+    )
+    return reward(reply.choices[0].message.content or "")
+
+
+if __name__ == "__main__":
+    run_study_cli(__file__)

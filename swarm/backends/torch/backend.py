@@ -1,0 +1,306 @@
+"""``TorchBackend``: the embedded default backend (a transformers model and a torch optimizer).
+
+It owns one causal LM on CPU (or one GPU): chat rendering, batched sampling with exact log-probs,
+policy-gradient and supervised updates, and atomic checkpoints. Models come from a local Hugging
+Face folder or from the ``tiny`` preset, which is built once into a cache folder and then loaded
+like any other folder. Nothing is ever downloaded.
+
+Not thread-safe by design: the engine calls every method from one worker thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback, TrainConfig, TrainSample
+from swarm.backends.torch import algorithms, training
+from swarm.backends.torch.sampling import SamplingSetup, sample_batch
+from swarm.backends.torch.tiny import build_tiny, is_current_tiny
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TorchBackend", "resolve_model_folder"]
+
+_STATE_FILE = "backend_state.json"
+_OPTIMIZER_FILE = "optimizer.pt"
+_REFERENCE_FILE = "reference.pt"
+# Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
+# AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
+# regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
+_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def _build_tiny_once(folder: Path, seed: int) -> None:
+    """Build the tiny preset into ``folder`` under a file lock (servers may start side by side).
+
+    The build goes to a staging folder that is renamed into place, so a killed build never
+    leaves a half-written folder behind.
+    """
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        if is_current_tiny(folder, seed):  # another process finished it while we waited
+            return
+        staging = folder.parent / f".{folder.name}.building-{uuid.uuid4().hex[:8]}"
+        try:
+            build_tiny(staging, seed=seed)
+            if folder.exists():  # a stale build of an older format
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+    """The local folder for ``model``: build the tiny preset if needed, else an existing folder."""
+    if model == "tiny":
+        folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"tiny-{seed}"
+        if not is_current_tiny(folder, seed):
+            _build_tiny_once(folder, seed)
+        return folder
+    folder = Path(model)
+    if not folder.is_dir():
+        raise ValueError(f"model {model!r} is neither 'tiny' nor an existing local folder (nothing is downloaded)")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
+    return folder
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config_file = folder / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    if declared in _GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def _load_model(folder: Path, device: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    return model.to(device).eval()
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return frozenset(ids)
+
+
+class TorchBackend:
+    """The ``Backend`` protocol on a transformers causal LM (see ``swarm.backends.base``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        seed: int = 0,
+        reference: bool = False,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.policy_version = 0
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        self._generator = torch.Generator().manual_seed(seed)
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._reference: torch.nn.Module | None = self._frozen_copy() if reference else None
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._pad_id = int(pad if pad is not None else 0)
+        # Ids past the tokenizer are embedding padding: never sampled, never trained (see sampling).
+        self.vocab_size = min(len(tokenizer), int(model.get_input_embeddings().weight.shape[0]))
+        self._setup = SamplingSetup(
+            eos_ids=_eos_ids(model, tokenizer),
+            pad_id=self._pad_id,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            decode=self.decode,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        config: TrainConfig | None = None,
+        *,
+        seed: int = 0,
+        cache_dir: str | Path | None = None,
+        device: str = "cpu",
+    ) -> TorchBackend:
+        """Load ``model`` ("tiny" or a local Hugging Face causal-LM folder).
+
+        A reference copy for the KL penalty is made now when ``config.kl_coef > 0`` (otherwise on
+        the first update that asks for one).
+        """
+        folder = resolve_model_folder(model, seed=seed, cache_dir=cache_dir)
+        tokenizer = _load_tokenizer(folder)
+        loaded = _load_model(folder, device)
+        name = "tiny" if model == "tiny" else folder.resolve().name
+        wants_reference = config is not None and config.kl_coef > 0
+        logger.info("loaded %s from %s", name, folder)
+        return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference)
+
+    # -- chat and text ---------------------------------------------------------------------------
+
+    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        """Apply the chat template with the generation prompt and return prompt token ids."""
+        from jinja2 import TemplateError
+
+        if not messages:
+            raise ValueError("messages must not be empty")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except (TemplateError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Decode ids to text, skipping special tokens."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text, without special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def eos_token_id(self) -> int:
+        """The end-of-turn id (``<|im_end|>`` for the tiny preset)."""
+        return int(self.tokenizer.eos_token_id)
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        on_token: TokenCallback | None = None,
+        feed: RowFeed | None = None,
+    ) -> list[Generation]:
+        """Sample one continuation per prompt row in one batched loop (see ``sampling``).
+
+        With a ``feed`` rows may join while it runs (continuous batching; see ``RowFeed``)."""
+        if not prompts and feed is None:
+            return []
+        self.model.eval()
+        return sample_batch(self.model, prompts, params, self._setup, self._generator, on_token, feed)
+
+    # -- training --------------------------------------------------------------------------------
+
+    def _frozen_copy(self) -> torch.nn.Module:
+        reference = copy.deepcopy(self.model).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+        return reference
+
+    def _optimizer_for(self, config: TrainConfig) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        for group in self._optimizer.param_groups:  # live-patched hyper-parameters take effect here
+            group["lr"] = config.lr
+            group["weight_decay"] = config.weight_decay
+        return self._optimizer
+
+    def _pack(self, samples: Sequence[TrainSample]) -> training.Batch:
+        return training.pack(samples, self._pad_id, self.vocab_size, self.max_context)
+
+    def train_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One policy-gradient update; increments ``policy_version``; returns slash-keyed metrics."""
+        batch = self._pack(samples)
+        algorithms.policy_loss_fn(config.policy_loss)  # unknown names fail before anything changes
+        if config.kl_coef > 0 and self._reference is None:
+            logger.warning("kl_coef > 0 but no reference yet: freezing the current policy as the reference")
+            self._reference = self._frozen_copy()
+        metrics = training.policy_update(
+            self.model, self._optimizer_for(config), self._reference, batch, config, self.vocab_size
+        )
+        self.policy_version += 1
+        return metrics
+
+    def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
+        """Episode-level advantages from verl's ``config.adv_estimator``."""
+        return algorithms.compute_advantages(rewards, group_ids, config)
+
+    def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One NLL update on ``loss_mask`` tokens; increments ``policy_version``."""
+        batch = self._pack(samples)
+        metrics = training.supervised_update(self.model, self._optimizer_for(config), batch, config, self.vocab_size)
+        self.policy_version += 1
+        return metrics
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, directory: str) -> None:
+        """Write weights + tokenizer (a loadable HF folder), optimizer, reference and version, atomically."""
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.saving-{uuid.uuid4().hex[:8]}"
+        try:
+            self.model.save_pretrained(staging)
+            self.tokenizer.save_pretrained(staging)
+            if self._optimizer is not None:
+                torch.save(self._optimizer.state_dict(), staging / _OPTIMIZER_FILE)
+            if self._reference is not None:
+                torch.save(self._reference.state_dict(), staging / _REFERENCE_FILE)
+            state = {"policy_version": self.policy_version, "model_name": self.model_name}
+            (staging / _STATE_FILE).write_text(json.dumps(state))
+            old = None
+            if target.exists():
+                old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+                os.replace(target, old)
+            os.replace(staging, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def load(self, directory: str) -> None:
+        """Restore what ``save`` wrote (weights, optimizer, reference, ``policy_version``)."""
+        folder = Path(directory)
+        state_file = folder / _STATE_FILE
+        if not state_file.is_file():
+            raise ValueError(f"{folder} is not a checkpoint written by TorchBackend.save (no {_STATE_FILE})")
+        state = json.loads(state_file.read_text())
+        device = next(self.model.parameters()).device
+        loaded = _load_model(folder, str(device))
+        self.model.load_state_dict(loaded.state_dict())
+        self._optimizer = None
+        if (folder / _OPTIMIZER_FILE).is_file():
+            optimizer = torch.optim.AdamW(self.model.parameters())
+            optimizer.load_state_dict(torch.load(folder / _OPTIMIZER_FILE, map_location=device, weights_only=True))
+            self._optimizer = optimizer
+        if (folder / _REFERENCE_FILE).is_file():
+            if self._reference is None:
+                self._reference = self._frozen_copy()
+            self._reference.load_state_dict(torch.load(folder / _REFERENCE_FILE, map_location=device, weights_only=True))
+        self.policy_version = int(state["policy_version"])

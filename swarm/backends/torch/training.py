@@ -1,0 +1,249 @@
+"""Policy-gradient and supervised updates on padded batches of ``TrainSample``.
+
+Shapes follow verl's convention: for a right-padded batch ``tokens`` of shape ``(n, L)`` the model's
+logits at position ``t`` score ``tokens[t + 1]``, so log-probs, the response mask (``loss_mask``
+shifted by one) and recorded roll-out log-probs all have shape ``(n, L - 1)``.
+
+Batches are cut into micro-batches by a token budget (rows sorted by length so padding stays
+small). Every loss is aggregated with the *whole* batch's normalisers (token count, sequence count,
+horizon), so gradients accumulated over micro-batches equal one big batch's gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarm.backends.base import TrainConfig, TrainSample
+from swarm.backends.torch import algorithms
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Batch", "micro_batches", "pack", "policy_update", "sequence_logprobs", "supervised_update"]
+
+
+@dataclass
+class Batch:
+    """A right-padded batch. ``mask``, ``rollout`` are shifted: index ``t`` scores ``tokens[t + 1]``."""
+
+    tokens: torch.Tensor  # (n, L) long
+    attention: torch.Tensor  # (n, L) long
+    mask: torch.Tensor  # (n, L - 1) float
+    rollout: torch.Tensor  # (n, L - 1) float
+    advantages: torch.Tensor  # (n,) float
+    temperatures: torch.Tensor  # (n,) float, 0 replaced by 1
+    lengths: list[int]
+
+    def select(self, rows: Sequence[int]) -> Batch:
+        """The given rows, trimmed to their own longest length."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        width = max(self.lengths[i] for i in rows)
+        return Batch(
+            tokens=self.tokens[index, :width],
+            attention=self.attention[index, :width],
+            mask=self.mask[index, : width - 1],
+            rollout=self.rollout[index, : width - 1],
+            advantages=self.advantages[index],
+            temperatures=self.temperatures[index],
+            lengths=[self.lengths[i] for i in rows],
+        )
+
+
+def pack(samples: Sequence[TrainSample], pad_id: int, vocab_size: int, max_context: int) -> Batch:
+    """Validate and right-pad samples; ``ValueError`` on anything that cannot be trained."""
+    if not samples:
+        raise ValueError("no samples to train on")
+    for i, s in enumerate(samples):
+        if len(s.tokens) < 2:
+            raise ValueError(f"sample {i} has fewer than 2 tokens")
+        if len(s.tokens) > max_context:
+            raise ValueError(f"sample {i} has {len(s.tokens)} tokens, more than the context of {max_context}")
+        if min(s.tokens) < 0 or max(s.tokens) >= vocab_size:
+            raise ValueError(f"sample {i}: token ids must lie in [0, {vocab_size})")
+        if any(m not in (0, 1) for m in s.loss_mask):
+            raise ValueError(f"sample {i}: loss_mask must hold only 0 and 1")
+        if s.temperature < 0:
+            raise ValueError(f"sample {i}: temperature must be >= 0")
+    n, width = len(samples), max(len(s.tokens) for s in samples)
+    tokens = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.float32)
+    rollout = torch.zeros((n, width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        k = len(s.tokens)
+        tokens[i, :k] = torch.tensor(s.tokens, dtype=torch.long)
+        attention[i, :k] = 1
+        mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        rollout[i, :k] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    if float(mask[:, 1:].sum()) == 0:
+        raise ValueError("samples have no trainable tokens (loss_mask is 0 everywhere after the first token)")
+    return Batch(
+        tokens=tokens,
+        attention=attention,
+        mask=mask[:, 1:],
+        rollout=rollout[:, 1:],
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        temperatures=torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples]),
+        lengths=[len(s.tokens) for s in samples],
+    )
+
+
+def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Row groups whose padded size (rows x longest row) fits ``budget`` (a lone row always fits)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        # Rows arrive longest first, so a group's width is its first row's length.
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, batch: Batch, vocab_size: int, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``tokens[:, 1:]`` under ``logits / T`` (shape ``(n, L - 1)``) and optionally entropy.
+
+    Logits are cut to the first ``vocab_size`` ids (those the tokenizer knows), as in sampling.
+    """
+    device = next(model.parameters()).device
+    # Right padding only ever follows the real tokens, so a plain causal mask already hides it from
+    # every real position; skipping the padding mask lets SDPA take its fused causal kernel.
+    logits = model(input_ids=batch.tokens.to(device), attention_mask=None).logits
+    logits = logits[:, :-1, :vocab_size].float() / batch.temperatures.to(device).view(-1, 1, 1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, batch.tokens[:, 1:].to(device).unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def _global_info(batch: Batch) -> dict[str, float | int]:
+    return {
+        "dp_size": 1,
+        "batch_num_tokens": float(batch.mask.sum()),
+        "global_batch_size": float((batch.mask.sum(-1) > 0).sum()),
+        "loss_scale_factor": batch.mask.shape[-1],
+    }
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    reference: torch.nn.Module | None,
+    batch: Batch,
+    config: TrainConfig,
+    vocab_size: int,
+) -> dict[str, float]:
+    """One clipped policy-gradient update (verl's loss ``config.policy_loss``); returns metrics."""
+    start = time.perf_counter()
+    loss_fn = algorithms.policy_loss_fn(config.policy_loss)
+    info = _global_info(batch)
+    actor = algorithms.actor_config(config, info)
+    total_tokens = info["batch_num_tokens"]
+    groups = micro_batches(batch.lengths, config.micro_batch_tokens)
+    parts = [batch.select(g) for g in groups]
+    use_kl = config.kl_coef > 0 and reference is not None
+    model.train()
+    old: list[torch.Tensor | None] = [None] * len(parts)
+    ref: list[torch.Tensor | None] = [None] * len(parts)
+    with torch.no_grad():
+        for k, part in enumerate(parts):
+            if config.ppo_epochs > 1:
+                old[k] = sequence_logprobs(model, part, vocab_size)[0]
+            if use_kl:
+                ref[k] = sequence_logprobs(reference, part, vocab_size)[0]
+    sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm"), 0.0)
+    for epoch in range(config.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for k, part in enumerate(parts):
+            share = float(part.mask.sum()) / total_tokens
+            logp, entropy = sequence_logprobs(model, part, vocab_size, with_entropy=epoch == 0)
+            old_logp = old[k] if old[k] is not None else logp.detach()
+            advantages = part.advantages.to(logp.device).unsqueeze(-1) * part.mask.to(logp.device)
+            mask = part.mask.to(logp.device)
+            pg_loss, pg_metrics = loss_fn(
+                old_log_prob=old_logp,
+                log_prob=logp,
+                advantages=advantages,
+                response_mask=mask,
+                loss_agg_mode=config.loss_agg_mode,
+                config=actor,
+            )
+            loss = pg_loss
+            if use_kl:
+                kl_mat = algorithms.kl_terms(logp, ref[k], config.kl_penalty)
+                kl_loss = algorithms.aggregate(kl_mat, mask, config.loss_agg_mode, info)
+                loss = loss + config.kl_coef * kl_loss
+                sums["kl"] += float((kl_mat.detach() * mask).sum()) / total_tokens
+            loss.backward()
+            sums["loss"] += float(loss.detach())
+            sums["pg_loss"] += float(pg_loss.detach())
+            sums["pg_clipfrac"] += share * float(pg_metrics.get("actor/pg_clipfrac", 0.0))
+            sums["ppo_kl"] += share * float(pg_metrics.get("actor/ppo_kl", 0.0))
+            if entropy is not None:
+                sums["entropy"] += float((entropy * mask).sum()) / total_tokens
+                diff = (logp.detach() - part.rollout.to(logp.device)).abs() * mask
+                sums["logprob_diff"] += float(diff.sum()) / total_tokens
+        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+        optimizer.step()
+    model.eval()
+    elapsed = time.perf_counter() - start
+    epochs = config.ppo_epochs
+    trained = float(sum(batch.lengths))
+    metrics = {
+        "train/loss": sums["loss"] / epochs,
+        "train/pg_loss": sums["pg_loss"] / epochs,
+        "train/pg_clipfrac": sums["pg_clipfrac"] / epochs,
+        "train/ppo_kl": sums["ppo_kl"] / epochs,
+        "train/grad_norm": sums["grad_norm"] / epochs,
+        "train/entropy": sums["entropy"],
+        "train/rollout_logprob_diff": sums["logprob_diff"],
+        "train/response_tokens": total_tokens,
+        "train/samples": float(len(batch.lengths)),
+        "perf/train_tokens": trained * epochs,
+        "perf/train_s": elapsed,
+        "perf/tokens_per_s": trained * epochs / elapsed if elapsed > 0 else 0.0,
+    }
+    if use_kl:
+        metrics["train/kl"] = sums["kl"] / epochs
+    return metrics
+
+
+def supervised_update(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainConfig, vocab_size: int
+) -> dict[str, float]:
+    """Token-mean negative log-likelihood on the masked tokens (temperature 1); one optimizer step."""
+    start = time.perf_counter()
+    total_tokens = float(batch.mask.sum())
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for rows in micro_batches(batch.lengths, config.micro_batch_tokens):
+        part = batch.select(rows)
+        part.temperatures = torch.ones_like(part.temperatures)
+        logp, _ = sequence_logprobs(model, part, vocab_size)
+        loss = -(logp * part.mask.to(logp.device)).sum() / total_tokens
+        loss.backward()
+        loss_sum += float(loss.detach())
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    optimizer.step()
+    model.eval()
+    elapsed = time.perf_counter() - start
+    trained = float(sum(batch.lengths))
+    return {
+        "sft/loss": loss_sum,
+        "sft/grad_norm": grad_norm,
+        "sft/tokens": total_tokens,
+        "perf/train_tokens": trained,
+        "perf/train_s": elapsed,
+        "perf/tokens_per_s": trained / elapsed if elapsed > 0 else 0.0,
+    }

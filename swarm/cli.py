@@ -1,0 +1,330 @@
+"""``swarm``: serve a model, run a study client against it, and watch and steer it.
+
+This is the entry point: logging is configured here and, with ``SwarmClient``'s token default,
+this is the only place the environment is read (``SWARM_TOKEN``, ``MLFLOW_TRACKING_URI``). Heavy
+imports (the server, torch) happen inside ``serve`` only, so every other verb starts fast and a
+restarted ``swarm run`` with edited study code is claiming episodes again within about a second.
+
+Every verb that talks to a server finds its control token as: ``--token``, else ``$SWARM_TOKEN``,
+else ``<state-dir>/token`` (written by ``swarm serve`` on loopback). A missing URL falls back to
+``<state-dir>/server.json``, which a running ``swarm serve`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from swarm.client import SwarmClient, SwarmError, load_study, run_study
+
+log = logging.getLogger(__name__)
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Swarm RL: a server that trains a model from any OpenAI-speaking agent.")
+out = Console()
+err = Console(stderr=True)
+
+DEFAULT_STATE_DIR = Path("artifacts/swarm")
+_QUICK_RETRY_S = 5.0  # one-shot verbs fail fast on a dead server instead of waiting out a restart
+
+Url = Annotated[str | None, typer.Argument(help="server URL (default: the url in <state-dir>/server.json)",
+                                           show_default=False)]
+Token = Annotated[str | None, typer.Option(envvar="SWARM_TOKEN", show_envvar=True,
+                                           help="control token (else $SWARM_TOKEN, else <state-dir>/token)")]
+StateDir = Annotated[Path, typer.Option(help="where `swarm serve` keeps its token and state")]
+AsJson = Annotated[bool, typer.Option("--json", help="print raw JSON (the protocol model)")]
+
+
+@app.callback()
+def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s",
+                        datefmt="[%X]", handlers=[RichHandler(console=err, show_path=False)])
+    for noisy in ("httpx", "httpcore", "openai", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _server_url(url: str | None, state_dir: Path) -> str:
+    if url:
+        return url
+    try:
+        return str(json.loads((state_dir / "server.json").read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        _fail(f"no server URL given and no running server recorded in {state_dir / 'server.json'}", 2)
+
+
+def _client(url: str | None, token: str | None, state_dir: Path, retry_for_s: float = _QUICK_RETRY_S) -> SwarmClient:
+    try:
+        return SwarmClient(_server_url(url, state_dir), token=token, token_file=state_dir / "token",
+                           retry_for_s=retry_for_s)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+
+
+def _print_json(model: Any) -> None:
+    if isinstance(model, list):
+        out.print_json(json.dumps([m.model_dump(mode="json") for m in model]))
+    else:
+        out.print_json(model.model_dump_json())
+
+
+# --------------------------------------------------------------------------- serve
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="'tiny' or a local Hugging Face model folder")] = "tiny",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    config: Annotated[Path | None, typer.Option(help="TOML file of flat ServerConfig keys")] = None,
+    token: Annotated[str | None, typer.Option(envvar="SWARM_TOKEN", show_envvar=True,
+                                              help="control token (generated on loopback if unset)")] = None,
+    seed: int = 0,
+    mlflow_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", show_envvar=True)] = None,
+    mlflow_run_id: Annotated[str | None, typer.Option(help="log into this existing MLflow run")] = None,
+    backend: str = "torch",
+    threads: Annotated[int | None, typer.Option(
+        min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
+    max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+) -> None:
+    """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API."""
+    from pydantic import ValidationError
+
+    from swarm.server.settings import ServerConfig, ServerSettings
+
+    try:
+        server_config = ServerConfig.from_toml(config) if config is not None else ServerConfig()
+        settings = ServerSettings(model=model, backend=backend, host=host, port=port, state_dir=state_dir,
+                                  token=token, seed=seed, mlflow_uri=mlflow_uri, mlflow_run_id=mlflow_run_id,
+                                  max_context=max_context, config=server_config)
+    except (ValueError, ValidationError) as exc:
+        _fail(f"invalid server settings: {exc}", 2)
+    if threads is None and model == "tiny":
+        # The tiny model's ops are too small to gain from intra-op threads, and on a busy machine
+        # two threads per op made training steps 5x slower than one (measured, see the letters README).
+        threads = 1
+    if threads is not None:
+        import torch  # only to size the CPU thread pool; the backend owns everything else
+
+        torch.set_num_threads(threads)
+    from swarm.server.serve import serve as run_server
+
+    try:
+        run_server(settings)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+
+
+# --------------------------------------------------------------------------- run
+
+
+@app.command()
+def run(
+    client_file: Annotated[Path, typer.Argument(metavar="CLIENT.py", help="a study client module")],
+    server: Annotated[str | None, typer.Option(help="server URL (default: <state-dir>/server.json)")] = None,
+    episodes: Annotated[int | None, typer.Option(min=1, help="stop after this many episodes")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="parallel episodes (default: the study's)")] = None,
+    group_size: Annotated[int | None, typer.Option(min=1, help="episodes per task (default: the study's)")] = None,
+    seed: Annotated[int, typer.Option(help="passed to the study's tasks(seed)")] = 0,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    retry_for: Annotated[float, typer.Option(help="seconds to keep retrying an unreachable server")] = 120.0,
+) -> None:
+    """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out."""
+    try:
+        module = load_study(client_file)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except Exception as exc:  # the study's own import failed: show it plainly, it is the user's code
+        log.exception("importing %s failed", client_file)
+        _fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
+    with _client(server, token, state_dir, retry_for_s=retry_for) as client:
+        try:
+            summary = run_study(module, client, seed=seed, episodes=episodes, concurrency=concurrency,
+                                group_size=group_size, progress=True)
+        except SwarmError as exc:
+            _fail(str(exc))
+        except ValueError as exc:
+            _fail(str(exc), 2)
+        except KeyboardInterrupt:
+            _fail("interrupted; the episodes in flight were finished or aborted", 130)
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    out.print(f"finished={summary.finished} aborted={summary.aborted} mean_reward={mean} "
+              f"seconds={summary.seconds:.1f} policy_version={summary.policy_version}", highlight=False)
+
+
+# --------------------------------------------------------------------------- observe
+
+
+@app.command()
+def status(url: Url = None, json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """The server's state, policy version, step, episode counts and throughput."""
+    with _client(url, token, state_dir) as client:
+        try:
+            result = client.status()
+        except SwarmError as exc:
+            _fail(str(exc))
+    if json_:
+        _print_json(result)
+        return
+    table = Table(title=f"swarm server {client.url}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("state", result.state.value)
+    table.add_row("model", result.model)
+    table.add_row("policy version", str(result.policy_version))
+    table.add_row("step", str(result.step))
+    table.add_row("episodes", "  ".join(f"{k}={v}" for k, v in result.episodes.model_dump().items()))
+    table.add_row("groups pending", str(result.groups_pending))
+    table.add_row("clients", str(result.clients))
+    table.add_row("config version", str(result.config_version))
+    for key, value in sorted(result.throughput.items()):
+        table.add_row(key, f"{value:.4g}")
+    table.add_row("uptime", f"{result.uptime_s:.0f} s")
+    out.print(table)
+
+
+@app.command()
+def metrics(url: Url = None, since: Annotated[int, typer.Option(help="first step to show")] = 0,
+            keys: Annotated[str | None, typer.Option(help="comma-separated metric keys to show")] = None,
+            json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Per-step training metrics (slash-named keys such as train/reward_mean)."""
+    with _client(url, token, state_dir) as client:
+        try:
+            steps = client.metrics(since_step=since)
+        except SwarmError as exc:
+            _fail(str(exc))
+    if json_:
+        _print_json(steps)
+        return
+    available = sorted({k for s in steps for k in s.metrics})
+    if keys:
+        shown = [k.strip() for k in keys.split(",") if k.strip()]
+    else:
+        first = [k for k in ("train/reward_mean", "train/loss") if k in available]
+        shown = first + [k for k in available if k not in first][: max(0, 6 - len(first))]
+    table = Table(title=f"metrics since step {since}")
+    for column in ("step", "version", *shown):
+        table.add_column(column, justify="right", overflow="fold")  # long slash keys wrap, not truncate
+    for s in steps:
+        cells = [f"{s.metrics[k]:.4g}" if k in s.metrics else "-" for k in shown]
+        table.add_row(str(s.step), str(s.policy_version), *cells)
+    out.print(table)
+    if not keys and len(available) > len(shown):
+        err.print(f"{len(available) - len(shown)} more keys; pick with --keys (available: {', '.join(available)})")
+
+
+@app.command()
+def events(url: Url = None,
+           last_event_id: Annotated[int | None, typer.Option(help="resume after this event id")] = None,
+           json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Print the server's live event stream (episode.*, step.*, weights.*, config.*) until Ctrl-C."""
+    with _client(url, token, state_dir, retry_for_s=30.0) as client:
+        try:
+            for event in client.events(last_event_id=last_event_id):
+                if json_:
+                    print(event.model_dump_json(), flush=True)
+                else:
+                    out.print(f"[dim]{event.id:>6}[/dim] [bold]{event.type:<18}[/bold] "
+                              f"{json.dumps(event.data, separators=(',', ':'))}", highlight=False)
+        except KeyboardInterrupt:
+            return
+        except SwarmError as exc:
+            _fail(str(exc))
+
+
+# --------------------------------------------------------------------------- steer
+
+
+@app.command()
+def config(url: Url = None,
+           pairs: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...",
+                                                             help="values to change (JSON where possible)")] = None,
+           json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Show the live config, or change keys: `swarm config URL lr=3e-4 temperature=0.8`."""
+    if url and "=" in url and not url.startswith(("http://", "https://")):
+        pairs, url = [url, *(pairs or [])], None  # `swarm config lr=1e-4` with the URL from server.json
+    values = _parse_pairs(pairs or [])
+    with _client(url, token, state_dir) as client:
+        try:
+            view = client.patch_config(**values) if values else client.config()
+        except SwarmError as exc:
+            _fail(str(exc))
+    if json_:
+        _print_json(view)
+        return
+    table = Table(title=f"config version {view.version}")
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in sorted(view.values.items()):
+        style = "green" if key in values else None
+        table.add_row(key, json.dumps(value), style=style)
+    out.print(table)
+
+
+def _parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            _fail(f"expected KEY=VALUE, got {pair!r}", 2)
+        try:
+            values[key.strip()] = json.loads(raw)
+        except ValueError:
+            values[key.strip()] = raw  # a bare word (grpo, sync) is a string
+    return values
+
+
+def _control(action: str, url: str | None, token: str | None, state_dir: Path) -> None:
+    with _client(url, token, state_dir) as client:
+        try:
+            result = client.control(action)
+        except SwarmError as exc:
+            _fail(str(exc))
+    detail = f" {json.dumps(result.detail)}" if result.detail else ""
+    out.print(f"{result.action.value}: server is {result.state.value}{detail}", highlight=False)
+
+
+@app.command()
+def pause(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Stop handing out episodes and training (in-flight episodes may finish)."""
+    _control("pause", url, token, state_dir)
+
+
+@app.command()
+def resume(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Resume after pause."""
+    _control("resume", url, token, state_dir)
+
+
+@app.command()
+def checkpoint(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Write a checkpoint now."""
+    _control("checkpoint", url, token, state_dir)
+
+
+@app.command()
+def stop(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Checkpoint and shut the server down."""
+    _control("stop", url, token, state_dir)
+
+
+def main() -> None:
+    app(prog_name="swarm")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

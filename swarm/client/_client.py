@@ -1,0 +1,182 @@
+"""``SwarmClient``: claim episodes on one swarm server and drive its control API.
+
+Every response is parsed with the models of ``swarm.protocol`` (the wire contract the server
+validates with), so the two ends cannot drift apart silently. Retries follow ``_transport``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from swarm.client._episode import EpisodeHandle, OpenAIPool
+from swarm.client._errors import SwarmError, SwarmUnavailable
+from swarm.client._events import iter_events
+from swarm.client._runner import RunSummary, run_workflow
+from swarm.client._transport import Transport
+from swarm.protocol import (
+    API_PREFIX,
+    ClaimRequest,
+    ConfigPatch,
+    ConfigView,
+    ControlAction,
+    ControlResult,
+    Episode,
+    EpisodeStatus,
+    Event,
+    SftExample,
+    SftRequest,
+    SftResult,
+    Status,
+    StepMetrics,
+)
+
+_METRICS = TypeAdapter(list[StepMetrics])
+_SFT_TIMEOUT_S = 1800.0  # a warm-up runs many optimizer steps in one request
+
+
+class SwarmClient:
+    """A client of one swarm server.
+
+    ``token`` is the control token; like the OpenAI SDK with ``OPENAI_API_KEY`` it defaults to the
+    ``SWARM_TOKEN`` environment variable, then to ``token_file`` (the file ``swarm serve`` writes on
+    loopback). ``retry_for_s`` bounds how long one call keeps retrying an unreachable server.
+    """
+
+    def __init__(self, url: str, token: str | None = None, *, client_id: str | None = None,
+                 timeout: float = 30, retry_for_s: float = 120, token_file: str | Path | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
+        if token is None:
+            token = os.environ.get("SWARM_TOKEN") or None
+        self.url = url.rstrip("/")
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self._transport = Transport(self.url, token=token, token_file=Path(token_file) if token_file else None,
+                                    timeout=timeout, retry_for_s=retry_for_s)
+        self._openai_pool = OpenAIPool(timeout=max(float(timeout), 120.0))  # generation can queue
+
+    @property
+    def openai_pool(self) -> OpenAIPool:
+        """The connection pool every episode's ``ep.openai()`` shares."""
+        return self._openai_pool
+
+    @property
+    def token(self) -> str | None:
+        return self._transport.token
+
+    def close(self) -> None:
+        self.openai_pool.close()
+        self._transport.close()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- episodes
+
+    def claim(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
+              category: str | None = None, lease_s: float | None = None) -> EpisodeHandle:
+        """Claim one episode (idempotent across retries) and start its heartbeats.
+
+        Prefer ``episode()``, which also guarantees the episode ends.
+        """
+        request = ClaimRequest(task_id=task_id, group_id=group_id, group_size=group_size, category=category,
+                               client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex)
+        response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request)
+        episode = Episode.model_validate_json(response.content)
+        return EpisodeHandle(self._transport, episode, self.openai_pool, lease_s=lease_s)
+
+    @contextmanager
+    def episode(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
+                category: str | None = None, lease_s: float | None = None) -> Iterator[EpisodeHandle]:
+        """Claim an episode for the ``with`` block; an exception or a missing ``finish`` aborts it."""
+        handle = self.claim(task_id, group_id=group_id, group_size=group_size, category=category, lease_s=lease_s)
+        with handle:
+            yield handle
+
+    def run(self, tasks: Iterable[dict[str, Any]], workflow: Callable[[EpisodeHandle, dict[str, Any]], float | None],
+            *, group_size: int = 8, concurrency: int = 16, episodes: int | None = None,
+            category: str | None = None, progress: bool = True) -> RunSummary:
+        """Run ``workflow`` over ``tasks``, ``group_size`` episodes per task; see ``swarm.client._runner``."""
+        return run_workflow(self, tasks, workflow, group_size=group_size, concurrency=concurrency,
+                            episodes=episodes, category=category, progress=progress)
+
+    def episode_status(self, episode_id: str) -> EpisodeStatus:
+        """Where one episode stands on the server (claimed, finished, aborted, expired)."""
+        response = self._transport.request("GET", f"{API_PREFIX}/episodes/{episode_id}")
+        return EpisodeStatus.model_validate_json(response.content)
+
+    # ---------------------------------------------------------------- observing
+
+    def health(self) -> bool:
+        """True when ``/healthz`` answers 2xx right now (no retries)."""
+        try:
+            self._transport.request("GET", "/healthz", retry_for_s=0, timeout=min(5.0, self._transport.timeout))
+        except SwarmError:
+            return False
+        return True
+
+    def wait_ready(self, timeout_s: float = 60.0) -> Status:
+        """Block until the server answers ``/api/v1/status``; raises ``SwarmUnavailable`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.status(retry_for_s=0)
+            except SwarmUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def status(self, *, retry_for_s: float | None = None) -> Status:
+        response = self._transport.request("GET", f"{API_PREFIX}/status", retry_for_s=retry_for_s)
+        return Status.model_validate_json(response.content)
+
+    def metrics(self, since_step: int = 0) -> list[StepMetrics]:
+        """Per-step training metrics of steps after ``since_step`` (``step > since_step``; slash keys such as ``train/reward_mean``)."""
+        response = self._transport.request("GET", f"{API_PREFIX}/metrics", params={"since_step": since_step})
+        return _METRICS.validate_json(response.content)
+
+    def events(self, last_event_id: int | None = None, *, reconnect: bool = True) -> Iterator[Event]:
+        """The server's live event stream; resumes after a dropped connection via ``Last-Event-ID``."""
+        return iter_events(self._transport, last_event_id=last_event_id, reconnect=reconnect)
+
+    # ---------------------------------------------------------------- control
+
+    def config(self) -> ConfigView:
+        response = self._transport.request("GET", f"{API_PREFIX}/config")
+        return ConfigView.model_validate_json(response.content)
+
+    def patch_config(self, **values: Any) -> ConfigView:
+        """Change live settings (validated as a whole by the server, which bumps the config version)."""
+        response = self._transport.request("PATCH", f"{API_PREFIX}/config", body=ConfigPatch(values=values))
+        return ConfigView.model_validate_json(response.content)
+
+    def control(self, action: ControlAction | str) -> ControlResult:
+        """``pause``, ``resume``, ``checkpoint`` or ``stop``."""
+        try:
+            action = ControlAction(action)
+        except ValueError:
+            raise ValueError(f"unknown control action {action!r}; use one of "
+                             f"{[a.value for a in ControlAction]}") from None
+        response = self._transport.request("POST", f"{API_PREFIX}/control/{action.value}",
+                                           idempotent=action in (ControlAction.pause, ControlAction.resume))
+        return ControlResult.model_validate_json(response.content)
+
+    def sft(self, examples: Iterable[SftExample | dict[str, Any]], steps: int, batch_size: int = 16,
+            lr: float | None = None) -> SftResult:
+        """A supervised warm-up on ``examples`` (messages + the assistant completion to learn)."""
+        request = SftRequest(examples=[SftExample.model_validate(e) for e in examples], steps=steps,
+                             batch_size=batch_size, lr=lr)
+        response = self._transport.request("POST", f"{API_PREFIX}/control/sft", body=request, idempotent=False,
+                                           timeout=_SFT_TIMEOUT_S)
+        return SftResult.model_validate_json(response.content)
+

@@ -1,0 +1,83 @@
+"""Running a study client module: what ``swarm run CLIENT.py`` and ``python CLIENT.py`` share.
+
+A study client module defines ``tasks(seed) -> Iterable[dict]`` (each with a ``task_id``) and
+``workflow(ep, task) -> float``; optionally ``GROUP_SIZE``, ``CONCURRENCY`` and ``setup(client)``
+(for example a supervised warm-up through ``client.sft``). Modules load from a file path, so a
+restarted client picks up edited code; the study imports only what it needs (the openai SDK is
+imported the first time an episode asks for a client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from swarm.client._client import SwarmClient
+from swarm.client._errors import SwarmError
+from swarm.client._runner import RunSummary
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = Path("artifacts/swarm")
+
+
+def load_study(path: str | Path) -> ModuleType:
+    """Import a study client module from ``path``; raises ``ValueError`` if it is not one."""
+    path = Path(path).resolve()
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None) and Path(main.__file__).resolve() == path:
+        module = main  # `python CLIENT.py`: the module is already running; do not execute it twice
+    else:
+        if not path.is_file():
+            raise ValueError(f"no study client at {path}")
+        spec = importlib.util.spec_from_file_location(f"swarm_study_{path.parent.name}_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot import {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    for name in ("tasks", "workflow"):
+        if not callable(getattr(module, name, None)):
+            raise ValueError(f"{path} is not a study client: it must define {name}() "
+                             "(tasks(seed) -> iterable of dicts with 'task_id'; workflow(ep, task) -> reward)")
+    return module
+
+
+def run_study(module: ModuleType, client: SwarmClient, *, seed: int = 0, episodes: int | None = None,
+              concurrency: int | None = None, group_size: int | None = None, progress: bool = True) -> RunSummary:
+    """``setup(client)`` if the study has one, then ``client.run`` over ``tasks(seed)``."""
+    setup = getattr(module, "setup", None)
+    if callable(setup):
+        setup(client)
+    return client.run(module.tasks(seed), module.workflow,
+                      group_size=group_size or int(getattr(module, "GROUP_SIZE", 8)),
+                      concurrency=concurrency or int(getattr(module, "CONCURRENCY", 16)),
+                      episodes=episodes, progress=progress)
+
+
+def run_study_cli(file: str, argv: list[str] | None = None) -> None:
+    """``if __name__ == "__main__": run_study_cli(__file__)`` makes a study runnable with ``python``."""
+    parser = argparse.ArgumentParser(prog=Path(file).name, description="Run this study against a swarm server.")
+    parser.add_argument("--server", required=True, help="swarm server URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--episodes", type=int, default=None, help="stop after this many episodes")
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token", default=None, help="control token (default: $SWARM_TOKEN, then the token file)")
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        module = load_study(file)
+        with SwarmClient(args.server, token=args.token, token_file=args.state_dir / "token") as client:
+            summary = run_study(module, client, seed=args.seed, episodes=args.episodes,
+                                concurrency=args.concurrency, group_size=args.group_size)
+    except (ValueError, SwarmError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    print(f"finished={summary.finished} aborted={summary.aborted} mean_reward={mean} seconds={summary.seconds:.1f}")

@@ -1,0 +1,104 @@
+"""``create_app(settings, backend)``: the FastAPI application around one engine and one backend.
+
+The factory takes a ready backend so tests and tools drive the real code path with any model;
+``serve`` builds the backend from settings. Building the app opens the state dir's durable buffer
+(``buffer.db``) and checkpoints and resumes from them (``swarm.server.recovery``). The app's
+lifespan starts the device thread, the engine's training loop and the lease sweeper, and stops them
+in reverse order. Events go to an ``EventBus`` persisted in the buffer, so ids continue across
+restarts and ``GET /api/v1/events`` can resume with ``Last-Event-ID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from swarm.backends.base import Backend
+from swarm.server import routes_control, routes_episodes, routes_openai
+from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_token
+from swarm.server.batcher import DeviceWorker
+from swarm.server.checkpoints import CheckpointManager
+from swarm.server.context import AppContext
+from swarm.server.engine import Engine
+from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
+from swarm.server.events import EventBus, events_router
+from swarm.server.recovery import restore
+from swarm.server.settings import ServerSettings
+from swarm.server.store import EpisodeStore
+
+log = logging.getLogger(__name__)
+
+_SWEEP_S = 0.25
+
+
+def create_app(settings: ServerSettings, backend: Backend) -> FastAPI:
+    """Build the app. Without ``settings.token`` a loopback server generates one into the state dir."""
+    state_dir = settings.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = resolve_token(settings.host, settings.token, state_dir)
+    keys = KeyRing(token, load_or_create_secret(state_dir))
+    store = EpisodeStore(state_dir / "buffer.db")
+    checkpoints = CheckpointManager(state_dir / "checkpoints")
+    restored = restore(store, checkpoints, backend, settings.config)
+    config = restored.config or settings.config
+    worker = DeviceWorker(backend, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
+    engine = Engine(config=config, backend=backend, worker=worker, keys=keys, state_dir=state_dir,
+                    store=store, checkpoints=checkpoints)
+    engine.restore(restored)
+    bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
+    engine.add_listener(lambda type_, data: bus.publish(type_, **data))
+    max_context = min(backend.max_context, settings.max_context or backend.max_context)
+    ctx = AppContext(settings=settings, backend=backend, worker=worker, engine=engine, keys=keys,
+                     max_context=max_context)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        trainer = asyncio.create_task(engine.run(), name="swarm-trainer")
+        sweeper = asyncio.create_task(_sweep(engine), name="swarm-sweeper")
+        bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
+                    restarts=restored.restarts, groups_pending=len(restored.ready))
+        try:
+            yield
+        finally:
+            engine.stopping()
+            bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
+            bus.close()
+            for task in (sweeper, trainer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await asyncio.to_thread(worker.stop)
+            engine.state = engine.state.__class__.stopped
+            store.close()
+
+    app = FastAPI(title="swarm server", version="1", lifespan=lifespan)
+    app.state.ctx = ctx
+    app.state.token = token
+    app.state.bus = bus
+    app.state.request_shutdown = None
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
+    app.include_router(routes_openai.router, responses=ERROR_RESPONSES)
+    app.include_router(routes_episodes.router, responses=ERROR_RESPONSES)
+    app.include_router(routes_control.router, responses=ERROR_RESPONSES)
+    app.include_router(events_router(bus, require_control), responses=ERROR_RESPONSES)
+    return app
+
+
+async def _sweep(engine: Engine) -> None:
+    """Expire stale leases. A scan of the claimed episodes is cheap, so it runs often enough that
+    even sub-second leases (tests, fast agents) expire promptly."""
+    while True:
+        await asyncio.sleep(_SWEEP_S)
+        try:
+            expired = engine.expire_stale()
+        except Exception:  # the sweeper must survive a bug in one pass
+            log.exception("lease sweep failed")
+            continue
+        if expired:
+            log.info("expired %d episode(s) with stale leases", expired)

@@ -1,0 +1,550 @@
+"""The engine: sole owner of the server's mutable state, and the training loop that reads like the
+experiment — collect finished episodes, group them, compute advantages, update the policy.
+
+All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
+state changes need no locks; model work is handed to the ``DeviceWorker`` thread and awaited.
+Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
+
+Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished episode is committed to
+the SQLite buffer before ``finish`` returns; each training step records the episodes it consumed
+(``mark_trained``) right after the update, before any checkpoint of that step; aborted, expired and
+dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
+checkpoint. Trained, dropped and closed episodes are evicted from memory (the store keeps the
+durable copy; closed ones leave a small bounded tombstone so a late ``finish`` still gets a clear
+410/409). Every state change calls ``self._emit(type, **data)`` (listeners: ``add_listener``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swarm.backends.base import Backend, Generation, TrainSample
+from swarm.protocol import (
+    AbortRequest,
+    ClaimRequest,
+    ConfigView,
+    Episode,
+    EpisodeCounts,
+    EpisodeState,
+    EpisodeStatus,
+    FinishRequest,
+    ServerState,
+    SftRequest,
+    SftResult,
+    Status,
+    StepMetrics,
+)
+from swarm.server.auth import KeyRing
+from swarm.server.batcher import DeviceWorker
+from swarm.server.checkpoints import CheckpointManager
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
+from swarm.server.recovery import CONFIG_KEY, MAX_VERSION_KEY, Restored
+from swarm.server.records import FinishedEpisode
+from swarm.server.settings import ServerConfig
+from swarm.server.sft import run_sft
+from swarm.server.stepstats import step_metrics
+from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
+from swarm.server.throttle import CategoryThrottle
+from swarm.server.timeline import EpisodeTrace
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+# Closed (aborted/expired) episodes remembered for clear late-call errors; older ones answer 404.
+_TOMBSTONES = 50_000
+
+
+class Engine:
+    def __init__(self, *, config: ServerConfig, backend: Backend, worker: DeviceWorker, keys: KeyRing,
+                 state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.config_version = 0
+        self.backend = backend
+        self.worker = worker
+        self.keys = keys
+        self.state_dir = state_dir
+        self.store = store
+        self.checkpoints = checkpoints
+        self.clock = clock
+        self.state = ServerState.starting
+        self.step = 0
+        self.counts = EpisodeCounts()
+        self.metrics: list[StepMetrics] = []
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._live: dict[str, EpisodeRecord] = {}  # CLAIMED episodes only
+        self._requests: dict[str, str] = {}  # claim request_id -> episode_id
+        self._request_of: dict[str, str] = {}  # episode_id -> its claim request_id (for eviction)
+        self._tombstones: OrderedDict[str, EpisodeRecord] = OrderedDict()  # closed, trace-free
+        self._groups = GroupBook()
+        self._group_of: dict[str, Group] = {}  # CLAIMED episode -> its group
+        self._throttle = CategoryThrottle(config.category_ratios)
+        self._listeners: list[Listener] = []
+        self._version = backend.policy_version
+        self._training = False
+        self._paused = False
+        self._wake = asyncio.Event()
+        self._update_lock = asyncio.Lock()  # a checkpoint never interleaves with a weight update
+        self._started_at = time.monotonic()
+        self.created = int(clock())
+        self._last_step_at = time.monotonic()
+
+    # ------------------------------------------------------------------ seams
+
+    def add_listener(self, listener: Listener) -> None:
+        """Receive every event the engine emits: ``listener(type, data)`` on the event loop."""
+        self._listeners.append(listener)
+
+    def _emit(self, type_: str, **data: Any) -> None:
+        for listener in self._listeners:
+            try:
+                listener(type_, data)
+            except Exception:  # a broken listener must not break the engine
+                log.exception("event listener failed on %s", type_)
+
+    def restore(self, restored: Restored) -> None:
+        """Take over the state ``recovery.restore`` rebuilt (before serving)."""
+        self.step = restored.step
+        if restored.config is not None:
+            self.config = restored.config
+            self._throttle.reset(self.config.category_ratios)
+            self.worker.set_window(self.config.batch_window_ms / 1000.0, self.config.max_batch_rows)
+        self.config_version = restored.config_version
+        self._version = restored.policy_version
+        self.counts = restored.counts
+        for group in restored.ready:
+            self._groups.ready.append(group)
+            for member in group.members:
+                self._episodes[member.episode_id] = member
+
+    def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
+        """Commit a finished episode to the durable buffer before ``finish`` returns."""
+        assert episode.finish is not None
+        record = FinishedEpisode.from_trace(
+            episode.trace, episode_id=episode.episode_id, task_id=episode.task_id, group_id=episode.group_id,
+            group_key=episode.group_key, group_size=group.size, category=episode.category,
+            client_id=episode.client_id, reward=episode.finish.reward, metrics=dict(episode.finish.metrics),
+            metadata=dict(episode.finish.metadata), finished_at=self.clock())
+        try:
+            self.store.save_finished(record)
+        except EpisodeConflict as exc:
+            raise Conflict(str(exc)) from None
+        except StoreError as exc:
+            raise BadRequest(f"this finish cannot be stored: {exc}") from None
+
+    def _store_safely(self, what: str, fn: Callable[[], Any]) -> None:
+        """Bookkeeping writes after the fact (drops, closes): log a failure, never break the engine."""
+        try:
+            fn()
+        except Exception:
+            log.exception("durable buffer: %s failed", what)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def policy_version(self) -> int:
+        # The backend's counter can only grow; never report going backwards.
+        self._version = max(self._version, self.backend.policy_version)
+        return self._version
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    # ------------------------------------------------------------------ episodes
+
+    def claim(self, request: ClaimRequest, base_url: str) -> Episode:
+        if request.request_id is not None and request.request_id in self._requests:
+            return self._episode_view(self._episodes[self._requests[request.request_id]], base_url)
+        self._admit()
+        group_id = request.group_id or request.task_id
+        starts_group = self._groups.is_new(group_id)
+        if starts_group and not self._throttle.allows(request.category):
+            raise RetryLater(f"category {request.category!r} is ahead of its configured ratio; "
+                             "claim a task of another category or retry later", retry_after=1.0)
+        group = self._groups.join(group_id, request.group_size or self.config.group_size, request.category)
+        if starts_group:
+            self._throttle.started(request.category)
+        lease_s = request.lease_s or self.config.lease_s
+        episode = EpisodeRecord(
+            episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
+            category=request.category, client_id=request.client_id, lease_s=lease_s,
+            lease_expires_at=self.clock() + lease_s, trace=EpisodeTrace(merge=self.config.merge_timelines),
+            claimed_version=self.policy_version,
+        )
+        group.members.append(episode)
+        self._episodes[episode.episode_id] = episode
+        self._live[episode.episode_id] = episode
+        self._group_of[episode.episode_id] = group
+        if request.request_id is not None:
+            self._requests[request.request_id] = episode.episode_id
+            self._request_of[episode.episode_id] = request.request_id
+        self.counts.claimed += 1
+        self._emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
+                   group_id=group_id, category=request.category, client_id=request.client_id)
+        return self._episode_view(episode, base_url)
+
+    def _admit(self) -> None:
+        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain."""
+        if self.state in (ServerState.stopping, ServerState.stopped):
+            raise RetryLater("the server is stopping", retry_after=5.0)
+        if self._paused:
+            raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
+                             retry_after=2.0)
+        if self.config.mode == "sync" and (self._training or self._batch_ready()):
+            raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
+                             retry_after=0.5)
+
+    def _episode_view(self, episode: EpisodeRecord, base_url: str) -> Episode:
+        return Episode(
+            episode_id=episode.episode_id, base_url=base_url, api_key=self.keys.episode_key(episode.episode_id),
+            policy_version=episode.claimed_version, lease_expires_at=episode.lease_expires_at,
+            task_id=episode.task_id, group_id=episode.group_id, category=episode.category,
+        )
+
+    def get(self, episode_id: str) -> EpisodeRecord:
+        episode = self._episodes.get(episode_id) or self._tombstones.get(episode_id)
+        if episode is None:
+            raise NotFound(f"unknown episode {episode_id}")
+        return episode
+
+    def status_of(self, episode_id: str) -> EpisodeStatus:
+        try:
+            episode = self.get(episode_id)
+        except NotFound:
+            stored = self.store.get(episode_id)  # finished and already trained or dropped (evicted)
+            if stored is None:
+                raise
+            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
+        lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
+        return EpisodeStatus(episode_id=episode_id, state=episode.state, lease_expires_at=lease,
+                             reward=episode.reward)
+
+    def live(self, episode_id: str) -> EpisodeRecord:
+        """A CLAIMED episode (heartbeat, chat calls); a clear 4xx for any other state."""
+        episode = self.get(episode_id)
+        if episode.state is EpisodeState.expired:
+            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.lease_s:g} s lease); "
+                       "its trace was discarded: claim a new episode")
+        if episode.state is not EpisodeState.claimed:
+            raise Conflict(f"episode {episode_id} is already {episode.state.value}")
+        return episode
+
+    def heartbeat(self, episode_id: str) -> EpisodeStatus:
+        episode = self.live(episode_id)
+        episode.lease_expires_at = self.clock() + episode.lease_s
+        return self.status_of(episode_id)
+
+    def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
+               temperature: float) -> None:
+        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored)."""
+        episode = self._episodes.get(episode_id)
+        if episode is None or episode.state is not EpisodeState.claimed:
+            return
+        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
+        episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
+
+    def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
+        try:
+            episode = self.get(episode_id)
+        except NotFound:
+            return self._finish_evicted(episode_id, body)
+        if episode.state is EpisodeState.finished:
+            if episode.finish == body:
+                return self.status_of(episode_id)
+            raise Conflict(f"episode {episode_id} was already finished with a different body "
+                           f"(reward {episode.reward}); a finish is final")
+        self.live(episode_id)
+        episode.finish = body
+        try:
+            self._persist_finished(episode, self._group_of[episode_id])
+        except Exception:
+            episode.finish = None  # nothing changed: the client may retry
+            raise
+        self._terminate(episode, EpisodeState.finished)
+        self.counts.finished += 1
+        self._emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
+        return self.status_of(episode_id)
+
+    def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
+        """A retried finish of an episode already trained (evicted) or from before a restart: the
+        same body is the usual no-op, a different one a 409; an episode never finished is a 404."""
+        stored = self.store.get(episode_id)
+        if stored is None:
+            raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
+                           "the server restarted: claim a new episode)")
+        if (stored.reward, stored.metrics, stored.metadata) != (body.reward, dict(body.metrics), dict(body.metadata)):
+            raise Conflict(f"episode {episode_id} was already finished with a different body "
+                           f"(reward {stored.reward}); a finish is final")
+        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
+
+    def abort(self, episode_id: str, body: AbortRequest) -> EpisodeStatus:
+        episode = self.get(episode_id)
+        if episode.state is EpisodeState.aborted:
+            return self.status_of(episode_id)
+        self.live(episode_id)
+        episode.abort_reason = body.reason
+        self._terminate(episode, EpisodeState.aborted)
+        self.counts.aborted += 1
+        self._store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
+        self._close(episode)
+        self._emit("episode.aborted", episode_id=episode_id, reason=body.reason)
+        return self.status_of(episode_id)
+
+    def expire_stale(self) -> int:
+        """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
+        now = self.clock()
+        stale = [e for e in self._live.values() if e.lease_expires_at < now]
+        for episode in stale:
+            episode.trace = EpisodeTrace(merge=episode.trace.merge)
+            self._terminate(episode, EpisodeState.expired)
+            self.counts.expired += 1
+            self._store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
+                e.episode_id, "expired", "no heartbeat within the lease"))
+            self._close(episode)
+            self._emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
+        return len(stale)
+
+    def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
+        episode.move(state)
+        del self._live[episode.episode_id]
+        group = self._group_of.pop(episode.episode_id)
+        verdict = self._groups.settle(group, min_group_size=self.config.min_group_size,
+                                      varied_only=self.config.batch_mode == "varied_groups")
+        if verdict == "dropped":
+            self._drop(group.finished, "group below min_group_size or rewards identical")
+        self._wake.set()
+
+    def _drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
+        if not episodes:
+            return
+        self.counts.dropped += len(episodes)
+        ids = [e.episode_id for e in episodes]
+        self._store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
+        for episode in episodes:
+            self._evict(episode)
+
+    def _close(self, episode: EpisodeRecord) -> None:
+        """An aborted/expired episode: keep a trace-free tombstone (bounded) for clear late errors."""
+        episode.trace = EpisodeTrace(merge=episode.trace.merge)
+        self._evict(episode)
+        self._tombstones[episode.episode_id] = episode
+        while len(self._tombstones) > _TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    def _evict(self, episode: EpisodeRecord) -> None:
+        """Forget a trained/dropped/closed episode's record; the store has the durable copy."""
+        self._episodes.pop(episode.episode_id, None)
+        request_id = self._request_of.pop(episode.episode_id, None)
+        if request_id is not None:
+            self._requests.pop(request_id, None)
+
+    # ------------------------------------------------------------------ training
+
+    def _batch_ready(self) -> bool:
+        if self.config.batch_mode == "episodes":
+            return self._groups.ready_episodes() >= self.config.batch_groups * self.config.group_size
+        return len(self._groups.ready) >= self.config.batch_groups
+
+    def _can_step(self) -> bool:
+        if self._paused or self.state in (ServerState.stopping, ServerState.stopped):
+            return False
+        if not self._batch_ready():
+            return False
+        return self.config.mode == "async" or self.in_flight == 0  # sync: wait for the drain
+
+    def _take_batch(self) -> list[Group]:
+        if self.config.batch_mode != "episodes":
+            return self._groups.take(self.config.batch_groups)
+        target, taken = self.config.batch_groups * self.config.group_size, 0
+        count = 0
+        for group in self._groups.ready:
+            count += 1
+            taken += len(group.finished)
+            if taken >= target:
+                break
+        return self._groups.take(count)
+
+    async def run(self) -> None:
+        """The training loop: wait for a ready batch, step, repeat. Runs as a task for the app's life."""
+        self.state = ServerState.running
+        self._wake.set()  # groups restored from the buffer may already make a batch
+        while self.state not in (ServerState.stopping, ServerState.stopped):
+            await self._wake.wait()
+            self._wake.clear()
+            while self._can_step():
+                await self._train_step()
+
+    async def _train_step(self) -> None:
+        async with self._update_lock:
+            stepped = await self._update()
+        every = self.config.checkpoint_every
+        if stepped and every and self.step % every == 0:
+            await self.checkpoint()
+
+    async def _update(self) -> bool:
+        """One step: collect, group, advantage, update, record. ``True`` if the weights changed."""
+        started = time.perf_counter()
+        config = self.config
+        self._training = True
+        self.state = ServerState.training
+        episodes: list[EpisodeRecord] = []
+        try:
+            groups = self._take_batch()                                        # collect
+            episodes = [m for g in groups for m in g.finished]                 # group
+            self._emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
+            rewards = [float(e.reward or 0.0) for e in episodes]
+            keys = [e.group_key for e in episodes]
+            advantages = await self.worker.call(lambda: self.backend.advantages(rewards, keys, config))  # advantage
+            samples, kept = self._samples(episodes, advantages, config)
+            if not samples:
+                log.warning("step skipped: every episode of the batch was too stale or had no tokens")
+                self._drop(kept, "no trainable tokens")
+                return False
+            # Reserve the next version id durably first: a crash mid-update must not let a restart
+            # hand out an id a client may already have seen.
+            self.store.put_meta(MAX_VERSION_KEY, self.policy_version + 1)
+            update = await self.worker.call(lambda: self.backend.train_step(samples, config))  # update
+        except Exception as exc:
+            log.exception("training step failed; its batch is dropped")
+            self._drop([e for e in episodes if e.episode_id in self._episodes], f"training step failed: {exc}")
+            self._emit("error", where="train_step", message=str(exc))
+            return False
+        finally:
+            self._training = False
+            if self.state is ServerState.training:
+                self.state = ServerState.paused if self._paused else ServerState.running
+            self._wake.set()  # sync-mode claims may resume; another batch may be ready
+        self._finish_step(groups, kept, samples, update, started)
+        return True
+
+    def _samples(self, episodes: list[EpisodeRecord], advantages: list[float],
+                 config: ServerConfig) -> tuple[list[TrainSample], list[EpisodeRecord]]:
+        """Samples of the batch; in async mode episodes older than ``max_staleness`` are dropped."""
+        oldest = self.policy_version - config.max_staleness
+        samples: list[TrainSample] = []
+        kept: list[EpisodeRecord] = []
+        stale: list[EpisodeRecord] = []
+        for episode, advantage in zip(episodes, advantages, strict=True):
+            version = episode.trace.min_version
+            if config.mode == "async" and version is not None and version < oldest:
+                stale.append(episode)
+                continue
+            kept.append(episode)
+            samples.extend(episode.trace.samples(float(advantage)))
+        self._drop(stale, f"older than max_staleness={config.max_staleness}")
+        return samples, kept
+
+    def _finish_step(self, groups: list[Group], kept: list[EpisodeRecord], samples: list[TrainSample],
+                     update: dict[str, float], started: float) -> None:
+        self.step += 1
+        # Exactly-once bookkeeping first, before anything (a checkpoint) can refer to this step.
+        self._store_safely("mark trained", lambda: self.store.mark_trained([e.episode_id for e in kept], self.step))
+        self._store_safely("record policy version", lambda: self.store.put_meta(MAX_VERSION_KEY, self.policy_version))
+        now = time.monotonic()
+        metrics = step_metrics(kept, len(groups), samples, update, merge=self.config.merge_timelines)
+        metrics["perf/step_s"] = time.perf_counter() - started
+        metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
+        self._last_step_at = now
+        self.counts.trained += len(kept)
+        for episode in kept:
+            self._evict(episode)  # trained: the store keeps the durable copy
+        record = StepMetrics(step=self.step, policy_version=self.policy_version, time=self.clock(), metrics=metrics)
+        self.metrics.append(record)
+        self._emit("step.finished", step=self.step, metrics=metrics)
+        self._emit("weights.updated", policy_version=self.policy_version, step=self.step)
+
+    # ------------------------------------------------------------------ control
+
+    def patch_config(self, values: dict[str, Any]) -> ConfigView:
+        try:
+            config = self.config.patched(values)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        if config.category_ratios != self.config.category_ratios:
+            self._throttle.reset(config.category_ratios)
+        self.config = config
+        self.config_version += 1
+        # Durable at once, so a crash before the next checkpoint does not undo a live change.
+        self._store_safely("save live config", lambda: self.store.put_meta(
+            CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
+        self.worker.set_window(config.batch_window_ms / 1000.0, config.max_batch_rows)
+        self._emit("config.changed", version=self.config_version, values=values)
+        self._wake.set()
+        return self.config_view()
+
+    def config_view(self) -> ConfigView:
+        return ConfigView(version=self.config_version, values=self.config.model_dump(mode="json"))
+
+    def pause(self) -> None:
+        self._paused = True
+        if self.state is ServerState.running:
+            self.state = ServerState.paused
+
+    def resume(self) -> None:
+        self._paused = False
+        if self.state is ServerState.paused:
+            self.state = ServerState.running
+        self._wake.set()
+
+    async def checkpoint(self) -> Path:
+        """Write ``checkpoints/step-<N>/`` (weights + optimizer in ``weights/``, a loadable model folder;
+        step, policy version, live config and buffer cursor in ``meta.json``) on the device thread.
+        Never interleaves with a weight update, so the weights always match the step they are named by."""
+        async with self._update_lock:
+            step, version = self.step, self.policy_version
+            engine_state = {"cursor": self.store.cursor(), "config_version": self.config_version,
+                            "max_policy_version": version}
+            config = self.config.model_dump(mode="json")
+            path = await self.worker.call(lambda: self.checkpoints.save(
+                step, version, lambda d: self.backend.save(str(d)), engine_state, config=config))
+        self._emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
+        return path
+
+    async def sft(self, request: SftRequest, max_context: int) -> SftResult:
+        """Supervised warm-up: ``request.steps`` mini-batches of the examples, on the device thread."""
+        try:
+            async with self._update_lock:
+                self._store_safely("reserve policy versions", lambda: self.store.put_meta(
+                    MAX_VERSION_KEY, self.policy_version + request.steps))
+                losses = await run_sft(self.backend, self.worker, self.config, request, max_context)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self._store_safely("record policy version", lambda: self.store.put_meta(MAX_VERSION_KEY, self.policy_version))
+        self._emit("weights.updated", policy_version=self.policy_version, step=self.step, sft_steps=request.steps)
+        return SftResult(steps=request.steps, loss_first=losses[0], loss_last=losses[-1],
+                         policy_version=self.policy_version)
+
+    def stopping(self) -> None:
+        self.state = ServerState.stopping
+        self._wake.set()
+
+    def status(self) -> Status:
+        uptime = time.monotonic() - self._started_at
+        stats = self.worker.stats
+        return Status(
+            state=self.state, model=self.backend.model_name, policy_version=self.policy_version,
+            step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self._groups.ready),
+            clients=len({e.client_id for e in self._live.values()}), config_version=self.config_version,
+            throughput={
+                "in_flight": float(self.in_flight),
+                "episodes_per_s": self.counts.finished / max(uptime, 1e-9),
+                "generated_tokens": float(stats.tokens),
+                "tokens_per_s": stats.tokens / stats.generate_s if stats.generate_s else 0.0,
+                "rows_per_batch": stats.rows / stats.batches if stats.batches else 0.0,
+            },
+            uptime_s=uptime,
+        )
+
+    def metrics_since(self, since_step: int) -> list[StepMetrics]:
+        return [m for m in self.metrics if m.step > since_step]
+

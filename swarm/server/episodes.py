@@ -1,0 +1,121 @@
+"""Episode records and GRPO groups: who is in which group, and when a group is ready to train.
+
+A group is the episodes sharing a ``group_id`` (default: the task id). It expects ``size`` members;
+it is *complete* once that many were claimed and all of them are terminal. A complete group is
+trainable when at least ``min_group_size`` members finished (failed members are skipped), otherwise
+it is dropped. Claims beyond a group's size open a fresh group with the same id, so a client that
+runs the same task again later gets a new group rather than joining a closed one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest
+from swarm.server.timeline import EpisodeTrace
+
+
+@dataclass
+class EpisodeRecord:
+    """Everything the server knows about one episode."""
+
+    episode_id: str
+    task_id: str
+    group_key: str
+    group_id: str
+    category: str | None
+    client_id: str
+    lease_s: float
+    lease_expires_at: float
+    trace: EpisodeTrace
+    claimed_version: int
+    state: EpisodeState = EpisodeState.claimed
+    finish: FinishRequest | None = None
+    abort_reason: str | None = None
+
+    @property
+    def reward(self) -> float | None:
+        return self.finish.reward if self.finish is not None else None
+
+    def move(self, target: EpisodeState) -> None:
+        """Change state along ``protocol.EPISODE_TRANSITIONS`` only."""
+        if target not in EPISODE_TRANSITIONS[self.state]:
+            raise ValueError(f"episode {self.episode_id}: {self.state.value} -> {target.value} is not allowed")
+        self.state = target
+
+
+@dataclass
+class Group:
+    """One GRPO group instance."""
+
+    key: str  # unique across instances of the same group_id
+    group_id: str
+    size: int
+    category: str | None
+    members: list[EpisodeRecord] = field(default_factory=list)
+
+    @property
+    def full(self) -> bool:
+        return len(self.members) >= self.size
+
+    @property
+    def complete(self) -> bool:
+        return self.full and all(m.state is not EpisodeState.claimed for m in self.members)
+
+    @property
+    def finished(self) -> list[EpisodeRecord]:
+        return [m for m in self.members if m.state is EpisodeState.finished]
+
+    def varied(self) -> bool:
+        rewards = {m.reward for m in self.finished}
+        return len(rewards) > 1
+
+
+Verdict = Literal["open", "ready", "dropped"]
+
+
+class GroupBook:
+    """Open groups by id, and the FIFO of complete, trainable groups waiting for a step."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Group] = {}
+        self.ready: list[Group] = []
+        self._serial = itertools.count(1)
+
+    def join(self, group_id: str, size: int, category: str | None) -> Group:
+        """The open group for ``group_id`` with room left, or a new one of ``size``."""
+        group = self._open.get(group_id)
+        if group is None or group.full:
+            group = Group(key=f"{group_id}#{next(self._serial)}", group_id=group_id, size=size, category=category)
+            self._open[group_id] = group
+        return group
+
+    def is_new(self, group_id: str) -> bool:
+        group = self._open.get(group_id)
+        return group is None or group.full
+
+    def settle(self, group: Group, *, min_group_size: int, varied_only: bool) -> Verdict:
+        """Called when a member reaches a terminal state: file the group if it is now complete."""
+        if not group.complete:
+            return "open"
+        if self._open.get(group.group_id) is group:
+            del self._open[group.group_id]
+        # A group smaller than min_group_size by design (a client's group_size) can still train.
+        needed = min(min_group_size, group.size)
+        if len(group.finished) < needed or (varied_only and not group.varied()):
+            return "dropped"
+        self.ready.append(group)
+        return "ready"
+
+    def take(self, count: int) -> list[Group]:
+        taken, self.ready = self.ready[:count], self.ready[count:]
+        return taken
+
+    def ready_episodes(self) -> int:
+        return sum(len(g.finished) for g in self.ready)
+
+    @property
+    def open_groups(self) -> int:
+        return len(self._open)

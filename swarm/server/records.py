@@ -1,0 +1,135 @@
+"""The finished-episode record the durable buffer stores, and its compact binary encoding.
+
+``FinishedEpisode`` is what the engine hands to ``EpisodeStore.save_finished``: the claim's fields,
+the client's finish body and the token-exact trace (``swarm.server.timeline``). ``from_trace`` and
+``trace()`` convert both ways without loss. Arrays are stored little-endian: token ids and policy
+versions as int32, log-probs as **float32** (exact enough for importance ratios; about 1e-7
+relative), loss masks as one byte per token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.server.timeline import EpisodeTrace, Timeline
+
+__all__ = ["FinishedEpisode", "InvalidEpisode", "body_digest", "pack_array", "unpack_array"]
+
+
+class InvalidEpisode(ValueError):
+    """A record that must not be stored (non-finite reward, inconsistent timeline lengths, …)."""
+
+
+@dataclass
+class FinishedEpisode:
+    """One finished episode as the engine hands it over, trace included."""
+
+    episode_id: str
+    task_id: str
+    group_id: str
+    group_size: int
+    category: str | None
+    client_id: str
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    finished_at: float = field(default_factory=time.time)
+    timelines: list[Timeline] = field(default_factory=list)
+    calls: int = 0
+    drift_forks: int = 0
+    merge: bool = True
+    # The engine's group *instance* (one group_id can be played many times); None = group_id.
+    group_key: str | None = None
+
+    @property
+    def group(self) -> str:
+        return self.group_key or self.group_id
+
+    @classmethod
+    def from_trace(cls, trace: EpisodeTrace, **fields: Any) -> FinishedEpisode:
+        """Build from an engine trace plus the episode's fields (``episode_id=…, reward=…``)."""
+        timelines = [_copy_timeline(t) for t in trace.timelines]
+        return cls(timelines=timelines, calls=trace.calls, drift_forks=trace.drift_forks, merge=trace.merge, **fields)
+
+    def trace(self) -> EpisodeTrace:
+        return EpisodeTrace(
+            merge=self.merge,
+            timelines=[_copy_timeline(t) for t in self.timelines],
+            calls=self.calls,
+            drift_forks=self.drift_forks,
+        )
+
+    def validate(self) -> None:
+        """Raise ``InvalidEpisode`` naming the first problem; called before anything is written."""
+        if not self.episode_id or not self.task_id or not self.group_id:
+            raise InvalidEpisode("episode_id, task_id and group_id must be non-empty")
+        if self.group_size < 1:
+            raise InvalidEpisode(f"group_size must be >= 1, got {self.group_size}")
+        if not math.isfinite(self.reward):
+            raise InvalidEpisode(f"reward must be finite, got {self.reward}")
+        if not math.isfinite(self.finished_at):
+            raise InvalidEpisode("finished_at must be finite")
+        for i, t in enumerate(self.timelines):
+            n = len(t.tokens)
+            if len(t.loss_mask) != n or len(t.logprobs) != n:
+                raise InvalidEpisode(
+                    f"timeline {i}: lengths differ (tokens={n} mask={len(t.loss_mask)} logprobs={len(t.logprobs)})"
+                )
+            if any(math.isnan(x) for x in t.logprobs):
+                raise InvalidEpisode(f"timeline {i}: log-probs must not be NaN")
+            if any(m not in (0, 1) for m in t.loss_mask):
+                raise InvalidEpisode(f"timeline {i}: loss_mask values must be 0 or 1")
+            if any(not (-(2**31) <= x < 2**31) for x in (*t.tokens, *t.versions)):
+                raise InvalidEpisode(f"timeline {i}: token ids and versions must fit in int32")
+
+
+def _copy_timeline(t: Timeline) -> Timeline:
+    return Timeline(
+        tokens=list(t.tokens),
+        loss_mask=list(t.loss_mask),
+        logprobs=[float(x) for x in t.logprobs],
+        versions=list(t.versions),
+        temperature=float(t.temperature),
+        calls=int(t.calls),
+    )
+
+
+# --------------------------------------------------------------------------- compact arrays
+
+
+def pack_array(typecode: str, values: Sequence[float] | Sequence[int]) -> bytes:
+    data = array(typecode, values)
+    if sys.byteorder == "big":  # stored little-endian so a state dir moves between machines
+        data.byteswap()
+    return data.tobytes()
+
+
+def unpack_array(typecode: str, blob: bytes) -> list[Any]:
+    data = array(typecode)
+    data.frombytes(blob)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return data.tolist()
+
+
+def body_digest(record: FinishedEpisode) -> str:
+    """Identity of everything but ``finished_at`` (a retried finish carries a new time)."""
+    h = hashlib.sha256()
+    head = [record.task_id, record.group_id, record.group_key, record.group_size, record.category, record.client_id,
+            record.reward, record.metrics, record.metadata, record.merge, record.calls, record.drift_forks]
+    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    for t in record.timelines:
+        h.update(pack_array("i", t.tokens))
+        h.update(bytes(t.loss_mask))
+        h.update(pack_array("f", t.logprobs))
+        h.update(pack_array("i", t.versions))
+        h.update(repr((float(t.temperature), int(t.calls))).encode())
+    return h.hexdigest()

@@ -1,0 +1,122 @@
+"""Restart recovery: rebuild an engine's training state from its state dir after a crash or a stop.
+
+Why: ``swarm serve`` on an existing state dir must resume where the last run left off, lose no
+episode whose ``finish`` returned and train none twice. The protocol (store + checkpoints, see
+``swarm.server.store``): load the newest complete checkpoint (weights, optimizer, step, live config),
+forget every training step after it (``rollback_after``: those updates died with the process, so
+their episodes are untrained again), then re-file the untrained finished episodes as trainable
+groups. Members that were still claimed at the crash are gone; a group is judged on what finished.
+
+Policy versions never go backwards: the highest version ever served is kept in the store's meta
+table. When the restored weights are older than that (steps after the checkpoint were lost), the
+restored state gets a NEW version id above the highest one, so a client never sees a version it
+saw before paired with different weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.backends.base import Backend
+from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
+from swarm.server.checkpoints import CheckpointManager
+from swarm.server.episodes import EpisodeRecord, Group
+from swarm.server.records import FinishedEpisode
+from swarm.server.settings import ServerConfig
+from swarm.server.store import EpisodeStore
+
+log = logging.getLogger(__name__)
+
+MAX_VERSION_KEY = "max_policy_version"
+CONFIG_KEY = "live_config"
+RESTARTS_KEY = "restarts"
+
+
+@dataclass
+class Restored:
+    """What a restarted engine takes over."""
+
+    step: int = 0
+    config: ServerConfig | None = None
+    config_version: int = 0
+    policy_version: int = 0
+    ready: list[Group] = field(default_factory=list)  # trainable groups, in finish order
+    counts: EpisodeCounts = field(default_factory=EpisodeCounts)
+    rolled_back: int = 0
+    restarts: int = 0
+
+
+def restore(store: EpisodeStore, checkpoints: CheckpointManager, backend: Backend, config: ServerConfig) -> Restored:
+    """Load the latest checkpoint into ``backend`` and rebuild the pending groups. Call once, before
+    the server serves (the device thread is not running yet, so ``backend.load`` runs here)."""
+    out = Restored(restarts=int(store.get_meta(RESTARTS_KEY, 0)) + 1)
+    store.put_meta(RESTARTS_KEY, out.restarts)
+    latest = checkpoints.latest()
+    if latest is not None:
+        backend.load(str(latest.weights_dir))
+        out.step = latest.step
+        log.info("restored checkpoint step %d (policy version %d) from %s", latest.step, latest.policy_version,
+                 latest.path)
+    out.config, out.config_version = _live_config(store, latest.config if latest else {},
+                                                  (latest.engine_state if latest else {}), config)
+    # Never reuse a version id: older weights than the newest served get a fresh, higher id.
+    highest = int(store.get_meta(MAX_VERSION_KEY, 0))
+    if backend.policy_version < highest:
+        backend.policy_version = highest + 1
+    out.policy_version = backend.policy_version
+    store.put_meta(MAX_VERSION_KEY, out.policy_version)
+    out.rolled_back = store.rollback_after(out.step)
+    live = out.config or config
+    dropped: list[str] = []
+    for key, members in store.pending_groups().items():
+        group = _group(f"r{out.restarts}:{key}", members, live)
+        needed = min(live.min_group_size, group.size)
+        varied_only = live.batch_mode == "varied_groups"
+        if len(group.members) < needed or (varied_only and not group.varied()):
+            dropped.extend(m.episode_id for m in group.members)
+        else:
+            out.ready.append(group)
+    if dropped:
+        store.mark_dropped(dropped, "group incomplete after restart")
+    counts = store.counts()
+    out.counts = EpisodeCounts(
+        claimed=counts["finished"] + counts["aborted"] + counts["expired"], finished=counts["finished"],
+        aborted=counts["aborted"], expired=counts["expired"], trained=counts["trained"], dropped=counts["dropped"])
+    if latest is not None or out.ready or out.rolled_back:
+        log.info("resumed at step %d: %d pending group(s), %d episode(s) rolled back, %d dropped",
+                 out.step, len(out.ready), out.rolled_back, len(dropped))
+    return out
+
+
+def _live_config(store: EpisodeStore, checkpoint_config: dict[str, Any], engine_state: dict[str, Any],
+                 default: ServerConfig) -> tuple[ServerConfig | None, int]:
+    """The newest live config: the store's copy (written on every PATCH) or else the checkpoint's."""
+    saved = store.get_meta(CONFIG_KEY)
+    candidates: list[tuple[int, dict[str, Any]]] = []
+    if isinstance(saved, dict) and isinstance(saved.get("values"), dict):
+        candidates.append((int(saved.get("version", 0)), saved["values"]))
+    if checkpoint_config:
+        candidates.append((int(engine_state.get("config_version", 0)), checkpoint_config))
+    for version, values in sorted(candidates, key=lambda c: -c[0]):
+        try:
+            return default.patched(values), version
+        except ValueError as exc:  # a config this build no longer accepts: keep the given one
+            log.warning("ignoring saved live config v%d: %s", version, exc)
+    return None, 0
+
+
+def _group(key: str, members: list[FinishedEpisode], config: ServerConfig) -> Group:
+    first = members[0]
+    group = Group(key=key, group_id=first.group_id, size=first.group_size, category=first.category)
+    for m in members:
+        record = EpisodeRecord(
+            episode_id=m.episode_id, task_id=m.task_id, group_key=key, group_id=m.group_id, category=m.category,
+            client_id=m.client_id, lease_s=config.lease_s, lease_expires_at=m.finished_at, trace=m.trace(),
+            claimed_version=min((v for t in m.timelines for v in t.versions), default=0),
+            state=EpisodeState.finished,
+            finish=FinishRequest(reward=m.reward, metrics=m.metrics, metadata=m.metadata),
+        )
+        group.members.append(record)
+    return group

@@ -1,0 +1,77 @@
+"""``serve(settings)``: build the backend, resolve the token, and run uvicorn until stopped.
+
+Writes ``<state_dir>/server.json`` (url, pid, model) so tools can find a running server, and
+``<state_dir>/token`` when the token was generated. On an existing state dir the server resumes (see
+``swarm.server.recovery``): the latest checkpoint's weights and step, the episodes finished but not
+yet trained, and the live config as last patched — the ``--config`` values only seed a fresh state
+dir, so a restart never silently undoes a ``PATCH /api/v1/config``. Use a new ``--state-dir`` (or
+``swarm config`` after the restart) to change settings. Torch thread counts are the CLI's business;
+nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+import uvicorn
+
+from swarm.backends import load_backend
+from swarm.server.app import create_app
+from swarm.server.auth import resolve_token
+from swarm.server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def serve(settings: ServerSettings) -> None:
+    """Run a swarm server in this process until ``stop`` or a signal. Raises ``ValueError`` for
+    settings that must not run (a non-loopback host without a token)."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    token = resolve_token(settings.host, settings.token, settings.state_dir)  # refuse before loading a model
+    settings = settings.model_copy(update={"token": token})
+    backend = load_backend(settings.model, settings.config, seed=settings.seed, kind=settings.backend)
+    app = create_app(settings, backend)
+    server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                    timeout_graceful_shutdown=10), settings)
+    app.state.request_shutdown = server.request_exit
+    try:
+        server.run()
+    finally:
+        (settings.state_dir / "server.json").unlink(missing_ok=True)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, announcing its bound URL once listening (port 0 picks a free port)."""
+
+    def __init__(self, config: uvicorn.Config, settings: ServerSettings) -> None:
+        super().__init__(config)
+        self.settings = settings
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.should_exit:  # binding failed; uvicorn reports it
+            return
+        url = f"http://{_display_host(self.settings.host)}:{_bound_port(self, self.settings.port)}"
+        (self.settings.state_dir / "server.json").write_text(json.dumps(
+            {"url": url, "pid": os.getpid(), "model": self.settings.model, "started": time.time()}, indent=2))
+        log.info("ready: swarm server for %s at %s", self.settings.model, url)
+
+
+def _bound_port(server: uvicorn.Server, requested: int) -> int:
+    for listener in getattr(server, "servers", []):
+        for sock in getattr(listener, "sockets", []):
+            return int(sock.getsockname()[1])
+    return requested
+
+
+def _display_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

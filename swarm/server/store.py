@@ -1,0 +1,373 @@
+"""The durable episode buffer: finished episodes and exactly-once training bookkeeping on SQLite.
+
+Why: a swarm server must not lose an episode whose ``finish`` returned, and must not train one twice,
+even when the server process is SIGKILLed and restarted from an older checkpoint. So every finished
+episode (reward, metadata and its token-exact trace) is committed here *before* ``finish`` answers,
+and every training step records which episodes it consumed (``training_log``). On restart the engine
+restores checkpoint step ``S``, calls ``rollback_after(S)`` (updates after ``S`` were lost with the
+process, so their episodes become untrained again) and rebuilds its pending groups from
+``untrained()``. Rolled-back log rows are kept, flagged, for audit.
+
+Durability choice: WAL journal with ``synchronous=NORMAL`` (the default here). A commit in WAL mode
+``write()``s the transaction's frames, including the commit frame, into the ``-wal`` file before
+``COMMIT`` returns; with NORMAL SQLite only skips the ``fsync``. A SIGKILLed process cannot take data
+already handed to the kernel with it: the page cache belongs to the OS, and the next open replays
+the WAL. So NORMAL survives process kills (the target), and only an OS crash or power loss could drop
+the last few commits. Pass ``synchronous="FULL"`` to fsync every commit when that matters too.
+
+Traces are stored compactly (``swarm.server.records``): tokens and versions int32, loss masks one
+byte per token, log-probs **float32** (the round trip is exact for tokens, masks and versions;
+log-probs come back within float32 precision, about 1e-7 relative).
+
+Thread-safety: one connection guarded by a lock; every public method is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from swarm.protocol import Event
+from swarm.server.records import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
+from swarm.server.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError"]
+
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,   -- finish order
+    episode_id   TEXT NOT NULL UNIQUE,
+    task_id      TEXT NOT NULL,
+    group_id     TEXT NOT NULL,
+    group_key    TEXT,
+    group_size   INTEGER NOT NULL,
+    category     TEXT,
+    client_id    TEXT NOT NULL,
+    reward       REAL NOT NULL,
+    metrics      TEXT NOT NULL,
+    metadata     TEXT NOT NULL,
+    finished_at  REAL NOT NULL,
+    merge        INTEGER NOT NULL,
+    calls        INTEGER NOT NULL,
+    drift_forks  INTEGER NOT NULL,
+    digest       TEXT NOT NULL,                        -- identity of the body, for idempotent saves
+    trained_step INTEGER,                              -- NULL until a live training step consumed it
+    dropped      TEXT                                  -- reason, when the engine discarded it untrained
+);
+CREATE TABLE IF NOT EXISTS timelines (
+    episode_seq INTEGER NOT NULL REFERENCES episodes(seq),
+    idx         INTEGER NOT NULL,
+    tokens      BLOB NOT NULL,
+    loss_mask   BLOB NOT NULL,
+    logprobs    BLOB NOT NULL,
+    versions    BLOB NOT NULL,
+    temperature REAL NOT NULL,
+    calls       INTEGER NOT NULL,
+    PRIMARY KEY (episode_seq, idx)
+);
+CREATE TABLE IF NOT EXISTS training_log (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    step        INTEGER NOT NULL,
+    episode_id  TEXT NOT NULL,
+    at          REAL NOT NULL,
+    rolled_back INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS training_log_live ON training_log(rolled_back, step);
+CREATE TABLE IF NOT EXISTS closed_episodes (
+    episode_id TEXT PRIMARY KEY,
+    state      TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    at         REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id   INTEGER PRIMARY KEY,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+class StoreError(ValueError):
+    """Bad input or an impossible bookkeeping request; nothing was written."""
+
+
+class EpisodeConflict(StoreError):
+    """An episode id was saved before with a different body (the HTTP layer answers 409)."""
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class EpisodeStore:
+    """Finished episodes, training bookkeeping, closed-episode audit, event log and a small key/value
+    table, in one SQLite file (WAL)."""
+
+    def __init__(self, path: str | Path, *, synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+                 keep_events: int = 10_000) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise StoreError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keep_events = keep_events
+        self._lock = threading.Lock()
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so every method is one transaction.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                             (json.dumps(_SCHEMA_VERSION),))
+        elif json.loads(row[0]) != _SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {row[0]}, this server reads {_SCHEMA_VERSION}")
+
+    # -- plumbing
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> EpisodeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def journal_mode(self) -> str:
+        with self._lock:
+            return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    # -- finished episodes
+
+    def save_finished(self, record: FinishedEpisode) -> bool:
+        """Commit one finished episode; returns after the commit. ``True`` if new, ``False`` if the
+        same id was already stored with the same body (a retried finish). A different body for a
+        stored id raises ``EpisodeConflict``; invalid records raise ``StoreError``. Nothing is written
+        on error."""
+        try:
+            record.validate()
+        except InvalidEpisode as exc:
+            raise StoreError(str(exc)) from None
+        digest = body_digest(record)
+        try:
+            metrics = json.dumps(record.metrics, sort_keys=True, allow_nan=False)
+            metadata = json.dumps(record.metadata, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"metrics and metadata must be JSON with finite numbers: {exc}") from None
+        with self._tx() as db:
+            row = db.execute("SELECT digest FROM episodes WHERE episode_id=?", (record.episode_id,)).fetchone()
+            if row is not None:
+                if row[0] == digest:
+                    return False
+                raise EpisodeConflict(f"episode {record.episode_id} was already finished with a different body")
+            cur = db.execute(
+                "INSERT INTO episodes(episode_id, task_id, group_id, group_key, group_size, category, client_id,"
+                " reward, metrics, metadata, finished_at, merge, calls, drift_forks, digest)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (record.episode_id, record.task_id, record.group_id, record.group_key, record.group_size,
+                 record.category, record.client_id, float(record.reward), metrics, metadata, float(record.finished_at),
+                 int(record.merge), record.calls, record.drift_forks, digest),
+            )
+            seq = cur.lastrowid
+            db.executemany(
+                "INSERT INTO timelines(episode_seq, idx, tokens, loss_mask, logprobs, versions, temperature, calls)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                [(seq, i, pack_array("i", t.tokens), bytes(t.loss_mask), pack_array("f", t.logprobs),
+                  pack_array("i", t.versions), float(t.temperature), int(t.calls))
+                 for i, t in enumerate(record.timelines)],
+            )
+        return True
+
+    def get(self, episode_id: str) -> FinishedEpisode | None:
+        with self._lock:
+            rows = self._db.execute(_SELECT + " WHERE episode_id=?", (episode_id,)).fetchall()
+            found = self._hydrate(rows)
+        return found[0] if found else None
+
+    def untrained(self) -> list[FinishedEpisode]:
+        """Finished episodes no live step consumed and the engine did not drop, in finish order."""
+        with self._lock:
+            rows = self._db.execute(_SELECT + " WHERE trained_step IS NULL AND dropped IS NULL ORDER BY seq").fetchall()
+            return self._hydrate(rows)
+
+    def pending_groups(self) -> dict[str, list[FinishedEpisode]]:
+        """``untrained()`` grouped by group instance (``group_key`` or else ``group_id``), groups in
+        the order their first member finished: what a restarted engine re-files as trainable groups
+        (members still claimed at the crash are gone, so each group holds what finished)."""
+        groups: dict[str, list[FinishedEpisode]] = {}
+        for episode in self.untrained():
+            groups.setdefault(episode.group, []).append(episode)
+        return groups
+
+    def _hydrate(self, rows: list[tuple[Any, ...]]) -> list[FinishedEpisode]:
+        out: list[FinishedEpisode] = []
+        for (seq, episode_id, task_id, group_id, group_key, group_size, category, client_id, reward, metrics,
+             metadata, finished_at, merge, calls, drift_forks) in rows:
+            timelines = [
+                Timeline(tokens=unpack_array("i", tok), loss_mask=list(mask), logprobs=unpack_array("f", lps),
+                         versions=unpack_array("i", ver), temperature=temp, calls=tcalls)
+                for tok, mask, lps, ver, temp, tcalls in self._db.execute(
+                    "SELECT tokens, loss_mask, logprobs, versions, temperature, calls FROM timelines"
+                    " WHERE episode_seq=? ORDER BY idx", (seq,))
+            ]
+            out.append(FinishedEpisode(
+                episode_id=episode_id, task_id=task_id, group_id=group_id, group_key=group_key,
+                group_size=group_size, category=category, client_id=client_id, reward=reward,
+                metrics=json.loads(metrics), metadata=json.loads(metadata), finished_at=finished_at,
+                timelines=timelines, calls=calls, drift_forks=drift_forks, merge=bool(merge),
+            ))
+        return out
+
+    # -- training bookkeeping
+
+    def mark_trained(self, episode_ids: Iterable[str], step: int) -> None:
+        """Record that training step ``step`` consumed these episodes. Raises ``StoreError`` (and
+        writes nothing) if an id is unknown, already trained in the live lineage, dropped, or if a
+        live step after ``step`` exists (call ``rollback_after`` first)."""
+        ids = list(dict.fromkeys(episode_ids))
+        if step < 1:
+            raise StoreError(f"training steps count from 1, got {step}")
+        now = time.time()
+        with self._tx() as db:
+            newest = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
+            if newest is not None and newest > step:
+                raise StoreError(f"step {step} is older than live step {newest}: rollback_after({step - 1}) first")
+            for episode_id in ids:
+                row = db.execute("SELECT trained_step, dropped FROM episodes WHERE episode_id=?",
+                                 (episode_id,)).fetchone()
+                if row is None:
+                    raise StoreError(f"episode {episode_id} is not a stored finished episode")
+                if row[0] is not None:
+                    raise StoreError(f"episode {episode_id} was already trained in step {row[0]}")
+                if row[1] is not None:
+                    raise StoreError(f"episode {episode_id} was dropped ({row[1]})")
+                db.execute("UPDATE episodes SET trained_step=? WHERE episode_id=?", (step, episode_id))
+            db.executemany("INSERT INTO training_log(step, episode_id, at) VALUES (?,?,?)",
+                           [(step, episode_id, now) for episode_id in ids])
+
+    def rollback_after(self, step: int) -> int:
+        """Forget training steps > ``step`` (their update was lost with an older checkpoint restore):
+        their episodes become untrained again; log rows are kept with ``rolled_back=1``. Returns how
+        many episodes were reset."""
+        with self._tx() as db:
+            reset = db.execute("UPDATE episodes SET trained_step=NULL WHERE trained_step > ?", (step,)).rowcount
+            db.execute("UPDATE training_log SET rolled_back=1 WHERE rolled_back=0 AND step > ?", (step,))
+        if reset:
+            log.info("rolled back %d episodes trained after step %d", reset, step)
+        return reset
+
+    def mark_dropped(self, episode_ids: Iterable[str], reason: str) -> None:
+        """The engine discarded these finished episodes untrained (group too small, too stale)."""
+        with self._tx() as db:
+            db.executemany("UPDATE episodes SET dropped=? WHERE episode_id=? AND trained_step IS NULL",
+                           [(reason or "dropped", episode_id) for episode_id in episode_ids])
+
+    def last_trained_step(self) -> int:
+        with self._lock:
+            value = self._db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
+        return int(value or 0)
+
+    def trained_counts(self, include_rolled_back: bool = False) -> dict[str, int]:
+        """``episode_id -> times trained`` (live lineage unless ``include_rolled_back``): the audit a
+        chaos test uses to prove exactly-once training."""
+        sql = "SELECT episode_id, COUNT(*) FROM training_log"
+        if not include_rolled_back:
+            sql += " WHERE rolled_back=0"
+        with self._lock:
+            return dict(self._db.execute(sql + " GROUP BY episode_id").fetchall())
+
+    def training_log(self) -> list[tuple[int, str, bool]]:
+        """Every ``(step, episode_id, rolled_back)`` row in the order written."""
+        with self._lock:
+            rows = self._db.execute("SELECT step, episode_id, rolled_back FROM training_log ORDER BY id").fetchall()
+        return [(s, e, bool(r)) for s, e, r in rows]
+
+    # -- aborted / expired episodes (no trace is kept; they are counted and audited)
+
+    def record_closed(self, episode_id: str, state: Literal["aborted", "expired"], reason: str = "") -> None:
+        if state not in ("aborted", "expired"):
+            raise StoreError(f"state must be aborted or expired, got {state!r}")
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO closed_episodes(episode_id, state, reason, at) VALUES (?,?,?,?)",
+                       (episode_id, state, reason, time.time()))
+
+    def counts(self) -> dict[str, int]:
+        """finished, trained, untrained, dropped, aborted, expired (matches ``protocol.EpisodeCounts``
+        field names where they overlap)."""
+        with self._lock:
+            finished, trained, dropped = self._db.execute(
+                "SELECT COUNT(*), COUNT(trained_step), COUNT(dropped) FROM episodes").fetchone()
+            closed = dict(self._db.execute("SELECT state, COUNT(*) FROM closed_episodes GROUP BY state").fetchall())
+        return {
+            "finished": finished, "trained": trained, "untrained": finished - trained - dropped,
+            "dropped": dropped, "aborted": closed.get("aborted", 0), "expired": closed.get("expired", 0),
+        }
+
+    def cursor(self) -> dict[str, int]:
+        """The buffer cursor to put in a checkpoint's engine_state."""
+        with self._lock:
+            last_seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()[0]
+            step = self._db.execute("SELECT COALESCE(MAX(step), 0) FROM training_log WHERE rolled_back=0").fetchone()[0]
+        return {"last_seq": int(last_seq), "trained_step": int(step)}
+
+    # -- event log (so event ids and replay survive a restart)
+
+    def append_event(self, event: Event) -> None:
+        """Persist one event; suitable as ``EventBus(on_publish=store.append_event)``."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO events(id, body) VALUES (?, ?)", (event.id, event.model_dump_json()))
+            if event.id % 1000 == 0:  # prune now and then, not on every insert
+                db.execute("DELETE FROM events WHERE id <= ?", (event.id - self._keep_events,))
+
+    def recent_events(self, limit: int = 10_000) -> list[Event]:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [Event.model_validate_json(body) for (body,) in reversed(rows)]
+
+    def last_event_id(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+
+    # -- small key/value state (e.g. the highest policy version ever served)
+
+    def put_meta(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+
+_SELECT = (
+    "SELECT seq, episode_id, task_id, group_id, group_key, group_size, category, client_id, reward, metrics, metadata,"
+    " finished_at, merge, calls, drift_forks FROM episodes"
+)

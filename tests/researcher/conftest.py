@@ -1,0 +1,93 @@
+"""Fixtures for the researcher's end-to-end tests: the real CLI as a subprocess, with tmp roots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Cli:
+    """Runs `researcher …` as a real process with the study roots under a tmp dir."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.studies = tmp_path / "studies"
+        self.artifacts = tmp_path / "artifacts"
+        self.env = env
+
+    @property
+    def dirs(self) -> list[str]:
+        return ["--studies-dir", str(self.studies), "--artifacts-dir", str(self.artifacts)]
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-c", "from researcher.cli import main; main()", *args]
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env=self.env, cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def popen(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "wb") as out:
+            return subprocess.Popen(self.argv(*args), env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RESEARCHER_LLM") and k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY", "SWARM_TOKEN")}
+    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "WANDB_DISABLED": "true",
+                "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    return Cli(tmp_path, env)
+
+
+@pytest.fixture
+def no_leftover_servers() -> Callable[[Path], None]:
+    """A check that every server and client a study started has exited."""
+    from researcher import procs, runs
+
+    def check(runs_dir: Path) -> None:
+        for record in runs.all_records(runs_dir):
+            assert not procs.alive(record.server_pid, record.server_started), record.key
+            assert not procs.alive(record.client_pid, record.client_started), record.key
+
+    return check
+
+
+@pytest.fixture
+def swarm_server(tmp_path: Path, free_port: int) -> Iterator[tuple[str, str]]:
+    """A real `swarm serve --model tiny` on loopback (an "existing server" for --server); (url, token)."""
+    import httpx
+
+    token = "test-control-token"
+    log = open(tmp_path / "swarm-server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-c", "from swarm.cli import main; main()", "serve", "--model", "tiny",
+                             "--port", str(free_port), "--state-dir", str(tmp_path / "swarm-state"), "--token", token,
+                             "--config", str(REPO / "studies" / "examples" / "letters" / "config.toml"),
+                             "--threads", "1"], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{free_port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "swarm-server.log").read_text()
+            time.sleep(0.3)
+        yield url, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,188 @@
+"""The LLM planner path end to end against a real OpenAI-protocol server on loopback.
+
+The server (FastAPI + uvicorn, in this test) returns scripted planner answers: it rejects
+structured outputs with a 400 (as some servers do), answers the framing step once with invalid
+JSON (the planner's repair round must fix it), and writes a client with a runtime bug that the
+validate step's smoke run against a real swarm server must catch and the repair step must fix.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from researcher import runs
+from researcher.planner.llm import LLMPlanner
+from researcher.planner.prompts import PromptLibrary
+from researcher.planner.schema import Framing, PlannerError
+from researcher.settings import LLMSettings
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = (REPO / "studies" / "examples" / "letters" / "client.py").read_text()
+BUGGY = EXAMPLE.replace('return reward(reply.choices[0].message.content or "")',
+                        'return reward(reply.choices[0].message.content or "") + bonus_for_length')
+FRAMING = {"answerable": True, "reason": "the topic names the group size", "task": "letters", "knob": "group_size",
+           "question": "Does a larger group size make letters learn faster per step?", "metric": "train/reward_mean"}
+PLAN = {"rationale": "scripted controlled comparison",
+        "hypotheses": [{"id": "h1", "statement": "group size 4 learns faster than 2", "metric": "train/reward_mean",
+                        "expected_effect": "higher AUC for group_size=4"}],
+        "experiments": [{"name": "it1-gs-2", "hypothesis": "h1", "overrides": {"group_size": 2, "batch_groups": 2}},
+                        {"name": "it1-gs-4", "hypothesis": "h1", "overrides": {"group_size": 4, "batch_groups": 2}}]}
+USAGE = {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}
+
+
+class Script:
+    """Scripted answers keyed by the prompt's step heading; records every request."""
+
+    def __init__(self, structured: bool) -> None:
+        self.structured = structured
+        self.requests: list[dict[str, Any]] = []
+        self.framed_badly = False
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.requests.append(body)
+        if body.get("response_format") and not self.structured:
+            return 400, {"error": {"message": "response_format json_schema is not supported",
+                                   "type": "invalid_request_error", "code": None, "param": "response_format"}}
+        prompt, last = body["messages"][1]["content"], body["messages"][-1]["content"]
+        if "# Step: frame the research topic" in prompt:
+            if not self.framed_badly and not self.structured:
+                self.framed_badly = True
+                text = "Sure! Here is the framing: {answerable: true, task: letters"  # invalid JSON
+            else:
+                text = json.dumps(FRAMING)
+        elif "# Step: plan the experiments" in prompt:
+            text = json.dumps(PLAN)
+        elif "# Step: write the swarm client" in prompt:
+            text = json.dumps({"code": BUGGY, "notes": "adds a length bonus"})
+        elif "# Step: repair the client" in prompt:
+            text = json.dumps({"code": EXAMPLE, "notes": "removed the undefined bonus_for_length"})
+        elif "# Step: decide" in prompt:
+            text = json.dumps({"action": "conclude", "reason": "scripted: the comparison answers the question"})
+        elif "# Step: write the study's conclusion" in prompt:
+            text = json.dumps({"answer": "SCRIPTED ANSWER from the LLM planner.", "discussion": "scripted caveats"})
+        else:
+            return 400, {"error": {"message": f"unexpected prompt: {last[:200]}", "type": "invalid_request_error"}}
+        return 200, {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
+                     "model": body.get("model", "scripted"), "usage": USAGE,
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": text}}]}
+
+
+def _serve(script: Script) -> Iterator[str]:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        status, body = script.answer(await request.json())
+        return JSONResponse(body, status_code=status)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[Script, str]]:
+    script = Script(structured=False)
+    for url in _serve(script):
+        yield script, url
+
+
+@pytest.fixture
+def structured() -> Iterator[tuple[Script, str]]:
+    script = Script(structured=True)
+    for url in _serve(script):
+        yield script, url
+
+
+def test_structured_outputs_path_needs_one_call(structured: tuple[Script, str]) -> None:
+    script, url = structured
+    traces: list[dict[str, Any]] = []
+    planner = LLMPlanner(LLMSettings(base_url=url, model="scripted", price_in_per_mtok=1.0, price_out_per_mtok=2.0),
+                         PromptLibrary(REPO / "prompts"), on_call=traces.append)
+    reply = planner.frame("group size on letters?", "catalog")
+    assert reply.value == Framing(**FRAMING)
+    assert len(script.requests) == 1 and script.requests[0]["response_format"]["type"] == "json_schema"
+    assert reply.usage == {"calls": 1, "prompt_tokens": 100, "completion_tokens": 50, "cost_usd": pytest.approx(2e-4)}
+    assert traces[0]["step"] == "frame_topic" and traces[0]["mode"] == "structured"
+
+
+def test_invalid_json_gets_one_repair_round_then_fails_clearly(scripted: tuple[Script, str]) -> None:
+    script, url = scripted
+    planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
+    reply = planner.frame("group size on letters?", "catalog")
+    # 400 on json_schema -> fallback; invalid JSON -> repair round with the validation error.
+    assert [bool(r.get("response_format")) for r in script.requests] == [True, False, False]
+    assert "That answer is invalid" in script.requests[-1]["messages"][-1]["content"]
+    assert reply.value.task == "letters" and reply.usage["calls"] == 2
+
+    script.framed_badly = False
+    script.answer = lambda body, original=script.answer: (  # type: ignore[method-assign]
+        (200, {**original(body)[1], "choices": [{"index": 0, "finish_reason": "stop",
+                                                  "message": {"role": "assistant", "content": "not json"}}]}))
+    with pytest.raises(PlannerError, match="after a repair round"):
+        planner.frame("group size on letters?", "catalog")
+
+
+@pytest.mark.slow
+def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[Script, str], swarm_server: tuple[str, str],
+                                                     no_leftover_servers) -> None:
+    script, url = scripted
+    server_url, token = swarm_server  # an existing server (--server): smoke runs and runs need no server start
+    cli.env.update({"RESEARCHER_LLM_BASE_URL": url, "RESEARCHER_LLM_MODEL": "scripted", "OPENAI_API_KEY": "sk-test",
+                    "SWARM_TOKEN": token})
+    sid = "llm-study"
+    done = cli.run("start", "--topic", "Does a larger group size help on letters?", "--budget", "8m", "--study-id", sid,
+                   "--server", server_url, "--steps-per-run", "4", "--seeds", "1", "--max-iterations", "2",
+                   "--max-runs", "4", *cli.dirs, timeout=480)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    steps = [r["messages"][1]["content"].splitlines()[0] for r in script.requests]
+    assert steps[0] == "# Step: frame the research topic"
+    assert any(s == "# Step: repair the client after a failed validation" for s in steps)
+    repair = next(r for r in script.requests if "# Step: repair the client" in r["messages"][1]["content"])
+    assert "bonus_for_length" in repair["messages"][1]["content"]  # the smoke run's traceback was shown
+    assert "NameError" in repair["messages"][1]["content"]
+
+    study_dir = cli.studies / sid
+    log_md = (study_dir / "LOG.md").read_text()
+    assert "Validation attempt 1 FAILED" in log_md and "Validation attempt 2 passed" in log_md
+    for name in ("it1-gs-2", "it1-gs-4"):
+        assert "bonus_for_length" not in (study_dir / "experiments" / name / "client.py").read_text()
+    assert "SCRIPTED ANSWER from the LLM planner." in (study_dir / "report.md").read_text()
+
+    status = json.loads(cli.run("status", sid, "--json", *cli.dirs).stdout)
+    answered = [r for r in script.requests if not r.get("response_format")]
+    assert status["state"] == "done"
+    assert status["llm"]["calls"] == len(answered)
+    assert status["llm"]["prompt_tokens"] == 100 * len(answered)
+    assert status["decision"]["reason"].startswith("scripted")
+    traces = sorted((cli.artifacts / sid / "llm_calls").glob("*.json"))
+    assert len(traces) == len(script.requests)
+    assert any("That answer is invalid" in json.dumps(json.loads(t.read_text())["messages"]) for t in traces)
+    records = runs.all_records(cli.artifacts / sid / "runs")
+    assert [(r.experiment, r.status, r.launches) for r in records] == [("it1-gs-2", "finished", 1),
+                                                                       ("it1-gs-4", "finished", 1)]
+    assert records[1].base_step >= records[0].target_step  # the second run continued on the same server
+    no_leftover_servers(cli.artifacts / sid / "runs")

@@ -1,0 +1,75 @@
+"""The offline planner maps topics onto tasks and knobs, and refuses the ones it cannot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from researcher import catalog
+from researcher.cli import app
+from researcher.planner.offline import OfflinePlanner
+from researcher.planner.schema import TopicNotMappable
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
+TASKS = ["calculator", "digits", "letters"]
+
+
+@pytest.mark.parametrize(("topic", "knob", "task"), [
+    ("Does a larger GRPO group size make the letters task learn faster?", "group_size", "letters"),
+    ("What learning rate is best for digit reversal?", "lr", "digits"),
+    ("Does sampling temperature matter?", "temperature", "letters"),
+    ("Is a KL penalty needed?", "kl_coef", "letters"),
+    ("Does timeline merging speed up multi-turn tool use?", "merge_timelines", "calculator"),
+    ("Which advantage estimator works best: grpo or rloo?", "adv_estimator", "letters"),
+    ("Does the GSPO policy loss beat vanilla clipping?", "policy_loss", "letters"),
+])
+def test_topics_map_onto_knob_and_task(topic: str, knob: str, task: str) -> None:
+    framing = OfflinePlanner(TASKS).frame(topic, "catalog").value
+    assert (framing.knob, framing.task, framing.answerable) == (knob, task, True)
+
+
+def test_unmappable_topic_lists_what_it_can_study() -> None:
+    with pytest.raises(TopicNotMappable) as info:
+        OfflinePlanner(TASKS).frame("Is the moon made of cheese?", catalog.describe(EXAMPLES))
+    message = str(info.value)
+    for item in catalog.KNOBS:
+        assert f"`{item.key}`" in message
+    assert "letters" in message
+
+
+def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder() -> None:
+    planner = OfflinePlanner(TASKS)
+    framing = planner.frame("larger group size on letters?", "").value
+    first = planner.plan(framing, {"iteration": 1}).value
+    assert [e.overrides for e in first.experiments] == [{"group_size": 2}, {"group_size": 8}]
+    assert first.hypotheses[0].metric == "train/reward_mean" and first.hypotheses[0].expected_effect
+    second = planner.plan(framing, {"iteration": 2, "best_value": 8, "tested_values": [2, 8]}).value
+    assert [e.overrides for e in second.experiments] == [{"group_size": 8}, {"group_size": 16}]
+    third = planner.plan(framing, {"iteration": 2, "best_value": 2, "tested_values": [2, 8]}).value
+    assert [e.overrides for e in third.experiments] == [{"group_size": 2}, {"group_size": 4}]
+    done = planner.decide(framing, {"last": {"best_value": 16, "plateau": None},
+                                    "tested_values": [2, 8, 16]}).value
+    assert done.action == "conclude"
+    plateau = planner.decide(framing, {"last": {"best_value": 8, "plateau": "no gain"}, "tested_values": [2, 8]}).value
+    assert plateau.action == "conclude" and plateau.reason == "no gain"
+
+
+def test_cli_refuses_unmappable_topic_and_writes_nothing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["start", "--topic", "Is the moon made of cheese?", "--studies-dir",
+                                      str(tmp_path / "studies"), "--artifacts-dir", str(tmp_path / "artifacts")],
+                                env={"RESEARCHER_LLM_BASE_URL": "", "RESEARCHER_LLM_MODEL": ""})
+    assert result.exit_code == 2
+    assert "cannot map this topic" in result.output and "group_size" in result.output
+    assert not (tmp_path / "studies").exists() and not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("args", [["--budget", "ten minutes"], ["--until", "2001-01-01T00:00"],
+                                  ["--budget", "5m", "--until", "2099-01-01T00:00"], ["--study-id", "Bad/Id"]])
+def test_cli_rejects_bad_options_without_writing(tmp_path: Path, args: list[str]) -> None:
+    result = CliRunner().invoke(app, ["start", "--topic", "group size on letters", "--studies-dir",
+                                      str(tmp_path / "s"), "--artifacts-dir", str(tmp_path / "a"), *args],
+                                env={"RESEARCHER_LLM_BASE_URL": "", "RESEARCHER_LLM_MODEL": ""})
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "s").exists() and not (tmp_path / "a").exists()

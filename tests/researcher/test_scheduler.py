@@ -1,0 +1,111 @@
+"""Scheduling: the job store's contract, and a real `researcher daemon` process that is SIGKILLed
+and restarted (jobs intact, missed times run once, coalesced).
+
+The study here does not exist (a "ghost"), so each scheduled session is a real `researcher resume`
+subprocess that exits at once with a clear refusal: this test is about the scheduler, the
+end-to-end study windows are in test_windows.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from researcher import scheduler
+from researcher.scheduler import ScheduleSpec
+
+
+def test_spec_validation_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="--at"):
+        ScheduleSpec(window_s=60, at="25:00")
+    with pytest.raises(ValueError, match="invalid --cron"):
+        ScheduleSpec(window_s=60, cron="0 22 * *")
+    with pytest.raises(ValueError, match="not both"):
+        ScheduleSpec(window_s=60, cron="0 22 * * *", at="22:00")
+    with pytest.raises(ValueError, match="give --at"):
+        ScheduleSpec(window_s=60)
+    spec = ScheduleSpec(window_s=8 * 3600, cron="0 22 * * *")
+    assert ScheduleSpec.from_toml(spec.to_toml()) == spec
+    now = dt.datetime(2026, 11, 22, 23, 0, tzinfo=dt.timezone.utc)
+    assert scheduler.next_clock_time("22:00", now) == dt.datetime(2026, 11, 23, 22, 0, tzinfo=dt.timezone.utc)
+
+
+def test_schedule_writes_file_and_durable_job(tmp_path: Path) -> None:
+    studies, artifacts = tmp_path / "studies", tmp_path / "artifacts"
+    when = scheduler.schedule("nightly", ScheduleSpec(window_s=3600, at="22:00"), studies, artifacts)
+    assert when is not None and (when.hour, when.minute) == (22, 0)
+    assert (studies / "nightly" / "schedule.toml").is_file()
+    with scheduler.open_store(artifacts) as store:  # a fresh scheduler reads the job back from SQLite
+        job = store.get_job("resume:nightly")
+        assert job.func_ref == scheduler.JOB_FUNC
+        assert (job.coalesce, job.max_instances, job.misfire_grace_time) == (True, 1, None)
+        assert job.kwargs["window_s"] == 3600 and job.kwargs["study_id"] == "nightly"
+    assert scheduler.next_wakeups(artifacts) == {"nightly": when}
+    assert scheduler.unschedule("nightly", studies, artifacts)
+    assert scheduler.next_wakeups(artifacts) == {} and not (studies / "nightly" / "schedule.toml").exists()
+    assert not scheduler.unschedule("nightly", studies, artifacts)
+
+
+def test_schedule_cli_refuses_unknown_study_and_bad_cron(cli) -> None:
+    bad = cli.run("schedule", "ghost", "--cron", "61 * * * *", *cli.dirs)
+    assert bad.returncode == 2 and "invalid --cron" in bad.stdout
+    missing = cli.run("schedule", "ghost", "--at", "22:00", *cli.dirs)
+    assert missing.returncode == 2 and "no study 'ghost'" in missing.stdout
+    assert not (cli.studies / "ghost").exists() and not (cli.artifacts / "scheduler.db").exists()
+
+
+def _executions(artifacts: Path) -> list[dict]:
+    return [row for row in scheduler.read_history(artifacts) if row["event"] == "executed"]
+
+
+def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the daemon exited: {log.read_text()[-3000:] if log else ''}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {log.read_text()[-3000:] if log else ''}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_path: Path) -> None:
+    studies, artifacts = cli.studies, cli.artifacts
+    start = dt.datetime.now().astimezone() + dt.timedelta(seconds=4)
+    scheduler.schedule("ghost", ScheduleSpec(window_s=30, at=start.strftime("%H:%M:%S"), every_s=3), studies,
+                       artifacts)
+    log1 = tmp_path / "daemon1.log"
+    daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log1)
+    try:
+        _wait(lambda: len(_executions(artifacts)) >= 1, 40, "the first scheduled session", daemon, log1)
+    finally:
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+    first = _executions(artifacts)
+    assert first[0]["outcome"] == "refused" and first[0]["exit_code"] == 2  # `researcher resume ghost`: no study
+    killed_at = dt.datetime.now().astimezone()
+
+    time.sleep(8)  # at least two scheduled times pass while no daemon runs
+    assert scheduler.next_wakeups(artifacts)["ghost"] < dt.datetime.now().astimezone()  # the job survived, overdue
+
+    log2 = tmp_path / "daemon2.log"
+    daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log2)
+    try:
+        _wait(lambda: len(_executions(artifacts)) >= len(first) + 1, 40, "the missed session", daemon, log2)
+        restarted_at = dt.datetime.now().astimezone()
+        time.sleep(1.5)  # too short for a regular 3 s tick to have been due again after the catch-up
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, log2.read_text()[-2000:]
+    after = _executions(artifacts)[len(first):]
+    missed = [row for row in after if dt.datetime.fromisoformat(row["scheduled_for"]) < restarted_at - dt.timedelta(seconds=2)]
+    # Several times were missed while the daemon was dead: they ran once, coalesced, not once each.
+    assert len(missed) == 1, after
+    assert dt.datetime.fromisoformat(missed[0]["scheduled_for"]) >= killed_at - dt.timedelta(seconds=3)
+    assert not [r for r in scheduler.read_history(artifacts) if r["event"] == "missed"]
+    assert "ghost" in scheduler.next_wakeups(artifacts)  # still scheduled after a clean shutdown

@@ -1,0 +1,54 @@
+"""End to end: `swarm serve --model tiny --config letters/config.toml` + `swarm run letters/client.py`
+as real processes; within 120 s the mean reward of the last 5 steps beats the first 5 by >= 0.3."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from swarm_proc import ROOT, SWARM, ServeProcess
+
+from swarm.client import SwarmClient
+
+LETTERS = ROOT / "studies" / "examples" / "letters"
+BUDGET_S = 120.0
+
+
+def _rise(rewards: list[float]) -> float:
+    return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+
+
+@pytest.mark.slow
+def test_letters_reward_rises_within_two_minutes(new_server: Callable[..., ServeProcess], tmp_path: Path) -> None:
+    server = new_server(config=LETTERS / "config.toml")
+    log = open(tmp_path / "run.log", "wb")
+    run = subprocess.Popen([*SWARM, "run", str(LETTERS / "client.py"), "--server", server.url,
+                            "--state-dir", str(server.state_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    start = time.monotonic()
+    rewards: list[float] = []
+    try:
+        with SwarmClient(server.url, token=server.token) as client:
+            while time.monotonic() - start < BUDGET_S and run.poll() is None:
+                time.sleep(2.0)
+                rewards = [m.metrics["train/reward_mean"] for m in client.metrics()]
+                if len(rewards) >= 10 and _rise(rewards) >= 0.3:
+                    break
+    finally:
+        run.send_signal(signal.SIGINT)  # the CLI finishes in-flight episodes and exits
+        try:
+            run.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+        log.close()
+    elapsed = time.monotonic() - start
+    output = (tmp_path / "run.log").read_text(errors="replace")
+    print(f"letters: {len(rewards)} steps in {elapsed:.0f} s, first5={sum(rewards[:5]) / 5:.3f} "
+          f"last5={sum(rewards[-5:]) / 5:.3f}", file=sys.stderr)
+    assert len(rewards) >= 10, f"only {len(rewards)} steps in {elapsed:.0f} s\n{output[-2000:]}"
+    assert _rise(rewards) >= 0.3, f"rewards {rewards}\n{output[-2000:]}"
+    assert "Traceback" not in output

@@ -1,0 +1,70 @@
+"""The example studies' environments and rewards, and the rules every study client follows."""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+
+from swarm.client import load_study
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
+STUDIES = sorted(p.parent.name for p in EXAMPLES.glob("*/client.py"))
+ALLOWED_IMPORTS = {"swarm.client", "openai", "httpx", "__future__"}
+
+
+def test_the_three_examples_exist() -> None:
+    assert {"letters", "digits", "calculator"} <= set(STUDIES)
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_study_is_complete_and_imports_only_the_client(name: str) -> None:
+    folder = EXAMPLES / name
+    assert (folder / "README.md").is_file() and (folder / "config.toml").is_file()
+    from swarm.server.settings import ServerConfig
+
+    ServerConfig.from_toml(folder / "config.toml")  # the config a user passes to `swarm serve`
+    tree = ast.parse((folder / "client.py").read_text())
+    stdlib = set(__import__("sys").stdlib_module_names)
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        for module in names:
+            top = module.split(".")[0]
+            assert top in stdlib or module in ALLOWED_IMPORTS or top in {"openai", "httpx"}, (name, module)
+    module = load_study(folder / "client.py")
+    first = next(iter(module.tasks(0)))
+    assert isinstance(first["task_id"], str)
+    assert next(iter(module.tasks(0))) == first  # tasks(seed) is reproducible
+
+
+def test_letters_reward_counts_a() -> None:
+    letters = load_study(EXAMPLES / "letters" / "client.py")
+    assert letters.reward("a" * 16) == 1.0
+    assert letters.reward("abab" + "c" * 12) == pytest.approx(2 / 16)
+    assert letters.reward("") == 0.0
+
+
+def test_digits_partial_credit() -> None:
+    digits = load_study(EXAMPLES / "digits" / "client.py")
+    assert digits.reward("4321", "1234") == 1.0
+    assert digits.reward("4300", "1234") == 0.5
+    assert digits.reward("43210", "1234") == 0.75  # one character too long
+    assert digits.reward("", "1234") == 0.0
+
+
+def test_calculator_tool_parses_calls_and_never_evaluates_code() -> None:
+    calc = load_study(EXAMPLES / "calculator" / "client.py")
+    assert calc.calc("17+8") == 25 and calc.calc("7*-2") == -14 and calc.calc("3-9") == -6
+    assert calc.calc("__import__('os')") is None and calc.calc("2**8") is None
+    assert calc.parse_call(calc._call_text("12*3")) == "12*3"
+    assert calc.parse_call("no call here") is None
+    assert calc.parse_call('<tool_call>{"name": "other", "arguments": {"expr": "1+1"}}</tool_call>') is None
+    examples = calc.warmup_examples(random.Random(0), 3)
+    # one example per tool call plus the final answer, each with the tools declared
+    assert all(e["tools"] == calc.TOOLS for e in examples)
+    finals = [e for e in examples if not e["completion"].startswith("<tool_call>")]
+    assert len(finals) == 3
+    assert all(calc.MIN_OPS + 1 <= len(e["messages"]) // 2 + 1 <= calc.MAX_OPS + 1 for e in finals)

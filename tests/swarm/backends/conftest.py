@@ -1,0 +1,36 @@
+"""Fixtures for the torch backend tests: one real tiny model folder per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.backends.base import TrainConfig
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from swarm.backends.torch import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-0", seed=0)
+
+
+@pytest.fixture
+def backend(tiny_dir: Path):
+    """A fresh backend on the tiny folder (new weights copy, no optimizer state)."""
+    from swarm.backends.torch import TorchBackend
+
+    return TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The tiny model is faster on one thread, and on a busy shared machine two spinning OpenMP
+    threads can be many times slower; restore the caller's setting afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

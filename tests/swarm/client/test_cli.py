@@ -1,0 +1,91 @@
+"""The ``swarm`` CLI as users run it: real subprocesses against a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from pydantic import TypeAdapter
+from swarm_proc import ROOT, SWARM, ServeProcess
+
+from swarm.protocol import ConfigView, Status, StepMetrics
+
+
+def swarm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if k != "SWARM_TOKEN"}
+    full_env.update(env or {})
+    full_env["COLUMNS"] = "200"
+    return subprocess.run([*SWARM, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=full_env)
+
+
+def test_status_json_finds_the_token_in_the_state_dir(server: ServeProcess) -> None:
+    result = swarm("status", server.url, "--json", "--state-dir", str(server.state_dir))
+    assert result.returncode == 0, result.stderr
+    status = Status.model_validate_json(result.stdout)
+    assert status.model and status.policy_version >= 0
+
+    table = swarm("status", server.url, "--token", server.token)
+    assert table.returncode == 0 and "policy version" in table.stdout
+
+
+def test_status_without_a_valid_token_fails_cleanly(server: ServeProcess, tmp_path: Path) -> None:
+    result = swarm("status", server.url, "--state-dir", str(tmp_path), env={"SWARM_TOKEN": "nope"})
+    assert result.returncode == 1
+    assert "401" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_config_show_patch_and_reject(server: ServeProcess) -> None:
+    state = ["--state-dir", str(server.state_dir)]
+    shown = ConfigView.model_validate_json(swarm("config", server.url, "--json", *state).stdout)
+    patched = swarm("config", server.url, "temperature=0.7", "adv_estimator=grpo", "--json", *state)
+    assert patched.returncode == 0, patched.stderr
+    view = ConfigView.model_validate_json(patched.stdout)
+    assert view.values["temperature"] == 0.7 and view.version == shown.version + 1
+
+    bad = swarm("config", server.url, "temperature=99", *state)
+    assert bad.returncode == 1 and "temperature" in bad.stderr
+    malformed = swarm("config", server.url, "temperature", *state)
+    assert malformed.returncode == 2 and "KEY=VALUE" in malformed.stderr
+    after = ConfigView.model_validate_json(swarm("config", server.url, "--json", *state).stdout)
+    assert after.version == view.version and after.values["temperature"] == 0.7  # bad input changed nothing
+
+
+def test_metrics_json_parses_as_protocol(server: ServeProcess) -> None:
+    result = swarm("metrics", server.url, "--json", "--state-dir", str(server.state_dir))
+    assert result.returncode == 0, result.stderr
+    TypeAdapter(list[StepMetrics]).validate_python(json.loads(result.stdout))
+
+
+def test_serve_rejects_a_broken_config_file_before_loading_a_model(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("lr = [1, 2\n")
+    result = swarm("serve", "--config", str(broken), "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2 and "config" in result.stderr
+    wrong_key = tmp_path / "wrong.toml"
+    wrong_key.write_text("learning_rate = 0.1\n")
+    result = swarm("serve", "--config", str(wrong_key), "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2 and "learning_rate" in result.stderr
+
+
+def test_run_rejects_a_file_that_is_not_a_study(server: ServeProcess, tmp_path: Path) -> None:
+    not_study = tmp_path / "client.py"
+    not_study.write_text("x = 1\n")
+    result = swarm("run", str(not_study), "--server", server.url, "--state-dir", str(server.state_dir))
+    assert result.returncode == 2 and "tasks" in result.stderr
+
+
+def test_a_study_runs_as_a_plain_python_script(server: ServeProcess) -> None:
+    """`python CLIENT.py --server URL` works through run_study_cli(__file__)."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SWARM_TOKEN"}
+    result = subprocess.run([sys.executable, str(ROOT / "studies/examples/letters/client.py"), "--server", server.url,
+                             "--episodes", "8", "--concurrency", "4", "--group-size", "4",
+                             "--state-dir", str(server.state_dir)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "finished=8 aborted=0" in result.stdout

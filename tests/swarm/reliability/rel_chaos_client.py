@@ -1,0 +1,54 @@
+"""A swarm client process for the chaos test and the load benchmark (run as a script, not collected).
+
+Loops claim → one chat call through the openai SDK → finish until ``--seconds`` pass, and appends
+one JSON line per outcome to ``--log`` (flushed, so a SIGKILL loses nothing already written):
+``{"finished": id}`` only after ``finish`` returned, ``{"failed": kind, "error": text}`` otherwise.
+Uses the real ``SwarmClient`` (retries and reconnects across a server restart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from swarm.client import SwarmClient
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--client-id", required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--pause", type=float, default=0.0, help="sleep inside each episode (to be killed there)")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.seconds
+    n = 0
+    with SwarmClient(args.url, args.token, client_id=args.client_id, retry_for_s=60) as client, \
+            open(args.log, "a", buffering=1) as log:
+        while time.monotonic() < deadline:
+            n += 1
+            group = (n - 1) // args.group_size  # consecutive episodes form one GRPO group
+            try:
+                with client.episode(task_id=f"task-{group % args.tasks}", group_id=f"{args.client_id}-g{group}",
+                                    group_size=args.group_size) as ep:
+                    log.write(json.dumps({"claimed": ep.episode_id, "t": time.time()}) + "\n")
+                    llm = ep.openai(max_retries=0)
+                    reply = llm.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": f"say a {n}"}], max_tokens=8)
+                    if args.pause:
+                        time.sleep(args.pause)
+                    text = reply.choices[0].message.content or ""
+                    ep.finish(reward=text.count("a") / 8.0)
+                log.write(json.dumps({"finished": ep.episode_id, "t": time.time()}) + "\n")
+            except Exception as exc:  # the server restarted under us: log it and go on
+                log.write(json.dumps({"failed": type(exc).__name__, "error": str(exc)[:300], "t": time.time()}) + "\n")
+                time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    main()
