@@ -289,8 +289,8 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
         return
     for row in rows:
         table = Table(title=f"study {row['study_id']}", show_header=False)
-        for key in ("topic", "state", "active", "iteration", "runs", "deadline", "next_wakeup", "decision", "answer",
-                    "error"):
+        for key in ("topic", "state", "parked", "active", "iteration", "runs", "deadline", "next_wakeup", "decision",
+                    "answer", "error"):
             if row.get(key) not in (None, ""):
                 table.add_row(key, str(row[key]))
         out.print(table)

@@ -56,6 +56,7 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         "decision": state.get("decision"),
         "llm": state.get("llm"),
         "error": state.get("error"),
+        "parked": (state.get("parked") or {}).get("reason") if state.get("phase") == "parked" else None,
         "answer": answer,
         "report": str(layout.report_md) if layout.report_md.is_file() else None,
     }

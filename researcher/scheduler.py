@@ -31,6 +31,7 @@ from typing import Any
 
 from researcher import review, studyfiles
 from researcher.layout import StudyLayout
+from researcher.study import read_state
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,10 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
 
     Module-level and referenced by text, so APScheduler's SQLite job store can reload it."""
     layout = StudyLayout(study_id, Path(studies_dir), Path(artifacts_dir))
+    phase = (read_state(layout) or {}).get("phase")
+    if phase in ("done", "failed", "stopped"):
+        log.info("study %s is %s; nothing to resume (`researcher unschedule %s`)", study_id, phase, study_id)
+        return {"study_id": study_id, "outcome": "skipped", "reason": f"study is {phase}"}
     if review.is_locked(layout):
         log.info("study %s is already being run (its lock is held); skipping this scheduled session", study_id)
         return {"study_id": study_id, "outcome": "skipped", "reason": "study lock held by another process"}
@@ -207,15 +212,30 @@ def job_defaults() -> dict[str, Any]:
     return {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
 
 
+def _offline_scheduler(**options: Any) -> Any:
+    """A scheduler with no main loop: it edits and reads the job store but never runs or advances a
+    job. (A paused BackgroundScheduler is not safe for this: its thread processes due jobs while it
+    shuts down, which moves a missed run's time forward without running it.)"""
+    from apscheduler.schedulers.base import BaseScheduler
+
+    class OfflineScheduler(BaseScheduler):
+        def wakeup(self) -> None:
+            pass  # nothing to wake: this scheduler never processes jobs
+
+        def shutdown(self, wait: bool = True) -> None:
+            super().shutdown(wait)
+
+    return OfflineScheduler(**options)
+
+
 @contextmanager
 def open_store(artifacts_root: Path) -> Iterator[Any]:
-    """A paused scheduler on the job store: read and edit jobs without running any."""
+    """A non-running scheduler on the job store: read and edit jobs without running any."""
     from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-    from apscheduler.schedulers.background import BackgroundScheduler
 
     artifacts_root.mkdir(parents=True, exist_ok=True)
-    scheduler = BackgroundScheduler(jobstores={"default": SQLAlchemyJobStore(url=store_url(artifacts_root))},
-                                    job_defaults=job_defaults())
+    scheduler = _offline_scheduler(jobstores={"default": SQLAlchemyJobStore(url=store_url(artifacts_root))},
+                                   job_defaults=job_defaults())
     scheduler.start(paused=True)
     try:
         yield scheduler

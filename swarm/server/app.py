@@ -14,10 +14,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Backend
+from swarm.protocol import ChatCompletion
 from swarm.server import routes_control, routes_episodes, routes_openai
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_token
 from swarm.server.batcher import DeviceWorker
@@ -25,7 +28,7 @@ from swarm.server.checkpoints import CheckpointManager
 from swarm.server.context import AppContext
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
-from swarm.server.events import EventBus, events_router
+from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.recovery import restore
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
@@ -87,7 +90,28 @@ def create_app(settings: ServerSettings, backend: Backend) -> FastAPI:
     app.include_router(routes_episodes.router, responses=ERROR_RESPONSES)
     app.include_router(routes_control.router, responses=ERROR_RESPONSES)
     app.include_router(events_router(bus, require_control), responses=ERROR_RESPONSES)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus what it cannot infer: chat completions answer with a ``ChatCompletion``
+    (JSON) or, with ``stream: true``, Server-Sent Events."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        chat = schema.get("paths", {}).get("/v1/chat/completions", {}).get("post")
+        if chat is not None:
+            model = ChatCompletion.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(model.pop("$defs", {}))
+            components.setdefault("ChatCompletion", model)
+            chat["responses"]["200"] = {
+                "description": "a chat completion; with `stream: true`, SSE chunks ending with `data: [DONE]`",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                            "text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
+            }
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 async def _sweep(engine: Engine) -> None:

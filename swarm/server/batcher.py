@@ -65,6 +65,9 @@ _MAX_WINDOWS = 32
 
 @dataclass
 class WorkerStats:
+    """Counters for ``/api/v1/status``: ``batches`` counts ``backend.generate`` calls (a continuous
+    call serves every row admitted while it runs), ``rows`` the rows admitted into them."""
+
     batches: int = 0
     rows: int = 0
     generate_s: float = 0.0

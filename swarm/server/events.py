@@ -34,7 +34,14 @@ from swarm.protocol import API_PREFIX, Event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EventBus", "events_router"]
+__all__ = ["SSE_EVENT_SCHEMA", "EventBus", "events_router"]
+
+# One Server-Sent Event as a stream reader sees it (OpenAPI describes event streams per event).
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}},
+}
 
 
 @dataclass(eq=False)
@@ -204,7 +211,7 @@ def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s:
         dependencies=[Depends(require_control)],
         response_class=EventSourceResponse,
         responses={200: {"description": "Server-Sent Events; each `data` is a JSON `Event`",
-                         "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+                         "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}},
         summary="Live server events (SSE) with Last-Event-ID resume",
     )
     async def events(

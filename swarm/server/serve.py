@@ -26,6 +26,11 @@ from swarm.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
+# Longer than clients keep idle pooled connections (httpx: 5 s), so a client never reuses a
+# connection in the instant the server closes it (uvicorn's 5 s default raced exactly that way
+# under load: a "connection error" that was nobody's fault).
+_KEEP_ALIVE_S = 75
+
 
 def serve(settings: ServerSettings) -> None:
     """Run a swarm server in this process until ``stop`` or a signal. Raises ``ValueError`` for
@@ -36,7 +41,7 @@ def serve(settings: ServerSettings) -> None:
     backend = load_backend(settings.model, settings.config, seed=settings.seed, kind=settings.backend)
     app = create_app(settings, backend)
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                    timeout_graceful_shutdown=10), settings)
+                                    timeout_graceful_shutdown=10, timeout_keep_alive=_KEEP_ALIVE_S), settings)
     app.state.request_shutdown = server.request_exit
     try:
         server.run()

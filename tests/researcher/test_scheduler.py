@@ -52,6 +52,16 @@ def test_schedule_writes_file_and_durable_job(tmp_path: Path) -> None:
     assert not scheduler.unschedule("nightly", studies, artifacts)
 
 
+def test_reading_the_store_never_advances_an_overdue_job(tmp_path: Path) -> None:
+    studies, artifacts = tmp_path / "studies", tmp_path / "artifacts"
+    at = dt.datetime.now().astimezone() + dt.timedelta(seconds=1)
+    when = scheduler.schedule("due", ScheduleSpec(window_s=60, at=at.strftime("%H:%M:%S"), every_s=3600), studies,
+                              artifacts)
+    time.sleep(2)  # now overdue: only a daemon may run it (and then move it on)
+    for _ in range(2):
+        assert scheduler.next_wakeups(artifacts) == {"due": when}
+
+
 def test_schedule_cli_refuses_unknown_study_and_bad_cron(cli) -> None:
     bad = cli.run("schedule", "ghost", "--cron", "61 * * * *", *cli.dirs)
     assert bad.returncode == 2 and "invalid --cron" in bad.stdout

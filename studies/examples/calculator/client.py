@@ -14,7 +14,7 @@ declared: the chat template's tool preamble alone is ~330 tokens, about as long 
 The tool results still flow through the template (``role: tool`` renders as ``<tool_response>``).
 
 Reward (partial credit, so GRPO can climb from an imperfect warm-up): 0.6 × the fraction of
-operations called with exactly the right expression + 0.1 × the fraction of turns that were
+operations called right (half for the operator, half for the operand) + 0.1 × the fraction of turns that were
 well-formed calls + 0.3 × the final answer being right. ``setup`` runs a short supervised warm-up on
 correct trajectories on a fresh server (a random tiny model cannot produce the call syntax); it
 leaves the policy imperfect, and GRPO improves it. Run it with::
@@ -40,7 +40,7 @@ MIN_OPS, MAX_OPS = 3, 5  # tool calls per episode; plus the final answer: 4-6 mo
 MAX_TURNS = 8  # a malformed call is answered with an error and retried, up to this many calls
 MAX_TOKENS = 16  # a call is ~8 tokens; a longer reply is wrong anyway
 WARMUP_TRAJECTORIES = 400
-WARMUP_STEPS = 60
+WARMUP_STEPS = 100
 WARMUP_BATCH = 16
 WARMUP_LR = 3e-3
 
@@ -71,9 +71,9 @@ def calc(expr: str) -> int | None:
 
 
 def parse_call(text: str) -> str | None:
-    """The expression of a well-formed ``<tool_call>expr</tool_call>`` reply, else ``None``."""
+    """The operation of a well-formed ``<tool_call>*3</tool_call>`` reply, else ``None``."""
     match = _CALL.match(text)
-    if match is None or calc(match[1]) is None:
+    if match is None or calc(f"0{match[1]}") is None:
         return None
     return match[1].replace(" ", "")
 
@@ -87,7 +87,7 @@ def tool_text(result: int | str, next_op: str | None) -> str:
 
 
 def first_messages(start: int, ops: list[str]) -> list[dict]:
-    return [{"role": "user", "content": f"{start} {ops[0]}"}]
+    return [{"role": "user", "content": tool_text(start, ops[0])}]
 
 
 # ---------------------------------------------------------------------------- the study
@@ -107,7 +107,8 @@ def workflow(ep: EpisodeHandle, task: dict) -> float:
     value = task["start"]  # what the tool has computed so far (what the model was last told)
     expected = task["start"]  # what a perfect agent would have
     messages = first_messages(task["start"], ops)
-    correct_calls = wellformed = 0
+    correct_calls = 0.0
+    wellformed = 0
     step = 0  # index of the operation the model should apply next
     answer_right = False
     turns = 0
@@ -123,9 +124,10 @@ def workflow(ep: EpisodeHandle, task: dict) -> float:
             messages.append({"role": "tool", "content": tool_text("error", ops[step])})
             continue
         wellformed += 1
-        correct_calls += expr == f"{value}{ops[step]}"
+        # half credit for the right operator, half for the right operand: a denser signal for GRPO
+        correct_calls += 0.5 * (expr[0] == ops[step][0]) + 0.5 * (expr[1:] == ops[step][1:])
         expected = calc(f"{expected}{ops[step]}")
-        value = calc(expr)
+        value = calc(f"{value}{expr}")
         step += 1
         messages.append({"role": "tool", "content": tool_text(value, ops[step] if step < len(ops) else None)})
     call_turns = turns - (step >= len(ops))
@@ -144,7 +146,7 @@ def warmup_examples(rng: random.Random, trajectories: int) -> list[dict]:
         value = start
         turns: list[tuple[list[dict], str]] = []
         for i, op in enumerate(ops):
-            call = call_text(f"{value}{op}")
+            call = call_text(op)
             turns.append((list(messages), call))
             value = calc(f"{value}{op}")
             messages = [*messages, {"role": "assistant", "content": call},

@@ -42,7 +42,7 @@ class ServerProcess:
 
     @classmethod
     def start(cls, model: Path | str, state_dir: Path, *, port: int, token: str = "rel-token",
-              config: dict[str, Any] | None = None, timeout: float = 60.0,
+              config: dict[str, Any] | None = None, timeout: float = 150.0,
               extra_args: tuple[str, ...] = ()) -> ServerProcess:
         state_dir.mkdir(parents=True, exist_ok=True)
         config_file = state_dir / "rel-config.toml"
@@ -56,7 +56,11 @@ class ServerProcess:
                  "--state-dir", str(state_dir), "--token", token, "--config", str(config_file), "--threads", "1", *extra_args],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env)
         server = cls(proc=proc, url=f"http://127.0.0.1:{port}", token=token, state_dir=state_dir, log_path=log_path)
-        server.wait_ready(timeout)
+        try:
+            server.wait_ready(timeout)
+        except BaseException:
+            server.kill()  # never leave a half-started server behind
+            raise
         return server
 
     def wait_ready(self, timeout: float) -> None:

@@ -118,7 +118,7 @@ def test_rel_fuzz_openapi(live: ServerProcess) -> None:
         tested.append(operation.label)
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                   phases=[Phase.explicit, Phase.generate])
         def check(case: schemathesis.Case) -> None:
             case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30,

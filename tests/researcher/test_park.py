@@ -1,0 +1,63 @@
+"""Parking a training run at a window's end: checkpointed and stopped, then resumed from that
+checkpoint (a real `swarm serve` + `swarm run` with the tiny model), not retrained from step 0."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from researcher import procs, runs
+from researcher.launcher import Launcher
+from researcher.runs import RunRecord
+from researcher.settings import ResearcherSettings
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "studies" / "examples" / "letters"
+
+
+def _step(launcher: Launcher, record: RunRecord) -> int:
+    with launcher.client_for(record) as client:
+        return client.status().step
+
+
+@pytest.mark.slow
+def test_parked_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    launcher = Launcher(ResearcherSettings().swarm_command, model="tiny", threads=1)
+    run_dir = tmp_path / "run"
+    record = RunRecord(key="park/1/0", study_id="park", iteration=1, trial=0, experiment="letters", seed=0,
+                       config={}, client=str(EXAMPLE / "client.py"), target_step=1000, episodes=100_000,
+                       group_size=8)
+    runs.save(run_dir, record)
+    record = launcher.start_server(run_dir, record, EXAMPLE / "config.toml")
+    try:
+        launcher.wait_ready(run_dir, record)
+        record = launcher.start_client(run_dir, record)
+        deadline = time.monotonic() + 120
+        while _step(launcher, record) < 3:
+            assert time.monotonic() < deadline, (run_dir / "client.log").read_text()[-2000:]
+            time.sleep(0.3)
+        server_pid, server_started = record.server_pid, record.server_started
+        client_pid, client_started = record.client_pid, record.client_started
+
+        record = launcher.park(run_dir, record, "the session window ended")
+        parked_step = max(_checkpoint_steps(run_dir))
+        assert parked_step >= 3
+        assert not procs.alive(server_pid, server_started) and not procs.alive(client_pid, client_started)
+        assert runs.load(run_dir).status == "parked" and not record.ended
+
+        record = launcher.unpark(run_dir, record, EXAMPLE / "config.toml")
+        launcher.wait_ready(run_dir, record)
+        assert record.status == "running" and record.resumes == 1 and record.launches == 1
+        assert _step(launcher, record) == parked_step  # restored from the checkpoint, not from step 0
+    finally:
+        launcher.stop(run_dir, record, "stopped", "test over")
+    assert not procs.alive(record.server_pid, record.server_started)
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    steps = [int(json.loads(meta.read_text())["step"]) for meta in (run_dir / "server" / "checkpoints").glob("*/meta.json")]
+    assert steps, f"no checkpoint under {run_dir / 'server'}"
+    return steps
