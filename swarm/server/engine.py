@@ -121,6 +121,7 @@ class Engine:
         self.config_version = restored.config_version
         self._version = restored.policy_version
         self.counts = restored.counts
+        self.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics()]
         for group in restored.ready:
             self._groups.ready.append(group)
             for member in group.members:
@@ -460,6 +461,7 @@ class Engine:
             self._evict(episode)  # trained: the store keeps the durable copy
         record = StepMetrics(step=self.step, policy_version=self.policy_version, time=self.clock(), metrics=metrics)
         self.metrics.append(record)
+        self._store_safely("keep step metrics", lambda: self.store.save_step_metrics(record.step, record.model_dump_json()))
         self._emit("step.finished", step=self.step, metrics=metrics)
         self._emit("weights.updated", policy_version=self.policy_version, step=self.step)
 

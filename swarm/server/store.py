@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS events (
     id   INTEGER PRIMARY KEY,
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS step_metrics (
+    step INTEGER PRIMARY KEY,                          -- live lineage only: rolled back with the step
+    body TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -279,6 +283,7 @@ class EpisodeStore:
         with self._tx() as db:
             reset = db.execute("UPDATE episodes SET trained_step=NULL WHERE trained_step > ?", (step,)).rowcount
             db.execute("UPDATE training_log SET rolled_back=1 WHERE rolled_back=0 AND step > ?", (step,))
+            db.execute("DELETE FROM step_metrics WHERE step > ?", (step,))
         if reset:
             log.info("rolled back %d episodes trained after step %d", reset, step)
         return reset
@@ -354,6 +359,18 @@ class EpisodeStore:
     def last_event_id(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+
+    # -- per-step training metrics, so /api/v1/metrics survives a restart
+
+    def save_step_metrics(self, step: int, body: str) -> None:
+        """Keep one step's metrics (a ``StepMetrics`` JSON document) for the live lineage."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO step_metrics(step, body) VALUES (?, ?)", (step, body))
+
+    def step_metrics(self) -> list[str]:
+        """Every kept step's metrics document, in step order."""
+        with self._lock:
+            return [row[0] for row in self._db.execute("SELECT body FROM step_metrics ORDER BY step")]
 
     # -- small key/value state (e.g. the highest policy version ever served)
 

@@ -60,6 +60,8 @@ def test_restart_resumes_checkpoint_config_and_pending_episodes(start_server, tm
     assert status["step"] == 1
     assert status["policy_version"] > version_before  # older weights, a new and higher version id
     assert status["groups_pending"] == 2  # the rolled-back episode and the pending one
+    with server.client() as http:  # the surviving step's metrics outlive the process; the lost one does not
+        assert [m["step"] for m in http.get("/api/v1/metrics").json()] == [1]
     with server.client() as http:
         config = http.get("/api/v1/config").json()
         assert config["version"] == 2 and config["values"]["lr"] == 0.002 and config["values"]["batch_groups"] == 3
