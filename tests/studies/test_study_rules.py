@@ -57,14 +57,13 @@ def test_digits_partial_credit() -> None:
 
 def test_calculator_tool_parses_calls_and_never_evaluates_code() -> None:
     calc = load_study(EXAMPLES / "calculator" / "client.py")
-    assert calc.calc("17+8") == 25 and calc.calc("7*-2") == -14 and calc.calc("3-9") == -6
+    assert calc.calc("17+8") == 25 and calc.calc("-7*2") == -14 and calc.calc("3-9") == -6
     assert calc.calc("__import__('os')") is None and calc.calc("2**8") is None
-    assert calc.parse_call(calc._call_text("12*3")) == "12*3"
+    assert calc.parse_call(calc.call_text("*3")) == "*3"
     assert calc.parse_call("no call here") is None
-    assert calc.parse_call('<tool_call>{"name": "other", "arguments": {"expr": "1+1"}}</tool_call>') is None
-    examples = calc.warmup_examples(random.Random(0), 3)
-    # one example per tool call plus the final answer, each with the tools declared
-    assert all(e["tools"] == calc.TOOLS for e in examples)
-    finals = [e for e in examples if not e["completion"].startswith("<tool_call>")]
-    assert len(finals) == 3
-    assert all(calc.MIN_OPS + 1 <= len(e["messages"]) // 2 + 1 <= calc.MAX_OPS + 1 for e in finals)
+    assert calc.parse_call("<tool_call>os.system('x')</tool_call>") is None
+    examples = calc.warmup_examples(random.Random(0), 20)
+    # each example is one turn of a correct trajectory: a call, or the final number
+    assert all(e["completion"].startswith("<tool_call>") or e["completion"].lstrip("-").isdigit() for e in examples)
+    task = next(calc.tasks(0))
+    assert calc.MIN_OPS <= len(task["ops"]) <= calc.MAX_OPS and calc.MIN_OPS + 1 >= 4  # 4+ model calls
