@@ -1,7 +1,9 @@
 """Per-step metrics of a training batch: reward statistics and context-tracking counters.
 
 Pure functions over the batch, so the numbers a step reports are easy to test and to read:
-``train/*`` describe the episodes, ``context/*`` what timeline merging did to the samples.
+``train/*`` describe the episodes, ``context/*`` what timeline merging did to the samples and
+``episode/<key>`` averages the metrics clients posted with ``finish`` (over the episodes that sent
+that key), so a study's own diagnostics sit beside the reward curve.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def step_metrics(episodes: Sequence[EpisodeRecord], groups: int, samples: Sequen
         "context/drift_forks": float(sum(e.trace.drift_forks for e in episodes)),
         "context/merge": 1.0 if merge else 0.0,
     }
+    posted: dict[str, list[float]] = {}
+    for episode in episodes:
+        for key, value in (episode.finish.metrics if episode.finish is not None else {}).items():
+            posted.setdefault(key, []).append(value)
+    for key, values in posted.items():
+        metrics[f"episode/{key}"] = sum(values) / len(values)
     for key, value in update.items():
         if isinstance(value, (int, float)) and math.isfinite(float(value)):
             metrics[key] = float(value)

@@ -3,15 +3,13 @@ as real processes; within 120 s the mean reward of the last 5 steps beats the fi
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from swarm_proc import ROOT, SWARM, ServeProcess
+from swarm_proc import ROOT, ServeProcess, study_run
 
 from swarm.client import SwarmClient
 
@@ -26,25 +24,15 @@ def _rise(rewards: list[float]) -> float:
 @pytest.mark.slow
 def test_letters_reward_rises_within_two_minutes(new_server: Callable[..., ServeProcess], tmp_path: Path) -> None:
     server = new_server(config=LETTERS / "config.toml")
-    log = open(tmp_path / "run.log", "wb")
-    run = subprocess.Popen([*SWARM, "run", str(LETTERS / "client.py"), "--server", server.url,
-                            "--state-dir", str(server.state_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     start = time.monotonic()
     rewards: list[float] = []
-    try:
-        with SwarmClient(server.url, token=server.token) as client:
-            while time.monotonic() - start < BUDGET_S and run.poll() is None:
-                time.sleep(2.0)
-                rewards = [m.metrics["train/reward_mean"] for m in client.metrics()]
-                if len(rewards) >= 10 and _rise(rewards) >= 0.3:
-                    break
-    finally:
-        run.send_signal(signal.SIGINT)  # the CLI finishes in-flight episodes and exits
-        try:
-            run.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            run.kill()
-        log.close()
+    with study_run(LETTERS / "client.py", server, tmp_path / "run.log") as run, \
+            SwarmClient(server.url, token=server.token) as client:
+        while time.monotonic() - start < BUDGET_S and run.poll() is None:
+            time.sleep(2.0)
+            rewards = [m.metrics["train/reward_mean"] for m in client.metrics()]
+            if len(rewards) >= 10 and _rise(rewards) >= 0.3:
+                break
     elapsed = time.monotonic() - start
     output = (tmp_path / "run.log").read_text(errors="replace")
     print(f"letters: {len(rewards)} steps in {elapsed:.0f} s, first5={sum(rewards[:5]) / 5:.3f} "

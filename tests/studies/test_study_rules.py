@@ -67,3 +67,17 @@ def test_calculator_tool_parses_calls_and_never_evaluates_code() -> None:
     assert all(e["completion"].startswith("<tool_call>") or e["completion"].lstrip("-").isdigit() for e in examples)
     task = next(calc.tasks(0))
     assert calc.MIN_OPS <= len(task["ops"]) <= calc.MAX_OPS and calc.MIN_OPS + 1 >= 4  # 4+ model calls
+
+
+def test_calculator_scores_each_skill_on_its_own() -> None:
+    calc = load_study(EXAMPLES / "calculator" / "client.py")
+    ops = ["+3", "*2"]
+    assert calc.score(ops, ["+3", "*2"], "20", 20) == pytest.approx(1.0)
+    # a wrong operand costs a quarter of the calls' share; the answer still counts if it repeats the tool
+    assert calc.score(ops, ["+3", "*3"], "30", 30) == pytest.approx(0.6 * 0.75 + 0.1 + 0.3)
+    # a malformed turn costs the format share; the retried call still counts for its operation
+    assert calc.score(ops, [None, "+3", "*2"], "20", 20) == pytest.approx(0.6 + 0.1 * 2 / 3 + 0.3)
+    assert calc.score(ops, ["+3", "*2"], None, 20) == pytest.approx(0.7)  # never answered
+    assert calc.score(ops, ["-3"], None, 7) == pytest.approx(0.6 * 0.25 + 0.1)
+    assert calc.score(ops, [None] * 8, None, 10) == 0.0
+    assert not calc.answer_right("None", None) and calc.answer_right(" 12 ", 12)

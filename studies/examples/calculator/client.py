@@ -14,10 +14,12 @@ declared: the chat template's tool preamble alone is ~330 tokens, about as long 
 The tool results still flow through the template (``role: tool`` renders as ``<tool_response>``).
 
 Reward (partial credit, so GRPO can climb from an imperfect warm-up): 0.6 × the fraction of
-operations called right (half for the operator, half for the operand) + 0.1 × the fraction of turns that were
-well-formed calls + 0.3 × the final answer being right. ``setup`` runs a short supervised warm-up on
-correct trajectories on a fresh server (a random tiny model cannot produce the call syntax); it
-leaves the policy imperfect, and GRPO improves it. Run it with::
+operations called right (half for the operator, half for the operand) + 0.1 × the fraction of turns
+that were well-formed calls + 0.3 × the final answer repeating the tool's last result. Each skill is
+scored on its own: a wrong call already costs its share, so it does not also zero the answer.
+``setup`` runs a short supervised warm-up on correct trajectories on a fresh server (a random tiny
+model cannot produce the call syntax); it leaves the policy imperfect, and GRPO improves it (see
+README.md for measured curves). Run it with::
 
     swarm serve --model tiny --config studies/examples/calculator/config.toml
     swarm run studies/examples/calculator/client.py --server http://127.0.0.1:8000
@@ -101,39 +103,55 @@ def tasks(seed: int) -> Iterator[dict]:
         index += 1
 
 
+def calls_right(ops: list[str], calls: list[str | None]) -> float:
+    """Fraction of the operations called right; the n-th well-formed call answers the n-th operation.
+
+    Half credit for the right operator, half for the right operand: a denser signal for GRPO.
+    """
+    made = [call for call in calls if call is not None]
+    return sum(0.5 * (call[0] == op[0]) + 0.5 * (call[1:] == op[1:]) for call, op in zip(made, ops)) / len(ops)
+
+
+def answer_right(answer: str | None, told: int | None) -> bool:
+    """The final reply repeats the tool's last result (``None``: never answered / tool error)."""
+    return answer is not None and told is not None and answer.strip() == str(told)
+
+
+def score(ops: list[str], calls: list[str | None], answer: str | None, told: int | None) -> float:
+    """The episode's reward: ``calls`` holds each call turn's parsed operation (``None`` when
+    malformed), ``answer`` the final reply (``None`` if never reached), ``told`` the tool's last result."""
+    wellformed = sum(call is not None for call in calls) / max(len(calls), 1)
+    return 0.6 * calls_right(ops, calls) + 0.1 * wellformed + 0.3 * answer_right(answer, told)
+
+
 def workflow(ep: EpisodeHandle, task: dict) -> float:
     llm = ep.openai()
     ops: list[str] = task["ops"]
-    value = task["start"]  # what the tool has computed so far (what the model was last told)
-    expected = task["start"]  # what a perfect agent would have
+    told: int | None = task["start"]  # the tool's last result: what the model was last told
     messages = first_messages(task["start"], ops)
-    correct_calls = 0.0
-    wellformed = 0
-    step = 0  # index of the operation the model should apply next
-    answer_right = False
-    turns = 0
-    for turns in range(1, MAX_TURNS + 1):
+    calls: list[str | None] = []
+    answer: str | None = None
+    done = 0  # operations applied so far
+    for _ in range(MAX_TURNS):
         reply = llm.chat.completions.create(model="policy", messages=messages, max_tokens=MAX_TOKENS)
         text = reply.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": text})  # verbatim: keeps the timeline append-only
-        if step >= len(ops):  # every operation done: this turn is the final answer
-            answer_right = text.strip() == str(expected)
+        if done == len(ops):  # every operation applied: this turn is the final answer
+            answer = text
             break
-        expr = parse_call(text)
-        if expr is None:
-            messages.append({"role": "tool", "content": tool_text("error", ops[step])})
+        call = parse_call(text)
+        calls.append(call)
+        if call is None:
+            messages.append({"role": "tool", "content": tool_text("error", ops[done])})
             continue
-        wellformed += 1
-        # half credit for the right operator, half for the right operand: a denser signal for GRPO
-        correct_calls += 0.5 * (expr[0] == ops[step][0]) + 0.5 * (expr[1:] == ops[step][1:])
-        expected = calc(f"{expected}{ops[step]}")
-        value = calc(f"{value}{expr}")
-        step += 1
-        messages.append({"role": "tool", "content": tool_text(value, ops[step] if step < len(ops) else None)})
-    call_turns = turns - (step >= len(ops))
-    reward = 0.6 * correct_calls / len(ops) + 0.1 * wellformed / max(call_turns, 1) + 0.3 * answer_right
-    ep.finish(reward, metrics={"turns": float(turns), "correct_calls": correct_calls / len(ops),
-                               "answer_right": float(answer_right)})
+        told = calc(f"{told}{call}") if told is not None else None
+        done += 1
+        messages.append({"role": "tool", "content": tool_text(told if told is not None else "error",
+                                                               ops[done] if done < len(ops) else None)})
+    reward = score(ops, calls, answer, told)
+    ep.finish(reward, metrics={"turns": float(len(calls) + (answer is not None)),
+                               "calls_right": calls_right(ops, calls),
+                               "answer_right": float(answer_right(answer, told))})
     return reward
 
 

@@ -1,4 +1,4 @@
-"""Real ``swarm serve`` subprocesses for client tests: start on a port, wait until ready, kill."""
+"""Real ``swarm serve`` / ``swarm run`` subprocesses for client and study tests: start, wait, stop."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,3 +74,21 @@ class ServeProcess:
     def log(self) -> str:
         path = self.state_dir / "serve.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+@contextmanager
+def study_run(client_py: Path, server: ServeProcess, log_path: Path) -> Iterator[subprocess.Popen]:
+    """``swarm run client_py`` against ``server`` as a real process, output in ``log_path``; on exit
+    it gets SIGINT (the CLI finishes in-flight episodes and exits), then SIGKILL after 30 s."""
+    with open(log_path, "wb") as log:
+        run = subprocess.Popen([*SWARM, "run", str(client_py), "--server", server.url,
+                                "--state-dir", str(server.state_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield run
+        finally:
+            run.send_signal(signal.SIGINT)
+            try:
+                run.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()

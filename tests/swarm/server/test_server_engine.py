@@ -29,9 +29,10 @@ def _chat(server: RunningServer, episode: dict, max_tokens: int = 6) -> dict:
     return response.json()
 
 
-def _finish(server: RunningServer, episode: dict, reward: float) -> None:
+def _finish(server: RunningServer, episode: dict, reward: float, metrics: dict[str, float] | None = None) -> None:
     with server.client(episode["api_key"]) as http:
-        response = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": reward})
+        response = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish",
+                             json={"reward": reward, "metrics": metrics or {}})
     assert response.status_code == 200, response.text
 
 
@@ -52,9 +53,9 @@ def test_complete_group_trains_and_reports_metrics(start_server) -> None:
     c = _episode(server, "t2")  # another group, left unfinished
     for ep in (a, b, c):
         _chat(server, ep)
-    _finish(server, a, 0.0)
+    _finish(server, a, 0.0, {"turns": 2.0})
     assert _status(server)["step"] == 0  # half a group trains nothing
-    _finish(server, b, 1.0)
+    _finish(server, b, 1.0, {"turns": 4.0, "solved": 1.0})
     wait_for(lambda: _status(server)["step"] == 1)
     status = _status(server)
     assert status["policy_version"] == 1 and status["episodes"]["trained"] == 2
@@ -64,6 +65,7 @@ def test_complete_group_trains_and_reports_metrics(start_server) -> None:
     assert step["step"] == 1 and step["policy_version"] == 1
     assert m["train/reward_mean"] == 0.5 and m["train/reward_max"] == 1.0 and m["train/reward_std"] == 0.5
     assert m["train/episodes"] == 2 and m["train/groups"] == 1
+    assert m["episode/turns"] == 3.0 and m["episode/solved"] == 1.0  # clients' own metrics, averaged
     assert m["context/samples_per_episode"] == 1.0 and m["context/merge"] == 1.0
     assert m["context/tokens_trained"] > 0 and m["context/drift_forks"] == 0
     assert "train/loss" in m and m["perf/step_s"] > 0 and m["perf/episodes_per_s"] > 0
