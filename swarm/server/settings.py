@@ -34,6 +34,9 @@ class ServerConfig(TrainConfig):
     max_tokens: int = Field(64, ge=1, description="default completion length")
     # Context tracking.
     merge_timelines: bool = True
+    # Async serving trains on samples up to ``max_staleness`` versions old: correct for that by default.
+    rollout_is: Literal["off", "token", "sequence"] = Field(
+        "token", description="importance weights against the rollout log-probs: off, per token or per sequence")
     # Episodes.
     lease_s: float = Field(60.0, gt=0, le=3600)
     category_ratios: dict[str, float] = Field(default_factory=dict, description="target batch mix")

@@ -11,6 +11,7 @@ its share of the whole batch, so the per-micro-batch losses sum to the single-ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "compute_advantages",
     "kl_terms",
     "policy_loss_fn",
+    "rollout_is_weights",
 ]
 
 # Outcome estimators that need only rewards, a mask and group ids. GAE needs a critic, REMAX a
@@ -126,3 +128,14 @@ def compute_advantages(rewards: Sequence[float], group_ids: Sequence[str], confi
         algo = AlgoConfig(adv_estimator=config.adv_estimator, norm_adv_by_std_in_grpo=config.norm_adv_by_std)
         adv, _ = fn(token_level_rewards=scores, response_mask=mask, index=index, config=algo)
     return [float(x) for x in adv[:, -1].tolist()]
+
+
+def rollout_is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str,
+                       threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's truncated importance weights for ``log_ratio = log pi_train - log pi_rollout``
+    (``level`` "token" or "sequence"), and a 0/1 tensor marking the tokens whose weight was truncated."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    weights, _ = compute_rollout_correction_weights(log_ratio, mask, rollout_is=level, rollout_is_threshold=threshold)
+    raw = log_ratio if level == "token" else (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)
+    return weights, (raw > math.log(threshold)).float()

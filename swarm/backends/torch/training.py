@@ -161,7 +161,8 @@ def policy_update(
                 old[k] = sequence_logprobs(model, part, vocab_size)[0]
             if use_kl:
                 ref[k] = sequence_logprobs(reference, part, vocab_size)[0]
-    sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm"), 0.0)
+    sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm",
+                          "is_weight", "is_truncated"), 0.0)
     for epoch in range(config.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for k, part in enumerate(parts):
@@ -170,6 +171,13 @@ def policy_update(
             old_logp = old[k] if old[k] is not None else logp.detach()
             advantages = part.advantages.to(logp.device).unsqueeze(-1) * part.mask.to(logp.device)
             mask = part.mask.to(logp.device)
+            weights = None
+            if config.rollout_is != "off":
+                weights, truncated = algorithms.rollout_is_weights(
+                    old_logp - part.rollout.to(logp.device), mask, config.rollout_is, config.rollout_is_threshold)
+                if epoch == 0:
+                    sums["is_weight"] += float((weights * mask).sum()) / total_tokens
+                    sums["is_truncated"] += float((truncated * mask).sum()) / total_tokens
             pg_loss, pg_metrics = loss_fn(
                 old_log_prob=old_logp,
                 log_prob=logp,
@@ -177,6 +185,7 @@ def policy_update(
                 response_mask=mask,
                 loss_agg_mode=config.loss_agg_mode,
                 config=actor,
+                rollout_is_weights=weights,
             )
             loss = pg_loss
             if use_kl:
@@ -213,6 +222,9 @@ def policy_update(
         "perf/train_s": elapsed,
         "perf/tokens_per_s": trained * epochs / elapsed if elapsed > 0 else 0.0,
     }
+    if config.rollout_is != "off":
+        metrics["train/rollout_is_weight_mean"] = sums["is_weight"]
+        metrics["train/rollout_is_truncated"] = sums["is_truncated"]
     if use_kl:
         metrics["train/kl"] = sums["kl"] / epochs
     return metrics

@@ -100,4 +100,6 @@ def verl_overrides(config: TrainConfig, model_path: str, *, n_gpus: int = 1, rol
         f"{actor}.use_kl_loss={config.kl_coef > 0}",
         f"{actor}.kl_loss_coef={config.kl_coef}",
         f"{actor}.kl_loss_type={config.kl_penalty}",
+        f"algorithm.rollout_correction.rollout_is={'null' if config.rollout_is == 'off' else config.rollout_is}",
+        f"algorithm.rollout_correction.rollout_is_threshold={config.rollout_is_threshold}",
     ]

@@ -125,6 +125,47 @@ def test_ppo_epochs_clip_after_the_first_epoch(backend: TorchBackend) -> None:
     assert backend.policy_version == 1
 
 
+def test_rollout_is_weights_stale_tokens_and_leaves_fresh_ones_alone(tiny_dir: Path) -> None:
+    """Async samples come from an older policy: their tokens' loss is weighted by the truncated ratio
+    pi_now / pi_rollout (verl's TIS). Fresh samples (rollout log-probs == now) get weight 1."""
+    plain = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+    fresh = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+    stale = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+    samples = _samples(plain)
+    # The sampler was 4 nats less likely to pick these tokens than the policy is now: weight e^4, truncated to 2.
+    older = [TrainSample(s.tokens, s.loss_mask, [lp - 4.0 if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)],
+                         advantage=s.advantage, temperature=s.temperature) for s in samples]
+    unclipped = 1e9  # compare raw gradients
+    base = plain.train_step(samples, TrainConfig(rollout_is="off", grad_clip=unclipped))
+    same = fresh.train_step(samples, TrainConfig(rollout_is="token", grad_clip=unclipped))
+    weighted = stale.train_step(older, TrainConfig(rollout_is="token", rollout_is_threshold=2.0, grad_clip=unclipped))
+    assert "train/rollout_is_weight_mean" not in base
+    assert same["train/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert same["train/rollout_is_truncated"] == 0.0
+    assert same["train/pg_loss"] == pytest.approx(base["train/pg_loss"], rel=1e-3, abs=1e-6)
+    assert weighted["train/rollout_is_weight_mean"] == pytest.approx(2.0, abs=1e-6)
+    assert weighted["train/rollout_is_truncated"] == 1.0
+    assert weighted["train/pg_loss"] == pytest.approx(2.0 * base["train/pg_loss"], rel=1e-3, abs=1e-6)
+    assert weighted["train/grad_norm"] == pytest.approx(2.0 * base["train/grad_norm"], rel=1e-3)
+    for a, b in zip(plain.model.parameters(), stale.model.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, 2.0 * a.grad, atol=1e-6, rtol=1e-3)
+
+
+def test_sequence_level_rollout_is_uses_the_whole_sequence_ratio(tiny_dir: Path) -> None:
+    backend = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+    samples = _samples(backend)
+    # 0.004 nats per generated token: sequences of 13+ tokens cross log(1.05), shorter ones do not.
+    shifted = [TrainSample(s.tokens, s.loss_mask, [lp - 0.004 if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)],
+                           advantage=s.advantage, temperature=s.temperature) for s in samples]
+    metrics = backend.train_step(shifted, TrainConfig(rollout_is="sequence", rollout_is_threshold=1.05))
+    lengths = [sum(s.loss_mask) for s in samples]
+    expected = sum(min(np.exp(0.004 * n), 1.05) * n for n in lengths) / sum(lengths)
+    assert metrics["train/rollout_is_weight_mean"] == pytest.approx(expected, rel=2e-3)
+    truncated = sum(n for n in lengths if 0.004 * n > np.log(1.05)) / sum(lengths)
+    assert 0 < truncated < 1 and metrics["train/rollout_is_truncated"] == pytest.approx(truncated, abs=1e-6)
+
+
 def test_advantages_equal_verl_grpo_on_hand_built_groups(backend: TorchBackend) -> None:
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 

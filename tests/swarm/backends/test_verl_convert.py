@@ -63,3 +63,7 @@ def test_overrides_name_real_keys_of_verls_trainer_config() -> None:
             assert isinstance(node, dict) and part in node, f"{path} is not a verl config key"
             node = node[part]
     assert "actor_rollout_ref.actor.use_kl_loss=True" in overrides
+    assert "algorithm.rollout_correction.rollout_is=null" in overrides  # TrainConfig's default is off
+    token = verl_overrides(TrainConfig(rollout_is="token", rollout_is_threshold=3.0), "/models/qwen")
+    assert {"algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_is_threshold=3.0"} <= set(token)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 from server_harness import RunningServer, wait_for
 
 MESSAGES = [{"role": "user", "content": "say a"}]
@@ -69,6 +70,8 @@ def test_complete_group_trains_and_reports_metrics(start_server) -> None:
     assert m["context/samples_per_episode"] == 1.0 and m["context/merge"] == 1.0
     assert m["context/tokens_trained"] > 0 and m["context/drift_forks"] == 0
     assert "train/loss" in m and m["perf/step_s"] > 0 and m["perf/episodes_per_s"] > 0
+    # The server corrects for stale samples by default; these were sampled by the current policy.
+    assert m["train/rollout_is_weight_mean"] == pytest.approx(1.0, abs=0.01) and m["train/rollout_is_truncated"] == 0
     assert _metrics(server, since=1) == []
     # A chat call after the update is served by the new policy.
     assert _chat(server, c)["policy_version"] == 1
