@@ -41,6 +41,11 @@ KNOBS: tuple[Knob, ...] = (
          ("vanilla", "gspo", "cispo"), ("vanilla", "gspo")),
     Knob("batch_groups", "batch size (groups per step)", ("batch size", "batch-size", "groups per step"),
          (1, 2, 4, 8), (2, 8)),
+    Knob("max_staleness", "maximum sample staleness (async policy lag)",
+         ("staleness", "stale samples", "policy lag", "asynchrony", "off-policy lag"), (0, 1, 2, 4), (0, 2)),
+    Knob("rollout_is", "importance correction of stale samples",
+         ("importance correction", "importance sampling", "importance weight", "off-policy correction",
+          "rollout correction"), ("off", "token", "sequence"), ("off", "token")),
 )
 
 TASK_KEYWORDS: dict[str, tuple[str, ...]] = {

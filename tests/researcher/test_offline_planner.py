@@ -24,6 +24,8 @@ TASKS = ["calculator", "digits", "letters"]
     ("Does timeline merging speed up multi-turn tool use?", "merge_timelines", "calculator"),
     ("Which advantage estimator works best: grpo or rloo?", "adv_estimator", "letters"),
     ("Does the GSPO policy loss beat vanilla clipping?", "policy_loss", "letters"),
+    ("How much policy lag can async training on the calculator tolerate?", "max_staleness", "calculator"),
+    ("Does importance correction of stale samples help?", "rollout_is", "letters"),
 ])
 def test_topics_map_onto_knob_and_task(topic: str, knob: str, task: str) -> None:
     framing = OfflinePlanner(TASKS).frame(topic, "catalog").value
