@@ -9,9 +9,10 @@ Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished epi
 the SQLite buffer before ``finish`` returns; each training step records the episodes it consumed
 (``mark_trained``) right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
-checkpoint. Trained, dropped and closed episodes are evicted from memory (the store keeps the
-durable copy; closed ones leave a small bounded tombstone so a late ``finish`` still gets a clear
-410/409). Every state change calls ``self._emit(type, **data)`` (listeners: ``add_listener``).
+checkpoint. Trained, dropped and closed episodes are evicted from memory by the
+``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
+so a late ``finish`` still gets a clear 410/409). Every state change calls
+``self._emit(type, **data)`` (listeners: ``add_listener``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from swarm.server.episodes import EpisodeRecord, Group, GroupBook
 from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
 from swarm.server.recovery import CONFIG_KEY, MAX_VERSION_KEY, Restored
 from swarm.server.records import FinishedEpisode
+from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
 from swarm.server.sft import run_sft
 from swarm.server.stepstats import step_metrics
@@ -58,10 +59,6 @@ from swarm.server.timeline import EpisodeTrace
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, dict[str, Any]], None]
-
-# Closed (aborted/expired) episodes remembered for clear late-call errors; older ones answer 404.
-_TOMBSTONES = 50_000
-
 
 class Engine:
     def __init__(self, *, config: ServerConfig, backend: Backend, worker: DeviceWorker, keys: KeyRing,
@@ -80,13 +77,8 @@ class Engine:
         self.step = 0
         self.counts = EpisodeCounts()
         self.metrics: list[StepMetrics] = []
-        self._episodes: dict[str, EpisodeRecord] = {}
-        self._live: dict[str, EpisodeRecord] = {}  # CLAIMED episodes only
-        self._requests: dict[str, str] = {}  # claim request_id -> episode_id
-        self._request_of: dict[str, str] = {}  # episode_id -> its claim request_id (for eviction)
-        self._tombstones: OrderedDict[str, EpisodeRecord] = OrderedDict()  # closed, trace-free
+        self.episodes = EpisodeRegistry()
         self._groups = GroupBook()
-        self._group_of: dict[str, Group] = {}  # CLAIMED episode -> its group
         self._throttle = CategoryThrottle(config.category_ratios)
         self._listeners: list[Listener] = []
         self._version = backend.policy_version
@@ -125,7 +117,7 @@ class Engine:
         for group in restored.ready:
             self._groups.ready.append(group)
             for member in group.members:
-                self._episodes[member.episode_id] = member
+                self.episodes.add_finished(member)
 
     def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
         """Commit a finished episode to the durable buffer before ``finish`` returns."""
@@ -159,13 +151,14 @@ class Engine:
 
     @property
     def in_flight(self) -> int:
-        return len(self._live)
+        return self.episodes.in_flight
 
     # ------------------------------------------------------------------ episodes
 
     def claim(self, request: ClaimRequest, base_url: str) -> Episode:
-        if request.request_id is not None and request.request_id in self._requests:
-            return self._episode_view(self._episodes[self._requests[request.request_id]], base_url)
+        retried = self.episodes.by_request(request.request_id)
+        if retried is not None:
+            return self._episode_view(retried, base_url)
         self._admit()
         group_id = request.group_id or request.task_id
         starts_group = self._groups.is_new(group_id)
@@ -183,12 +176,7 @@ class Engine:
             claimed_version=self.policy_version,
         )
         group.members.append(episode)
-        self._episodes[episode.episode_id] = episode
-        self._live[episode.episode_id] = episode
-        self._group_of[episode.episode_id] = group
-        if request.request_id is not None:
-            self._requests[request.request_id] = episode.episode_id
-            self._request_of[episode.episode_id] = request.request_id
+        self.episodes.add_claimed(episode, group, request.request_id)
         self.counts.claimed += 1
         self._emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
                    group_id=group_id, category=request.category, client_id=request.client_id)
@@ -213,7 +201,7 @@ class Engine:
         )
 
     def get(self, episode_id: str) -> EpisodeRecord:
-        episode = self._episodes.get(episode_id) or self._tombstones.get(episode_id)
+        episode = self.episodes.get(episode_id)
         if episode is None:
             raise NotFound(f"unknown episode {episode_id}")
         return episode
@@ -248,7 +236,7 @@ class Engine:
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float) -> None:
         """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored)."""
-        episode = self._episodes.get(episode_id)
+        episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
             return
         episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
@@ -267,7 +255,7 @@ class Engine:
         self.live(episode_id)
         episode.finish = body
         try:
-            self._persist_finished(episode, self._group_of[episode_id])
+            self._persist_finished(episode, self.episodes.group_of(episode_id))
         except Exception:
             episode.finish = None  # nothing changed: the client may retry
             raise
@@ -297,28 +285,26 @@ class Engine:
         self._terminate(episode, EpisodeState.aborted)
         self.counts.aborted += 1
         self._store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
-        self._close(episode)
+        self.episodes.bury(episode)
         self._emit("episode.aborted", episode_id=episode_id, reason=body.reason)
         return self.status_of(episode_id)
 
     def expire_stale(self) -> int:
         """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
         now = self.clock()
-        stale = [e for e in self._live.values() if e.lease_expires_at < now]
+        stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
         for episode in stale:
-            episode.trace = EpisodeTrace(merge=episode.trace.merge)
             self._terminate(episode, EpisodeState.expired)
             self.counts.expired += 1
             self._store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
                 e.episode_id, "expired", "no heartbeat within the lease"))
-            self._close(episode)
+            self.episodes.bury(episode)
             self._emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
         return len(stale)
 
     def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
         episode.move(state)
-        del self._live[episode.episode_id]
-        group = self._group_of.pop(episode.episode_id)
+        group = self.episodes.settle(episode)
         verdict = self._groups.settle(group, min_group_size=self.config.min_group_size,
                                       varied_only=self.config.batch_mode == "varied_groups")
         if verdict == "dropped":
@@ -332,22 +318,7 @@ class Engine:
         ids = [e.episode_id for e in episodes]
         self._store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
         for episode in episodes:
-            self._evict(episode)
-
-    def _close(self, episode: EpisodeRecord) -> None:
-        """An aborted/expired episode: keep a trace-free tombstone (bounded) for clear late errors."""
-        episode.trace = EpisodeTrace(merge=episode.trace.merge)
-        self._evict(episode)
-        self._tombstones[episode.episode_id] = episode
-        while len(self._tombstones) > _TOMBSTONES:
-            self._tombstones.popitem(last=False)
-
-    def _evict(self, episode: EpisodeRecord) -> None:
-        """Forget a trained/dropped/closed episode's record; the store has the durable copy."""
-        self._episodes.pop(episode.episode_id, None)
-        request_id = self._request_of.pop(episode.episode_id, None)
-        if request_id is not None:
-            self._requests.pop(request_id, None)
+            self.episodes.evict(episode)
 
     # ------------------------------------------------------------------ training
 
@@ -417,7 +388,7 @@ class Engine:
             update = await self.worker.call(lambda: self.backend.train_step(samples, config))  # update
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
-            self._drop([e for e in episodes if e.episode_id in self._episodes], f"training step failed: {exc}")
+            self._drop([e for e in episodes if self.episodes.held(e.episode_id)], f"training step failed: {exc}")
             self._emit("error", where="train_step", message=str(exc))
             return False
         finally:
@@ -458,7 +429,7 @@ class Engine:
         self._last_step_at = now
         self.counts.trained += len(kept)
         for episode in kept:
-            self._evict(episode)  # trained: the store keeps the durable copy
+            self.episodes.evict(episode)  # trained: the store keeps the durable copy
         record = StepMetrics(step=self.step, policy_version=self.policy_version, time=self.clock(), metrics=metrics)
         self.metrics.append(record)
         self._store_safely("keep step metrics", lambda: self.store.save_step_metrics(record.step, record.model_dump_json()))
@@ -536,7 +507,7 @@ class Engine:
         return Status(
             state=self.state, model=self.backend.model_name, policy_version=self.policy_version,
             step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self._groups.ready),
-            clients=len({e.client_id for e in self._live.values()}), config_version=self.config_version,
+            clients=len({e.client_id for e in self.episodes.live()}), config_version=self.config_version,
             throughput={
                 "in_flight": float(self.in_flight),
                 "episodes_per_s": self.counts.finished / max(uptime, 1e-9),

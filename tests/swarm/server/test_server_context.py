@@ -115,10 +115,11 @@ def _train_one_group(server: RunningServer, turns: int) -> dict[str, float]:
 
 @pytest.mark.parametrize("turns", [1, 3])
 def test_merged_and_unmerged_steps_give_the_same_loss(warm_model: Path, start_server, turns: int) -> None:
-    merged = _train_one_group(start_server(model_dir=warm_model, group_size=2, min_group_size=2, batch_groups=1,
-                                           merge_timelines=True), turns)
-    unmerged = _train_one_group(start_server(model_dir=warm_model, group_size=2, min_group_size=2, batch_groups=1,
-                                             merge_timelines=False), turns)
+    # Importance weights are off: they depend on the rollout log-probs, which carry batch-dependent
+    # float noise (~1e-3) from two separate servers; this test is about the merging arithmetic.
+    common = dict(model_dir=warm_model, group_size=2, min_group_size=2, batch_groups=1, rollout_is="off")
+    merged = _train_one_group(start_server(**common, merge_timelines=True), turns)
+    unmerged = _train_one_group(start_server(**common, merge_timelines=False), turns)
     assert merged["context/merge"] == 1.0 and unmerged["context/merge"] == 0.0
     assert merged["context/samples_per_episode"] == 1.0
     assert unmerged["context/samples_per_episode"] == turns
