@@ -119,7 +119,12 @@ class Launcher:
     # ------------------------------------------------------------------ stopping
 
     def stop(self, run_dir: Path, record: RunRecord, status: str, reason: str = "") -> RunRecord:
-        """End a run: stop the client, ask the server to stop (checkpoint), then make sure it exits."""
+        """End a run: stop the client, ask the server to stop (checkpoint), then make sure it exits.
+
+        The decision is saved first (``ending``): a researcher killed mid-stop finds it on resume and
+        completes the same ending, instead of judging the server it stopped itself as crashed."""
+        record.ending, record.reason = status, reason
+        runs.save(run_dir, record)
         procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
         if not record.external and procs.alive(record.server_pid, record.server_started):
             try:
@@ -129,7 +134,7 @@ class Launcher:
                 log.info("control stop of %s failed (%s); terminating it", record.key, exc)
             if not procs.wait_exit(record.server_pid, record.server_started, 20.0):
                 procs.stop_group(record.server_pid, record.server_started)
-        record.status, record.reason, record.ended_at = status, reason, time.time()
+        record.status, record.ending, record.ended_at = status, None, time.time()
         runs.save(run_dir, record)
         return record
 

@@ -48,6 +48,7 @@ class RunRecord(BaseModel):
     client_starts: int = 0
     status: str = "pending"               # pending|running|parked|finished|crashed|stalled|diverged|cut|stopped
     reason: str = ""
+    ending: str | None = None             # the end status decided before stopping the processes
     started_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
     last_step: int = 0

@@ -66,6 +66,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
 def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord) -> RunRecord:
     options, now = state["options"], ctx.clock()
     launcher = ctx.launcher
+    if record.ending is not None:  # a stop decided before a crash of the researcher: finish it
+        return launcher.stop(run_dir, record, record.ending, record.reason)
     if ctx.stop_requested():
         return launcher.stop(run_dir, record, "stopped", "stop requested")
     server_alive = record.external or procs.alive(record.server_pid, record.server_started)
