@@ -20,8 +20,7 @@ __all__ = ["EpisodeRegistry"]
 class EpisodeRegistry:
     def __init__(self, max_tombstones: int = 50_000) -> None:
         self._held: dict[str, EpisodeRecord] = {}
-        self._live: dict[str, EpisodeRecord] = {}  # CLAIMED episodes only
-        self._group_of: dict[str, Group] = {}  # CLAIMED episode -> its group
+        self._group_of: dict[str, Group] = {}  # the live (CLAIMED) episodes -> their groups
         self._requests: dict[str, str] = {}  # claim request_id -> episode_id
         self._request_of: dict[str, str] = {}  # episode_id -> its claim request_id (for eviction)
         self._tombstones: OrderedDict[str, EpisodeRecord] = OrderedDict()  # closed, trace-free
@@ -31,7 +30,6 @@ class EpisodeRegistry:
 
     def add_claimed(self, episode: EpisodeRecord, group: Group, request_id: str | None) -> None:
         self._held[episode.episode_id] = episode
-        self._live[episode.episode_id] = episode
         self._group_of[episode.episode_id] = group
         if request_id is not None:
             self._requests[request_id] = episode.episode_id
@@ -59,17 +57,16 @@ class EpisodeRegistry:
         return self._group_of[episode_id]
 
     def live(self) -> list[EpisodeRecord]:
-        return list(self._live.values())
+        return [self._held[episode_id] for episode_id in self._group_of]
 
     @property
     def in_flight(self) -> int:
-        return len(self._live)
+        return len(self._group_of)
 
     # ------------------------------------------------------------------ leaving
 
     def settle(self, episode: EpisodeRecord) -> Group:
         """The episode left CLAIMED (finished, aborted, expired): drop it from the live set."""
-        del self._live[episode.episode_id]
         return self._group_of.pop(episode.episode_id)
 
     def evict(self, episode: EpisodeRecord) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarm.backends.base import TrainConfig
+from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
 
 
 class ServerConfig(TrainConfig):
@@ -35,8 +35,7 @@ class ServerConfig(TrainConfig):
     # Context tracking.
     merge_timelines: bool = True
     # Async serving trains on samples up to ``max_staleness`` versions old: correct for that by default.
-    rollout_is: Literal["off", "token", "sequence"] = Field(
-        "token", description="importance weights against the rollout log-probs: off, per token or per sequence")
+    rollout_is: RolloutIS = Field("token", description=ROLLOUT_IS_HELP)
     # Episodes.
     lease_s: float = Field(60.0, gt=0, le=3600)
     category_ratios: dict[str, float] = Field(default_factory=dict, description="target batch mix")
