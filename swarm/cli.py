@@ -95,7 +95,14 @@ def serve(
     seed: int = 0,
     mlflow_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", show_envvar=True)] = None,
     mlflow_run_id: Annotated[str | None, typer.Option(help="log into this existing MLflow run")] = None,
-    backend: str = "torch",
+    engine: Annotated[str | None, typer.Option(help="generator: torch (default, in process) or vllm")] = None,
+    trainer: Annotated[str | None, typer.Option(help="trainer: torch (default, in process) or verl (Ray, FSDP2)")] = None,
+    backend: Annotated[str | None, typer.Option(help="alias: sets --engine and --trainer to the same name")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="verl trainer: FSDP2 workers (default 1)")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="verl trainer: an existing Ray cluster")] = None,
+    vllm_url: Annotated[str | None, typer.Option(help="vllm engine: attach to a running vLLM server")] = None,
+    vllm_python: Annotated[str | None, typer.Option(envvar="SWARM_VLLM_PYTHON", show_envvar=True,
+                                                    help="vllm engine: Python of the vLLM environment")] = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
@@ -103,13 +110,18 @@ def serve(
     """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API."""
     from pydantic import ValidationError
 
-    from swarm.server.settings import ServerConfig, ServerSettings
+    from swarm.server.settings import ServerConfig, ServerSettings, engine_choice
 
     try:
         server_config = ServerConfig.from_toml(config) if config is not None else ServerConfig()
-        settings = ServerSettings(model=model, backend=backend, host=host, port=port, state_dir=state_dir,
-                                  token=token, seed=seed, mlflow_uri=mlflow_uri, mlflow_run_id=mlflow_run_id,
-                                  max_context=max_context, config=server_config)
+        chosen = engine_choice(config) if config is not None else {}  # flags override the file
+        if backend is not None:
+            chosen.update(engine=backend, trainer=backend)
+        flags = {"engine": engine, "trainer": trainer, "workers": workers, "ray_address": ray_address}
+        chosen.update({k: v for k, v in flags.items() if v is not None})
+        settings = ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token, seed=seed,
+                                  mlflow_uri=mlflow_uri, mlflow_run_id=mlflow_run_id, max_context=max_context,
+                                  vllm_url=vllm_url, vllm_python=vllm_python, config=server_config, **chosen)
     except (ValueError, ValidationError) as exc:
         _fail(f"invalid server settings: {exc}", 2)
     if threads is None and model == "tiny":

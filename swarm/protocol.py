@@ -81,7 +81,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 65, description="int64; choice i uses seed + i")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0 is supported")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (engines that report them)")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -96,9 +96,6 @@ class ChatCompletionRequest(BaseModel):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes at most 4 non-empty strings")
         return stops
-
-    def token_limit(self, default: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
 
 
 class TokenLogprob(BaseModel):

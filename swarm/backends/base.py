@@ -1,14 +1,26 @@
-"""The contract between the server's engine and whatever owns the model.
+"""The contract between the server's engine and the engines that own the model.
 
-The engine speaks tokens only: it asks the backend to render chat messages into prompt ids, to
-generate continuations (ids + log-probs, exactly as sampled), and to train on finished samples.
-Everything here is plain Python so the server can import it without torch.
+A server is composed of one **generator** and one **trainer**, chosen by name
+(``swarm serve --engine torch|vllm --trainer torch|verl``):
+
+- ``Generator`` renders chat messages into prompt ids and samples continuations (ids + log-probs,
+  exactly as sampled), tagging every result with the policy version of the weights that produced
+  it. It is awaited on the server's event loop: the torch generator batches requests on the device
+  thread, the vLLM generator sends token ids to a vLLM server.
+- ``Trainer`` computes advantages, runs policy and supervised updates on finished samples, exports
+  its weights and saves/loads checkpoints. Its methods block, so the engine runs them off the event
+  loop (on the device thread).
+
+After every update the engine publishes the trainer's weights to the generator explicitly
+(``Generator.load_weights(version, weights)``); that call is what moves the version completions are
+tagged with. ``Backend`` is the older single-object contract: the torch backend is both roles at
+once. Everything here is plain Python so the server can import it without torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -16,6 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Called from the generation thread once per sampled token: (row index, token id, log-prob).
 TokenCallback = Callable[[int, int, float], None]
+# Called on the event loop once per sampled token of a streamed request: (choice index, token id, log-prob).
+TokenSink = Callable[[int, int, float], None]
+# A full state dict on the CPU, Hugging Face parameter names -> torch tensors (typed loosely: no torch here).
+Weights = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -27,6 +43,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives to report per sampled token (0: none)
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,16 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    # With ``SamplingParams.top_logprobs = k``: per sampled token, the k most likely (id, log-prob).
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class Sampled:
+    """What one generation request got back: one row per choice, and the policy version that produced them."""
+
+    generations: list[Generation]
+    policy_version: int
 
 
 @dataclass
@@ -179,6 +206,82 @@ class Backend(Protocol):
 
     def save(self, directory: str) -> None:
         """Write weights, optimizer state and ``policy_version`` to ``directory``."""
+        ...
+
+    def load(self, directory: str) -> None:
+        """Restore what ``save`` wrote."""
+        ...
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Sampling with exact tokens: token prompts + sampling params -> ids, log-probs and the policy
+    version of the weights that produced them. Owned by the engine; awaited on its event loop."""
+
+    model_name: str
+    max_context: int
+    eos_token_id: int
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights new requests are sampled with."""
+        ...
+
+    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        """Apply the chat template (with the generation prompt); ``ValueError`` if it cannot."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        ...
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                       sink: TokenSink | None = None) -> Sampled:
+        """One row per prompt; ``sink`` receives each token as it is sampled (streaming).
+        ``ValueError`` for prompts or params it cannot serve (the caller's mistake)."""
+        ...
+
+    async def load_weights(self, version: int, weights: Weights) -> None:
+        """Serve ``weights`` as policy ``version`` from now on (requests already running may finish
+        on the old weights and keep the old tag)."""
+        ...
+
+    async def start(self) -> None:
+        """Get ready to serve (start threads or child processes)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop whatever ``start`` started."""
+        ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Policy updates on finished samples. Methods block; the engine calls them off the event loop,
+    one at a time."""
+
+    policy_version: int
+
+    def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
+        """Episode-level advantages from verl's estimator ``config.adv_estimator`` (one per reward)."""
+        ...
+
+    def train_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One policy update; increments ``policy_version``; returns slash-keyed metrics."""
+        ...
+
+    def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One NLL update on ``loss_mask`` tokens; increments ``policy_version``; metrics include ``sft/loss``."""
+        ...
+
+    def export_weights(self) -> Weights:
+        """The current weights as a full CPU state dict with Hugging Face names."""
+        ...
+
+    def save(self, directory: str) -> None:
+        """Write weights (a loadable Hugging Face folder), optimizer state and ``policy_version``."""
         ...
 
     def load(self, directory: str) -> None:

@@ -1,10 +1,13 @@
-"""``create_app(settings, backend)``: the FastAPI application around one engine and one backend.
+"""``create_app(settings, backend)``: the FastAPI application around one engine.
 
-The factory takes a ready backend so tests and tools drive the real code path with any model;
-``serve`` builds the backend from settings. Building the app opens the state dir's durable buffer
+The engine is composed of a generator and a trainer (``swarm.backends.base``). The factory takes
+them ready-made so tests and tools drive the real code path with any model: either one ``backend``
+that plays both roles (the default torch engine: one model, one device thread), or an explicit
+``generator=`` and ``trainer=`` pair; ``serve`` builds them from settings. Building the app opens the state dir's durable buffer
 (``buffer.db``) and checkpoints and resumes from them (``swarm.server.recovery``). The app's
-lifespan starts the device thread, the engine's training loop and the lease sweeper, and stops them
-in reverse order. Events go to an ``EventBus`` persisted in the buffer, so ids continue across
+lifespan starts the device thread and the generator, publishes the trainer's (restored) weights to
+the generator when they differ, starts the engine's training loop and the lease sweeper, and stops
+them in reverse order. Events go to an ``EventBus`` persisted in the buffer, so ids continue across
 restarts and ``GET /api/v1/events`` can resume with ``Last-Event-ID``.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from swarm.backends.base import Backend
+from swarm.backends.base import Backend, Generator, Trainer
 from swarm.protocol import ChatCompletion
 from swarm.server import routes_control, routes_episodes, routes_openai
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_token
@@ -29,39 +32,57 @@ from swarm.server.context import AppContext
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
+from swarm.server.generation import LocalGenerator
 from swarm.server.recovery import restore
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
+from swarm.server.trainer import TrainerThread
 
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 0.25
 
 
-def create_app(settings: ServerSettings, backend: Backend) -> FastAPI:
-    """Build the app. Without ``settings.token`` a loopback server generates one into the state dir."""
+def create_app(settings: ServerSettings, backend: Backend | None = None, *, generator: Generator | None = None,
+               trainer: Trainer | None = None) -> FastAPI:
+    """Build the app from ``backend`` (both roles) or a ``generator`` + ``trainer`` pair (either may
+    be filled from ``backend``). Without ``settings.token`` a loopback server generates one."""
+    if trainer is None:
+        trainer = backend
+    if trainer is None or (generator is None and backend is None):
+        raise ValueError("create_app needs a backend, or a generator and a trainer")
     state_dir = settings.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     token = resolve_token(settings.host, settings.token, state_dir)
     keys = KeyRing(token, load_or_create_secret(state_dir))
     store = EpisodeStore(state_dir / "buffer.db")
     checkpoints = CheckpointManager(state_dir / "checkpoints")
-    restored = restore(store, checkpoints, backend, settings.config)
+    restored = restore(store, checkpoints, trainer, settings.config)
     config = restored.config or settings.config
-    worker = DeviceWorker(backend, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
-    engine = Engine(config=config, backend=backend, worker=worker, keys=keys, state_dir=state_dir,
-                    store=store, checkpoints=checkpoints)
+    # The device thread runs in-process model work: torch generation and/or the torch trainer.
+    device_model: Any = backend if backend is not None else trainer
+    worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
+    if generator is None:
+        generator = LocalGenerator(backend, worker)  # type: ignore[arg-type]
+    # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
+    # generation on the device thread goes on while it trains.
+    trainer_thread = None if trainer is device_model else TrainerThread()
+    max_context = min(generator.max_context, settings.max_context or generator.max_context)
+    engine = Engine(config=config, generator=generator, trainer=trainer, worker=worker, keys=keys,
+                    state_dir=state_dir, store=store, checkpoints=checkpoints, max_context=max_context,
+                    run_blocking=trainer_thread.call if trainer_thread else None)
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
-    max_context = min(backend.max_context, settings.max_context or backend.max_context)
-    ctx = AppContext(settings=settings, backend=backend, worker=worker, engine=engine, keys=keys,
-                     max_context=max_context)
+    ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         worker.start()
-        trainer = asyncio.create_task(engine.run(), name="swarm-trainer")
+        await generator.start()
+        if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
+            await engine.loop.publish()
+        training = asyncio.create_task(engine.run(), name="swarm-trainer")
         sweeper = asyncio.create_task(_sweep(engine), name="swarm-sweeper")
         bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
                     restarts=restored.restarts, groups_pending=len(restored.ready))
@@ -71,11 +92,17 @@ def create_app(settings: ServerSettings, backend: Backend) -> FastAPI:
             engine.stopping()
             bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
             bus.close()
-            for task in (sweeper, trainer):
+            for task in (sweeper, training):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await generator.close()
             await asyncio.to_thread(worker.stop)
+            if trainer_thread is not None:
+                await asyncio.to_thread(trainer_thread.stop)
+            close = getattr(trainer, "close", None)
+            if close is not None and trainer is not backend:
+                await asyncio.to_thread(close)
             engine.state = engine.state.__class__.stopped
             store.close()
 

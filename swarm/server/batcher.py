@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Backend, Generation, SamplingParams
+from swarm.backends.base import Backend, Generation, SamplingParams, Sampled
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +34,7 @@ T = TypeVar("T")
 StreamSink = Callable[[int, int, float], None]
 
 
-@dataclass
-class Batch:
-    """What one generation request got back: its rows, and the policy version that produced them."""
-
-    generations: list[Generation]
-    policy_version: int
+Batch = Sampled  # what one generation request got back (its rows and their policy version)
 
 
 @dataclass
@@ -105,10 +100,6 @@ class DeviceWorker:
         future: asyncio.Future[Batch] = loop.create_future()
         self._queue.put(_GenJob([list(p) for p in prompts], list(params), future, loop, sink))
         return future
-
-    async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                       sink: StreamSink | None = None) -> Batch:
-        return await self.submit(prompts, params, sink)
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the device thread (once the running generation drained) and await its result."""

@@ -1,4 +1,4 @@
-"""What every route needs, bundled once per app: settings, engine, device worker, keys, backend."""
+"""What every route needs, bundled once per app: settings, engine, keys, the served context length."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from swarm.backends.base import Backend
 from swarm.server.auth import KeyRing
-from swarm.server.batcher import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.settings import ServerSettings
 
@@ -16,8 +14,6 @@ from swarm.server.settings import ServerSettings
 @dataclass
 class AppContext:
     settings: ServerSettings
-    backend: Backend
-    worker: DeviceWorker
     engine: Engine
     keys: KeyRing
     max_context: int

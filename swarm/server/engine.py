@@ -1,18 +1,20 @@
-"""The engine: sole owner of the server's mutable state, and the training loop that reads like the
-experiment — collect finished episodes, group them, compute advantages, update the policy.
+"""The engine: sole owner of the server's mutable state — episodes, groups, config, counters.
 
+It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): chat calls go
+through ``completions`` (render → generate → record, ``swarm.server.completions``) and training
+through ``loop`` (collect → advantages → update → publish → commit, ``swarm.server.trainer``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
-state changes need no locks; model work is handed to the ``DeviceWorker`` thread and awaited.
+state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
 
 Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished episode is committed to
-the SQLite buffer before ``finish`` returns; each training step records the episodes it consumed
-(``mark_trained``) right after the update, before any checkpoint of that step; aborted, expired and
+the SQLite buffer before ``finish`` returns; each training step commits what it trained and dropped
+in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
 checkpoint. Trained, dropped and closed episodes are evicted from memory by the
 ``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
 so a late ``finish`` still gets a clear 410/409). Every state change calls
-``self._emit(type, **data)`` (listeners: ``add_listener``).
+``self.emit(type, **data)`` (listeners: ``add_listener``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.base import Backend, Generation, TrainSample
+from swarm.backends.base import Generation, Generator, TokenSink, Trainer
 from swarm.protocol import (
     AbortRequest,
     ClaimRequest,
@@ -35,6 +37,7 @@ from swarm.protocol import (
     EpisodeState,
     EpisodeStatus,
     FinishRequest,
+    ChatCompletionRequest,
     ServerState,
     SftRequest,
     SftResult,
@@ -44,51 +47,49 @@ from swarm.protocol import (
 from swarm.server.auth import KeyRing
 from swarm.server.batcher import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
+from swarm.server.completions import ChatCall, Completions
 from swarm.server.episodes import EpisodeRecord, Group, GroupBook
 from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
-from swarm.server.recovery import CONFIG_KEY, MAX_VERSION_KEY, Restored
+from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.records import FinishedEpisode
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
-from swarm.server.sft import run_sft
-from swarm.server.stepstats import step_metrics
 from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
 from swarm.server.throttle import CategoryThrottle
 from swarm.server.timeline import EpisodeTrace
+from swarm.server.trainer import RunBlocking, StepLoop
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, dict[str, Any]], None]
 
 class Engine:
-    def __init__(self, *, config: ServerConfig, backend: Backend, worker: DeviceWorker, keys: KeyRing,
-                 state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
+    def __init__(self, *, config: ServerConfig, generator: Generator, trainer: Trainer, worker: DeviceWorker,
+                 keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
+                 max_context: int, run_blocking: RunBlocking[Any] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.config_version = 0
-        self.backend = backend
-        self.worker = worker
+        self.generator = generator
+        self.trainer = trainer
+        self.worker = worker  # the device thread (in-process model work)
         self.keys = keys
         self.state_dir = state_dir
         self.store = store
-        self.checkpoints = checkpoints
         self.clock = clock
         self.state = ServerState.starting
-        self.step = 0
         self.counts = EpisodeCounts()
-        self.metrics: list[StepMetrics] = []
         self.episodes = EpisodeRegistry()
-        self._groups = GroupBook()
+        self.groups = GroupBook()
         self._throttle = CategoryThrottle(config.category_ratios)
         self._listeners: list[Listener] = []
-        self._version = backend.policy_version
-        self._training = False
+        self._version = trainer.policy_version
         self._paused = False
-        self._wake = asyncio.Event()
-        self._update_lock = asyncio.Lock()  # a checkpoint never interleaves with a weight update
         self._started_at = time.monotonic()
         self.created = int(clock())
-        self._last_step_at = time.monotonic()
+        self.completions = Completions(self, generator, max_context)
+        self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
+                             checkpoints=checkpoints)
 
     # ------------------------------------------------------------------ seams
 
@@ -96,7 +97,7 @@ class Engine:
         """Receive every event the engine emits: ``listener(type, data)`` on the event loop."""
         self._listeners.append(listener)
 
-    def _emit(self, type_: str, **data: Any) -> None:
+    def emit(self, type_: str, **data: Any) -> None:
         for listener in self._listeners:
             try:
                 listener(type_, data)
@@ -105,7 +106,7 @@ class Engine:
 
     def restore(self, restored: Restored) -> None:
         """Take over the state ``recovery.restore`` rebuilt (before serving)."""
-        self.step = restored.step
+        self.loop.step = restored.step
         if restored.config is not None:
             self.config = restored.config
             self._throttle.reset(self.config.category_ratios)
@@ -113,9 +114,9 @@ class Engine:
         self.config_version = restored.config_version
         self._version = restored.policy_version
         self.counts = restored.counts
-        self.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics()]
+        self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics()]
         for group in restored.ready:
-            self._groups.ready.append(group)
+            self.groups.ready.append(group)
             for member in group.members:
                 self.episodes.add_finished(member)
 
@@ -134,7 +135,7 @@ class Engine:
         except StoreError as exc:
             raise BadRequest(f"this finish cannot be stored: {exc}") from None
 
-    def _store_safely(self, what: str, fn: Callable[[], Any]) -> None:
+    def store_safely(self, what: str, fn: Callable[[], Any]) -> None:
         """Bookkeeping writes after the fact (drops, closes): log a failure, never break the engine."""
         try:
             fn()
@@ -145,9 +146,17 @@ class Engine:
 
     @property
     def policy_version(self) -> int:
-        # The backend's counter can only grow; never report going backwards.
-        self._version = max(self._version, self.backend.policy_version)
+        """The trainer's newest version (the generator serves it once published); never goes back."""
+        self._version = max(self._version, self.trainer.policy_version)
         return self._version
+
+    @property
+    def step(self) -> int:
+        return self.loop.step
+
+    @property
+    def metrics(self) -> list[StepMetrics]:
+        return self.loop.metrics
 
     @property
     def in_flight(self) -> int:
@@ -161,11 +170,11 @@ class Engine:
             return self._episode_view(retried, base_url)
         self._admit()
         group_id = request.group_id or request.task_id
-        starts_group = self._groups.is_new(group_id)
+        starts_group = self.groups.is_new(group_id)
         if starts_group and not self._throttle.allows(request.category):
             raise RetryLater(f"category {request.category!r} is ahead of its configured ratio; "
                              "claim a task of another category or retry later", retry_after=1.0)
-        group = self._groups.join(group_id, request.group_size or self.config.group_size, request.category)
+        group = self.groups.join(group_id, request.group_size or self.config.group_size, request.category)
         if starts_group:
             self._throttle.started(request.category)
         lease_s = request.lease_s or self.config.lease_s
@@ -178,7 +187,7 @@ class Engine:
         group.members.append(episode)
         self.episodes.add_claimed(episode, group, request.request_id)
         self.counts.claimed += 1
-        self._emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
+        self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
                    group_id=group_id, category=request.category, client_id=request.client_id)
         return self._episode_view(episode, base_url)
 
@@ -189,7 +198,7 @@ class Engine:
         if self._paused:
             raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
                              retry_after=2.0)
-        if self.config.mode == "sync" and (self._training or self._batch_ready()):
+        if self.config.mode == "sync" and (self.loop.training or self._batch_ready()):
             raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
                              retry_after=0.5)
 
@@ -233,6 +242,10 @@ class Engine:
         episode.lease_expires_at = self.clock() + episode.lease_s
         return self.status_of(episode_id)
 
+    def complete(self, episode_id: str | None, request: ChatCompletionRequest, sink: TokenSink | None = None) -> ChatCall:
+        """Start a chat call (see ``Completions.start``): 4xx now, tokens recorded when sampled."""
+        return self.completions.start(episode_id, request, sink)
+
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float) -> None:
         """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored)."""
@@ -261,7 +274,7 @@ class Engine:
             raise
         self._terminate(episode, EpisodeState.finished)
         self.counts.finished += 1
-        self._emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
+        self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
 
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
@@ -284,9 +297,9 @@ class Engine:
         episode.abort_reason = body.reason
         self._terminate(episode, EpisodeState.aborted)
         self.counts.aborted += 1
-        self._store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
+        self.store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
         self.episodes.bury(episode)
-        self._emit("episode.aborted", episode_id=episode_id, reason=body.reason)
+        self.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
         return self.status_of(episode_id)
 
     def expire_stale(self) -> int:
@@ -296,145 +309,72 @@ class Engine:
         for episode in stale:
             self._terminate(episode, EpisodeState.expired)
             self.counts.expired += 1
-            self._store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
+            self.store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
                 e.episode_id, "expired", "no heartbeat within the lease"))
             self.episodes.bury(episode)
-            self._emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
+            self.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
         return len(stale)
 
     def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
         episode.move(state)
         group = self.episodes.settle(episode)
-        verdict = self._groups.settle(group, min_group_size=self.config.min_group_size,
+        verdict = self.groups.settle(group, min_group_size=self.config.min_group_size,
                                       varied_only=self.config.batch_mode == "varied_groups")
         if verdict == "dropped":
-            self._drop(group.finished, "group below min_group_size or rewards identical")
-        self._wake.set()
+            self.drop(group.finished, "group below min_group_size or rewards identical")
+        self.loop.wake.set()
 
-    def _drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
+    def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
         if not episodes:
             return
         self.counts.dropped += len(episodes)
         ids = [e.episode_id for e in episodes]
-        self._store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
+        self.store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
         for episode in episodes:
             self.episodes.evict(episode)
 
-    # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ what the step loop asks
 
     def _batch_ready(self) -> bool:
         if self.config.batch_mode == "episodes":
-            return self._groups.ready_episodes() >= self.config.batch_groups * self.config.group_size
-        return len(self._groups.ready) >= self.config.batch_groups
+            return self.groups.ready_episodes() >= self.config.batch_groups * self.config.group_size
+        return len(self.groups.ready) >= self.config.batch_groups
 
-    def _can_step(self) -> bool:
+    def can_step(self) -> bool:
         if self._paused or self.state in (ServerState.stopping, ServerState.stopped):
             return False
         if not self._batch_ready():
             return False
         return self.config.mode == "async" or self.in_flight == 0  # sync: wait for the drain
 
-    def _take_batch(self) -> list[Group]:
+    def take_batch(self) -> list[Group]:
         if self.config.batch_mode != "episodes":
-            return self._groups.take(self.config.batch_groups)
+            return self.groups.take(self.config.batch_groups)
         target, taken = self.config.batch_groups * self.config.group_size, 0
         count = 0
-        for group in self._groups.ready:
+        for group in self.groups.ready:
             count += 1
             taken += len(group.finished)
             if taken >= target:
                 break
-        return self._groups.take(count)
+        return self.groups.take(count)
+
+    def settle_state(self) -> None:
+        """After a step: back to running (or paused) unless the server is stopping."""
+        if self.state is ServerState.training:
+            self.state = ServerState.paused if self._paused else ServerState.running
+
+    def forget_trained(self, trained: list[EpisodeRecord], dropped: list[EpisodeRecord]) -> None:
+        """A committed step's episodes leave memory (the store keeps the durable copy)."""
+        self.counts.trained += len(trained)
+        self.counts.dropped += len(dropped)
+        for episode in (*trained, *dropped):
+            self.episodes.evict(episode)
 
     async def run(self) -> None:
-        """The training loop: wait for a ready batch, step, repeat. Runs as a task for the app's life."""
+        """The training loop (``StepLoop.run``); runs as a task for the app's life."""
         self.state = ServerState.running
-        self._wake.set()  # groups restored from the buffer may already make a batch
-        while self.state not in (ServerState.stopping, ServerState.stopped):
-            await self._wake.wait()
-            self._wake.clear()
-            while self._can_step():
-                await self._train_step()
-
-    async def _train_step(self) -> None:
-        async with self._update_lock:
-            stepped = await self._update()
-        every = self.config.checkpoint_every
-        if stepped and every and self.step % every == 0:
-            await self.checkpoint()
-
-    async def _update(self) -> bool:
-        """One step: collect, group, advantage, update, record. ``True`` if the weights changed."""
-        started = time.perf_counter()
-        config = self.config
-        self._training = True
-        self.state = ServerState.training
-        episodes: list[EpisodeRecord] = []
-        try:
-            groups = self._take_batch()                                        # collect
-            episodes = [m for g in groups for m in g.finished]                 # group
-            self._emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
-            rewards = [float(e.reward or 0.0) for e in episodes]
-            keys = [e.group_key for e in episodes]
-            advantages = await self.worker.call(lambda: self.backend.advantages(rewards, keys, config))  # advantage
-            samples, kept = self._samples(episodes, advantages, config)
-            if not samples:
-                log.warning("step skipped: every episode of the batch was too stale or had no tokens")
-                self._drop(kept, "no trainable tokens")
-                return False
-            # Reserve the next version id durably first: a crash mid-update must not let a restart
-            # hand out an id a client may already have seen.
-            self.store.put_meta(MAX_VERSION_KEY, self.policy_version + 1)
-            update = await self.worker.call(lambda: self.backend.train_step(samples, config))  # update
-        except Exception as exc:
-            log.exception("training step failed; its batch is dropped")
-            self._drop([e for e in episodes if self.episodes.held(e.episode_id)], f"training step failed: {exc}")
-            self._emit("error", where="train_step", message=str(exc))
-            return False
-        finally:
-            self._training = False
-            if self.state is ServerState.training:
-                self.state = ServerState.paused if self._paused else ServerState.running
-            self._wake.set()  # sync-mode claims may resume; another batch may be ready
-        self._finish_step(groups, kept, samples, update, started)
-        return True
-
-    def _samples(self, episodes: list[EpisodeRecord], advantages: list[float],
-                 config: ServerConfig) -> tuple[list[TrainSample], list[EpisodeRecord]]:
-        """Samples of the batch; in async mode episodes older than ``max_staleness`` are dropped."""
-        oldest = self.policy_version - config.max_staleness
-        samples: list[TrainSample] = []
-        kept: list[EpisodeRecord] = []
-        stale: list[EpisodeRecord] = []
-        for episode, advantage in zip(episodes, advantages, strict=True):
-            version = episode.trace.min_version
-            if config.mode == "async" and version is not None and version < oldest:
-                stale.append(episode)
-                continue
-            kept.append(episode)
-            samples.extend(episode.trace.samples(float(advantage)))
-        self._drop(stale, f"older than max_staleness={config.max_staleness}")
-        return samples, kept
-
-    def _finish_step(self, groups: list[Group], kept: list[EpisodeRecord], samples: list[TrainSample],
-                     update: dict[str, float], started: float) -> None:
-        self.step += 1
-        # Exactly-once bookkeeping first, before anything (a checkpoint) can refer to this step.
-        self._store_safely("mark trained", lambda: self.store.mark_trained([e.episode_id for e in kept], self.step))
-        self._store_safely("record policy version", lambda: self.store.put_meta(MAX_VERSION_KEY, self.policy_version))
-        now = time.monotonic()
-        metrics = step_metrics(kept, len(groups), samples, update, merge=self.config.merge_timelines)
-        metrics["perf/step_s"] = time.perf_counter() - started
-        metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
-        self._last_step_at = now
-        self.counts.trained += len(kept)
-        for episode in kept:
-            self.episodes.evict(episode)  # trained: the store keeps the durable copy
-        record = StepMetrics(step=self.step, policy_version=self.policy_version, time=self.clock(), metrics=metrics)
-        self.metrics.append(record)
-        self._store_safely("keep step metrics", lambda: self.store.save_step_metrics(record.step, record.model_dump_json()))
-        self._emit("step.finished", step=self.step, metrics=metrics)
-        self._emit("weights.updated", policy_version=self.policy_version, step=self.step)
+        await self.loop.run()
 
     # ------------------------------------------------------------------ control
 
@@ -448,11 +388,11 @@ class Engine:
         self.config = config
         self.config_version += 1
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
-        self._store_safely("save live config", lambda: self.store.put_meta(
+        self.store_safely("save live config", lambda: self.store.put_meta(
             CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
         self.worker.set_window(config.batch_window_ms / 1000.0, config.max_batch_rows)
-        self._emit("config.changed", version=self.config_version, values=values)
-        self._wake.set()
+        self.emit("config.changed", version=self.config_version, values=values)
+        self.loop.wake.set()
         return self.config_view()
 
     def config_view(self) -> ConfigView:
@@ -467,46 +407,29 @@ class Engine:
         self._paused = False
         if self.state is ServerState.paused:
             self.state = ServerState.running
-        self._wake.set()
+        self.loop.wake.set()
 
     async def checkpoint(self) -> Path:
-        """Write ``checkpoints/step-<N>/`` (weights + optimizer in ``weights/``, a loadable model folder;
-        step, policy version, live config and buffer cursor in ``meta.json``) on the device thread.
-        Never interleaves with a weight update, so the weights always match the step they are named by."""
-        async with self._update_lock:
-            step, version = self.step, self.policy_version
-            engine_state = {"cursor": self.store.cursor(), "config_version": self.config_version,
-                            "max_policy_version": version}
-            config = self.config.model_dump(mode="json")
-            path = await self.worker.call(lambda: self.checkpoints.save(
-                step, version, lambda d: self.backend.save(str(d)), engine_state, config=config))
-        self._emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
-        return path
+        """Write a checkpoint now (``StepLoop.checkpoint``)."""
+        return await self.loop.checkpoint()
 
     async def sft(self, request: SftRequest, max_context: int) -> SftResult:
-        """Supervised warm-up: ``request.steps`` mini-batches of the examples, on the device thread."""
+        """Supervised warm-up (``StepLoop.sft``); bad examples are a 400."""
         try:
-            async with self._update_lock:
-                self._store_safely("reserve policy versions", lambda: self.store.put_meta(
-                    MAX_VERSION_KEY, self.policy_version + request.steps))
-                losses = await run_sft(self.backend, self.worker, self.config, request, max_context)
+            return await self.loop.sft(request, max_context)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        self._store_safely("record policy version", lambda: self.store.put_meta(MAX_VERSION_KEY, self.policy_version))
-        self._emit("weights.updated", policy_version=self.policy_version, step=self.step, sft_steps=request.steps)
-        return SftResult(steps=request.steps, loss_first=losses[0], loss_last=losses[-1],
-                         policy_version=self.policy_version)
 
     def stopping(self) -> None:
         self.state = ServerState.stopping
-        self._wake.set()
+        self.loop.wake.set()
 
     def status(self) -> Status:
         uptime = time.monotonic() - self._started_at
-        stats = self.worker.stats
+        stats = getattr(self.generator, "stats", self.worker.stats)
         return Status(
-            state=self.state, model=self.backend.model_name, policy_version=self.policy_version,
-            step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self._groups.ready),
+            state=self.state, model=self.generator.model_name, policy_version=self.policy_version,
+            step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self.groups.ready),
             clients=len({e.client_id for e in self.episodes.live()}), config_version=self.config_version,
             throughput={
                 "in_flight": float(self.in_flight),

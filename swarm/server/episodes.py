@@ -72,6 +72,13 @@ class Group:
         rewards = {m.reward for m in self.finished}
         return len(rewards) > 1
 
+    def trainable(self, *, min_group_size: int, varied_only: bool) -> bool:
+        """The one rule for whether a complete group may train (live, and after a restart):
+        enough members finished (a group smaller than ``min_group_size`` by design, a client's
+        ``group_size``, still can) and, with ``varied_only``, their rewards differ."""
+        needed = min(min_group_size, self.size)
+        return len(self.finished) >= needed and (self.varied() or not varied_only)
+
 
 Verdict = Literal["open", "ready", "dropped"]
 
@@ -102,9 +109,7 @@ class GroupBook:
             return "open"
         if self._open.get(group.group_id) is group:
             del self._open[group.group_id]
-        # A group smaller than min_group_size by design (a client's group_size) can still train.
-        needed = min(min_group_size, group.size)
-        if len(group.finished) < needed or (varied_only and not group.varied()):
+        if not group.trainable(min_group_size=min_group_size, varied_only=varied_only):
             return "dropped"
         self.ready.append(group)
         return "ready"
@@ -115,7 +120,3 @@ class GroupBook:
 
     def ready_episodes(self) -> int:
         return sum(len(g.finished) for g in self.ready)
-
-    @property
-    def open_groups(self) -> int:
-        return len(self._open)

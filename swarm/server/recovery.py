@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.backends.base import Backend
+from swarm.backends.base import Trainer
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
@@ -48,14 +48,15 @@ class Restored:
     restarts: int = 0
 
 
-def restore(store: EpisodeStore, checkpoints: CheckpointManager, backend: Backend, config: ServerConfig) -> Restored:
-    """Load the latest checkpoint into ``backend`` and rebuild the pending groups. Call once, before
-    the server serves (the device thread is not running yet, so ``backend.load`` runs here)."""
+def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Trainer, config: ServerConfig) -> Restored:
+    """Load the latest checkpoint into ``trainer`` and rebuild the pending groups. Call once, before
+    the server serves (the device thread is not running yet, so ``trainer.load`` runs here; the
+    engine publishes the restored weights to its generator when it starts)."""
     out = Restored(restarts=int(store.get_meta(RESTARTS_KEY, 0)) + 1)
     store.put_meta(RESTARTS_KEY, out.restarts)
     latest = checkpoints.latest()
     if latest is not None:
-        backend.load(str(latest.weights_dir))
+        trainer.load(str(latest.weights_dir))
         out.step = latest.step
         log.info("restored checkpoint step %d (policy version %d) from %s", latest.step, latest.policy_version,
                  latest.path)
@@ -63,21 +64,19 @@ def restore(store: EpisodeStore, checkpoints: CheckpointManager, backend: Backen
                                                   (latest.engine_state if latest else {}), config)
     # Never reuse a version id: older weights than the newest served get a fresh, higher id.
     highest = int(store.get_meta(MAX_VERSION_KEY, 0))
-    if backend.policy_version < highest:
-        backend.policy_version = highest + 1
-    out.policy_version = backend.policy_version
+    if trainer.policy_version < highest:
+        trainer.policy_version = highest + 1
+    out.policy_version = trainer.policy_version
     store.put_meta(MAX_VERSION_KEY, out.policy_version)
     out.rolled_back = store.rollback_after(out.step)
     live = out.config or config
     dropped: list[str] = []
     for key, members in store.pending_groups().items():
         group = _group(f"r{out.restarts}:{key}", members, live)
-        needed = min(live.min_group_size, group.size)
-        varied_only = live.batch_mode == "varied_groups"
-        if len(group.members) < needed or (varied_only and not group.varied()):
-            dropped.extend(m.episode_id for m in group.members)
-        else:
+        if group.trainable(min_group_size=live.min_group_size, varied_only=live.batch_mode == "varied_groups"):
             out.ready.append(group)
+        else:
+            dropped.extend(m.episode_id for m in group.members)
     if dropped:
         store.mark_dropped(dropped, "group incomplete after restart")
     counts = store.counts()

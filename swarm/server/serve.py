@@ -1,4 +1,4 @@
-"""``serve(settings)``: build the backend, resolve the token, and run uvicorn until stopped.
+"""``serve(settings)``: build the engines, resolve the token, and run uvicorn until stopped.
 
 Writes ``<state_dir>/server.json`` (url, pid, model) so tools can find a running server, and
 ``<state_dir>/token`` when the token was generated. On an existing state dir the server resumes (see
@@ -19,7 +19,7 @@ import time
 
 import uvicorn
 
-from swarm.backends import load_backend
+from swarm.backends import load_engines
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
 from swarm.server.settings import ServerSettings
@@ -38,8 +38,8 @@ def serve(settings: ServerSettings) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     token = resolve_token(settings.host, settings.token, settings.state_dir)  # refuse before loading a model
     settings = settings.model_copy(update={"token": token})
-    backend = load_backend(settings.model, settings.config, seed=settings.seed, kind=settings.backend)
-    app = create_app(settings, backend)
+    backend, generator, trainer = load_engines(settings)
+    app = create_app(settings, backend, generator=generator, trainer=trainer)
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                     timeout_graceful_shutdown=10, timeout_keep_alive=_KEEP_ALIVE_S), settings)
     app.state.request_shutdown = server.request_exit

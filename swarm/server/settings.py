@@ -72,13 +72,28 @@ class ServerConfig(TrainConfig):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ServerConfig:
-        """Load a flat TOML file of config keys (an optional ``[server]`` table is also accepted)."""
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"cannot read config {path}: {exc}") from None
-        data = data.get("server", data)
+        """Load a flat TOML file of config keys (an optional ``[server]`` table is also accepted).
+        The engine keys (``ENGINE_KEYS``) a file may also hold are read by ``engine_choice``."""
+        data = {k: v for k, v in _read_toml(path).items() if k not in ENGINE_KEYS}
         return cls().patched(data) if data else cls()
+
+
+# Keys a config file may set that choose engines for the process's life (not live-patchable):
+# ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine.
+ENGINE_KEYS = ("engine", "trainer", "workers", "ray_address")
+
+
+def engine_choice(path: str | Path) -> dict[str, Any]:
+    """The ``ENGINE_KEYS`` a config file sets (command-line flags override them)."""
+    return {k: v for k, v in _read_toml(path).items() if k in ENGINE_KEYS}
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read config {path}: {exc}") from None
+    return data.get("server", data)
 
 
 class ServerSettings(BaseModel):
@@ -87,7 +102,12 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "tiny"
-    backend: str = "torch"
+    engine: Literal["torch", "vllm"] = Field("torch", description="the generator: who samples tokens")
+    trainer: Literal["torch", "verl"] = Field("torch", description="the trainer: who runs policy updates")
+    workers: int = Field(1, ge=1, le=1024, description="verl trainer: FSDP2 workers in the Ray group")
+    ray_address: str | None = Field(None, description="verl trainer: an existing Ray cluster (default: start one)")
+    vllm_url: str | None = Field(None, description="vllm engine: attach to this running vLLM server")
+    vllm_python: str | None = Field(None, description="vllm engine: the Python of the vLLM environment")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Path("artifacts/swarm")

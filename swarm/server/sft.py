@@ -7,19 +7,20 @@ completion's tokens and the end-of-turn token (mask 1), exactly what generation 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
-from swarm.backends.base import Backend, TrainConfig, TrainSample
+from swarm.backends.base import Generator, TrainConfig, Trainer, TrainSample
 from swarm.protocol import SftExample, SftRequest
-from swarm.server.batcher import DeviceWorker
 
 
-def sft_samples(backend: Backend, examples: Sequence[SftExample]) -> list[TrainSample]:
+def sft_samples(generator: Generator, examples: Sequence[SftExample]) -> list[TrainSample]:
+    """The generator renders (it owns the chat template), so targets match what sampling sees."""
     samples = []
     for example in examples:
-        prompt = list(backend.render_prompt([m.model_dump(exclude_none=True) for m in example.messages],
-                                                   example.tools))
-        completion = backend.encode(example.completion) + [backend.eos_token_id]
+        prompt = list(generator.render_prompt([m.model_dump(exclude_none=True) for m in example.messages],
+                                              example.tools))
+        completion = generator.encode(example.completion) + [generator.eos_token_id]
         samples.append(TrainSample(
             tokens=prompt + completion,
             loss_mask=[0] * len(prompt) + [1] * len(completion),
@@ -38,11 +39,11 @@ def minibatches(samples: Sequence[TrainSample], batch_size: int, steps: int) -> 
         yield batch
 
 
-async def run_sft(backend: Backend, worker: DeviceWorker, config: TrainConfig, request: SftRequest,
-                  max_context: int) -> list[float]:
-    """Run the request's supervised steps on the device thread; returns each step's loss.
+async def run_sft(generator: Generator, trainer: Trainer, run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
+                  config: TrainConfig, request: SftRequest, max_context: int) -> list[float]:
+    """Run the request's supervised steps through ``run_blocking``; returns each step's loss.
     Raises ``ValueError`` for examples that cannot be trained (nothing is updated then)."""
-    samples = sft_samples(backend, request.examples)
+    samples = sft_samples(generator, request.examples)
     longest = max(len(s.tokens) for s in samples)
     if longest > max_context:
         raise ValueError(f"an example renders to {longest} tokens, over the model's context of {max_context}")
@@ -50,6 +51,6 @@ async def run_sft(backend: Backend, worker: DeviceWorker, config: TrainConfig, r
         config = config.model_copy(update={"lr": request.lr})
     losses: list[float] = []
     for batch in minibatches(samples, request.batch_size, request.steps):
-        update = await worker.call(lambda b=batch: backend.supervised_step(b, config))
+        update = await run_blocking(lambda b=batch: trainer.supervised_step(b, config))
         losses.append(float(update["sft/loss"]))
     return losses

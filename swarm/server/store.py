@@ -29,7 +29,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -255,26 +255,23 @@ class EpisodeStore:
         """Record that training step ``step`` consumed these episodes. Raises ``StoreError`` (and
         writes nothing) if an id is unknown, already trained in the live lineage, dropped, or if a
         live step after ``step`` exists (call ``rollback_after`` first)."""
-        ids = list(dict.fromkeys(episode_ids))
-        if step < 1:
-            raise StoreError(f"training steps count from 1, got {step}")
-        now = time.time()
         with self._tx() as db:
-            newest = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
-            if newest is not None and newest > step:
-                raise StoreError(f"step {step} is older than live step {newest}: rollback_after({step - 1}) first")
-            for episode_id in ids:
-                row = db.execute("SELECT trained_step, dropped FROM episodes WHERE episode_id=?",
-                                 (episode_id,)).fetchone()
-                if row is None:
-                    raise StoreError(f"episode {episode_id} is not a stored finished episode")
-                if row[0] is not None:
-                    raise StoreError(f"episode {episode_id} was already trained in step {row[0]}")
-                if row[1] is not None:
-                    raise StoreError(f"episode {episode_id} was dropped ({row[1]})")
-                db.execute("UPDATE episodes SET trained_step=? WHERE episode_id=?", (step, episode_id))
-            db.executemany("INSERT INTO training_log(step, episode_id, at) VALUES (?,?,?)",
-                           [(step, episode_id, now) for episode_id in ids])
+            _mark_trained(db, list(dict.fromkeys(episode_ids)), step)
+
+    def commit_step(self, step: int, trained: Iterable[str], *, dropped: Mapping[str, Iterable[str]] | None = None,
+                    meta: Mapping[str, Any] | None = None, metrics: str | None = None) -> None:
+        """Everything one training step changes, in ONE transaction: the episodes it trained, the
+        ones it dropped (reason -> ids), meta values (the policy version) and its metrics document.
+        A crash leaves either all of it or none of it, so a restart never sees a step half-recorded.
+        Raises ``StoreError`` (and writes nothing) on the conditions of ``mark_trained``."""
+        with self._tx() as db:
+            _mark_trained(db, list(dict.fromkeys(trained)), step)
+            for reason, ids in (dropped or {}).items():
+                _mark_dropped(db, ids, reason)
+            for key, value in (meta or {}).items():
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            if metrics is not None:
+                db.execute("INSERT OR REPLACE INTO step_metrics(step, body) VALUES (?, ?)", (step, metrics))
 
     def rollback_after(self, step: int) -> int:
         """Forget training steps > ``step`` (their update was lost with an older checkpoint restore):
@@ -291,8 +288,7 @@ class EpisodeStore:
     def mark_dropped(self, episode_ids: Iterable[str], reason: str) -> None:
         """The engine discarded these finished episodes untrained (group too small, too stale)."""
         with self._tx() as db:
-            db.executemany("UPDATE episodes SET dropped=? WHERE episode_id=? AND trained_step IS NULL",
-                           [(reason or "dropped", episode_id) for episode_id in episode_ids])
+            _mark_dropped(db, episode_ids, reason)
 
     def last_trained_step(self) -> int:
         with self._lock:
@@ -388,3 +384,28 @@ _SELECT = (
     "SELECT seq, episode_id, task_id, group_id, group_key, group_size, category, client_id, reward, metrics, metadata,"
     " finished_at, merge, calls, drift_forks FROM episodes"
 )
+
+
+def _mark_trained(db: sqlite3.Connection, ids: list[str], step: int) -> None:
+    if step < 1:
+        raise StoreError(f"training steps count from 1, got {step}")
+    newest = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
+    if newest is not None and newest > step:
+        raise StoreError(f"step {step} is older than live step {newest}: rollback_after({step - 1}) first")
+    for episode_id in ids:
+        row = db.execute("SELECT trained_step, dropped FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"episode {episode_id} is not a stored finished episode")
+        if row[0] is not None:
+            raise StoreError(f"episode {episode_id} was already trained in step {row[0]}")
+        if row[1] is not None:
+            raise StoreError(f"episode {episode_id} was dropped ({row[1]})")
+        db.execute("UPDATE episodes SET trained_step=? WHERE episode_id=?", (step, episode_id))
+    now = time.time()
+    db.executemany("INSERT INTO training_log(step, episode_id, at) VALUES (?,?,?)",
+                   [(step, episode_id, now) for episode_id in ids])
+
+
+def _mark_dropped(db: sqlite3.Connection, episode_ids: Iterable[str], reason: str) -> None:
+    db.executemany("UPDATE episodes SET dropped=? WHERE episode_id=? AND trained_step IS NULL",
+                   [(reason or "dropped", episode_id) for episode_id in episode_ids])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.protocol import ErrorCode
-from swarm.server.batcher import Batch
+from swarm.backends.base import Sampled
 from swarm.server.errors import dumps_error
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ async def stream_completion(
     writer: ChunkWriter,
     rows: list[RowStream],
     tokens: asyncio.Queue[tuple[int, int, float] | None],
-    generation: asyncio.Future[Batch],
+    generation: asyncio.Future[Sampled],
     prompt_tokens: int,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,26 @@ class TorchBackend:
         metrics = training.supervised_update(self.model, self._optimizer_for(config), batch, config, self.vocab_size)
         self.policy_version += 1
         return metrics
+
+    # -- weight publication ------------------------------------------------------------------------
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The live parameters by Hugging Face name (no copy: read them before the next update)."""
+        return dict(self.model.state_dict())
+
+    def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Serve ``weights`` as policy ``version``. Tensors that already are this model's own (the
+        generator and trainer are one backend) are not copied; anything else is loaded in place."""
+        own = self.model.state_dict()
+        if any(name not in own for name in weights):
+            unknown = sorted(set(weights) - set(own))[:5]
+            raise ValueError(f"published weights do not fit this model: unknown parameters {unknown}")
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                target = own[name]
+                if target.data_ptr() != tensor.data_ptr():
+                    target.copy_(tensor.to(target.device, target.dtype))
+        self.policy_version = version
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -47,14 +47,15 @@ def _free_port() -> int:
 
 
 def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "test-token",
-           max_context: int | None = None, **config: Any) -> RunningServer:
+           max_context: int | None = None, trainer: Any = None, **config: Any) -> RunningServer:
+    """``trainer``: compose the server from the loaded backend as generator and this trainer."""
     from swarm.backends import load_backend
 
     settings = ServerSettings(model=str(model), host="127.0.0.1", port=_free_port(), state_dir=state_dir,
                               token=token, seed=seed, max_context=max_context,
                               config=ServerConfig().patched(config) if config else ServerConfig())
     backend = load_backend(settings.model, settings.config, seed=seed)
-    app = create_app(settings, backend)
+    app = create_app(settings, backend, trainer=trainer)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning"))
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)

@@ -51,7 +51,7 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
     # What the server recorded decodes to exactly what each client saw.
     engine = server.engine
     trace = engine.get(episode["episode_id"]).trace
-    backend = engine.backend
+    backend = engine.generator
     seen = [plain.choices[0]] + list(many.choices) + [stopped.choices[0]]
     recorded = []
     for timeline in trace.timelines:
@@ -82,7 +82,7 @@ def test_stream_equals_token_ids_decode(server) -> None:
                 finish = c.finish_reason or finish
         assert chunks >= 3 and finish in ("stop", "length")
         assert usage is not None and usage.completion_tokens == len(ids)
-        assert server.engine.backend.decode(ids) == text
+        assert server.engine.generator.decode(ids) == text
         if stop:
             assert "b" not in text
         # The same request without streaming gives the same ids (same seed), hence the same text.
@@ -116,7 +116,7 @@ def test_tools_reach_the_chat_template(server) -> None:
     with server.client() as http:
         bare = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).json()
         tooled = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "tools": tools}).json()
-    backend = server.engine.backend
+    backend = server.engine.generator
     assert "calc" in backend.decode(tooled["prompt_token_ids"])
     assert "calc" not in backend.decode(bare["prompt_token_ids"])
 

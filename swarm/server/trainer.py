@@ -1,0 +1,206 @@
+"""The training loop, read like the algorithm: collect ready groups → advantages → update → publish
+weights → commit.
+
+``StepLoop`` owns what a step needs: the ``Trainer`` (which updates the policy, off the event loop
+through ``run_blocking``), the ``Generator`` (which receives each new version explicitly), the step
+counter and the step metrics. Episode state stays with the ``Engine``; the loop takes complete groups
+from it and hands back what it trained or dropped.
+
+Durability: before an update the next version id is reserved in the store (with the default
+shared torch backend a completion can be tagged with it before the step commits, and a restart must
+never hand the same id to different weights); after it, ``store.commit_step`` writes the trained
+and dropped episodes, the version and the step's metrics in one transaction. A crash between the
+update and the commit therefore loses the whole step (its episodes train again after a restart) and
+never half of it. Checkpoints (``checkpoint_every``) never interleave with an update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from swarm.backends.base import Generator, Trainer, TrainSample
+from swarm.protocol import ServerState, SftRequest, SftResult, StepMetrics
+from swarm.server.checkpoints import CheckpointManager
+from swarm.server.episodes import EpisodeRecord, Group
+from swarm.server.recovery import MAX_VERSION_KEY
+from swarm.server.settings import ServerConfig
+from swarm.server.sft import run_sft
+from swarm.server.stepstats import step_metrics
+
+if TYPE_CHECKING:
+    from swarm.server.engine import Engine
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RunBlocking = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+class TrainerThread:
+    """One thread for a trainer that does not share the device thread (its calls stay ordered)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarm-trainer")
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def stop(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class StepLoop:
+    """Runs training steps whenever the engine has a ready batch; checkpoints; supervised warm-ups."""
+
+    def __init__(self, engine: Engine, *, trainer: Trainer, generator: Generator, run_blocking: RunBlocking[Any],
+                 checkpoints: CheckpointManager) -> None:
+        self.engine = engine
+        self.trainer = trainer
+        self.generator = generator
+        self.run_blocking = run_blocking
+        self.checkpoints = checkpoints
+        self.step = 0
+        self.metrics: list[StepMetrics] = []
+        self.training = False
+        self.wake = asyncio.Event()
+        self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
+        self._last_step_at = time.monotonic()
+
+    async def run(self) -> None:
+        """Wait for a ready batch, step, repeat. Runs as a task for the app's life."""
+        engine = self.engine
+        self.wake.set()  # groups restored from the buffer may already make a batch
+        while engine.state not in (ServerState.stopping, ServerState.stopped):
+            await self.wake.wait()
+            self.wake.clear()
+            while engine.can_step():
+                stepped = await self.train_step()
+                every = engine.config.checkpoint_every
+                if stepped and every and self.step % every == 0:
+                    await self.checkpoint()
+
+    async def train_step(self) -> bool:
+        """One step. ``True`` if the policy changed."""
+        async with self._update_lock:
+            started = time.perf_counter()
+            config = self.engine.config
+            self.training = True
+            self.engine.state = ServerState.training
+            try:
+                groups = self.engine.take_batch()                                    # collect
+                return await self._step(groups, config, started)
+            finally:
+                self.training = False
+                self.engine.settle_state()
+                self.wake.set()  # sync-mode claims may resume; another batch may be ready
+
+    async def _step(self, groups: list[Group], config: ServerConfig, started: float) -> bool:
+        engine = self.engine
+        episodes = [m for g in groups for m in g.finished]
+        engine.emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
+        try:
+            rewards = [float(e.reward or 0.0) for e in episodes]
+            keys = [e.group_key for e in episodes]
+            advantages = await self.run_blocking(lambda: self.trainer.advantages(rewards, keys, config))  # advantages
+            samples, kept, stale = self._samples(episodes, advantages, config)
+            if not samples:
+                log.warning("step skipped: every episode of the batch was too stale or had no tokens")
+                engine.drop(stale, f"older than max_staleness={config.max_staleness}")
+                engine.drop(kept, "no trainable tokens")
+                return False
+            engine.store.put_meta(MAX_VERSION_KEY, engine.policy_version + 1)  # reserve the next version id
+            update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
+            update["perf/weight_sync_s"] = await self.publish()                                 # publish
+        except Exception as exc:
+            log.exception("training step failed; its batch is dropped")
+            engine.drop([e for e in episodes if engine.episodes.held(e.episode_id)], f"training step failed: {exc}")
+            engine.emit("error", where="train_step", message=str(exc))
+            return False
+        self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
+        return True
+
+    def _samples(self, episodes: list[EpisodeRecord], advantages: list[float], config: ServerConfig
+                 ) -> tuple[list[TrainSample], list[EpisodeRecord], list[EpisodeRecord]]:
+        """Samples of the batch; in async mode episodes older than ``max_staleness`` are set aside."""
+        oldest = self.engine.policy_version - config.max_staleness
+        samples: list[TrainSample] = []
+        kept: list[EpisodeRecord] = []
+        stale: list[EpisodeRecord] = []
+        for episode, advantage in zip(episodes, advantages, strict=True):
+            version = episode.trace.min_version
+            if config.mode == "async" and version is not None and version < oldest:
+                stale.append(episode)
+                continue
+            kept.append(episode)
+            samples.extend(episode.trace.samples(float(advantage)))
+        return samples, kept, stale
+
+    async def publish(self) -> float:
+        """Hand the trainer's current weights to the generator as its new version; seconds taken.
+        The generator serves new requests with them; completions carry the version that made them."""
+        started = time.perf_counter()
+        version = self.trainer.policy_version
+        weights = await self.run_blocking(self.trainer.export_weights)
+        await self.generator.load_weights(version, weights)
+        seconds = time.perf_counter() - started
+        self.engine.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds)
+        return seconds
+
+    def _commit(self, groups: int, kept: list[EpisodeRecord], stale: list[EpisodeRecord], samples: list[TrainSample],
+                update: dict[str, float], started: float, config: ServerConfig) -> None:
+        engine = self.engine
+        step = self.step + 1
+        now = time.monotonic()
+        metrics = step_metrics(kept, groups, samples, update, merge=config.merge_timelines)
+        metrics["perf/step_s"] = time.perf_counter() - started
+        metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
+        record = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=metrics)
+        dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
+        try:
+            engine.store.commit_step(step, [e.episode_id for e in kept], dropped=dropped,
+                                     meta={MAX_VERSION_KEY: engine.policy_version}, metrics=record.model_dump_json())
+        except Exception:  # the update happened; only its bookkeeping is lost (a restart retrains it)
+            log.exception("durable buffer: committing step %d failed", step)
+        self.step = step
+        self._last_step_at = now
+        engine.forget_trained(kept, stale)
+        self.metrics.append(record)
+        engine.emit("step.finished", step=step, metrics=metrics)
+        engine.emit("weights.updated", policy_version=engine.policy_version, step=step)
+
+    async def checkpoint(self) -> Path:
+        """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a
+        loadable model folder; step, policy version, live config and buffer cursor in ``meta.json``).
+        Never interleaves with an update, so the weights always match the step they are named by."""
+        engine = self.engine
+        async with self._update_lock:
+            step, version = self.step, engine.policy_version
+            engine_state = {"cursor": engine.store.cursor(), "config_version": engine.config_version,
+                            "max_policy_version": version}
+            config = engine.config.model_dump(mode="json")
+            path = await self.run_blocking(lambda: self.checkpoints.save(
+                step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
+        engine.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
+        return path
+
+    async def sft(self, request: SftRequest, max_context: int) -> SftResult:
+        """Supervised warm-up: ``request.steps`` mini-batches of the examples, then one publication.
+        ``ValueError`` for examples that cannot be trained."""
+        engine = self.engine
+        async with self._update_lock:
+            engine.store_safely("reserve policy versions", lambda: engine.store.put_meta(
+                MAX_VERSION_KEY, engine.policy_version + request.steps))
+            losses = await run_sft(self.generator, self.trainer, self.run_blocking, engine.config, request,
+                                   max_context)
+            await self.publish()
+        engine.store_safely("record policy version", lambda: engine.store.put_meta(
+            MAX_VERSION_KEY, engine.policy_version))
+        engine.emit("weights.updated", policy_version=engine.policy_version, step=self.step, sft_steps=request.steps)
+        return SftResult(steps=request.steps, loss_first=losses[0], loss_last=losses[-1],
+                         policy_version=engine.policy_version)
