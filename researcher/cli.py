@@ -5,6 +5,9 @@ Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the 
 them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
 accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
 SWARM_TOKEN (control token of existing servers given with --server).
+
+Only the verbs that run a study (start, resume) import ``researcher.study`` and with it the graph;
+status, list, stop and the scheduler verbs read the study's files through ``studystore``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -25,10 +27,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, comparison, review, scheduler, study
+from researcher import catalog, flags, overview, run_table, scheduler, studystore
 from researcher.context import StudyContext
+from researcher.flags import parse_duration
 from researcher.launcher import Launcher
-from researcher.layout import StudyLayout, check_study_id, slugify
+from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner, TopicNotMappable
@@ -136,30 +139,6 @@ def _printer() -> Any:
     return emit
 
 
-def parse_duration(text: str) -> float:
-    """'10m', '90s', '2h', '1h30m' -> seconds."""
-    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*", text)
-    if not text.strip() or parts is None or not any(parts.groups()):
-        raise ValueError(f"cannot read duration {text!r}; use e.g. 10m, 90s, 2h or 1h30m")
-    h, m, s = (float(g) if g else 0.0 for g in parts.groups())
-    seconds = h * 3600 + m * 60 + s
-    if seconds <= 0:
-        raise ValueError("the budget must be positive")
-    return seconds
-
-
-def parse_until(text: str, now: float) -> float:
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"cannot read --until {text!r}; use ISO 8601, e.g. 2026-11-22T22:00") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    if when.timestamp() <= now:
-        raise ValueError(f"--until {text} is in the past")
-    return when.timestamp()
-
-
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -208,28 +187,23 @@ def start(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Start a study: frame the topic, plan, run and analyse experiments, and write the report."""
+    from researcher import study
+
     _setup_logging(verbose)
-    now = time.time()
     try:
-        if budget and until:
-            raise ValueError("give --budget or --until, not both")
-        deadline = parse_until(until, now) if until else now + parse_duration(budget or "20m")
+        deadline = flags.deadline(budget, until, time.time())
         settings = build_settings(studies_dir, artifacts_dir, server)
-        overrides = {k: v for k, v in {"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
+        options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
                                        "parallel_runs": parallel, "max_iterations": max_iterations,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": model}.items()
-                     if v is not None}
-        if server and "parallel_runs" not in overrides:
-            overrides["parallel_runs"] = len(server)
-        options = StudyOptions(**overrides)
-        sid = check_study_id(study_id or f"{slugify(topic, 32)}-{dt.datetime.now():%m%d-%H%M%S}")
+                                       "model": model}, server)
+        sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
     except ValueError as exc:
         _fail(str(exc), 2)
     ctx = build_context(settings, sid, options, window_s=window_s)
     if isinstance(ctx.planner, OfflinePlanner):
-        try:  # refuse an unmappable topic before anything is written
+        try:  # refuse an unmappable topic before anything is written (the planner keeps this framing)
             ctx.planner.frame(topic, catalog.describe(settings.examples_root))
         except TopicNotMappable as exc:
             _fail(str(exc), 2)
@@ -237,7 +211,7 @@ def start(
               f"{dt.datetime.fromtimestamp(deadline):%H:%M:%S} · studies {ctx.layout.study_dir}")
     try:
         state = study.start(ctx, topic, options, deadline)
-    except (FileExistsError, study.StudyBusy) as exc:
+    except (FileExistsError, studystore.StudyBusy) as exc:
         _fail(str(exc), 2)
     _finish(state, ctx.layout)
 
@@ -245,10 +219,12 @@ def start(
 def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
                  verbose: bool = False, window_s: float | None = None) -> dict[str, Any]:
     """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
+    from researcher import study
+
     settings = build_settings(Path(studies_dir), Path(artifacts_dir))
     check_study_id(study_id)
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    state = study.read_state(layout) or {}
+    state = studystore.read_state(layout) or {}
     options = StudyOptions(**state["options"]) if state.get("options") else None
     ctx = build_context(settings, study_id, options, verbose=verbose, window_s=window_s)
     return study.resume(ctx)
@@ -263,7 +239,7 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
     try:
         window_s = parse_duration(window) if window else None
         state = resume_study(study_id, str(studies_dir), str(artifacts_dir), verbose=True, window_s=window_s)
-    except (ValueError, study.StudyNotFound, study.StudyBusy) as exc:
+    except (ValueError, studystore.StudyNotFound, studystore.StudyBusy) as exc:
         _fail(str(exc), 2)
     _finish(state, StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve()))
 
@@ -272,18 +248,14 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
 def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Annotated[bool, typer.Option("--json")] = False,
            studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
     """Show a study's state, iteration, runs and deadline (all studies without an id)."""
-    ids = [study_id] if study_id else review.study_ids(studies_dir, artifacts_dir)
+    ids = [study_id] if study_id else overview.study_ids(studies_dir, artifacts_dir)
     rows = []
     for sid in ids:
         layout = StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve())
         if not layout.graph_db.is_file() and not layout.study_toml.is_file():
             _fail(f"no study {sid!r} under {studies_dir} / {artifacts_dir}", 2)
-        rows.append(review.summary(layout))
-    wakeups = scheduler.next_wakeups(artifacts_dir.resolve()) if rows else {}
-    for row in rows:
-        when = wakeups.get(row["study_id"])
-        row["scheduled"] = row["study_id"] in wakeups
-        row["next_wakeup"] = when.isoformat(timespec="seconds") if when else None
+        rows.append(overview.summary(layout))
+    overview.add_wakeups(rows, artifacts_dir.resolve())
     if json_:
         print(json.dumps(rows[0] if study_id else rows, indent=2, default=str))
         return
@@ -300,8 +272,8 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
 def list_(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
     """List the studies on disk."""
     table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
-    for sid in review.study_ids(studies_dir, artifacts_dir):
-        row = review.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
+    for sid in overview.study_ids(studies_dir, artifacts_dir):
+        row = overview.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
         table.add_row(sid, row["state"], "yes" if row["active"] else "", str(row["iteration"]),
                       str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
     out.print(table)
@@ -318,12 +290,12 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
         _fail(str(exc), 2)
     if not layout.graph_db.is_file() and not layout.study_toml.is_file():
         _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
-    state = study.read_state(layout) or {}
-    written = comparison.write(layout, (state.get("framing") or {}).get("metric", "train/reward_mean"))
+    state = studystore.read_state(layout) or {}
+    written = run_table.write(layout, (state.get("framing") or {}).get("metric", "train/reward_mean"))
     if mlflow:
         settings = build_settings(studies_dir, artifacts_dir)
         tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
-        comparison.log_to_mlflow(tracker, layout, written)
+        run_table.log_to_mlflow(tracker, layout, written)
     if layout.report_md.is_file():
         print(layout.report_md.read_text())
     else:
@@ -388,18 +360,12 @@ def stop(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir
     layout = StudyLayout(check_study_id(study_id), studies_dir.resolve(), artifacts_dir.resolve())
     if not layout.graph_db.is_file():
         _fail(f"no study {study_id!r} under {artifacts_dir}", 2)
-    study.request_stop(layout)
-    if review.is_locked(layout):
+    studystore.request_stop(layout)
+    if studystore.is_locked(layout):
         out.print(f"stop requested: the researcher running {study_id} will stop its runs and write the report")
         return
-    from researcher import runs
-
     launcher = Launcher(build_settings(studies_dir, artifacts_dir).swarm_command)
-    stopped = 0
-    for record in runs.all_records(layout.runs_dir):
-        if not record.ended:
-            launcher.stop(layout.run_dir(record.iteration, record.trial), record, "stopped", "researcher stop")
-            stopped += 1
+    stopped = launcher.stop_all(layout.runs_dir, "stopped", "researcher stop")
     out.print(f"no researcher is running {study_id}; stopped {stopped} run(s). `researcher resume {study_id}` "
               "continues it.")
 

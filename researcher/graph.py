@@ -21,9 +21,8 @@ from langgraph.types import RetryPolicy
 from researcher.context import StudyContext
 from researcher.nodes import (analyze, decide, frame_topic, launch_runs, monitor, park, plan_experiments, validate,
                               write_client, write_report)
-from researcher.planner.llm import is_transient
-from researcher.planner.schema import QuotaExhausted
 from researcher.state import StudyState
+from researcher.watchdogs import ParkStudy, is_transient
 
 
 def _transient(exc: Exception) -> bool:
@@ -45,8 +44,8 @@ def _bind(node: Callable[[StudyState, StudyContext], dict[str, Any]], ctx: Study
     def bound(state: StudyState) -> dict[str, Any]:
         try:
             return node(state, ctx)
-        except QuotaExhausted as exc:
-            # Out of LLM credit: change nothing, park; the next window re-runs this node.
+        except ParkStudy as exc:
+            # E.g. out of LLM credit: change nothing, park; the next window re-runs this node.
             ctx.park(str(exc))
             return {}
 

@@ -5,6 +5,9 @@ loopback port, a control token we generate, log files, and a run.json written *b
 is spawned (so a crash between spawn and record cannot lead to a second launch: the recorded port
 is probed and a live server adopted). Servers may also be existing ones given by URL
 (``external``): those are patched with the run's config and never stopped by us.
+
+The launcher is the one writer of run.json: the nodes change a run only through its methods
+(register, start, note progress, stop, park, unpark, end), and read a run's logs through it too.
 """
 
 from __future__ import annotations
@@ -42,6 +45,44 @@ class Launcher:
         self.threads = threads
         self.ready_timeout_s = ready_timeout_s
         self.external_token = external_token
+
+    # ------------------------------------------------------------------ records
+
+    def register(self, run_dir: Path, record: RunRecord) -> RunRecord:
+        """Write a new run's record before anything is launched (the idempotency anchor)."""
+        runs.save(run_dir, record)
+        return record
+
+    def note_progress(self, run_dir: Path, record: RunRecord) -> RunRecord:
+        """Save what a poll learned about a live run (steps, logged metrics, finished episodes)."""
+        runs.save(run_dir, record)
+        return record
+
+    def fail_start(self, run_dir: Path, record: RunRecord, error: str) -> RunRecord:
+        """A run whose server could not be started ends crashed with the error as its reason."""
+        record.status, record.reason = "crashed", error[-500:]
+        runs.save(run_dir, record)
+        return record
+
+    def end_parked(self, run_dir: Path, record: RunRecord, status: str, reason: str) -> RunRecord:
+        """End a parked run without restarting it (it has no processes); parked time is not run time."""
+        record.status, record.reason, record.ended_at = status, reason, time.time()
+        if record.parked_at:
+            record.parked_s += record.ended_at - record.parked_at
+        runs.save(run_dir, record)
+        return record
+
+    # ------------------------------------------------------------------ logs
+
+    def server_log(self, run_dir: Path, lines: int = 15) -> str:
+        return tail(run_dir / SERVER_LOG, lines)
+
+    def client_log(self, run_dir: Path, lines: int = 15) -> str:
+        return tail(run_dir / CLIENT_LOG, lines)
+
+    def log_files(self, run_dir: Path) -> list[Path]:
+        """The files that document a run: its record and both processes' logs."""
+        return [runs.path(run_dir), run_dir / SERVER_LOG, run_dir / CLIENT_LOG]
 
     # ------------------------------------------------------------------ servers
 
@@ -137,6 +178,16 @@ class Launcher:
         record.status, record.ending, record.ended_at = status, None, time.time()
         runs.save(run_dir, record)
         return record
+
+    def stop_all(self, runs_dir: Path, status: str, reason: str) -> int:
+        """Stop every run under ``runs_dir`` that has not ended; returns how many."""
+        stopped = 0
+        for run_dir in sorted(d for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.is_dir() else []:
+            record = runs.load(run_dir)
+            if record is not None and not record.ended:
+                self.stop(run_dir, record, status, reason)
+                stopped += 1
+        return stopped
 
     # ------------------------------------------------------------------ windows
 

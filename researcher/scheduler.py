@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from researcher import review, studyfiles
+from researcher import studyfiles
 from researcher.layout import StudyLayout
-from researcher.study import read_state
+from researcher.studystore import is_locked, read_state
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
     if phase in ("done", "failed", "stopped"):
         log.info("study %s is %s; nothing to resume (`researcher unschedule %s`)", study_id, phase, study_id)
         return {"study_id": study_id, "outcome": "skipped", "reason": f"study is {phase}"}
-    if review.is_locked(layout):
+    if is_locked(layout):
         log.info("study %s is already being run (its lock is held); skipping this scheduled session", study_id)
         return {"study_id": study_id, "outcome": "skipped", "reason": "study lock held by another process"}
     argv = [sys.executable, "-m", "researcher.cli", "resume", study_id, "--window", f"{window_s:g}s",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
+from researcher.planner.usage import LLMUsage
+
 Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
                 "reporting", "done", "failed", "stopped", "parked"]
 
@@ -20,13 +22,6 @@ class Budget(TypedDict):
     max_llm_tokens: int
     max_llm_cost_usd: float
     report_reserve_s: float  # time kept free at the end for analysis and the report
-
-
-class LLMUsage(TypedDict):
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
 
 
 class Trial(TypedDict):
@@ -58,19 +53,6 @@ class StudyState(TypedDict, total=False):
     error: str | None
     stop_requested: bool
     parked: dict[str, Any] | None    # {phase, reason, at, runs}: where a parked study re-enters
-
-
-def new_usage() -> LLMUsage:
-    return {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
-
-
-def add_usage(usage: LLMUsage, more: LLMUsage) -> LLMUsage:
-    return {
-        "calls": usage["calls"] + more["calls"],
-        "prompt_tokens": usage["prompt_tokens"] + more["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"] + more["completion_tokens"],
-        "cost_usd": round(usage["cost_usd"] + more["cost_usd"], 6),
-    }
 
 
 TERMINAL_TRIAL = frozenset({"finished", "crashed", "stalled", "diverged", "cut", "stopped"})

@@ -3,76 +3,27 @@
 The graph is checkpointed to ``artifacts/<id>/graph.db`` (SQLite, ``durability="sync"`` so a hard
 kill loses no finished node) with thread id = study id. Resume re-enters the graph with
 ``invoke(None)``, after closing the MLflow runs a crash left RUNNING that nothing re-attaches to.
+The lock, the read-only state and the stop request live in ``studystore`` (which loads no graph)
+and are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
-from filelock import FileLock, Timeout
-from langgraph.checkpoint.sqlite import SqliteSaver
 
 from researcher import budget, runs, studyfiles
 from researcher.context import StudyContext
 from researcher.graph import build
-from researcher.layout import StudyLayout
+from researcher.planner.usage import new_usage
 from researcher.settings import StudyOptions
-from researcher.state import StudyState, new_usage
+from researcher.state import StudyState
+from researcher.studystore import (StudyBusy, StudyNotFound, checkpointer, config_for, read_state, request_stop,
+                                   study_lock)
 
 log = logging.getLogger(__name__)
-RECURSION_LIMIT = 100_000  # monitor/launch loops are long; the budget, not the step count, bounds a study
-
-
-class StudyBusy(RuntimeError):
-    """Another process holds the study's lock (one writer per study)."""
-
-
-class StudyNotFound(LookupError):
-    pass
-
-
-@contextmanager
-def study_lock(layout: StudyLayout) -> Iterator[None]:
-    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(layout.lock_file), timeout=0)
-    owner = layout.artifacts_dir / "study.lock.pid"
-    try:
-        lock.acquire()
-    except Timeout:
-        pid = owner.read_text().strip() if owner.is_file() else "?"
-        raise StudyBusy(f"study {layout.study_id} is already being run by another researcher process "
-                        f"(pid {pid}); wait for it, or `researcher stop {layout.study_id}`") from None
-    try:
-        owner.write_text(str(os.getpid()))
-        yield
-    finally:
-        owner.unlink(missing_ok=True)
-        lock.release()
-
-
-def config_for(study_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": study_id}, "recursion_limit": RECURSION_LIMIT}
-
-
-@contextmanager
-def checkpointer(layout: StudyLayout) -> Iterator[SqliteSaver]:
-    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
-    with SqliteSaver.from_conn_string(str(layout.graph_db)) as saver:
-        yield saver
-
-
-def read_state(layout: StudyLayout) -> StudyState | None:
-    """The latest checkpointed state (read-only; works while another process runs the study)."""
-    if not layout.graph_db.is_file():
-        return None
-    with checkpointer(layout) as saver:
-        found = saver.get_tuple(config_for(layout.study_id))
-    return None if found is None else found.checkpoint["channel_values"]  # type: ignore[return-value]
+__all__ = ["StudyBusy", "StudyNotFound", "initial_state", "read_state", "request_stop", "resume", "start",
+           "study_lock"]
 
 
 def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:
@@ -131,7 +82,3 @@ def _invoke(ctx: StudyContext, state: StudyState | None) -> StudyState:
         log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
         return result
 
-
-def request_stop(layout: StudyLayout) -> None:
-    layout.artifacts_dir.mkdir(parents=True, exist_ok=True)
-    layout.stop_file.write_text(str(time.time()))

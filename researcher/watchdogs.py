@@ -4,6 +4,10 @@
 - ``is_quota_error``: the LLM provider says the account is out of quota or credit (an openai
   ``RateLimitError`` with ``insufficient_quota``, 402 Payment Required, a 403 about billing) -> park
   and wait for the next window; unlike a plain 429, retrying soon cannot help.
+- ``is_transient``: an LLM error that a later try may get past (connection, timeout, rate limit,
+  5xx) -> the graph's retry policy retries the node.
+- ``ParkStudy``: what a collaborator raises when the study must wait for the next window (the
+  planner's ``QuotaExhausted`` is one) -> the graph parks instead of failing.
 - ``client_stuck``: the server waits for episodes but none finished for a while while the client
   process still lives (a hung agent) -> restart the client.
 A stalled server (no training step for ``stall_timeout_s``) is handled in the monitor itself.
@@ -17,6 +21,10 @@ from pathlib import Path
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "quota_exceeded",
                 "credit_balance_too_low", "payment_required"}
 _BILLING_WORDS = ("quota", "billing", "credit", "payment")
+
+
+class ParkStudy(RuntimeError):
+    """The study cannot go on in this window (e.g. the LLM account is out of credit): park it."""
 
 
 def disk_low(path: Path, min_free_mb: float) -> str | None:
@@ -49,6 +57,18 @@ def is_quota_error(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return exc.status_code in (403, 429) and any(word in text for word in _BILLING_WORDS) and "rate" not in code
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection problems, timeouts, rate limits and server errors; never a 4xx the caller caused,
+    and never an exhausted quota (retrying cannot help: the study parks instead)."""
+    import openai
+
+    if is_quota_error(exc):
+        return False
+    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError)):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
 
 def client_stuck(*, finished_now: int, finished_before: int, since: float, now: float, server_waiting: bool,

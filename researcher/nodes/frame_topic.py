@@ -7,7 +7,8 @@ from typing import Any
 from researcher import catalog, studyfiles
 from researcher.context import StudyContext
 from researcher.planner.schema import TopicNotMappable
-from researcher.state import StudyState, add_usage, new_usage
+from researcher.planner.usage import add_usage, new_usage
+from researcher.state import StudyState
 
 
 def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:

@@ -7,7 +7,6 @@ crash test counts ``launches``). Each run gets an MLflow child run under the ite
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             _fail(ctx, run_dir, record, trial, str(exc))
             continue
         launched_total += 1
-        trial["status"] = "running"
+        trial["status"] = record.status  # running: a trial's status is its record's once it has one
         ctx.say("launched", key=trial["key"], experiment=trial["experiment"], seed=trial["seed"], url=record.url)
     # Servers take a while to load; the monitor starts each client once its server answers, so
     # runs already training keep being watched (and stopped on target) meanwhile.
@@ -73,10 +72,9 @@ def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: 
     """A run parked by an earlier session: resume it from its checkpoint when a slot is free, or end it
     (stop requested, deadline passed). Returns the trial's new status."""
     if ctx.stop_requested():
-        record.status, record.reason, record.ended_at = "stopped", "stop requested while parked", time.time()
+        ctx.launcher.end_parked(run_dir, record, "stopped", "stop requested while parked")
     elif budget.time_left(state, ctx.clock()) <= 0:
-        record.status, record.reason = "cut", f"deadline reached while parked at step {record.last_step}"
-        record.ended_at = time.time()
+        ctx.launcher.end_parked(run_dir, record, "cut", f"deadline reached while parked at step {record.last_step}")
     elif sum(1 for t in trials if t["status"] == "running") >= state["options"]["parallel_runs"]:
         return "parked"
     else:
@@ -84,14 +82,11 @@ def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: 
             ctx.launcher.unpark(run_dir, record, _config_path(ctx, trial))
         except OSError as exc:
             _fail(ctx, run_dir, record, trial, str(exc))
-            return "crashed"
+            return record.status
         studyfiles.log(ctx.layout, f"Run {record.key} resumed from its checkpoint at step {record.last_step} "
                                    f"(resume {record.resumes}).")
         ctx.say("unparked", key=record.key, step=record.last_step)
-        return "running"
-    if record.parked_at:
-        record.parked_s += record.ended_at - record.parked_at if record.ended_at else 0.0
-    runs.save(run_dir, record)
+        return record.status
     ctx.tracker.end(record.mlflow_run_id, "KILLED" if record.status == "stopped" else "FINISHED")
     studyfiles.log(ctx.layout, f"Run {record.key} ended {record.status}: {record.reason}.")
     return record.status
@@ -131,8 +126,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                        concurrency=batch, threads=ctx.launcher.threads,
                        external=external, url=url, token=(ctx.settings.server_token or "") if external else "",
                        mlflow_run_id=child)
-    runs.save(Path(trial["run_dir"]), record)
-    return record
+    return ctx.launcher.register(Path(trial["run_dir"]), record)
 
 
 def _hypothesis_of(ctx: StudyContext, iteration: int, experiment: str) -> str:
@@ -148,9 +142,8 @@ def _free_server(ctx: StudyContext) -> str:
 
 
 def _fail(ctx: StudyContext, run_dir: Path, record: RunRecord, trial: Trial, error: str) -> None:
-    record.status, record.reason = "crashed", error[-500:]
-    runs.save(run_dir, record)
+    ctx.launcher.fail_start(run_dir, record, error)
     ctx.tracker.end(record.mlflow_run_id, "FAILED")
-    trial["status"] = "crashed"
+    trial["status"] = record.status
     studyfiles.log(ctx.layout, f"Run {trial['key']} failed to start: {error.strip().splitlines()[-1][:300]}")
     log.warning("run %s failed to start: %s", trial["key"], error)

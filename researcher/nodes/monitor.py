@@ -9,6 +9,9 @@ One call polls until some run ends (so ``launch_runs`` can fill the slot) or all
   hung, so it is restarted (the stuck-client watchdog);
 - a session that must park (window over, a watchdog) returns at once: ``park`` checkpoints the runs.
 Per-step metrics go to the run's metrics.jsonl and its MLflow child run (``log_batch`` per poll).
+
+Each of those rules is a named check that returns an ending (status, reason) or None; a poll runs
+them in order and the first ending stops the run through the launcher, which saves its record.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from swarm.client import SwarmError
+from swarm.protocol import Status, StepMetrics
 
 from researcher import budget, procs, runs, studyfiles, watchdogs
 from researcher.context import StudyContext
-from researcher.launcher import CLIENT_LOG, SERVER_LOG, tail
 from researcher.runs import RunRecord
 from researcher.state import StudyState, Trial
 
@@ -63,78 +68,159 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     return {"trials": trials, "run_seconds": seconds, "phase": "running"}
 
 
+Ending = tuple[str, str]  # (status, reason) a run ends with
+
+
+@dataclass
+class Poll:
+    """What one poll of a live run saw: the inputs of every check."""
+
+    ctx: StudyContext
+    state: StudyState
+    run_dir: Path
+    record: RunRecord
+    now: float
+    server_alive: bool
+    status: Status | None = None   # None when the server did not answer
+    new: list[StepMetrics] = field(default_factory=list)  # metrics newer than the run's logged step
+    bad: list[str] = field(default_factory=list)  # names of non-finite metrics among ``new``
+
+
+def _ending_decided(poll: Poll) -> Ending | None:
+    """A stop decided before the researcher crashed: finish the same ending."""
+    record = poll.record
+    return (record.ending, record.reason) if record.ending is not None else None
+
+
+def _stop_requested(poll: Poll) -> Ending | None:
+    return ("stopped", "stop requested") if poll.ctx.stop_requested() else None
+
+
+def _unreachable_and_dead(poll: Poll) -> Ending | None:
+    """The server did not answer the poll because it is gone."""
+    if poll.status is None and not poll.server_alive:
+        return "crashed", f"server exited:\n{poll.ctx.launcher.server_log(poll.run_dir)}"
+    return None
+
+
+def _diverged(poll: Poll) -> Ending | None:
+    return ("diverged", f"non-finite metrics: {sorted(set(poll.bad))[:5]}") if poll.bad else None
+
+
+def _reached_target(poll: Poll) -> Ending | None:
+    if poll.status is not None and poll.status.step >= poll.record.target_step:
+        return "finished", f"reached step {poll.status.step - poll.record.base_step}"
+    return None
+
+
+def _deadline(poll: Poll) -> Ending | None:
+    if budget.time_left(poll.state, poll.now) <= 0:
+        return "cut", f"deadline reached at step {poll.record.last_step}"
+    return None
+
+
+def _stalled(poll: Poll) -> Ending | None:
+    limit = poll.state["options"]["stall_timeout_s"]
+    if poll.now - poll.record.last_progress_at > limit:
+        return "stalled", f"no training step for {limit:.0f} s (at step {poll.record.last_step})"
+    return None
+
+
+def _server_exited(poll: Poll) -> Ending | None:
+    return None if poll.server_alive else ("crashed", f"server exited:\n{poll.ctx.launcher.server_log(poll.run_dir)}")
+
+
+def _client_gave_up(poll: Poll) -> Ending | None:
+    """The client died more often than the run allows restarts."""
+    record = poll.record
+    if procs.alive(record.client_pid, record.client_started) \
+            or record.client_starts <= poll.state["options"]["max_client_restarts"]:
+        return None
+    return "crashed", f"client exited {record.client_starts} times:\n{poll.ctx.launcher.client_log(poll.run_dir)}"
+
+
+# In order; the first ending found ends the run. Between the groups the poll acts on the run:
+# it fetches and logs metrics (then records progress unless they diverged) and restarts a hung client.
+BEFORE_POLL = (_ending_decided, _stop_requested)
+AFTER_POLL = (_unreachable_and_dead, _diverged, _reached_target, _deadline, _stalled, _server_exited)
+AFTER_WATCHDOG = (_client_gave_up,)
+
+
+def _first_ending(checks: tuple[Callable[[Poll], Ending | None], ...], poll: Poll) -> Ending | None:
+    return next((ending for check in checks if (ending := check(poll)) is not None), None)
+
+
 def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord) -> RunRecord:
-    options, now = state["options"], ctx.clock()
     launcher = ctx.launcher
-    if record.ending is not None:  # a stop decided before a crash of the researcher: finish it
-        return launcher.stop(run_dir, record, record.ending, record.reason)
-    if ctx.stop_requested():
-        return launcher.stop(run_dir, record, "stopped", "stop requested")
-    server_alive = record.external or procs.alive(record.server_pid, record.server_started)
+    poll = Poll(ctx, state, run_dir, record, ctx.clock(), server_alive=True)
+    ending = _first_ending(BEFORE_POLL, poll)
+    if ending is not None:
+        return launcher.stop(run_dir, record, *ending)
+    poll.server_alive = record.external or procs.alive(record.server_pid, record.server_started)
     if record.client_pid is None:
-        return _start_client_when_ready(ctx, run_dir, record, server_alive, now)
-    try:
-        with launcher.client_for(record, timeout=10.0) as client:
-            status = client.status()
-            # Filter here too: the server treats since_step as exclusive, the client doc as inclusive.
-            new = [m for m in client.metrics(since_step=record.logged_step) if m.step > record.logged_step]
-    except SwarmError as exc:
-        if not server_alive:
-            return launcher.stop(run_dir, record, "crashed", f"server exited:\n{tail(run_dir / SERVER_LOG, 15)}")
-        log.info("polling %s failed: %s", record.key, exc)
-        status, new = None, []
-    if new:
-        runs.append_metrics(run_dir, new)
-        if record.mlflow_run_id:
-            ctx.tracker.log_steps(record.mlflow_run_id, new)
-        record.logged_step = max(m.step for m in new)
-        bad = [k for m in new for k, v in m.metrics.items() if not math.isfinite(v)]
-        if bad:
-            runs.save(run_dir, record)
-            return launcher.stop(run_dir, record, "diverged", f"non-finite metrics: {sorted(set(bad))[:5]}")
-    if status is not None:
-        step = status.step - record.base_step
-        if step > record.last_step:
-            record.last_step, record.last_progress_at = step, now
-            reward = new[-1].metrics.get(state["framing"]["metric"]) if new else None
-            ctx.say("progress", key=record.key, experiment=record.experiment, seed=record.seed, step=step,
-                    target=record.target_step - record.base_step, reward=reward)
-        if status.step >= record.target_step:
-            runs.save(run_dir, record)
-            return launcher.stop(run_dir, record, "finished", f"reached step {step}")
-    if budget.time_left(state, now) <= 0:
-        runs.save(run_dir, record)
-        return launcher.stop(run_dir, record, "cut", f"deadline reached at step {record.last_step}")
-    if now - record.last_progress_at > options["stall_timeout_s"]:
-        runs.save(run_dir, record)
-        return launcher.stop(run_dir, record, "stalled",
-                             f"no training step for {options['stall_timeout_s']:.0f} s (at step {record.last_step})")
-    if not server_alive:
-        return launcher.stop(run_dir, record, "crashed", f"server exited:\n{tail(run_dir / SERVER_LOG, 15)}")
-    if status is not None:
-        finished = status.episodes.finished
-        waiting = status.state.value == "running"  # serving, not training or paused: it needs episodes
-        if watchdogs.client_stuck(finished_now=finished, finished_before=record.finished_seen,
-                                  since=record.finished_seen_at, now=now, server_waiting=waiting,
-                                  limit_s=options.get("client_stuck_s", 600.0)) \
-                and procs.alive(record.client_pid, record.client_started):
-            studyfiles.log(ctx.layout, f"Run {record.key}: no episode finished for "
-                                       f"{options.get('client_stuck_s', 600.0):.0f} s while the server waited; "
-                                       "the client looks hung, restarting it.")
-            procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
-            record.finished_seen_at = now  # the restarted client gets a full period
-        if finished > record.finished_seen or not waiting:
-            record.finished_seen, record.finished_seen_at = finished, now
+        return _start_client_when_ready(ctx, run_dir, record, poll.server_alive, poll.now)
+    _fetch(poll)
+    ending = _first_ending(AFTER_POLL, poll)
+    if ending is None:
+        _restart_hung_client(poll)
+        ending = _first_ending(AFTER_WATCHDOG, poll)
+    if ending is not None:
+        return launcher.stop(run_dir, record, *ending)
     if not procs.alive(record.client_pid, record.client_started):
-        if record.client_starts > options["max_client_restarts"]:
-            return launcher.stop(run_dir, record, "crashed",
-                                 f"client exited {record.client_starts} times:\n{tail(run_dir / CLIENT_LOG, 15)}")
         studyfiles.log(ctx.layout, f"Run {record.key}: the client exited at step {record.last_step}; restarting it "
                                    f"(start {record.client_starts + 1}).")
         ctx.say("client_restart", key=record.key, step=record.last_step)
-        record = launcher.start_client(run_dir, record)
-    runs.save(run_dir, record)
-    return record
+        return launcher.start_client(run_dir, record)
+    return launcher.note_progress(run_dir, record)
+
+
+def _fetch(poll: Poll) -> None:
+    """Read the server's status and new metrics, log the metrics, and record progress."""
+    ctx, record = poll.ctx, poll.record
+    try:
+        with ctx.launcher.client_for(record, timeout=10.0) as client:
+            poll.status = client.status()
+            # Filter here too: the server treats since_step as exclusive, the client doc as inclusive.
+            poll.new = [m for m in client.metrics(since_step=record.logged_step) if m.step > record.logged_step]
+    except SwarmError as exc:
+        poll.status, poll.new = None, []
+        if poll.server_alive:
+            log.info("polling %s failed: %s", record.key, exc)
+        return
+    if poll.new:
+        runs.append_metrics(poll.run_dir, poll.new)
+        if record.mlflow_run_id:
+            ctx.tracker.log_steps(record.mlflow_run_id, poll.new)
+        record.logged_step = max(m.step for m in poll.new)
+        poll.bad = [k for m in poll.new for k, v in m.metrics.items() if not math.isfinite(v)]
+    if poll.bad:
+        return  # a diverged run ends on this poll; its progress stays where it was
+    step = poll.status.step - record.base_step
+    if step > record.last_step:
+        record.last_step, record.last_progress_at = step, poll.now
+        reward = poll.new[-1].metrics.get(poll.state["framing"]["metric"]) if poll.new else None
+        ctx.say("progress", key=record.key, experiment=record.experiment, seed=record.seed, step=step,
+                target=record.target_step - record.base_step, reward=reward)
+
+
+def _restart_hung_client(poll: Poll) -> None:
+    """The stuck-client watchdog: no episode finished for ``client_stuck_s`` while the server waited
+    for episodes, so the client is hung; stop it (the restart follows like any client exit)."""
+    ctx, record, status, now = poll.ctx, poll.record, poll.status, poll.now
+    if status is None:
+        return
+    limit = poll.state["options"].get("client_stuck_s", 600.0)
+    finished = status.episodes.finished
+    waiting = status.state.value == "running"  # serving, not training or paused: it needs episodes
+    if watchdogs.client_stuck(finished_now=finished, finished_before=record.finished_seen,
+                              since=record.finished_seen_at, now=now, server_waiting=waiting, limit_s=limit) \
+            and procs.alive(record.client_pid, record.client_started):
+        studyfiles.log(ctx.layout, f"Run {record.key}: no episode finished for {limit:.0f} s while the server "
+                                   "waited; the client looks hung, restarting it.")
+        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        record.finished_seen_at = now  # the restarted client gets a full period
+    if finished > record.finished_seen or not waiting:
+        record.finished_seen, record.finished_seen_at = finished, now
 
 
 def _start_client_when_ready(ctx: StudyContext, run_dir: Path, record: RunRecord, server_alive: bool,
@@ -146,11 +232,11 @@ def _start_client_when_ready(ctx: StudyContext, run_dir: Path, record: RunRecord
         return ctx.launcher.start_client(run_dir, record)
     if not server_alive:
         return ctx.launcher.stop(run_dir, record, "crashed",
-                                 f"server exited while starting:\n{tail(run_dir / SERVER_LOG, 15)}")
+                                 f"server exited while starting:\n{ctx.launcher.server_log(run_dir)}")
     if now - max(record.started_at, record.resumed_at or 0.0) > ctx.launcher.ready_timeout_s:
         return ctx.launcher.stop(run_dir, record, "crashed",
                                  f"server not ready after {ctx.launcher.ready_timeout_s:.0f} s:\n"
-                                 f"{tail(run_dir / SERVER_LOG, 15)}")
+                                 f"{ctx.launcher.server_log(run_dir)}")
     return record
 
 
@@ -159,9 +245,8 @@ def _close(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
     if not record.mlflow_run_id:
         return
     folder = Path(record.client).parent
-    ctx.tracker.log_files(record.mlflow_run_id, [folder / "client.py", folder / "config.toml",
-                                                 run_dir / "run.json", run_dir / SERVER_LOG, run_dir / CLIENT_LOG],
-                          "run")
+    ctx.tracker.log_files(record.mlflow_run_id,
+                          [folder / "client.py", folder / "config.toml", *ctx.launcher.log_files(run_dir)], "run")
     ctx.tracker.log_values(record.mlflow_run_id, {"run/last_step": record.last_step,
                                                   "run/client_starts": record.client_starts})
     ctx.tracker.end(record.mlflow_run_id, _MLFLOW_STATUS.get(record.status, "FAILED"))

@@ -9,7 +9,8 @@ from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
 from researcher.layout import run_key
 from researcher.planner.schema import Framing
-from researcher.state import StudyState, Trial, add_usage, new_usage
+from researcher.planner.usage import add_usage, new_usage
+from researcher.state import StudyState, Trial
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 

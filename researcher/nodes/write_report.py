@@ -6,11 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from researcher import analysis, runs, studyfiles
-from researcher import comparison as review_table
+from researcher import analysis, run_table, runs, studyfiles
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing, PlannerError
-from researcher.state import StudyState, add_usage, new_usage
+from researcher.planner.usage import add_usage, new_usage
+from researcher.state import StudyState
 
 
 def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
@@ -38,8 +38,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     text = _render(state, ctx, answer, caveats, usage, final_phase)
     studyfiles.write_atomic(ctx.layout.report_md, text)
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
-    review = review_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
-    review_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
+    review = run_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
+    run_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
     parent = state.get("mlflow_parent_run")
     if parent:
         ctx.tracker.log_files(parent, [ctx.layout.report_md, ctx.layout.log_md], "report")

@@ -23,11 +23,12 @@ from pydantic import BaseModel, ValidationError
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import (ClientCode, Decision, Framing, Plan, PlannerError, QuotaExhausted, Reply,
                                       ReportText)
-from researcher.watchdogs import is_quota_error
+from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.settings import LLMSettings
-from researcher.state import LLMUsage, add_usage, new_usage
+from researcher.watchdogs import is_quota_error, is_transient
 
 log = logging.getLogger(__name__)
+__all__ = ["LLMPlanner", "is_transient"]
 T = TypeVar("T", bound=BaseModel)
 
 _SYSTEM = ("You are the planner of an autonomous RL research agent. Answer with exactly what is asked, "
@@ -151,16 +152,6 @@ class LLMPlanner:
         self.on_call({"step": step, "mode": mode, "model": self.settings.model, "messages": messages,
                       "answer": answer, "error": error, "usage": usage,
                       "seconds": round(time.monotonic() - started, 3), "time": time.time()})
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Connection problems, timeouts, rate limits and server errors; never a 4xx the caller caused,
-    and never an exhausted quota (retrying cannot help: the study parks instead)."""
-    if is_quota_error(exc):
-        return False
-    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError)):
-        return True
-    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
 
 def _validate(model: type[T], text: str) -> T:

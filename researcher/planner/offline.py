@@ -31,10 +31,20 @@ class OfflinePlanner:
 
     def __init__(self, available_tasks: list[str]) -> None:
         self.available_tasks = available_tasks
+        self._framed: dict[tuple[str, str], Reply[Framing]] = {}
 
     # ------------------------------------------------------------------ frame
 
     def frame(self, topic: str, catalog_text: str) -> Reply[Framing]:
+        """Framing is deterministic, so a topic is framed once per planner: ``researcher start``
+        frames it early (to refuse an unmappable topic before writing anything) and the graph's
+        frame_topic then gets the same answer without framing it again."""
+        key = (topic, catalog_text)
+        if key not in self._framed:
+            self._framed[key] = self._frame(topic, catalog_text)
+        return self._framed[key]
+
+    def _frame(self, topic: str, catalog_text: str) -> Reply[Framing]:
         text = topic.lower()
         best: tuple[int, catalog.Knob] | None = None
         for item in catalog.KNOBS:

@@ -11,7 +11,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from researcher.state import LLMUsage, new_usage
+from researcher.planner.usage import LLMUsage, new_usage
+from researcher.watchdogs import ParkStudy
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -100,5 +101,5 @@ class PlannerError(RuntimeError):
     """The planner produced no valid answer (after its repair round) or its endpoint refused."""
 
 
-class QuotaExhausted(PlannerError):
+class QuotaExhausted(PlannerError, ParkStudy):
     """The LLM provider refused for lack of quota or credit: park the study until the next window."""

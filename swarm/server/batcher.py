@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Backend, Generation, SamplingParams, Sampled
+from swarm.backends.base import Backend, Generation, Sampled, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from swarm.backends.base import Generator, SamplingParams, Sampled, TokenSink
+from swarm.backends.base import Generator, Sampled, SamplingParams, TokenSink
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.errors import BadRequest, ContextTooLong
 

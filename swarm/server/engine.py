@@ -19,7 +19,6 @@ so a late ``finish`` still gets a clear 410/409). Every state change calls
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any
 from swarm.backends.base import Generation, Generator, TokenSink, Trainer
 from swarm.protocol import (
     AbortRequest,
+    ChatCompletionRequest,
     ClaimRequest,
     ConfigView,
     Episode,
@@ -37,10 +37,7 @@ from swarm.protocol import (
     EpisodeState,
     EpisodeStatus,
     FinishRequest,
-    ChatCompletionRequest,
     ServerState,
-    SftRequest,
-    SftResult,
     Status,
     StepMetrics,
 )
@@ -50,8 +47,8 @@ from swarm.server.checkpoints import CheckpointManager
 from swarm.server.completions import ChatCall, Completions
 from swarm.server.episodes import EpisodeRecord, Group, GroupBook
 from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
-from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.records import FinishedEpisode
+from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
 from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
@@ -336,9 +333,7 @@ class Engine:
     # ------------------------------------------------------------------ what the step loop asks
 
     def _batch_ready(self) -> bool:
-        if self.config.batch_mode == "episodes":
-            return self.groups.ready_episodes() >= self.config.batch_groups * self.config.group_size
-        return len(self.groups.ready) >= self.config.batch_groups
+        return self.groups.batch_ready(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
 
     def can_step(self) -> bool:
         if self._paused or self.state in (ServerState.stopping, ServerState.stopped):
@@ -348,16 +343,7 @@ class Engine:
         return self.config.mode == "async" or self.in_flight == 0  # sync: wait for the drain
 
     def take_batch(self) -> list[Group]:
-        if self.config.batch_mode != "episodes":
-            return self.groups.take(self.config.batch_groups)
-        target, taken = self.config.batch_groups * self.config.group_size, 0
-        count = 0
-        for group in self.groups.ready:
-            count += 1
-            taken += len(group.finished)
-            if taken >= target:
-                break
-        return self.groups.take(count)
+        return self.groups.take_batch(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
 
     def settle_state(self) -> None:
         """After a step: back to running (or paused) unless the server is stopping."""
@@ -408,17 +394,6 @@ class Engine:
         if self.state is ServerState.paused:
             self.state = ServerState.running
         self.loop.wake.set()
-
-    async def checkpoint(self) -> Path:
-        """Write a checkpoint now (``StepLoop.checkpoint``)."""
-        return await self.loop.checkpoint()
-
-    async def sft(self, request: SftRequest, max_context: int) -> SftResult:
-        """Supervised warm-up (``StepLoop.sft``); bad examples are a 400."""
-        try:
-            return await self.loop.sft(request, max_context)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
 
     def stopping(self) -> None:
         self.state = ServerState.stopping

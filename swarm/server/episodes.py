@@ -120,3 +120,22 @@ class GroupBook:
 
     def ready_episodes(self) -> int:
         return sum(len(g.finished) for g in self.ready)
+
+    def batch_ready(self, batch_mode: str, batch_groups: int, group_size: int) -> bool:
+        """A step may fire: ``batch_groups`` ready groups, or (``episodes`` mode) as many episodes
+        as ``batch_groups`` full groups hold."""
+        if batch_mode == "episodes":
+            return self.ready_episodes() >= batch_groups * group_size
+        return len(self.ready) >= batch_groups
+
+    def take_batch(self, batch_mode: str, batch_groups: int, group_size: int) -> list[Group]:
+        """The groups of one step, oldest first (whole groups, also in ``episodes`` mode)."""
+        if batch_mode != "episodes":
+            return self.take(batch_groups)
+        target, taken, count = batch_groups * group_size, 0, 0
+        for group in self.ready:
+            count += 1
+            taken += len(group.finished)
+            if taken >= target:
+                break
+        return self.take(count)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from swarm.backends.base import Backend, SamplingParams, Sampled, TokenSink, Weights
+from swarm.backends.base import Backend, Sampled, SamplingParams, TokenSink, Weights
 from swarm.server.batcher import DeviceWorker, WorkerStats
 
 

@@ -63,7 +63,7 @@ async def patch_config(body: ConfigPatch, request: Request, ctx: AppContext = De
 
 @router.post(f"{API_PREFIX}/control/sft", response_model=SftResult, dependencies=_CONTROL)
 async def sft(body: SftRequest, request: Request, ctx: AppContext = Depends(app_context)) -> SftResult:
-    return await ctx.engine.sft(body, ctx.max_context)
+    return await ctx.engine.loop.sft(body, ctx.max_context)
 
 
 @router.post(f"{API_PREFIX}/control/{{action}}", response_model=ControlResult, dependencies=_CONTROL)
@@ -75,10 +75,10 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
     elif action is ControlAction.resume:
         engine.resume()
     elif action is ControlAction.checkpoint:
-        detail.update(_checkpoint_detail(await engine.checkpoint()))
+        detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
     elif action is ControlAction.stop:
         engine.stopping()
-        detail.update(_checkpoint_detail(await engine.checkpoint()))
+        detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
         shutdown = getattr(request.app.state, "request_shutdown", None)
         if shutdown is not None:
             # Let this response go out first, then ask uvicorn to exit gracefully.

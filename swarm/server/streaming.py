@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.protocol import ErrorCode
 from swarm.backends.base import Sampled
+from swarm.protocol import ErrorCode
 from swarm.server.errors import dumps_error
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +28,7 @@ from swarm.backends.base import Generator, Trainer, TrainSample
 from swarm.protocol import ServerState, SftRequest, SftResult, StepMetrics
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
+from swarm.server.errors import BadRequest
 from swarm.server.recovery import MAX_VERSION_KEY
 from swarm.server.settings import ServerConfig
 from swarm.server.sft import run_sft
@@ -191,13 +192,16 @@ class StepLoop:
 
     async def sft(self, request: SftRequest, max_context: int) -> SftResult:
         """Supervised warm-up: ``request.steps`` mini-batches of the examples, then one publication.
-        ``ValueError`` for examples that cannot be trained."""
+        Examples that cannot be trained are a 400 (nothing is updated then)."""
         engine = self.engine
         async with self._update_lock:
             engine.store_safely("reserve policy versions", lambda: engine.store.put_meta(
                 MAX_VERSION_KEY, engine.policy_version + request.steps))
-            losses = await run_sft(self.generator, self.trainer, self.run_blocking, engine.config, request,
-                                   max_context)
+            try:
+                losses = await run_sft(self.generator, self.trainer, self.run_blocking, engine.config, request,
+                                       max_context)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
             await self.publish()
         engine.store_safely("record policy version", lambda: engine.store.put_meta(
             MAX_VERSION_KEY, engine.policy_version))

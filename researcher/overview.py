@@ -1,6 +1,6 @@
-"""The one place the review data of studies is computed (``researcher status``, ``list``, and a
-future scheduler's review table): phase, iteration, run counts, deadline, whether a process is
-running it now, and the current answer."""
+"""The overview of studies on disk, one row a study (``researcher status`` and ``list``): phase,
+iteration, run counts, deadline, whether a process is running it now, its next scheduled session
+and the current answer. Reads files only; it never loads the study graph."""
 
 from __future__ import annotations
 
@@ -8,23 +8,9 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
-from researcher import runs, studyfiles
+from researcher import runs, scheduler, studyfiles
 from researcher.layout import StudyLayout
-from researcher.study import read_state
-
-
-def is_locked(layout: StudyLayout) -> bool:
-    if not layout.lock_file.exists():
-        return False
-    lock = FileLock(str(layout.lock_file), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        return True
-    lock.release()
-    return False
+from researcher.studystore import is_locked, read_state
 
 
 def summary(layout: StudyLayout) -> dict[str, Any]:
@@ -70,3 +56,13 @@ def study_ids(studies_root: Path, artifacts_root: Path) -> list[str]:
     if artifacts_root.is_dir():
         ids |= {p.parent.name for p in artifacts_root.glob("*/graph.db")}
     return sorted(ids - {"examples"})
+
+
+def add_wakeups(rows: list[dict[str, Any]], artifacts_root: Path) -> list[dict[str, Any]]:
+    """Mark each row with whether the study is scheduled and its next session, from the job store."""
+    wakeups = scheduler.next_wakeups(artifacts_root) if rows else {}
+    for row in rows:
+        when = wakeups.get(row["study_id"])
+        row["scheduled"] = row["study_id"] in wakeups
+        row["next_wakeup"] = when.isoformat(timespec="seconds") if when else None
+    return rows
