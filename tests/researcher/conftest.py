@@ -15,12 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Cli:
-    """Runs `researcher …` as a real process with the study roots under a tmp dir."""
+    """Runs `researcher …` as a real process with the study roots under a tmp dir.
 
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+    ``cwd`` is the repository unless a test points it at a folder of its own: the researcher takes
+    example studies from ``./studies/examples`` when the working directory has one."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], cwd: Path = REPO) -> None:
         self.studies = tmp_path / "studies"
         self.artifacts = tmp_path / "artifacts"
         self.env = env
+        self.cwd = cwd
 
     @property
     def dirs(self) -> list[str]:
@@ -30,12 +34,12 @@ class Cli:
         return [sys.executable, "-c", "from researcher.cli import main; main()", *args]
 
     def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), env=self.env, cwd=REPO, capture_output=True, text=True,
+        return subprocess.run(self.argv(*args), env=self.env, cwd=self.cwd, capture_output=True, text=True,
                               timeout=timeout)
 
     def popen(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
         with open(log, "wb") as out:
-            return subprocess.Popen(self.argv(*args), env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            return subprocess.Popen(self.argv(*args), env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture

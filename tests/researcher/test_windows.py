@@ -1,7 +1,15 @@
 """Acceptance: a real `researcher daemon` resumes a scheduled study in windows, the study parks at
 each window's end (runs checkpointed and stopped) and the next scheduled time picks it up; a manual
-resume during a daemon session is refused by the lock; a SIGKILLed daemon's missed time still runs.
-The finished study's review is then read back through a real `mlflow server`'s REST API.
+resume during a daemon session is refused by the lock; a SIGKILLed daemon's missed time still runs;
+a last resume without a window finishes the study. Its review is then read back through a real
+`mlflow server`'s REST API.
+
+The windows end before the runs do whatever the machine's speed: the study's task is the letters
+example with every episode lasting at least ``EPISODE_S`` (an agent waiting on a slow tool). A run's
+client keeps at most one training batch of episodes in flight, so a run trains at most one step per
+``EPISODE_S`` of client time, and ``STEPS`` steps need more client time than the start window and the
+two scheduled windows give together. Every run is therefore parked at each window's end and finishes
+in the final resume; a faster machine only shortens the rest of each step.
 
 Real everything: the daemon, `researcher resume` sessions, `swarm serve` + `swarm run` with the
 tiny model, the APScheduler SQLite job store, LangGraph's SQLite checkpointer, MLflow.
@@ -12,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +34,42 @@ from researcher import runs, scheduler
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 SID = "nightly"
+LETTERS = Path(__file__).resolve().parents[2] / "studies" / "examples" / "letters"
+EPISODE_S = 3.0  # every episode lasts at least this long: a run trains at most one step per EPISODE_S
+STEPS = 40  # the MLflow check below wants at least 40 logged steps per run
+START_WINDOW_S, WINDOW_S = 10, 35  # `start --window`, then each scheduled session's window
+EVERY_S = 75  # longer than a session (window + start-up + parking), so windows never overlap
+PACED_CLIENT = '''"""The letters example, every episode lasting at least {pace} s (an agent waiting on a slow tool)."""
+
+import time
+
+from swarm.client import load_study, run_study_cli
+
+letters = load_study({example!r})
+GROUP_SIZE, CONCURRENCY, tasks = letters.GROUP_SIZE, letters.CONCURRENCY, letters.tasks
+
+
+def workflow(ep, task):
+    time.sleep({pace})
+    return letters.workflow(ep, task)
+
+
+if __name__ == "__main__":
+    run_study_cli(__file__)
+'''
+
+
+@pytest.fixture
+def paced_cli(cli, tmp_path: Path):
+    """`cli` run from a folder whose ``studies/examples/letters`` is the paced letters example."""
+    checkout = tmp_path / "checkout"
+    example = checkout / "studies" / "examples" / "letters"
+    example.mkdir(parents=True)
+    for name in ("README.md", "config.toml"):
+        shutil.copyfile(LETTERS / name, example / name)
+    (example / "client.py").write_text(PACED_CLIENT.format(pace=EPISODE_S, example=str(LETTERS / "client.py")))
+    cli.cwd = checkout
+    return cli
 
 
 def _wait(predicate, timeout: float, what: str, daemon: subprocess.Popen | None = None, log: Path | None = None):
@@ -51,18 +96,22 @@ def _status(cli) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_daemon_windows_park_and_resume_then_review_in_mlflow(cli, tmp_path: Path, no_leftover_servers) -> None:
+@pytest.mark.timeout(1200)
+def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_path: Path, no_leftover_servers) -> None:
+    cli = paced_cli
+    # The construction (module docstring): a run needs 120 s of client time, the three windows give at
+    # most 80 s (less their servers' start-ups); the rest covers a few steps at each window's edges.
+    assert STEPS * EPISODE_S > 1.4 * (START_WINDOW_S + 2 * WINDOW_S)
     runs_dir = cli.artifacts / SID / "runs"
-    first = cli.run("start", "--topic", TOPIC, "--study-id", SID, "--budget", "20m", "--window", "10s",
-                    "--steps-per-run", "40", "--seeds", "1", "--parallel", "2", "--max-iterations", "1", *cli.dirs)
+    first = cli.run("start", "--topic", TOPIC, "--study-id", SID, "--budget", "20m", "--window", f"{START_WINDOW_S}s",
+                    "--steps-per-run", str(STEPS), "--seeds", "1", "--parallel", "2", "--max-iterations", "1",
+                    *cli.dirs)
     assert first.returncode == 0 and "parked" in first.stdout, first.stdout + first.stderr
     assert _status(cli)["state"] == "parked"
 
     at = dt.datetime.now().astimezone() + dt.timedelta(seconds=8)
-    every = 75  # longer than a session (35 s window + start-up + parking), so windows never overlap
-    scheduled = cli.run("schedule", SID, "--at", at.strftime("%H:%M:%S"), "--every", f"{every}s", "--window", "35s",
-                        *cli.dirs)
+    scheduled = cli.run("schedule", SID, "--at", at.strftime("%H:%M:%S"), "--every", f"{EVERY_S}s",
+                        "--window", f"{WINDOW_S}s", *cli.dirs)
     assert scheduled.returncode == 0, scheduled.stdout + scheduled.stderr
     assert _status(cli)["next_wakeup"] == at.replace(microsecond=0).isoformat()
 
@@ -82,19 +131,18 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(cli, tmp_path: Pat
     _wait(lambda: _log_count(cli, "Parked in phase") >= 2 and not _status(cli)["active"], 120,
           "the first window to end")
     window1 = runs.all_records(runs_dir)
-    assert all(r.launches == 1 and r.status in ("parked", "finished") for r in window1), window1
+    assert all(r.launches == 1 and r.status == "parked" for r in window1), window1
     assert _status(cli)["state"] == "parked"
     no_leftover_servers(runs_dir)  # parked = checkpointed and stopped, nothing left running
 
-    second_time = at + dt.timedelta(seconds=every)
+    second_time = at + dt.timedelta(seconds=EVERY_S)
     time.sleep(max(0.0, (second_time - dt.datetime.now().astimezone()).total_seconds()) + 2)
     assert _status(cli)["next_wakeup"] == second_time.replace(microsecond=0).isoformat()  # overdue, intact
     log2 = tmp_path / "daemon2.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log2)
     try:
         _wait(lambda: _log_count(cli, "Resumed (phase parked") >= 2, 60, "the missed second session", daemon, log2)
-        _wait(lambda: not _status(cli)["active"] and (_log_count(cli, "Parked in phase") >= 3
-                                                      or _status(cli)["state"] == "done"), 120,
+        _wait(lambda: _log_count(cli, "Parked in phase") >= 3 and not _status(cli)["active"], 120,
               "the second window to end", daemon, log2)
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -105,19 +153,22 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(cli, tmp_path: Pat
     assert [dt.datetime.fromisoformat(r["scheduled_for"]) for r in ran] == [second_time.replace(microsecond=0)]
     assert not [r for r in history if r["event"] == "missed"]
     window2 = runs.all_records(runs_dir)
-    assert len(window2) == 2 and all(r.launches == 1 for r in window2)
+    assert len(window2) == 2 and all(r.launches == 1 and r.status == "parked" for r in window2), window2
+    assert _status(cli)["state"] == "parked"
     no_leftover_servers(runs_dir)
 
     # Let it finish (no window), then the review exists on disk and in MLflow.
-    if _status(cli)["state"] != "done":
-        final = cli.run("resume", SID, *cli.dirs, timeout=400)
-        assert final.returncode == 0, final.stdout + final.stderr
+    final = cli.run("resume", SID, *cli.dirs, timeout=600)
+    assert final.returncode == 0, final.stdout + final.stderr
     records = runs.all_records(runs_dir)
     assert {r.status for r in records} == {"finished"} and all(r.launches == 1 for r in records)
     # Parked in a window, resumed from its checkpoint in the next session (not relaunched from scratch).
-    assert any(r.resumes >= 1 for r in records), [(r.key, r.resumes) for r in records]
+    assert all(r.resumes >= 1 for r in records), [(r.key, r.resumes) for r in records]
     assert "resumed from its checkpoint" in (cli.studies / SID / "LOG.md").read_text()
-    assert all(r.last_step >= 40 for r in records)
+    assert all(r.last_step >= STEPS for r in records)
+    # The runs trained with the paced client the construction relies on.
+    paced = (cli.cwd / "studies" / "examples" / "letters" / "client.py").read_text()
+    assert {Path(r.client).read_text() for r in records} == {paced}
     no_leftover_servers(runs_dir)
     study_dir = cli.studies / SID
     review_md = (study_dir / "review.md").read_text()

@@ -1,7 +1,8 @@
 """A swarm client process for the chaos test and the load benchmark (run as a script, not collected).
 
-Loops claim → one chat call through the openai SDK → finish until ``--seconds`` pass, and appends
-one JSON line per outcome to ``--log`` (flushed, so a SIGKILL loses nothing already written):
+Loops claim → one chat call through the openai SDK → finish until ``--stop-file`` exists (the test
+says when it has seen enough) or, as a backstop, ``--seconds`` pass, and appends one JSON line per
+outcome to ``--log`` (flushed, so a SIGKILL loses nothing already written):
 ``{"finished": id}`` only after ``finish`` returned, ``{"failed": kind, "error": text}`` otherwise.
 Uses the real ``SwarmClient`` (retries and reconnects across a server restart).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from swarm.client import SwarmClient
 
@@ -21,7 +23,8 @@ def main() -> None:
     parser.add_argument("--token", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--client-id", required=True)
-    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True, help="stop after this long at the latest")
+    parser.add_argument("--stop-file", type=Path, default=None, help="stop (after the current episode) once it exists")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--pause", type=float, default=0.0, help="sleep inside each episode (to be killed there)")
@@ -30,7 +33,7 @@ def main() -> None:
     n = 0
     with SwarmClient(args.url, args.token, client_id=args.client_id, retry_for_s=60) as client, \
             open(args.log, "a", buffering=1) as log:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (args.stop_file and args.stop_file.exists()):
             n += 1
             group = (n - 1) // args.group_size  # consecutive episodes form one GRPO group
             try:

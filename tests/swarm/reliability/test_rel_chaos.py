@@ -30,9 +30,11 @@ CONFIG = {"group_size": 2, "min_group_size": 1, "batch_groups": 2, "lease_s": 2.
           "mode": "async", "max_staleness": 64, "max_tokens": 8, "batch_window_ms": 5.0}
 
 
-def _client(url: str, token: str, log: Path, name: str, seconds: float) -> subprocess.Popen[bytes]:
+def _client(url: str, token: str, log: Path, name: str, stop: Path) -> subprocess.Popen[bytes]:
+    """A client that runs until ``stop`` exists: it outlasts the server's crash and restart however
+    long they take (``--seconds`` is only a backstop against an orphaned process)."""
     return subprocess.Popen([sys.executable, str(CLIENT), "--url", url, "--token", token, "--log", str(log),
-                             "--client-id", name, "--seconds", str(seconds), "--pause", "0.2"],
+                             "--client-id", name, "--stop-file", str(stop), "--seconds", "900", "--pause", "0.2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -77,6 +79,15 @@ def _kill_mid_episode(proc: subprocess.Popen[bytes], log: Path, timeout: float =
     pytest.fail(f"client never seen inside an episode ({log})")
 
 
+def _wait_finished_after(logs: list[Path], t: float, timeout: float) -> None:
+    """Until some client has logged an episode whose ``finish`` returned after time ``t``."""
+    deadline = time.monotonic() + timeout
+    while not any("finished" in r and r["t"] > t for path in logs for r in _lines(path)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no client finished an episode within {timeout} s after the server restart")
+        time.sleep(0.1)
+
+
 def _lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -97,11 +108,12 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
     poller = _Poller(server.url, token)
     poller.start()
     logs = [tmp_path / f"client-{i}.jsonl" for i in range(6)]
-    clients = [_client(server.url, token, logs[i], f"c{i}", 18.0) for i in range(4)]
+    stop = tmp_path / "stop-clients"
+    clients = [_client(server.url, token, logs[i], f"c{i}", stop) for i in range(4)]
     try:
         poller.wait_step(1, 40)
         victims = [_kill_mid_episode(clients[0], logs[0])]             # a client dies mid-episode...
-        clients.append(_client(server.url, token, logs[4], "c4", 15.0))  # ...and a fresh one replaces it
+        clients.append(_client(server.url, token, logs[4], "c4", stop))  # ...and a fresh one replaces it
         victims.append(_kill_mid_episode(clients[1], logs[1]))
         poller.wait_step(4, 40)                                        # past the step-3 checkpoint
         deadline = time.monotonic() + 20                               # their leases run out
@@ -116,6 +128,8 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         restored_step = server.status()["step"]
         assert 3 <= restored_step <= killed_at_step
         poller.wait_step(restored_step + 2, 60)                        # training goes on
+        _wait_finished_after(logs, killed_at, 60)                      # on episodes the clients keep finishing
+        stop.touch()                                                   # enough: each ends after its episode
         for proc in clients[2:]:
             assert proc.wait(timeout=90) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
         # Let the server train what is complete, then stop it gracefully (a final checkpoint).

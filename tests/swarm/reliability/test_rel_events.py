@@ -47,8 +47,10 @@ def test_events_stream_live_and_resume_after_restart(rel_model: Path, tmp_path: 
     seen: list[dict] = []
     reader = threading.Thread(target=_read_lines, args=(cli, seen), daemon=True)
     reader.start()
+    # The client runs until the test ends it (900 s is only a backstop against an orphan): it must
+    # still be finishing episodes after the server's restart, however long the steps before take.
     client = subprocess.Popen([sys.executable, str(CLIENT), "--url", server.url, "--token", token,
-                               "--log", str(tmp_path / "client.jsonl"), "--client-id", "ev", "--seconds", "60"],
+                               "--log", str(tmp_path / "client.jsonl"), "--client-id", "ev", "--seconds", "900"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         types = lambda: {e["type"] for e in seen}  # noqa: E731

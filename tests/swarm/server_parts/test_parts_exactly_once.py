@@ -6,7 +6,10 @@ restarted on the same state dir each time, and finally runs to completion. The p
 is the one the integration note prescribes: save_finished before acknowledging; train, then
 mark_trained, then (sometimes) checkpoint; on start, restore the latest checkpoint, rollback_after
 its step and rebuild pending work from untrained().
-"""
+
+A run to be killed goes at most ``LOOKAHEAD`` episodes past the kill point and then waits for its
+SIGKILL, so the kill lands somewhere in those episodes (a save, a training step, a checkpoint)
+however fast the engine runs, never after the run has ended."""
 
 from __future__ import annotations
 
@@ -26,15 +29,16 @@ from swarm.server.store import EpisodeStore
 
 ROOT = Path(__file__).resolve().parents[3]
 TOTAL = 90
+LOOKAHEAD = 3
 
 _ENGINE = textwrap.dedent("""
-    import json, sys
+    import json, signal, sys
     from pathlib import Path
     from swarm.server.checkpoints import CheckpointManager
     from swarm.server.store import EpisodeStore, FinishedEpisode
     from swarm.server.timeline import Timeline
 
-    state, total = Path(sys.argv[1]), int(sys.argv[2])
+    state, total, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     store = EpisodeStore(state / "buffer.db")
     checkpoints = CheckpointManager(state / "checkpoints", keep=2)
     latest = checkpoints.latest()
@@ -43,6 +47,7 @@ _ENGINE = textwrap.dedent("""
     store.rollback_after(step)                       # updates after the checkpoint died with us
     pending = [e.episode_id for e in store.untrained()]
     i = store.counts()["finished"]
+    first = i
 
     def train(batch):
         global step
@@ -54,6 +59,8 @@ _ENGINE = textwrap.dedent("""
                              {"cursor": store.cursor()})
 
     while i < total:
+        if hold and i - first == hold:
+            signal.pause()                            # the test's SIGKILL comes before this run ends
         tl = Timeline(tokens=[1, 2, i], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25], versions=[step], calls=1)
         store.save_finished(FinishedEpisode(episode_id=f"e{i}", task_id="t", group_id=f"g{i // 3}", group_size=3,
                                             category=None, client_id="c", reward=1.0, timelines=[tl], calls=1))
@@ -73,8 +80,9 @@ _ENGINE = textwrap.dedent("""
 
 def _run(state: Path, kill_after: int | None) -> tuple[list[str], int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _ENGINE, str(state), str(TOTAL)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    hold = 0 if kill_after is None else kill_after + LOOKAHEAD
+    proc = subprocess.Popen([sys.executable, "-c", _ENGINE, str(state), str(TOTAL), str(hold)],
+                            stdout=subprocess.PIPE, text=True, env=env)
     acks: list[str] = []
     try:
         assert proc.stdout is not None
