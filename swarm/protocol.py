@@ -264,6 +264,7 @@ class Status(BaseModel):
     config_version: int = 0
     throughput: dict[str, float] = Field(default_factory=dict)
     uptime_s: float = 0.0
+    generator: dict[str, Any] = Field(default_factory=dict, description="the generator's engine and health")
 
 
 class StepMetrics(BaseModel):

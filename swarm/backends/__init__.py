@@ -54,8 +54,25 @@ def load_engines(settings: "ServerSettings") -> tuple[Backend | None, Generator 
         backend = load_backend(settings.model, settings.config, seed=settings.seed)
     generator = None
     if settings.engine == "vllm":
-        raise ValueError("--engine vllm is not available in this build yet")
+        generator = _vllm_generator(settings)
     trainer = None
     if settings.trainer == "verl":
-        raise ValueError("--trainer verl is not available in this build yet")
+        from swarm.backends.verl import VerlTrainer
+
+        trainer = VerlTrainer(settings.model, settings.config, workers=settings.workers,
+                              ray_address=settings.ray_address, seed=settings.seed)
     return backend, generator, trainer
+
+
+def _vllm_generator(settings: "ServerSettings") -> Generator:
+    """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``."""
+    from swarm.backends.torch import resolve_model_folder
+    from swarm.backends.vllm import VllmGenerator
+
+    folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
+    options = {"model_name": "tiny" if settings.model == "tiny" else None, "mode": settings.config.mode,
+               "max_context": settings.max_context}
+    if settings.vllm_url:
+        return VllmGenerator.attach(settings.vllm_url, folder, settings.state_dir, **options)
+    return VllmGenerator.launch(folder, settings.state_dir, python=settings.vllm_python,
+                                max_model_len=settings.max_context, **options)

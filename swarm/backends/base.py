@@ -213,6 +213,15 @@ class Backend(Protocol):
         ...
 
 
+class GeneratorUnavailable(RuntimeError):
+    """The generator cannot serve right now (its engine restarts, a weight update failed half-way);
+    retry after ``retry_after`` seconds. The server answers chat calls with a 503."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = max(0.0, float(retry_after))
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Sampling with exact tokens: token prompts + sampling params -> ids, log-probs and the policy
@@ -221,10 +230,20 @@ class Generator(Protocol):
     model_name: str
     max_context: int
     eos_token_id: int
+    reports_top_logprobs: bool  # fills ``Generation.top_logprobs`` when asked
 
     @property
     def policy_version(self) -> int:
         """The version of the weights new requests are sampled with."""
+        ...
+
+    @property
+    def available(self) -> bool:
+        """False while the engine cannot serve (e.g. restarting): chat calls then get a 503."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Engine name and health for ``/api/v1/status`` (JSON-ready)."""
         ...
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
@@ -278,6 +297,10 @@ class Trainer(Protocol):
 
     def export_weights(self) -> Weights:
         """The current weights as a full CPU state dict with Hugging Face names."""
+        ...
+
+    def check_config(self, config: TrainConfig) -> None:
+        """``ValueError`` naming a knob this trainer cannot honour (checked at start and on PATCH)."""
         ...
 
     def save(self, directory: str) -> None:

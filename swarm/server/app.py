@@ -74,12 +74,19 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
+    if hasattr(generator, "on_status"):  # an engine with a health of its own (a vLLM child) reports it
+        generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
     ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         worker.start()
-        await generator.start()
+        try:
+            await generator.start()
+        except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
+            app.state.startup_error = exc
+            await asyncio.to_thread(worker.stop)
+            raise
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
             await engine.loop.publish()
         training = asyncio.create_task(engine.run(), name="swarm-trainer")
@@ -111,6 +118,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     app.state.token = token
     app.state.bus = bus
     app.state.request_shutdown = None
+    app.state.startup_error = None
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     app.include_router(routes_openai.router, responses=ERROR_RESPONSES)

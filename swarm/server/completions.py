@@ -14,9 +14,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from swarm.backends.base import Generator, Sampled, SamplingParams, TokenSink
+from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.protocol import ChatCompletionRequest
-from swarm.server.errors import BadRequest, ContextTooLong
+from swarm.server.errors import BadRequest, ContextTooLong, Unavailable
 
 if TYPE_CHECKING:
     from swarm.server.engine import Engine
@@ -44,6 +44,8 @@ class Completions:
         ``episode_id`` the result is recorded into that episode; without, it is served only."""
         if episode_id is not None:
             self.engine.live(episode_id)  # 404 / 409 / 410 before spending any compute
+        if not self.generator.available:
+            raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         prompt = self._render(request)
         params = self._sampling(request, len(prompt))
         result = asyncio.ensure_future(self._generate(episode_id, prompt, params, sink))
@@ -55,6 +57,8 @@ class Completions:
             sampled = await self.generator.generate([prompt] * len(params), params, sink)
         except ValueError as exc:  # params or prompt the generator cannot serve: the caller's input
             raise BadRequest(str(exc)) from None
+        except GeneratorUnavailable as exc:
+            raise _unavailable(exc) from None
         if episode_id is not None:
             self.engine.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature)
         return sampled
@@ -77,7 +81,7 @@ class Completions:
         if room < 1:
             raise ContextTooLong(f"the prompt ({prompt_len} tokens) fills the model's context of {self.max_context}")
         top = request.top_logprobs or 0
-        if top and not getattr(self.generator, "reports_top_logprobs", False):
+        if top and not self.generator.reports_top_logprobs:
             raise BadRequest(f"top_logprobs > 0 is not supported by the {type(self.generator).__name__} engine; "
                              "use 0 (or --engine vllm)", status=422)
         max_tokens = requested if requested is not None else min(config.max_tokens, room)
@@ -89,3 +93,7 @@ class Completions:
                                seed=None if request.seed is None else request.seed + i, top_logprobs=top)
                 for i in range(request.n)]
 
+
+
+def _unavailable(exc: GeneratorUnavailable) -> Unavailable:
+    return Unavailable(f"{exc}; no episode is lost: retry this call", retry_after=max(exc.retry_after, 1.0))

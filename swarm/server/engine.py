@@ -367,6 +367,7 @@ class Engine:
     def patch_config(self, values: dict[str, Any]) -> ConfigView:
         try:
             config = self.config.patched(values)
+            self.trainer.check_config(config)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         if config.category_ratios != self.config.category_ratios:
@@ -413,7 +414,7 @@ class Engine:
                 "tokens_per_s": stats.tokens / stats.generate_s if stats.generate_s else 0.0,
                 "rows_per_batch": stats.rows / stats.batches if stats.batches else 0.0,
             },
-            uptime_s=uptime,
+            uptime_s=uptime, generator=self.generator.describe(),
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

@@ -69,6 +69,12 @@ class RetryLater(ApiError):
     status, code = 429, ErrorCode.retry_later
 
 
+class Unavailable(ApiError):
+    """A part of the server (the generator's engine) is down for a while; retry after ``retry_after``."""
+
+    status, code = 503, ErrorCode.retry_later
+
+
 class ContextTooLong(ApiError):
     status, code = 400, ErrorCode.context_length_exceeded
 

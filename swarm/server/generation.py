@@ -19,6 +19,8 @@ from swarm.server.batcher import DeviceWorker, WorkerStats
 class LocalGenerator:
     """A ``Generator`` over an in-process backend and its device thread."""
 
+    reports_top_logprobs = False  # the torch sampler reports the sampled token's log-prob only
+
     def __init__(self, backend: Backend, worker: DeviceWorker) -> None:
         self.backend = backend
         self.worker = worker
@@ -29,6 +31,13 @@ class LocalGenerator:
     @property
     def policy_version(self) -> int:
         return self.backend.policy_version
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "torch", "alive": True, "policy_version": self.policy_version}
 
     @property
     def stats(self) -> WorkerStats:

@@ -47,6 +47,8 @@ def serve(settings: ServerSettings) -> None:
         server.run()
     finally:
         (settings.state_dir / "server.json").unlink(missing_ok=True)
+    if app.state.startup_error is not None:
+        raise ValueError(f"the server could not start: {app.state.startup_error}")
 
 
 class _Server(uvicorn.Server):

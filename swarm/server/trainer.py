@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from swarm.backends.base import Generator, Trainer, TrainSample
+from swarm.backends.base import Generator, GeneratorUnavailable, Trainer, TrainSample
 from swarm.protocol import ServerState, SftRequest, SftResult, StepMetrics
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
@@ -147,8 +147,13 @@ class StepLoop:
         The generator serves new requests with them; completions carry the version that made them."""
         started = time.perf_counter()
         version = self.trainer.policy_version
+        if hasattr(self.generator, "mode"):  # an engine that pauses around updates in sync mode (vLLM)
+            self.generator.mode = self.engine.config.mode
         weights = await self.run_blocking(self.trainer.export_weights)
-        await self.generator.load_weights(version, weights)
+        try:
+            await self.generator.load_weights(version, weights)
+        except GeneratorUnavailable as exc:  # it restarts on these weights; training goes on meanwhile
+            log.warning("publishing version %d: %s (the generator adopts it when it is back)", version, exc)
         seconds = time.perf_counter() - started
         self.engine.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds)
         return seconds

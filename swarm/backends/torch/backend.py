@@ -246,6 +246,9 @@ class TorchBackend:
         self.policy_version += 1
         return metrics
 
+    def check_config(self, config: TrainConfig) -> None:
+        """Every ``TrainConfig`` knob is honoured here; unknown loss names fail when a step runs."""
+
     def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
         """Episode-level advantages from verl's ``config.adv_estimator``."""
         return algorithms.compute_advantages(rewards, group_ids, config)

@@ -163,6 +163,7 @@ def policy_update(
                 ref[k] = sequence_logprobs(reference, part, vocab_size)[0]
     sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm",
                           "is_weight", "is_truncated"), 0.0)
+    diff_max = 0.0  # the worst training-inference log-prob mismatch of a sampled token
     for epoch in range(config.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for k, part in enumerate(parts):
@@ -202,6 +203,7 @@ def policy_update(
                 sums["entropy"] += float((entropy * mask).sum()) / total_tokens
                 diff = (logp.detach() - part.rollout.to(logp.device)).abs() * mask
                 sums["logprob_diff"] += float(diff.sum()) / total_tokens
+                diff_max = max(diff_max, float(diff.max()))
         sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
         optimizer.step()
     model.eval()
@@ -216,6 +218,10 @@ def policy_update(
         "train/grad_norm": sums["grad_norm"] / epochs,
         "train/entropy": sums["entropy"],
         "train/rollout_logprob_diff": sums["logprob_diff"],
+        # Trainer vs generator log-probs of the sampled tokens (before the update): ~0 on-policy with
+        # the same numerics; it grows with staleness and with engine mismatch (vLLM kernels, bf16).
+        "rollout/logprob_diff_mean": sums["logprob_diff"],
+        "rollout/logprob_diff_max": diff_max,
         "train/response_tokens": total_tokens,
         "train/samples": float(len(batch.lengths)),
         "perf/train_tokens": trained * epochs,

@@ -1,11 +1,15 @@
-"""Scale-out adapter pieces for verl (Ray trainer, vLLM/SGLang rollout on GPUs).
+"""The verl trainer: verl's FSDP2 ``TrainingWorker``s on a Ray worker group, fed by the engine.
 
-What is here runs and is tested on CPU: turning the engine's token-exact samples into the
-``DataProto`` batch verl's PPO trainer consumes (the same layout verl's own agent loop produces),
-and mapping a ``TrainConfig`` onto verl's Hydra overrides. The GPU loop itself (verl's
-``RayPPOTrainer`` fed by the swarm engine instead of its dataloader) needs GPUs and is not run here.
+``VerlTrainer`` implements the ``Trainer`` role (``swarm serve --trainer verl``); ``check_supported``
+refuses, by name, any ``TrainConfig`` knob it cannot honour (call it at server start). Conversion
+of the engine's token-exact samples into verl's ``DataProto`` is ``samples_to_data_proto``;
+``verl_overrides`` maps a ``TrainConfig`` onto verl's Hydra PPO config for verl's own GPU loop.
+On CPU, ``cpu_platform`` supplies the small platform registration verl 0.9.1 needs (gloo). verl and
+Ray are imported only when a trainer is built.
 """
 
 from swarm.backends.verl.convert import samples_to_data_proto, verl_overrides
+from swarm.backends.verl.knobs import check_supported
+from swarm.backends.verl.trainer import VerlTrainer
 
-__all__ = ["samples_to_data_proto", "verl_overrides"]
+__all__ = ["VerlTrainer", "check_supported", "samples_to_data_proto", "verl_overrides"]

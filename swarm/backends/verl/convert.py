@@ -38,7 +38,7 @@ def samples_to_data_proto(
         raise ValueError("samples, rewards and group_ids must be non-empty and of equal length")
     splits = [_split(s) for s in samples]
     prompt_len = max(splits)
-    response_len = max(len(s.tokens) - k for s, k in zip(samples, splits))
+    response_len = max(len(s.tokens) - k for s, k in zip(samples, splits, strict=True))
     batch = len(samples)
 
     prompts = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long)
@@ -50,7 +50,7 @@ def samples_to_data_proto(
     rm_scores = torch.zeros((batch, response_len), dtype=torch.float32)
     advantages = torch.zeros((batch, response_len), dtype=torch.float32)
 
-    for row, (sample, k) in enumerate(zip(samples, splits)):
+    for row, (sample, k) in enumerate(zip(samples, splits, strict=True)):
         head, tail = sample.tokens[:k], sample.tokens[k:]
         prompts[row, prompt_len - k:] = torch.tensor(head, dtype=torch.long)
         prompt_attn[row, prompt_len - k:] = 1

@@ -26,6 +26,7 @@ class ServeProcess:
     state_dir: Path
     config: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -40,6 +41,7 @@ class ServeProcess:
         args = [*SWARM, "serve", "--model", "tiny", "--port", str(self.port), "--state-dir", str(self.state_dir)]
         if self.config is not None:
             args += ["--config", str(self.config)]
+        args += list(self.extra_args)
         log = open(self.state_dir / "serve.log", "ab")
         env = {k: v for k, v in os.environ.items() if k not in ("SWARM_TOKEN", "MLFLOW_TRACKING_URI")}
         self.process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)

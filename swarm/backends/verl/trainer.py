@@ -1,0 +1,384 @@
+"""``VerlTrainer``: the ``Trainer`` role on verl's own worker API, on a Ray group of FSDP2 workers.
+
+The driver (the swarm server) keeps no model. It starts Ray (or connects with ``ray_address``),
+creates N verl ``TrainingWorker``s (``SwarmTrainingWorker``, FSDP2) on a ``RayResourcePool``, and for
+each step sends them the engine's samples as verl ``DataProto`` → padding-free ``TensorDict``
+batches, the way verl's own ``RayPPOTrainer`` does:
+
+1. ``infer_batch``: the current policy's log-probs and entropy of the sampled tokens (the PPO
+   "old" log-probs; compared with the rollout's recorded log-probs for the mismatch metrics);
+2. optionally the reference log-probs (KL) and verl's rollout importance weights;
+3. ``train_batch`` once per PPO epoch with verl's ``ppo_loss`` and an ``ActorConfig`` built from
+   ``TrainConfig`` (the policy loss is picked by name from verl's registry).
+
+Advantages come from the same verl estimators as the torch trainer
+(``swarm.backends.torch.algorithms.compute_advantages``). Every normaliser is the global batch's,
+so 1 and N workers, and this trainer and the torch trainer, compute the same loss.
+
+Checkpoints (``save``/``load``) are full, worker-count-independent folders; their layout is
+documented in ``swarm.backends.verl.checkpoint``. ``close()`` ends the workers and the local Ray
+cluster (``ray_cluster`` explains how Ray dies with a killed server).
+
+Not thread-safe by design: the engine calls every method from one thread, one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from swarm.backends.base import TrainConfig, TrainSample, Weights
+from swarm.backends.verl import batch as batching
+from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
+from swarm.backends.verl.ray_cluster import LocalRay
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VerlTrainer"]
+
+
+def _vocab_and_pad(folder: Path, embedding_rows: int) -> tuple[int, int]:
+    """Ids the tokenizer knows (logits past them are never sampled or trained) and the pad id."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return min(len(tokenizer), embedding_rows), int(pad if pad is not None else 0)
+
+
+class VerlTrainer:
+    """The ``Trainer`` protocol (see ``swarm.backends.base``) on a verl FSDP2 worker group.
+
+    ``model``: "tiny" or a local Hugging Face causal-LM folder. ``workers``: FSDP2 ranks (one Ray
+    actor each, one CPU or one GPU). ``ray_address``: join that cluster instead of starting a local
+    one. ``device``: "cpu" (gloo, the project's CPU platform, fp32, SDPA) or "cuda" (verl's defaults:
+    NCCL, bf16 mixed precision, flash-attention 2; not run on this project's CPU machines); default
+    "cuda" when torch sees a GPU. ``num_cpus``: CPUs a local cluster declares (default: ``workers``).
+    """
+
+    def __init__(self, model: str, config: TrainConfig, *, workers: int = 1, ray_address: str | None = None,
+                 device: str | None = None, seed: int = 0, num_cpus: int | None = None) -> None:
+        from swarm.backends.torch import resolve_model_folder
+
+        check_supported(config)
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.folder = resolve_model_folder(model, seed=seed)
+        self.model_name = "tiny" if model == "tiny" else self.folder.resolve().name
+        self.workers = workers
+        self.policy_version = 0
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._cpu = self.device == "cpu"
+        hf_config = json.loads((self.folder / "config.json").read_text())
+        self._tied = bool(hf_config.get("tie_word_embeddings", False))
+        self.max_context = int(hf_config.get("max_position_embeddings", 2048))
+        self.vocab_size, self._pad_id = _vocab_and_pad(self.folder, int(hf_config["vocab_size"]))
+        self._optimizer = optimizer_settings(config)
+        # A local cluster declares as many CPUs as workers need (each CPU worker takes one bundle).
+        self._ray = LocalRay(address=ray_address, num_cpus=num_cpus or (workers if self._cpu else None))
+        self._group: Any = None
+        self._pool: Any = None
+        self._has_reference = False
+        self._loss_key: tuple = ()
+        try:
+            self._start(config, seed)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def _start(self, config: TrainConfig, seed: int) -> None:
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+        from swarm.backends.verl import cpu_platform
+
+        worker_env: dict[str, str] = {}
+        model_overrides: dict[str, Any] = {}
+        if self._cpu:
+            cpu_platform.activate()
+            worker_env = cpu_platform.worker_env()
+            model_overrides = dict(cpu_platform.MODEL_OVERRIDES)
+        begin = time.perf_counter()
+        self._ray.start()
+        self.ray_startup_s = self._ray.startup_s
+        from swarm.backends.verl.worker import SwarmTrainingWorker
+
+        worker_config = TrainingWorkerConfig(
+            model_type="language_model",
+            model_config=HFModelConfig(path=str(self.folder), load_tokenizer=False, override_config=model_overrides,
+                                       enable_gradient_checkpointing=False, use_remove_padding=True),
+            engine_config=FSDPEngineConfig(
+                strategy="fsdp2",
+                forward_only=False,
+                use_dynamic_bsz=True,
+                max_token_len_per_gpu=config.micro_batch_tokens,
+                infer_max_token_len_per_gpu=config.micro_batch_tokens,
+                mixed_precision=dict(cpu_platform.MIXED_PRECISION) if self._cpu else None,
+                use_torch_compile=False,
+                seed=seed,
+            ),
+            optimizer_config=FSDPOptimizerConfig(lr=config.lr, weight_decay=config.weight_decay,
+                                                 clip_grad=config.grad_clip, lr_scheduler_type="constant"),
+            checkpoint_config=None,
+        )
+        import ray
+
+        resource = "CPU" if self._cpu else "GPU"
+        free = ray.available_resources().get(resource, 0.0)
+        if free < self.workers:  # verl would otherwise wait for the placement group forever
+            raise RuntimeError(f"Ray has {free:g} {resource} free but {self.workers} verl workers need one each")
+        self._pool = RayResourcePool(process_on_nodes=[self.workers], use_gpu=not self._cpu, max_colocate_count=1)
+        self._group = RayWorkerGroup(
+            resource_pool=self._pool,
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(SwarmTrainingWorker), config=worker_config,
+                                                   cpu=self._cpu),
+            worker_env=worker_env,
+            device_name=self.device,
+        )
+        self._group.reset()
+        self._group.restrict_vocab(self.vocab_size)
+        if config.kl_coef > 0:
+            self._group.snapshot_reference()
+            self._has_reference = True
+        self.startup_s = time.perf_counter() - begin
+        logger.info("verl trainer: %d FSDP2 worker(s) on %s ready in %.1f s (Ray %.1f s)", self.workers,
+                    self.device, self.startup_s, self.ray_startup_s)
+
+    def check_config(self, config: TrainConfig) -> None:
+        """``ValueError`` naming a knob verl cannot honour (``knobs.check_supported``)."""
+        check_supported(config)
+
+    def _apply_optimizer(self, config: TrainConfig) -> None:
+        wanted = optimizer_settings(config)
+        if wanted != self._optimizer:
+            self._group.set_optimizer(**wanted)
+            self._optimizer = wanted
+
+    # -- the Trainer protocol --------------------------------------------------------------------
+
+    def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
+        """Episode-level advantages from verl's ``config.adv_estimator`` (as the torch trainer)."""
+        from swarm.backends.torch import algorithms
+
+        return algorithms.compute_advantages(rewards, group_ids, config)
+
+    @staticmethod
+    def _token_budget(config: TrainConfig, samples: Sequence[TrainSample]) -> int:
+        """Tokens per micro-batch: ``micro_batch_tokens``, raised to fit the longest sample alone."""
+        return max(config.micro_batch_tokens, max(len(s.tokens) for s in samples))
+
+    def _infer(self, td_data, budget: int, key: str = "log_probs", reference: bool = False,
+               entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        td = batching.to_no_padding(td_data, calculate_entropy=entropy, compute_loss=False,
+                                    max_token_len_per_gpu=budget)
+        call = self._group.reference_log_probs if reference else self._group.infer_batch
+        output = call(td).get()
+        ent = batching.to_padded(output, "entropy", td) if entropy else None
+        return batching.to_padded(output, key, td), ent
+
+    def train_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One policy update (``ppo_epochs`` optimizer steps); increments ``policy_version``."""
+        check_supported(config)
+        start = time.perf_counter()
+        batching.validate_samples(samples, self.vocab_size, self.max_context)
+        self._apply_optimizer(config)
+        budget = self._token_budget(config, samples)
+        packed = batching.pack_samples(samples, self._pad_id, self.workers)
+        metrics = self._score_old_policy(packed, budget)
+        metrics.update(self._add_corrections(packed, config, budget))
+        metrics.update(self._update_policy(packed, config, budget))
+        self.policy_version += 1
+        elapsed = time.perf_counter() - start
+        trained = float(sum(len(s.tokens) for s in samples)) * config.ppo_epochs
+        metrics.update({
+            "train/response_tokens": packed.tokens,
+            "train/samples": float(packed.samples),
+            "perf/train_tokens": trained,
+            "perf/train_s": elapsed,
+            "perf/tokens_per_s": trained / elapsed if elapsed > 0 else 0.0,
+        })
+        return metrics
+
+    def _score_old_policy(self, packed: batching.PackedBatch, budget: int) -> dict[str, float]:
+        """The policy's log-probs of the sampled tokens before the update (PPO's "old" log-probs)."""
+        old, entropy = self._infer(packed.data, budget, entropy=True)
+        packed.data.batch["old_log_probs"] = old
+        metrics = _rollout_metrics(old, packed.rollout, packed.response_mask, packed.tokens)
+        metrics["train/entropy"] = float((entropy * packed.response_mask).sum()) / packed.tokens
+        return metrics
+
+    def _add_corrections(self, packed: batching.PackedBatch, config: TrainConfig, budget: int) -> dict[str, float]:
+        """Rollout importance weights and the KL reference's log-probs, when the config asks for them."""
+        batch, mask, metrics = packed.data.batch, packed.response_mask, {}
+        if config.rollout_is != "off":
+            from swarm.backends.torch import algorithms
+
+            weights, truncated = algorithms.rollout_is_weights(batch["old_log_probs"] - packed.rollout, mask,
+                                                               config.rollout_is, config.rollout_is_threshold)
+            batch["rollout_is_weights"] = weights
+            metrics["train/rollout_is_weight_mean"] = float((weights * mask).sum()) / packed.tokens
+            metrics["train/rollout_is_truncated"] = float((truncated * mask).sum()) / packed.tokens
+        if config.kl_coef > 0:
+            if not self._has_reference:
+                logger.warning("kl_coef > 0 but no reference yet: freezing the current policy as the reference")
+                self._group.snapshot_reference()
+                self._has_reference = True
+            batch["ref_log_prob"], _ = self._infer(packed.data, budget, reference=True)
+        return metrics
+
+    def _update_policy(self, packed: batching.PackedBatch, config: TrainConfig, budget: int) -> dict[str, float]:
+        """verl's ``ppo_loss`` (policy loss by name), one ``train_batch`` per PPO epoch."""
+        from verl.workers.utils.losses import ppo_loss
+
+        key = ("ppo", config.model_dump_json(), loss_scale(config, packed.horizon))
+        if key != self._loss_key:  # the loss function travels to every worker: only when it changes
+            self._group.set_loss_fn(partial(ppo_loss, config=actor_config(config, key[2])))
+            self._loss_key = key
+        td = batching.to_no_padding(packed.data, global_batch_size=packed.samples, calculate_entropy=False,
+                                    compute_loss=True, max_token_len_per_gpu=budget)
+        sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "kl_loss"), 0.0)
+        for _ in range(config.ppo_epochs):
+            out = _worker_metrics(self._group.train_batch(td).get())
+            for key in sums:
+                sums[key] += out.get(key, 0.0)
+        kl = sums.pop("kl_loss")
+        metrics = {f"train/{k}": v / config.ppo_epochs for k, v in sums.items()}
+        if config.kl_coef > 0:
+            metrics["train/kl"] = kl / config.ppo_epochs  # verl's kl_loss: the KL aggregated like the loss
+        return metrics
+
+    def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
+        """One token-mean NLL update on ``loss_mask`` tokens (temperature 1); increments ``policy_version``."""
+        from swarm.backends.verl.worker import sft_loss
+
+        start = time.perf_counter()
+        batching.validate_samples(samples, self.vocab_size, self.max_context)
+        self._apply_optimizer(config)
+        packed = batching.pack_samples(samples, self._pad_id, self.workers, unit_temperature=True)
+        if self._loss_key != ("sft",):
+            self._group.set_loss_fn(sft_loss)
+            self._loss_key = ("sft",)
+        td = batching.to_no_padding(packed.data, global_batch_size=packed.samples, compute_loss=True,
+                                    max_token_len_per_gpu=self._token_budget(config, samples))
+        out = _worker_metrics(self._group.train_batch(td).get())
+        self.policy_version += 1
+        elapsed = time.perf_counter() - start
+        trained = float(sum(len(s.tokens) for s in samples))
+        return {
+            "sft/loss": out["loss"],
+            "sft/grad_norm": out["grad_norm"],
+            "sft/tokens": packed.tokens,
+            "perf/train_tokens": trained,
+            "perf/train_s": elapsed,
+            "perf/tokens_per_s": trained / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def export_weights(self) -> Weights:
+        """The full weights on the CPU with Hugging Face names (gathered from the FSDP shards)."""
+        return self._full_state(with_optimizer=False)["weights"]
+
+    def _full_state(self, with_optimizer: bool) -> dict[str, Any]:
+        return self._group.full_state(with_optimizer)[0]
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, directory: str) -> None:
+        """Write a loadable HF folder + optimizer + reference + ``policy_version`` (see ``checkpoint``)."""
+        state = self._full_state(with_optimizer=True)
+        reference = self._group.reference_state()[0] if self._has_reference else None
+        meta = {"policy_version": self.policy_version, "model_name": self.model_name, "workers": self.workers}
+        write_checkpoint(directory, self.folder, Checkpoint(meta, state["weights"], state["optimizer"], reference),
+                         tied=self._tied)
+
+    def load(self, directory: str) -> None:
+        """Restore what ``save`` wrote, with any number of workers."""
+        saved = read_checkpoint(directory, tied=self._tied)
+        self._group.load_full_state(saved.weights, saved.optimizer)
+        if saved.reference is not None:
+            self._group.load_reference(saved.reference)
+            self._has_reference = True
+        self.policy_version = int(saved.meta["policy_version"])
+        self._optimizer = {}  # lr/decay came back from disk: re-apply the live config on the next step
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the workers and disconnect from (or stop) Ray. Idempotent."""
+        group, self._group = self._group, None
+        pool, self._pool = self._pool, None
+        import ray
+
+        if ray.is_initialized():
+            for handle in getattr(group, "workers", None) or []:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except (ValueError, ray.exceptions.RayError) as exc:  # a worker already gone is fine
+                    logger.debug("could not kill a verl worker: %s", exc)
+            for pg in getattr(pool, "pgs", None) or []:  # free the CPUs/GPUs on a shared cluster
+                try:
+                    ray.util.remove_placement_group(pg)
+                except (ValueError, ray.exceptions.RayError) as exc:
+                    logger.debug("could not remove a placement group: %s", exc)
+        self._ray.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _worker_metrics(output: Any) -> dict[str, float]:
+    """verl's ``train_batch`` metrics as floats, ``actor/`` prefix dropped.
+
+    Values arrive per data-parallel rank (a list), each a ``Metric`` over micro-batches or a plain
+    list: ``Metric.aggregate_dp`` reduces them the way verl's own trainer does (for the loss terms,
+    the global-batch value, since each micro-batch is already scaled by its global share).
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import Metric
+
+    out: dict[str, float] = {}
+    for key, value in tu.get(output, "metrics").items():
+        if isinstance(value, list) and value and all(isinstance(v, Metric) for v in value):
+            value = Metric.aggregate_dp(value)
+        elif isinstance(value, Metric):
+            value = value.aggregate()
+        elif isinstance(value, list):
+            flat = list(_flatten(value))
+            value = sum(flat) / len(flat) if flat else 0.0
+        if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "size", 1) == 1):
+            out[key.removeprefix("actor/")] = float(value)
+    return out
+
+
+def _flatten(values: list) -> Any:
+    for v in values:
+        if isinstance(v, list):
+            yield from _flatten(v)
+        elif isinstance(v, (int, float)):
+            yield float(v)
+
+
+def _rollout_metrics(logp: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, tokens: float) -> dict[str, float]:
+    """Recomputed vs recorded log-probs of the sampled tokens, over ``mask`` tokens (shapes ``(rows, R)``)."""
+    diff = (logp - rollout).abs() * mask
+    mean = float(diff.sum()) / tokens
+    return {
+        "train/rollout_logprob_diff": mean,
+        "rollout/logprob_diff_mean": mean,
+        "rollout/logprob_diff_max": float(diff.max()),
+    }

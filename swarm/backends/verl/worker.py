@@ -1,0 +1,179 @@
+"""The Ray worker the verl trainer runs: verl's ``TrainingWorker`` plus what the swarm engine needs.
+
+Runs inside Ray worker processes (imported there when Ray unpickles the actor class). Everything
+verl's ``TrainingWorker`` offers is used as is (``reset``, ``set_loss_fn``, ``infer_batch``,
+``train_batch``); this subclass adds only the calls verl 0.9.1 has no public method for:
+
+- ``restrict_vocab``: log-probs over the ids the tokenizer knows (as the generator samples them);
+- ``set_optimizer``: live hyper-parameters (lr, weight decay, gradient clip) between steps;
+- ``full_state`` / ``load_full_state``: world-size-independent weights and optimizer state
+  (torch.distributed.checkpoint full state dicts, Hugging Face parameter names), gathered to or
+  sent from the driver, so a checkpoint saved with N workers loads with M;
+- ``snapshot_reference`` / ``reference_log_probs`` (+ ``reference_state`` / ``load_reference`` for
+  checkpoints): a frozen copy of this rank's parameter shards for the KL penalty, swapped in for
+  one forward pass (no second model or worker group).
+
+On CPU the worker first creates a plain gloo process group (``cpu_platform.init_process_group``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from tensordict import TensorDict
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils.torch_functional import masked_sum
+from verl.workers.config import TrainingWorkerConfig
+from verl.workers.engine_workers import TrainingWorker
+from verl.workers.utils.padding import no_padding_2_padding
+
+from swarm.backends.verl import cpu_platform
+
+__all__ = ["SwarmTrainingWorker", "sft_loss"]
+
+
+def sft_loss(model_output: dict, data: TensorDict, dp_group=None, config=None):
+    """Token-mean NLL over ``response_mask`` tokens of the whole (global) batch.
+
+    verl's own ``sft_loss`` expects a full-length ``loss_mask`` from its SFT dataset; our batches
+    carry the RL layout (prompt + response, mask on the response), so the mask is applied to the
+    response slice of the log-probs, normalised like verl's losses (``batch_num_tokens * dp_size``).
+    """
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    mask = data.select("response_mask").to_padded_tensor()["response_mask"].to(bool)
+    loss = -masked_sum(log_prob, mask) / data["batch_num_tokens"] * data["dp_size"]
+    return loss, {}
+
+
+class SwarmTrainingWorker(TrainingWorker):
+    """verl's ``TrainingWorker`` with live optimizer settings, full state and a KL reference."""
+
+    def __init__(self, config: TrainingWorkerConfig, cpu: bool = False):
+        if cpu:
+            cpu_platform.init_process_group()
+        super().__init__(config)
+        self._reference: list[torch.Tensor] | None = None
+        self._vocab_hook = None
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for p in self.engine.module.parameters()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restrict_vocab(self, size: int) -> None:
+        """Keep only the first ``size`` logits (the ids the tokenizer knows).
+
+        Embedding rows past the tokenizer are padding: never sampled, so log-probs and entropy are
+        taken over the real vocabulary only, as the generator samples and the torch trainer trains.
+        """
+        head = self.engine.module.get_output_embeddings()
+        if self._vocab_hook is not None:
+            self._vocab_hook.remove()
+            self._vocab_hook = None
+        if size < head.out_features:
+            self._vocab_hook = head.register_forward_hook(lambda module, args, output: output[..., :size])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_optimizer(self, lr: float, weight_decay: float, clip_grad: float) -> None:
+        """Apply live hyper-parameters; the lr scheduler is never stepped, so they stay as set."""
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+            group["initial_lr"] = lr
+            group["weight_decay"] = weight_decay
+        scheduler = self.engine.lr_scheduler
+        if scheduler is not None:
+            scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+        self.engine.optimizer_config.clip_grad = clip_grad
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_state(self, with_optimizer: bool) -> dict | None:
+        """Full CPU weights (HF names) and optionally optimizer state; returned by rank 0 only.
+
+        Every rank must take part: gathering the shards is a collective."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        module = self.engine.module
+        weights = get_model_state_dict(module, options=options)
+        optimizer = get_optimizer_state_dict(module, self.engine.optimizer, options=options) if with_optimizer else None
+        if self.rank != 0:
+            return None
+        return {"weights": {k: v.detach().clone() for k, v in weights.items()}, "optimizer": optimizer}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_full_state(self, weights: dict, optimizer: dict | None) -> None:
+        """Load full weights (and optimizer state) into this rank's shards."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        module = self.engine.module
+        set_model_state_dict(module, weights, options=options)
+        if optimizer is not None:
+            set_optimizer_state_dict(module, self.engine.optimizer, optimizer, options=options)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def snapshot_reference(self) -> None:
+        """Freeze the current policy (this rank's shards) as the KL reference."""
+        with torch.no_grad():
+            self._reference = [_local(p).clone() for p in self._params()]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def has_reference(self) -> bool:
+        return self._reference is not None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reference_state(self) -> dict | None:
+        """Full reference weights (HF names) on rank 0, or None without a reference (collective)."""
+        if self._reference is None:
+            return None
+        with self._swapped(self._reference):
+            state = self.full_state(with_optimizer=False)
+        return None if state is None else state["weights"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_reference(self, weights: dict) -> None:
+        """Make the full ``weights`` this rank's KL reference (the policy itself is unchanged)."""
+        params = self._params()
+        with torch.no_grad():
+            current = [_local(p).clone() for p in params]
+        self.load_full_state(weights, None)
+        with torch.no_grad():
+            self._reference = [_local(p).clone() for p in params]
+            for p, cur in zip(params, current, strict=True):
+                _local(p).copy_(cur)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False)
+    def reference_log_probs(self, data: TensorDict) -> TensorDict:
+        """``infer_batch`` with the reference shards swapped in for the forward pass."""
+        if self._reference is None:
+            raise RuntimeError("no KL reference: call snapshot_reference first")
+        with self._swapped(self._reference):
+            return self.infer_batch(data)
+
+    @contextlib.contextmanager
+    def _swapped(self, shards: list[torch.Tensor]):
+        """Run with ``shards`` in place of this rank's parameter shards, then put them back."""
+        params = self._params()
+        with torch.no_grad():
+            current = [_local(p).clone() for p in params]
+            for p, shard in zip(params, shards, strict=True):
+                _local(p).copy_(shard)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, cur in zip(params, current, strict=True):
+                    _local(p).copy_(cur)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 parameter (a DTensor), or the tensor itself."""
+    return param.to_local() if hasattr(param, "to_local") else param.data

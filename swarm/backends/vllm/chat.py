@@ -1,0 +1,144 @@
+"""The swarm side of the vLLM engine's text handling: chat template, encode, decode, stop strings.
+
+The server renders prompts with the model folder's own tokenizer and chat template and sends vLLM
+token ids only, so vLLM's tokenizer never decides what a prompt is. Loading follows the same rule
+as the torch engine: a folder whose tokenizer_config names the generic fast class is loaded from
+its tokenizer.json as is (``AutoTokenizer`` would swap in the model type's own class, which breaks
+the tiny preset's byte round-trip).
+
+Stop strings are applied to the ids with this tokenizer's decode, exactly as the torch engine does:
+the ids are cut before the token in which the stop string begins, so they decode to the returned
+text. vLLM stops generating at the stop string; where the ids end is decided here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
+
+_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+_REPLACEMENT = "\ufffd"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _ids(value: Any) -> set[int]:
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, (list, tuple)):
+        return {int(v) for v in value}
+    return set()
+
+
+@dataclass
+class ChatTokenizer:
+    """A model folder's tokenizer plus what sampling needs to know about its vocabulary."""
+
+    tokenizer: Any
+    vocab_size: int  # ids the tokenizer can decode; the model's embedding may have more rows
+    model_vocab_size: int  # rows of the embedding, i.e. logits vLLM samples from
+    eos_ids: frozenset[int]  # ids that end a generation (the torch engine's set)
+    max_position_embeddings: int
+
+    @classmethod
+    def load(cls, folder: str | Path) -> ChatTokenizer:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        folder = Path(folder)
+        config = _read_json(folder / "config.json")
+        declared = _read_json(folder / "tokenizer_config.json").get("tokenizer_class")
+        if declared in _GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model_vocab = int(config.get("vocab_size") or len(tokenizer))
+        eos = _ids(config.get("eos_token_id")) | _ids(_read_json(folder / "generation_config.json").get("eos_token_id"))
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+            eos.add(im_end)
+        return cls(
+            tokenizer=tokenizer,
+            vocab_size=min(len(tokenizer), model_vocab),
+            model_vocab_size=model_vocab,
+            eos_ids=frozenset(eos),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 2048),
+        )
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        from jinja2 import TemplateError
+
+        if not messages:
+            raise ValueError("messages must not be empty")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except (TemplateError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> int:
+    hits = [pos for pos in (text.find(s) for s in stops) if pos >= 0]
+    return min(hits) if hits else -1
+
+
+def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any) -> int | None:
+    """How many of ``ids`` to keep if their text contains a stop string, else None.
+
+    The kept ids are the longest prefix whose text ends at or before where the stop string starts.
+    """
+    if not stops:
+        return None
+    start = _find_stop(decode(ids), stops)
+    if start < 0:
+        return None
+    keep = len(ids)
+    while keep > 0 and len(decode(ids[:keep])) > start:
+        keep -= 1
+    return keep
+
+
+def releasable(ids: Sequence[int], stops: Sequence[str], emitted: int, decode: Any) -> int:
+    """How many leading ``ids`` can be streamed without risk of a later stop-string cut.
+
+    A text tail that is a prefix of a stop string may still grow into it, and trailing replacement
+    characters may be an unfinished multi-byte character.
+    """
+    if not stops:
+        return len(ids)
+    text = decode(ids)
+    safe = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if stop.startswith(text[-k:]):
+                safe = min(safe, len(text) - k)
+                break
+    while safe > 0 and text[safe - 1] == _REPLACEMENT:
+        safe -= 1
+    count = emitted
+    while count < len(ids) and len(decode(ids[: count + 1])) <= safe:
+        count += 1
+    return count

@@ -1,0 +1,168 @@
+"""One row as a vLLM ``/v1/completions`` request: validation, the request body, reading the answer.
+
+The body asks for token ids in (``prompt: [ids]``) and out (``return_token_ids``), the sampled
+token's log-prob (``logprobs: k`` returns it plus the k most likely; ``return_tokens_as_token_ids``
+keys those by id, not by text that may collide), the end-of-turn ids the torch engine stops on
+(``stop_token_ids``) and a -100 logit bias on ids past the tokenizer (embedding padding, which the
+torch engine never samples). A streamed answer is read chunk by chunk into the same ``RowState``
+as a whole answer, so both paths produce identical ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from swarm.backends.base import Generation, SamplingParams
+from swarm.backends.vllm.chat import cut_at_stop, releasable
+from swarm.backends.vllm.errors import GeneratorUnavailable
+
+__all__ = ["MAX_TOP_LOGPROBS", "RowState", "completion_body", "raise_for_status", "sse_payloads", "validate_requests"]
+
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+PAD_BIAS = -100.0  # the most negative bias vLLM accepts; exp(-100) is below float32 resolution
+_TOKEN_PREFIX = "token_id:"
+
+
+def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
+                      max_context: int, vocab_size: int) -> None:
+    """``ValueError`` for anything that cannot be served; checked before anything is sent."""
+    if len(prompts) != len(params):
+        raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if p.max_tokens < 1:
+            raise ValueError(f"prompt {i}: max_tokens must be at least 1, got {p.max_tokens}")
+        if not (p.temperature >= 0.0 and math.isfinite(p.temperature)):
+            raise ValueError(f"prompt {i}: temperature must be a finite number >= 0, got {p.temperature}")
+        if not (0.0 < p.top_p <= 1.0):
+            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p.top_p}")
+        if any(s == "" for s in p.stop):
+            raise ValueError(f"prompt {i}: stop strings must not be empty")
+        if not (0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"prompt {i}: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs}")
+        if len(prompt) + p.max_tokens > max_context:
+            raise ValueError(
+                f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "
+                f"model's context of {max_context} tokens"
+            )
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab_size})")
+
+
+def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, eos_ids: Sequence[int],
+                    padding_ids: range) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "policy",
+        "prompt": [int(t) for t in prompt],
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "logprobs": p.top_logprobs,  # 0 still returns the sampled token's log-prob
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stop_token_ids": sorted(eos_ids),
+        "skip_special_tokens": True,
+        "stream": stream,
+    }
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if len(padding_ids):
+        body["logit_bias"] = {str(i): PAD_BIAS for i in padding_ids}
+    return body
+
+
+def raise_for_status(response: httpx.Response) -> None:
+    """4xx: the request was bad (``ValueError``); 5xx: vLLM is in trouble (``GeneratorUnavailable``)."""
+    if response.status_code < 400:
+        return
+    try:
+        detail = response.json()
+        error = detail.get("error") if isinstance(detail, dict) else None
+        message = error.get("message") if isinstance(error, dict) else detail
+    except ValueError:
+        message = response.text
+    if response.status_code < 500:
+        raise ValueError(f"vLLM rejected the request ({response.status_code}): {message}")
+    raise GeneratorUnavailable(f"vLLM answered {response.status_code}: {message}", retry_after=5.0)
+
+
+async def sse_payloads(response: httpx.Response):
+    """The JSON payloads of an SSE stream, up to ``[DONE]``; an error event raises."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        payload = json.loads(data)
+        if "error" in payload:
+            raise GeneratorUnavailable(f"vLLM failed mid-stream: {payload['error']}", retry_after=5.0)
+        yield payload
+
+
+@dataclass
+class RowState:
+    """One row's tokens as they arrive, before the stop-string cut."""
+
+    params: SamplingParams
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    emitted: int = 0
+    finish: str | None = None
+
+    def absorb(self, choice: dict[str, Any]) -> None:
+        """Append one answer (or one stream chunk) of ids and log-probs."""
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        logprobs = choice.get("logprobs") or {}
+        values = logprobs.get("token_logprobs") or []
+        if len(values) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(ids)} token ids but {len(values)} log-probs")
+        self.ids.extend(ids)
+        self.logprobs.extend(float(v) for v in values)
+        k = self.params.top_logprobs
+        if k > 0:
+            for alternatives in logprobs.get("top_logprobs") or []:
+                ranked = sorted(((_token_id(t), float(v)) for t, v in (alternatives or {}).items()), key=lambda kv: -kv[1])
+                self.top.append(ranked[:k])
+        if choice.get("finish_reason") is not None:
+            self.finish = choice["finish_reason"]
+
+    def release(self, decode: Callable[[Sequence[int]], str]) -> range:
+        """Indices of tokens that may be streamed now (never ones a stop string will cut)."""
+        stops = self.params.stop
+        keep = cut_at_stop(self.ids, stops, decode)  # a complete stop string: the final cut is known
+        upto = keep if keep is not None else releasable(self.ids, stops, self.emitted, decode)
+        start, self.emitted = self.emitted, max(self.emitted, upto)
+        return range(start, self.emitted)
+
+    def generation(self, decode: Callable[[Sequence[int]], str]) -> Generation:
+        """The final row: ids cut before a stop string, finish reason mapped to stop/length."""
+        if self.finish not in ("stop", "length"):
+            # "abort" (vLLM paused in abort mode, or shut down) or a stream that ended early
+            raise GeneratorUnavailable(f"vLLM ended the request with finish_reason={self.finish!r}", retry_after=5.0)
+        finish = self.finish
+        keep = cut_at_stop(self.ids, self.params.stop, decode)
+        if keep is not None:
+            del self.ids[keep:], self.logprobs[keep:], self.top[keep:]
+            finish = "stop"
+        self.emitted = min(self.emitted, len(self.ids))
+        return Generation(
+            token_ids=self.ids, logprobs=self.logprobs, finish_reason=finish,  # type: ignore[arg-type]
+            top_logprobs=self.top if self.params.top_logprobs > 0 else None,
+        )
+
+
+def _token_id(key: str) -> int:
+    if not key.startswith(_TOKEN_PREFIX):
+        raise RuntimeError(f"vLLM returned a top log-prob key {key!r}; expected {_TOKEN_PREFIX}<id>")
+    return int(key[len(_TOKEN_PREFIX):])

@@ -1,0 +1,310 @@
+"""The vLLM generator against a real vLLM child on the tiny preset (CPU, float32).
+
+One child serves the whole module (start-up takes 35-60 s here); the tests share one event loop
+(``asyncio.Runner``) because the generator's client and events belong to it. The SIGKILL test
+restarts the child, so it runs last. Reference log-probs come straight from the torch model:
+``log_softmax(logits / T)`` over the tokenizer's ids, the quantity the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
+from swarm.backends.vllm import (
+    GeneratorUnavailable,
+    VllmGenerator,
+    VllmProcess,
+    VllmStartError,
+    find_vllm_python,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[asyncio.Runner]:
+    with asyncio.Runner() as loop_runner:
+        yield loop_runner
+
+
+@pytest.fixture(scope="module")
+def generator(runner: asyncio.Runner, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmGenerator]:
+    state = tmp_path_factory.mktemp("vllm-state")
+    gen = VllmGenerator.launch(tiny_dir, state, max_model_len=512, start_timeout=300)
+    runner.run(gen.start())
+    try:
+        yield gen
+    finally:
+        runner.run(gen.close())
+        pid = getattr(gen.server, "pid", None)
+        assert pid is None or not _group_alive(pid)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir: Path):
+    """A torch copy of the weights vLLM serves; tests that change vLLM's weights change this too."""
+    from swarm.backends.torch import TorchBackend
+
+    return TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True if a live (non-zombie) process is left in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
+        except OSError:
+            continue
+        if fields and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def torch_logprobs(backend, prompt: Sequence[int], ids: Sequence[int], temperature: float) -> list[float]:
+    import torch
+
+    tokens = torch.tensor([list(prompt) + list(ids)])
+    with torch.no_grad():
+        logits = backend.model(tokens).logits[0, len(prompt) - 1 : -1, : backend.vocab_size].float()
+    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    return logp.gather(-1, torch.tensor(list(ids)).unsqueeze(-1)).flatten().tolist()
+
+
+def mismatch(backend, prompt: Sequence[int], generations, temperature: float) -> tuple[float, float]:
+    diffs = [
+        abs(a - b)
+        for g in generations
+        for a, b in zip(torch_logprobs(backend, prompt, g.token_ids, temperature), g.logprobs, strict=True)
+    ]
+    return sum(diffs) / len(diffs), max(diffs)
+
+
+@pytest.fixture(scope="module")
+def prompt(generator: VllmGenerator) -> list[int]:
+    return generator.render_prompt([{"role": "user", "content": "spell some letters"}], None)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_token_exact_generation_matches_torch_logprobs(runner, generator, reference, prompt, temperature) -> None:
+    params = [SamplingParams(max_tokens=24, temperature=temperature, seed=10 + i) for i in range(3)]
+    out = runner.run(generator.generate([prompt] * 3, params))
+    assert out.policy_version == 0
+    for g in out.generations:
+        assert 1 <= len(g.token_ids) <= 24 and len(g.logprobs) == len(g.token_ids)
+        assert max(g.token_ids) < generator.chat.vocab_size  # embedding padding is never sampled
+        assert g.finish_reason == ("length" if len(g.token_ids) == 24 else "stop")
+    mean, worst = mismatch(reference, prompt, out.generations, temperature)
+    print(f"logprob mismatch T={temperature}: mean {mean:.2e} max {worst:.2e}")
+    assert mean < TOLERANCE and worst < 10 * TOLERANCE
+
+
+def test_rows_seeds_and_determinism(runner, generator, prompt) -> None:
+    params = [SamplingParams(max_tokens=16, seed=s) for s in (1, 1, 2, 3)]
+    first = runner.run(generator.generate([prompt] * 4, params))
+    again = runner.run(generator.generate([prompt] * 4, params))
+    ids = [g.token_ids for g in first.generations]
+    assert ids == [g.token_ids for g in again.generations]
+    assert ids[0] == ids[1]
+    assert len({tuple(i) for i in ids}) >= 2
+
+
+def test_stop_string_cuts_ids_and_stream(runner, generator, prompt) -> None:
+    free = runner.run(generator.generate([prompt], [SamplingParams(max_tokens=40, seed=4)])).generations[0]
+    text = generator.decode(free.token_ids)
+    assert len(text) >= 8, text
+    stop = text[4:6]
+    streamed: list[int] = []
+    out = runner.run(generator.generate(
+        [prompt], [SamplingParams(max_tokens=40, seed=4, stop=(stop,))], sink=lambda row, t, lp: streamed.append(t)
+    )).generations[0]
+    cut_text = generator.decode(out.token_ids)
+    assert out.finish_reason == "stop"
+    assert stop not in cut_text and text.startswith(cut_text)
+    assert out.token_ids == free.token_ids[: len(out.token_ids)]
+    assert out.logprobs == pytest.approx(free.logprobs[: len(out.token_ids)], abs=1e-5)
+    assert streamed == out.token_ids
+
+
+def test_top_logprobs_and_streaming(runner, generator, reference, prompt) -> None:
+    import torch
+
+    streamed: list[tuple[int, int, float]] = []
+    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=s, top_logprobs=2) for s in (5, 6)]
+    out = runner.run(generator.generate([prompt, prompt], params, sink=lambda *item: streamed.append(item)))
+    for row, g in enumerate(out.generations):
+        assert [(t, lp) for r, t, lp in streamed if r == row] == list(zip(g.token_ids, g.logprobs))
+        assert g.top_logprobs is not None and len(g.top_logprobs) == len(g.token_ids)
+        tokens = torch.tensor([prompt + g.token_ids])
+        with torch.no_grad():
+            logits = reference.model(tokens).logits[0, len(prompt) - 1 : -1, : reference.vocab_size]
+        expected = torch.log_softmax(logits / 0.8, dim=-1).topk(2, dim=-1)
+        for pos, alternatives in enumerate(g.top_logprobs):
+            assert [t for t, _ in alternatives] == expected.indices[pos].tolist()
+            assert [lp for _, lp in alternatives] == pytest.approx(expected.values[pos].tolist(), abs=TOLERANCE)
+
+
+def test_bad_requests_raise_value_error(runner, generator, prompt) -> None:
+    cases = [
+        ([[]], [SamplingParams(max_tokens=4)]),
+        ([prompt], [SamplingParams(max_tokens=600)]),  # beyond --max-model-len 512
+        ([prompt], [SamplingParams(max_tokens=4, top_p=0.0)]),
+        ([[generator.chat.vocab_size]], [SamplingParams(max_tokens=4)]),
+        ([prompt], [SamplingParams(max_tokens=4, top_logprobs=50)]),
+        ([prompt, prompt], [SamplingParams(max_tokens=4)]),
+    ]
+    for prompts, params in cases:
+        with pytest.raises(ValueError):
+            runner.run(generator.generate(prompts, params))
+
+
+def _train_one_step(reference, prompt: list[int]) -> None:
+    """A real supervised update of the torch copy with a large learning rate (weights visibly move)."""
+    target = reference.encode("aaaa bbbb")
+    sample = TrainSample(
+        tokens=prompt + target, loss_mask=[0] * len(prompt) + [1] * len(target),
+        rollout_logprobs=[0.0] * (len(prompt) + len(target)), advantage=0.0,
+    )
+    reference.supervised_step([sample], TrainConfig(lr=0.05))
+
+
+def test_weight_sync_moves_logprobs_and_version(runner, generator, reference, prompt) -> None:
+    params = [SamplingParams(max_tokens=24, seed=20 + i) for i in range(2)]
+    before = runner.run(generator.generate([prompt] * 2, params))
+    _train_one_step(reference, prompt)
+    started = time.monotonic()
+    runner.run(generator.load_weights(1, reference.model.state_dict()))
+    print(f"weight sync {time.monotonic() - started:.2f} s")
+    after = runner.run(generator.generate([prompt] * 2, params))
+    assert (before.policy_version, after.policy_version) == (0, 1)
+    stale, _ = mismatch(reference, prompt, before.generations, 1.0)
+    mean, worst = mismatch(reference, prompt, after.generations, 1.0)
+    print(f"after sync: mismatch mean {mean:.2e} max {worst:.2e} (old weights vs new: {stale:.2e})")
+    assert stale > 10 * TOLERANCE  # the update changed the model
+    assert mean < TOLERANCE and worst < 10 * TOLERANCE
+    assert generator.status().policy_version == 1
+
+
+def test_async_update_lets_running_requests_finish_on_old_weights(runner, generator, reference, prompt) -> None:
+    old_state = {k: v.clone() for k, v in reference.model.state_dict().items()}
+
+    async def scenario():
+        generator.mode = "async"
+        first_token = asyncio.Event()
+        try:
+            running = asyncio.create_task(generator.generate(
+                [prompt], [SamplingParams(max_tokens=300, seed=1)], sink=lambda *_: first_token.set()
+            ))
+            await first_token.wait()  # the long request is in flight
+            _train_one_step(reference, prompt)
+            update = asyncio.create_task(generator.load_weights(2, reference.model.state_dict()))
+            await asyncio.sleep(0.05)
+            later = asyncio.create_task(generator.generate([prompt], [SamplingParams(max_tokens=8, seed=2)]))
+            old = await running
+            assert not later.done()  # held back until the update is applied
+            return old, await update, await later
+        finally:
+            generator.mode = "sync"
+
+    old, _, new = runner.run(scenario())
+    assert (old.policy_version, new.policy_version) == (1, 2)
+    mean_new, _ = mismatch(reference, prompt, new.generations, 1.0)
+    assert mean_new < TOLERANCE
+    new_state = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    reference.model.load_state_dict(old_state)
+    try:
+        mean_old, _ = mismatch(reference, prompt, old.generations, 1.0)
+    finally:
+        reference.model.load_state_dict(new_state)
+    assert mean_old < TOLERANCE  # every token of the running request came from the old weights
+
+
+def test_sigkill_restarts_on_latest_weights(runner, generator, reference, prompt) -> None:
+    assert isinstance(generator.server, VllmProcess)
+    version = generator.policy_version
+    params = [SamplingParams(max_tokens=16, seed=7)]
+
+    async def scenario():
+        os.killpg(generator.server.pid, signal.SIGKILL)
+        with pytest.raises(GeneratorUnavailable) as failure:
+            for _ in range(50):  # the kill lands within a moment
+                await generator.generate([prompt], params)
+                await asyncio.sleep(0.1)
+        assert failure.value.retry_after > 0
+        deadline = time.monotonic() + 300
+        while True:
+            status = generator.status()
+            if status.restarts == 1 and status.alive and not status.restarting:
+                break
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.5)
+        return await generator.generate([prompt], params)
+
+    out = runner.run(scenario())
+    assert out.policy_version == version
+    mean, _ = mismatch(reference, prompt, out.generations, 1.0)
+    assert mean < TOLERANCE  # served by the latest weights, not the folder vLLM first started on
+    print(f"restart took {generator.status().start_time_s:.1f} s")
+
+
+def test_missing_vllm_fails_fast_with_install_hint(tiny_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(VllmStartError, match="setup-vllm"):
+        find_vllm_python(tmp_path / "no-python")
+
+    import sys
+
+    process = VllmProcess(tiny_dir, tmp_path / "vllm.log", python=sys.executable)  # no vllm in this venv
+    started = time.monotonic()
+    with pytest.raises(VllmStartError) as failure:
+        asyncio.run(process.start(timeout=60))
+    assert time.monotonic() - started < 60
+    message = str(failure.value)
+    assert "No module named 'vllm'" in message and "setup-vllm" in message  # the log's tail, the install line
+    assert not process.alive()
+
+
+_ORPHAN_SCRIPT = """
+import asyncio, sys
+from swarm.backends.vllm import VllmProcess
+
+async def main():
+    process = VllmProcess(sys.argv[1], sys.argv[2])
+    starting = asyncio.create_task(process.start(timeout=300))
+    while process.pid is None:
+        await asyncio.sleep(0.05)
+    print(process.pid, flush=True)
+    await starting
+
+asyncio.run(main())
+"""
+
+
+def test_child_dies_with_a_killed_server(tiny_dir: Path, tmp_path: Path) -> None:
+    """A server killed without cleanup (SIGKILL) leaves no vLLM process behind."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny_dir), str(tmp_path / "vllm.log")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        vllm_pid = int(server.stdout.readline())
+        time.sleep(1.0)
+        assert _group_alive(vllm_pid)
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 30
+        while _group_alive(vllm_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(vllm_pid)
+    finally:
+        server.kill()
+        server.wait()
