@@ -46,6 +46,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("rollout_is", "importance correction of stale samples",
          ("importance correction", "importance sampling", "importance weight", "off-policy correction",
           "rollout correction"), ("off", "token", "sequence"), ("off", "token")),
+    # Engines (set for a run's life, not live): does serving rollouts from vLLM, or training on verl's
+    # FSDP2 workers, change what is learned? Same algorithm, different numerics and timing.
+    Knob("engine", "rollout engine (embedded torch sampler vs vLLM)",
+         ("vllm", "vllm rollout", "vllm rollouts", "rollout engine", "inference engine", "generation engine"),
+         ("torch", "vllm"), ("torch", "vllm")),
+    Knob("trainer", "training engine (embedded torch vs verl FSDP2 workers on Ray)",
+         ("verl", "fsdp", "fsdp2", "training engine", "verl trainer"), ("torch", "verl"), ("torch", "verl")),
 )
 
 TASK_KEYWORDS: dict[str, tuple[str, ...]] = {

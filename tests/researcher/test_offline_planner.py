@@ -26,6 +26,8 @@ TASKS = ["calculator", "digits", "letters"]
     ("Does the GSPO policy loss beat vanilla clipping?", "policy_loss", "letters"),
     ("How much policy lag can async training on the calculator tolerate?", "max_staleness", "calculator"),
     ("Does importance correction of stale samples help?", "rollout_is", "letters"),
+    ("Does vLLM rollout change learning?", "engine", "letters"),
+    ("Does training on verl's FSDP2 workers change learning on digits?", "trainer", "digits"),
 ])
 def test_topics_map_onto_knob_and_task(topic: str, knob: str, task: str) -> None:
     framing = OfflinePlanner(TASKS).frame(topic, "catalog").value

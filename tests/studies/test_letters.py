@@ -1,5 +1,9 @@
 """End to end: `swarm serve --model tiny --config letters/config.toml` + `swarm run letters/client.py`
-as real processes; within 120 s the mean reward of the last 5 steps beats the first 5 by >= 0.3."""
+as real processes; within the budget the mean reward of the last 5 steps beats the first 5 by >= 0.3.
+
+The same criterion holds on each engine: the embedded torch engine (120 s) and vLLM rollouts
+(`--engine vllm`, 240 s after the server is up: each step also syncs weights into vLLM through disk).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from swarm_proc import ROOT, ServeProcess, study_run
 from swarm.client import SwarmClient
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
-BUDGET_S = 120.0
+ENGINES = {"torch": ((), 120.0), "vllm": (("--engine", "vllm"), 240.0)}
 
 
 def _rise(rewards: list[float]) -> float:
@@ -22,20 +26,22 @@ def _rise(rewards: list[float]) -> float:
 
 
 @pytest.mark.slow
-def test_letters_reward_rises_within_two_minutes(new_server: Callable[..., ServeProcess], tmp_path: Path) -> None:
-    server = new_server(config=LETTERS / "config.toml")
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_letters_reward_rises(new_server: Callable[..., ServeProcess], tmp_path: Path, engine: str) -> None:
+    extra_args, budget_s = ENGINES[engine]
+    server = new_server(config=LETTERS / "config.toml", extra_args=extra_args, timeout_s=300.0)
     start = time.monotonic()
     rewards: list[float] = []
     with study_run(LETTERS / "client.py", server, tmp_path / "run.log") as run, \
             SwarmClient(server.url, token=server.token) as client:
-        while time.monotonic() - start < BUDGET_S and run.poll() is None:
+        while time.monotonic() - start < budget_s and run.poll() is None:
             time.sleep(2.0)
             rewards = [m.metrics["train/reward_mean"] for m in client.metrics()]
             if len(rewards) >= 10 and _rise(rewards) >= 0.3:
                 break
     elapsed = time.monotonic() - start
     output = (tmp_path / "run.log").read_text(errors="replace")
-    print(f"letters: {len(rewards)} steps in {elapsed:.0f} s, first5={sum(rewards[:5]) / 5:.3f} "
+    print(f"letters on {engine}: {len(rewards)} steps in {elapsed:.0f} s, first5={sum(rewards[:5]) / 5:.3f} "
           f"last5={sum(rewards[-5:]) / 5:.3f}", file=sys.stderr)
     assert len(rewards) >= 10, f"only {len(rewards)} steps in {elapsed:.0f} s\n{output[-2000:]}"
     assert _rise(rewards) >= 0.3, f"rewards {rewards}\n{output[-2000:]}"
