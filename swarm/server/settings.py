@@ -45,6 +45,11 @@ class ServerConfig(TrainConfig):
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
 
+    @classmethod
+    def training_fields(cls) -> dict[str, Any]:
+        """Only the inherited ``TrainConfig`` fields configure the update; the rest are the engine's."""
+        return dict(TrainConfig.model_fields)
+
     @field_validator("category_ratios")
     @classmethod
     def _ratios_valid(cls, value: dict[str, float]) -> dict[str, float]:

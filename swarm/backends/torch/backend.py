@@ -13,9 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
-import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,8 @@ from typing import Any
 import torch
 
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback, TrainConfig, TrainSample
+from swarm.backends.folders import atomic_folder
+from swarm.backends.text import load_tokenizer, render_chat
 from swarm.backends.torch import algorithms, training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.tiny import build_tiny, is_current_tiny
@@ -34,10 +33,6 @@ __all__ = ["TorchBackend", "resolve_model_folder"]
 _STATE_FILE = "backend_state.json"
 _OPTIMIZER_FILE = "optimizer.pt"
 _REFERENCE_FILE = "reference.pt"
-# Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
-# AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
-# regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
-_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 def _build_tiny_once(folder: Path, seed: int) -> None:
@@ -52,14 +47,8 @@ def _build_tiny_once(folder: Path, seed: int) -> None:
     with FileLock(str(folder.parent / f".{folder.name}.lock")):
         if is_current_tiny(folder, seed):  # another process finished it while we waited
             return
-        staging = folder.parent / f".{folder.name}.building-{uuid.uuid4().hex[:8]}"
-        try:
+        with atomic_folder(folder) as staging:  # replaces a stale build of an older format
             build_tiny(staging, seed=seed)
-            if folder.exists():  # a stale build of an older format
-                shutil.rmtree(folder)
-            os.replace(staging, folder)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
@@ -75,16 +64,6 @@ def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None
     if not (folder / "config.json").is_file():
         raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
     return folder
-
-
-def _load_tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    config_file = folder / "tokenizer_config.json"
-    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
-    if declared in _GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def _load_model(folder: Path, device: str) -> torch.nn.Module:
@@ -158,7 +137,7 @@ class TorchBackend:
         the first update that asks for one).
         """
         folder = resolve_model_folder(model, seed=seed, cache_dir=cache_dir)
-        tokenizer = _load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder)
         loaded = _load_model(folder, device)
         name = "tiny" if model == "tiny" else folder.resolve().name
         wants_reference = config is not None and config.kl_coef > 0
@@ -169,20 +148,7 @@ class TorchBackend:
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Apply the chat template with the generation prompt and return prompt token ids."""
-        from jinja2 import TemplateError
-
-        if not messages:
-            raise ValueError("messages must not be empty")
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except (TemplateError, TypeError, KeyError, AttributeError) as exc:
-            raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return render_chat(self.tokenizer, messages, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Decode ids to text, skipping special tokens."""
@@ -284,10 +250,7 @@ class TorchBackend:
 
     def save(self, directory: str) -> None:
         """Write weights + tokenizer (a loadable HF folder), optimizer, reference and version, atomically."""
-        target = Path(directory)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.parent / f".{target.name}.saving-{uuid.uuid4().hex[:8]}"
-        try:
+        with atomic_folder(directory) as staging:
             self.model.save_pretrained(staging)
             self.tokenizer.save_pretrained(staging)
             if self._optimizer is not None:
@@ -296,16 +259,6 @@ class TorchBackend:
                 torch.save(self._reference.state_dict(), staging / _REFERENCE_FILE)
             state = {"policy_version": self.policy_version, "model_name": self.model_name}
             (staging / _STATE_FILE).write_text(json.dumps(state))
-            old = None
-            if target.exists():
-                old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-                os.replace(target, old)
-            os.replace(staging, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
 
     def load(self, directory: str) -> None:
         """Restore what ``save`` wrote (weights, optimizer, reference, ``policy_version``)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swarm.backends import text
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback
 from swarm.backends.torch.running import RunningBatch
 
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SamplingSetup", "sample_batch", "validate_requests"]
 
-_REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -62,26 +62,7 @@ class _Row:
 
 def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], setup: SamplingSetup) -> None:
     """Raise ``ValueError`` for anything the loop cannot serve; nothing is generated then."""
-    if len(prompts) != len(params):
-        raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty")
-        if p.max_tokens < 1:
-            raise ValueError(f"prompt {i}: max_tokens must be at least 1, got {p.max_tokens}")
-        if not (p.temperature >= 0.0):
-            raise ValueError(f"prompt {i}: temperature must be >= 0, got {p.temperature}")
-        if not (0.0 < p.top_p <= 1.0):
-            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p.top_p}")
-        if any(s == "" for s in p.stop):
-            raise ValueError(f"prompt {i}: stop strings must not be empty")
-        if len(prompt) + p.max_tokens > setup.max_context:
-            raise ValueError(
-                f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "
-                f"model's context of {setup.max_context} tokens"
-            )
-        if min(prompt) < 0 or max(prompt) >= setup.vocab_size:
-            raise ValueError(f"prompt {i}: token ids must lie in [0, {setup.vocab_size})")
+    text.validate_requests(prompts, params, max_context=setup.max_context, vocab_size=setup.vocab_size)
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -153,29 +134,6 @@ def _pick_tokens(
     return chosen.tolist(), token_logp.tolist()
 
 
-def _find_stop(text: str, stops: Sequence[str]) -> int:
-    """Earliest index where any stop string occurs in ``text``, or -1."""
-    hits = [pos for pos in (text.find(s) for s in stops) if pos >= 0]
-    return min(hits) if hits else -1
-
-
-def _safe_prefix_chars(text: str, stops: Sequence[str]) -> int:
-    """Length of the text that can no longer become part of a stop string.
-
-    A tail that is a prefix of some stop string may still grow into it, and trailing replacement
-    characters may be an incomplete multi-byte character that still changes.
-    """
-    safe = len(text)
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if stop.startswith(text[-k:]):
-                safe = min(safe, len(text) - k)
-                break
-    while safe > 0 and text[safe - 1] == _REPLACEMENT:
-        safe -= 1
-    return safe
-
-
 class _StopWatcher:
     """Stop-string handling for one row: detects hits, cuts ids, releases tokens that are safe."""
 
@@ -184,8 +142,7 @@ class _StopWatcher:
 
     def check(self, row: _Row) -> bool:
         """After a new token: cut the row at a stop string if one appeared; True if it did."""
-        text = self.decode(row.ids)
-        start = _find_stop(text, row.params.stop)
+        start = text.find_stop(self.decode(row.ids), row.params.stop)
         if start < 0:
             return False
         keep = len(row.ids) - 1
@@ -198,7 +155,7 @@ class _StopWatcher:
 
     def releasable(self, row: _Row) -> int:
         """How many of the row's tokens can be streamed without risk of being cut later."""
-        safe = _safe_prefix_chars(self.decode(row.ids), row.params.stop)
+        safe = text.safe_prefix_chars(self.decode(row.ids), row.params.stop)
         count = row.emitted
         while count < len(row.ids) and len(self.decode(row.ids[: count + 1])) <= safe:
             count += 1

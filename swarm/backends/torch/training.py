@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm.backends.base import TrainConfig, TrainSample
+from swarm.backends.base import TrainConfig, TrainSample, validate_samples
 from swarm.backends.torch import algorithms
 
 logger = logging.getLogger(__name__)
@@ -55,19 +55,7 @@ class Batch:
 
 def pack(samples: Sequence[TrainSample], pad_id: int, vocab_size: int, max_context: int) -> Batch:
     """Validate and right-pad samples; ``ValueError`` on anything that cannot be trained."""
-    if not samples:
-        raise ValueError("no samples to train on")
-    for i, s in enumerate(samples):
-        if len(s.tokens) < 2:
-            raise ValueError(f"sample {i} has fewer than 2 tokens")
-        if len(s.tokens) > max_context:
-            raise ValueError(f"sample {i} has {len(s.tokens)} tokens, more than the context of {max_context}")
-        if min(s.tokens) < 0 or max(s.tokens) >= vocab_size:
-            raise ValueError(f"sample {i}: token ids must lie in [0, {vocab_size})")
-        if any(m not in (0, 1) for m in s.loss_mask):
-            raise ValueError(f"sample {i}: loss_mask must hold only 0 and 1")
-        if s.temperature < 0:
-            raise ValueError(f"sample {i}: temperature must be >= 0")
+    validate_samples(samples, vocab_size, max_context)
     n, width = len(samples), max(len(s.tokens) for s in samples)
     tokens = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
@@ -79,8 +67,6 @@ def pack(samples: Sequence[TrainSample], pad_id: int, vocab_size: int, max_conte
         attention[i, :k] = 1
         mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
         rollout[i, :k] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    if float(mask[:, 1:].sum()) == 0:
-        raise ValueError("samples have no trainable tokens (loss_mask is 0 everywhere after the first token)")
     return Batch(
         tokens=tokens,
         attention=attention,

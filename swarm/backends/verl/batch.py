@@ -19,28 +19,17 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm.backends.base import TrainSample
+from swarm.backends.base import TrainSample, validate_samples
 
-__all__ = ["PackedBatch", "pack_samples", "to_no_padding", "to_padded", "validate_samples"]
+__all__ = ["PackedBatch", "pack_samples", "to_no_padding", "to_padded", "trainable_samples"]
 
 
-def validate_samples(samples: Sequence[TrainSample], vocab_size: int, max_context: int) -> None:
-    """``ValueError`` on anything that cannot be trained (the same rules as the torch trainer)."""
-    if not samples:
-        raise ValueError("no samples to train on")
-    for i, s in enumerate(samples):
-        if len(s.tokens) < 2:
-            raise ValueError(f"sample {i} has fewer than 2 tokens")
-        if len(s.tokens) > max_context:
-            raise ValueError(f"sample {i} has {len(s.tokens)} tokens, more than the context of {max_context}")
-        if min(s.tokens) < 0 or max(s.tokens) >= vocab_size:
-            raise ValueError(f"sample {i}: token ids must lie in [0, {vocab_size})")
-        if any(m not in (0, 1) for m in s.loss_mask):
-            raise ValueError(f"sample {i}: loss_mask must hold only 0 and 1")
-        if s.temperature < 0:
-            raise ValueError(f"sample {i}: temperature must be >= 0")
-        if 1 not in s.loss_mask[1:]:
-            raise ValueError(f"sample {i} has no trainable tokens (loss_mask is 0 after the first token)")
+def trainable_samples(samples: Sequence[TrainSample], vocab_size: int, max_context: int) -> list[TrainSample]:
+    """The samples checked by the rules every trainer applies (``ValueError``), without those that
+    have no trainable token (a reply cut to nothing at a stop string): they add nothing to any loss
+    (the normalisers count only sequences with tokens) and verl's packing wants none."""
+    validate_samples(samples, vocab_size, max_context)
+    return [s for s in samples if 1 in s.loss_mask[1:]]
 
 
 @dataclass

@@ -17,15 +17,15 @@ loaded with M. With tied embeddings ``lm_head.weight`` is left out, as ``save_pr
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from swarm.backends.folders import atomic_folder
 
 __all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint"]
 
@@ -65,10 +65,7 @@ def write_checkpoint(directory: str | Path, model_folder: Path, checkpoint: Chec
     """Write ``checkpoint`` to ``directory`` atomically (replacing an older one there)."""
     from safetensors.torch import save_file
 
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.saving-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_folder(directory) as staging:
         shutil.copytree(model_folder, staging,
                         ignore=lambda _, names: [n for n in names if n.endswith(_WEIGHT_SUFFIXES)])
         save_file(_for_disk(checkpoint.weights, tied), str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -77,16 +74,6 @@ def write_checkpoint(directory: str | Path, model_folder: Path, checkpoint: Chec
         if checkpoint.reference is not None:
             save_file(_for_disk(checkpoint.reference, tied), str(staging / REFERENCE_FILE), metadata={"format": "pt"})
         (staging / STATE_FILE).write_text(json.dumps({"format": FORMAT, **checkpoint.meta}))
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(target, old)
-        os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_checkpoint(directory: str | Path, *, tied: bool) -> Checkpoint:

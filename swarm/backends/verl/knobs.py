@@ -42,7 +42,7 @@ _KL_KINDS = frozenset({"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"})
 def check_supported(config: TrainConfig) -> None:
     """``ValueError`` naming the first knob the verl trainer cannot honour; usable at server start."""
     # Training knobs only: a server config adds engine knobs (batching, sampling) that are not ours.
-    for name, field in TrainConfig.model_fields.items():
+    for name, field in type(config).training_fields().items():
         if name not in HONOURED and getattr(config, name) != field.get_default(call_default_factory=True):
             raise ValueError(f"TrainConfig.{name} is not supported by the verl trainer (leave it at its default)")
     from swarm.backends.torch.algorithms import check_estimator

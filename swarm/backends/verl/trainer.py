@@ -193,7 +193,7 @@ class VerlTrainer:
         """One policy update (``ppo_epochs`` optimizer steps); increments ``policy_version``."""
         check_supported(config)
         start = time.perf_counter()
-        batching.validate_samples(samples, self.vocab_size, self.max_context)
+        samples = batching.trainable_samples(samples, self.vocab_size, self.max_context)
         self._apply_optimizer(config)
         budget = self._token_budget(config, samples)
         packed = batching.pack_samples(samples, self._pad_id, self.workers)
@@ -265,7 +265,7 @@ class VerlTrainer:
         from swarm.backends.verl.worker import sft_loss
 
         start = time.perf_counter()
-        batching.validate_samples(samples, self.vocab_size, self.max_context)
+        samples = batching.trainable_samples(samples, self.vocab_size, self.max_context)
         self._apply_optimizer(config)
         packed = batching.pack_samples(samples, self._pad_id, self.workers, unit_temperature=True)
         if self._loss_key != ("sft",):

@@ -1,14 +1,9 @@
 """The swarm side of the vLLM engine's text handling: chat template, encode, decode, stop strings.
 
 The server renders prompts with the model folder's own tokenizer and chat template and sends vLLM
-token ids only, so vLLM's tokenizer never decides what a prompt is. Loading follows the same rule
-as the torch engine: a folder whose tokenizer_config names the generic fast class is loaded from
-its tokenizer.json as is (``AutoTokenizer`` would swap in the model type's own class, which breaks
-the tiny preset's byte round-trip).
-
-Stop strings are applied to the ids with this tokenizer's decode, exactly as the torch engine does:
-the ids are cut before the token in which the stop string begins, so they decode to the returned
-text. vLLM stops generating at the stop string; where the ids end is decided here.
+token ids only, so vLLM's tokenizer never decides what a prompt is. Loading, rendering and stop
+strings follow ``swarm.backends.text``, the rules the torch engine uses too. vLLM stops generating
+at the stop string; where the ids end is decided here.
 """
 
 from __future__ import annotations
@@ -19,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
+from swarm.backends.text import find_stop, load_tokenizer, render_chat, safe_prefix_chars
 
-_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-_REPLACEMENT = "\ufffd"
+__all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -49,15 +43,9 @@ class ChatTokenizer:
 
     @classmethod
     def load(cls, folder: str | Path) -> ChatTokenizer:
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
         folder = Path(folder)
         config = _read_json(folder / "config.json")
-        declared = _read_json(folder / "tokenizer_config.json").get("tokenizer_class")
-        if declared in _GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = load_tokenizer(folder)
         model_vocab = int(config.get("vocab_size") or len(tokenizer))
         eos = _ids(config.get("eos_token_id")) | _ids(_read_json(folder / "generation_config.json").get("eos_token_id"))
         if tokenizer.eos_token_id is not None:
@@ -78,31 +66,13 @@ class ChatTokenizer:
         return int(self.tokenizer.eos_token_id)
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        from jinja2 import TemplateError
-
-        if not messages:
-            raise ValueError("messages must not be empty")
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except (TemplateError, TypeError, KeyError, AttributeError) as exc:
-            raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return render_chat(self.tokenizer, messages, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-
-def _find_stop(text: str, stops: Sequence[str]) -> int:
-    hits = [pos for pos in (text.find(s) for s in stops) if pos >= 0]
-    return min(hits) if hits else -1
 
 
 def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any) -> int | None:
@@ -112,7 +82,7 @@ def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any) -> int | 
     """
     if not stops:
         return None
-    start = _find_stop(decode(ids), stops)
+    start = find_stop(decode(ids), stops)
     if start < 0:
         return None
     keep = len(ids)
@@ -129,15 +99,7 @@ def releasable(ids: Sequence[int], stops: Sequence[str], emitted: int, decode: A
     """
     if not stops:
         return len(ids)
-    text = decode(ids)
-    safe = len(text)
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if stop.startswith(text[-k:]):
-                safe = min(safe, len(text) - k)
-                break
-    while safe > 0 and text[safe - 1] == _REPLACEMENT:
-        safe -= 1
+    safe = safe_prefix_chars(decode(ids), stops)
     count = emitted
     while count < len(ids) and len(decode(ids[: count + 1])) <= safe:
         count += 1

@@ -11,7 +11,6 @@ as a whole answer, so both paths produce identical ids.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,38 +21,10 @@ from swarm.backends.base import Generation, SamplingParams
 from swarm.backends.vllm.chat import cut_at_stop, releasable
 from swarm.backends.vllm.errors import GeneratorUnavailable
 
-__all__ = ["MAX_TOP_LOGPROBS", "RowState", "completion_body", "raise_for_status", "sse_payloads", "validate_requests"]
+__all__ = ["RowState", "completion_body", "raise_for_status", "sse_payloads"]
 
-MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 PAD_BIAS = -100.0  # the most negative bias vLLM accepts; exp(-100) is below float32 resolution
 _TOKEN_PREFIX = "token_id:"
-
-
-def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
-                      max_context: int, vocab_size: int) -> None:
-    """``ValueError`` for anything that cannot be served; checked before anything is sent."""
-    if len(prompts) != len(params):
-        raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty")
-        if p.max_tokens < 1:
-            raise ValueError(f"prompt {i}: max_tokens must be at least 1, got {p.max_tokens}")
-        if not (p.temperature >= 0.0 and math.isfinite(p.temperature)):
-            raise ValueError(f"prompt {i}: temperature must be a finite number >= 0, got {p.temperature}")
-        if not (0.0 < p.top_p <= 1.0):
-            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p.top_p}")
-        if any(s == "" for s in p.stop):
-            raise ValueError(f"prompt {i}: stop strings must not be empty")
-        if not (0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
-            raise ValueError(f"prompt {i}: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs}")
-        if len(prompt) + p.max_tokens > max_context:
-            raise ValueError(
-                f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "
-                f"model's context of {max_context} tokens"
-            )
-        if min(prompt) < 0 or max(prompt) >= vocab_size:
-            raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab_size})")
 
 
 def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, eos_ids: Sequence[int],

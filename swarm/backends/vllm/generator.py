@@ -36,13 +36,13 @@ from typing import Any, Literal
 import httpx
 
 from swarm.backends.base import Generation, Sampled, SamplingParams, TokenSink, Weights
+from swarm.backends.text import validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
 from swarm.backends.vllm.completions import (
     RowState,
     completion_body,
     raise_for_status,
     sse_payloads,
-    validate_requests,
 )
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
@@ -170,6 +170,11 @@ class VllmGenerator:
         """False while the child is restarting or dead (chat calls get a 503 then)."""
         restarting = self._restarting is not None and not self._restarting.done()
         return not self._closed and not restarting and self.server.alive()
+
+    @property
+    def updating(self) -> bool:
+        """True while a weight swap or a restart holds new requests back."""
+        return not self._open.is_set()
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "vllm", **asdict(self.status())}

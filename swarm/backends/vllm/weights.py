@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 
 from swarm.backends.base import Weights
+from swarm.backends.folders import atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +43,9 @@ def write_weights_folder(weights: Weights, base_model_dir: Path, root: Path, ver
     """
     from safetensors.torch import save_file
 
-    root.mkdir(parents=True, exist_ok=True)
     target = root / f"v{version:08d}"
-    staging = root / f".{target.name}.writing-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
+    with atomic_folder(target) as staging:
+        staging.mkdir()
         for item in base_model_dir.iterdir():
             if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in _WEIGHT_INDEXES:
                 shutil.copy2(item, staging / item.name)
@@ -62,11 +60,6 @@ def write_weights_folder(weights: Weights, base_model_dir: Path, root: Path, ver
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         with (staging / "model.safetensors").open("rb") as handle:
             os.fsync(handle.fileno())
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

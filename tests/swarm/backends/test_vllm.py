@@ -207,7 +207,8 @@ def test_async_update_lets_running_requests_finish_on_old_weights(runner, genera
             await first_token.wait()  # the long request is in flight
             _train_one_step(reference, prompt)
             update = asyncio.create_task(generator.load_weights(2, reference.model.state_dict()))
-            await asyncio.sleep(0.05)
+            while not generator.updating:  # the weights are written; new requests are now held back
+                await asyncio.sleep(0.01)
             later = asyncio.create_task(generator.generate([prompt], [SamplingParams(max_tokens=8, seed=2)]))
             old = await running
             assert not later.done()  # held back until the update is applied

