@@ -17,7 +17,6 @@ started with ``--weight-transfer-config '{"backend": "nccl"}'``. Untested here: 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,9 +56,9 @@ def write_weights_folder(weights: Weights, base_model_dir: Path, root: Path, ver
                 cpu = cpu.clone()
             seen.add(cpu.untyped_storage().data_ptr())
             tensors[name] = cpu
+        # Not fsynced: the target is process death (a reload reads the page cache at once), as for
+        # checkpoints; an fsync per step cost more than the reload itself on a busy disk.
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        with (staging / "model.safetensors").open("rb") as handle:
-            os.fsync(handle.fileno())
     return target
 
 
