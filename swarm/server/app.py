@@ -17,13 +17,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Backend, Generator, Trainer
-from swarm.protocol import ChatCompletion
+from swarm.protocol import ChatCompletion, ServerState
 from swarm.server import routes_control, routes_episodes, routes_openai
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_token
 from swarm.server.batcher import DeviceWorker
@@ -33,7 +34,7 @@ from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
-from swarm.server.recovery import restore
+from swarm.server.recovery import Restored, restore
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
 from swarm.server.trainer import TrainerThread
@@ -69,52 +70,26 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     trainer_thread = None if trainer is device_model else TrainerThread()
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
     engine = Engine(config=config, generator=generator, trainer=trainer, worker=worker, keys=keys,
-                    state_dir=state_dir, store=store, checkpoints=checkpoints, max_context=max_context,
-                    run_blocking=trainer_thread.call if trainer_thread else None)
+                    state_dir=state_dir, store=store, checkpoints=checkpoints,
+                    max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None)
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
     if hasattr(generator, "on_status"):  # an engine with a health of its own (a vLLM child) reports it
         generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
-    ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
+    parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
+                   owns_trainer=trainer is not backend)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        worker.start()
-        try:
-            await generator.start()
-        except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
-            app.state.startup_error = exc
-            await asyncio.to_thread(worker.stop)
-            raise
-        if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
-            await engine.loop.publish()
-        training = asyncio.create_task(engine.run(), name="swarm-trainer")
-        sweeper = asyncio.create_task(_sweep(engine), name="swarm-sweeper")
-        bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
-                    restarts=restored.restarts, groups_pending=len(restored.ready))
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = await parts.start(app)
         try:
             yield
         finally:
-            engine.stopping()
-            bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
-            bus.close()
-            for task in (sweeper, training):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await generator.close()
-            await asyncio.to_thread(worker.stop)
-            if trainer_thread is not None:
-                await asyncio.to_thread(trainer_thread.stop)
-            close = getattr(trainer, "close", None)
-            if close is not None and trainer is not backend:
-                await asyncio.to_thread(close)
-            engine.state = engine.state.__class__.stopped
-            store.close()
+            await parts.stop(tasks)
 
     app = FastAPI(title="swarm server", version="1", lifespan=lifespan)
-    app.state.ctx = ctx
+    app.state.ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
     app.state.token = token
     app.state.bus = bus
     app.state.request_shutdown = None
@@ -127,6 +102,54 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     app.include_router(events_router(bus, require_control), responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+@dataclass
+class _Parts:
+    """What the app's lifespan starts and stops, in that order and in reverse."""
+
+    engine: Engine
+    worker: DeviceWorker
+    trainer_thread: TrainerThread | None
+    bus: EventBus
+    restored: Restored
+    owns_trainer: bool  # a trainer that is not the in-process backend has its own resources to close
+
+    async def start(self, app: FastAPI) -> list[asyncio.Task[None]]:
+        engine, generator, trainer = self.engine, self.engine.generator, self.engine.trainer
+        self.worker.start()
+        try:
+            await generator.start()
+        except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
+            app.state.startup_error = exc
+            await asyncio.to_thread(self.worker.stop)
+            raise
+        if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
+            await engine.loop.publish()
+        tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
+                 asyncio.create_task(_sweep(engine), name="swarm-sweeper")]
+        self.bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
+                         restarts=self.restored.restarts, groups_pending=len(self.restored.ready))
+        return tasks
+
+    async def stop(self, tasks: list[asyncio.Task[None]]) -> None:
+        engine = self.engine
+        engine.stopping()
+        self.bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
+        self.bus.close()
+        for task in reversed(tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await engine.generator.close()
+        await asyncio.to_thread(self.worker.stop)
+        if self.trainer_thread is not None:
+            await asyncio.to_thread(self.trainer_thread.stop)
+        close = getattr(engine.trainer, "close", None)
+        if close is not None and self.owns_trainer:
+            await asyncio.to_thread(close)
+        engine.state = ServerState.stopped
+        engine.store.close()
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

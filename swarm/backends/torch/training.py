@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -129,97 +129,127 @@ def policy_update(
     config: TrainConfig,
     vocab_size: int,
 ) -> dict[str, float]:
-    """One clipped policy-gradient update (verl's loss ``config.policy_loss``); returns metrics."""
+    """One clipped policy-gradient update (verl's loss ``config.policy_loss``); returns metrics.
+
+    Score the batch under the frozen policies (old, for several PPO epochs; reference, for KL), then
+    per epoch accumulate every micro-batch's gradient and take one optimizer step."""
     start = time.perf_counter()
-    loss_fn = algorithms.policy_loss_fn(config.policy_loss)
-    info = _global_info(batch)
-    actor = algorithms.actor_config(config, info)
-    total_tokens = info["batch_num_tokens"]
-    groups = micro_batches(batch.lengths, config.micro_batch_tokens)
-    parts = [batch.select(g) for g in groups]
-    use_kl = config.kl_coef > 0 and reference is not None
+    loss = _PolicyLoss(config, _global_info(batch), use_kl=config.kl_coef > 0 and reference is not None)
+    parts = [batch.select(g) for g in micro_batches(batch.lengths, config.micro_batch_tokens)]
     model.train()
-    old: list[torch.Tensor | None] = [None] * len(parts)
-    ref: list[torch.Tensor | None] = [None] * len(parts)
-    with torch.no_grad():
-        for k, part in enumerate(parts):
-            if config.ppo_epochs > 1:
-                old[k] = sequence_logprobs(model, part, vocab_size)[0]
-            if use_kl:
-                ref[k] = sequence_logprobs(reference, part, vocab_size)[0]
-    sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm",
-                          "is_weight", "is_truncated"), 0.0)
-    diff_max = 0.0  # the worst training-inference log-prob mismatch of a sampled token
+    old, ref = _frozen_logprobs(model, reference if loss.use_kl else None, parts, config.ppo_epochs > 1, vocab_size)
+    tally = _Tally(total_tokens=loss.info["batch_num_tokens"])
     for epoch in range(config.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        for k, part in enumerate(parts):
-            share = float(part.mask.sum()) / total_tokens
+        for part, old_logp, ref_logp in zip(parts, old, ref, strict=True):
             logp, entropy = sequence_logprobs(model, part, vocab_size, with_entropy=epoch == 0)
-            old_logp = old[k] if old[k] is not None else logp.detach()
-            advantages = part.advantages.to(logp.device).unsqueeze(-1) * part.mask.to(logp.device)
-            mask = part.mask.to(logp.device)
-            weights = None
-            if config.rollout_is != "off":
-                weights, truncated = algorithms.rollout_is_weights(
-                    old_logp - part.rollout.to(logp.device), mask, config.rollout_is, config.rollout_is_threshold)
-                if epoch == 0:
-                    sums["is_weight"] += float((weights * mask).sum()) / total_tokens
-                    sums["is_truncated"] += float((truncated * mask).sum()) / total_tokens
-            pg_loss, pg_metrics = loss_fn(
-                old_log_prob=old_logp,
-                log_prob=logp,
-                advantages=advantages,
-                response_mask=mask,
-                loss_agg_mode=config.loss_agg_mode,
-                config=actor,
-                rollout_is_weights=weights,
-            )
-            loss = pg_loss
-            if use_kl:
-                kl_mat = algorithms.kl_terms(logp, ref[k], config.kl_penalty)
-                kl_loss = algorithms.aggregate(kl_mat, mask, config.loss_agg_mode, info)
-                loss = loss + config.kl_coef * kl_loss
-                sums["kl"] += float((kl_mat.detach() * mask).sum()) / total_tokens
-            loss.backward()
-            sums["loss"] += float(loss.detach())
-            sums["pg_loss"] += float(pg_loss.detach())
-            sums["pg_clipfrac"] += share * float(pg_metrics.get("actor/pg_clipfrac", 0.0))
-            sums["ppo_kl"] += share * float(pg_metrics.get("actor/ppo_kl", 0.0))
+            loss.backward(part, logp, old_logp, ref_logp, tally, first_epoch=epoch == 0)
             if entropy is not None:
-                sums["entropy"] += float((entropy * mask).sum()) / total_tokens
-                diff = (logp.detach() - part.rollout.to(logp.device)).abs() * mask
-                sums["logprob_diff"] += float(diff.sum()) / total_tokens
-                diff_max = max(diff_max, float(diff.max()))
-        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                tally.first_pass(part, logp, entropy)
+        tally.sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
         optimizer.step()
     model.eval()
-    elapsed = time.perf_counter() - start
-    epochs = config.ppo_epochs
-    trained = float(sum(batch.lengths))
-    metrics = {
-        "train/loss": sums["loss"] / epochs,
-        "train/pg_loss": sums["pg_loss"] / epochs,
-        "train/pg_clipfrac": sums["pg_clipfrac"] / epochs,
-        "train/ppo_kl": sums["ppo_kl"] / epochs,
-        "train/grad_norm": sums["grad_norm"] / epochs,
-        "train/entropy": sums["entropy"],
-        "train/rollout_logprob_diff": sums["logprob_diff"],
-        # Trainer vs generator log-probs of the sampled tokens (before the update): ~0 on-policy with
-        # the same numerics; it grows with staleness and with engine mismatch (vLLM kernels, bf16).
-        "rollout/logprob_diff_mean": sums["logprob_diff"],
-        "rollout/logprob_diff_max": diff_max,
-        "train/response_tokens": total_tokens,
-        "train/samples": float(len(batch.lengths)),
-        "perf/train_tokens": trained * epochs,
-        "perf/train_s": elapsed,
-        "perf/tokens_per_s": trained * epochs / elapsed if elapsed > 0 else 0.0,
-    }
-    if config.rollout_is != "off":
-        metrics["train/rollout_is_weight_mean"] = sums["is_weight"]
-        metrics["train/rollout_is_truncated"] = sums["is_truncated"]
-    if use_kl:
-        metrics["train/kl"] = sums["kl"] / epochs
-    return metrics
+    return tally.metrics(config, batch, use_kl=loss.use_kl, elapsed=time.perf_counter() - start)
+
+
+def _frozen_logprobs(model: torch.nn.Module, reference: torch.nn.Module | None, parts: list[Batch], old: bool,
+                     vocab_size: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """Per micro-batch: the policy's log-probs before the update (needed from a second PPO epoch on)
+    and the reference's (for the KL penalty); None where not needed."""
+    with torch.no_grad():
+        olds = [sequence_logprobs(model, part, vocab_size)[0] if old else None for part in parts]
+        refs = [sequence_logprobs(reference, part, vocab_size)[0] if reference is not None else None
+                for part in parts]
+    return olds, refs
+
+
+class _PolicyLoss:
+    """verl's policy loss (by name) plus the optional KL penalty, on one micro-batch at a time."""
+
+    def __init__(self, config: TrainConfig, info: dict[str, float | int], *, use_kl: bool) -> None:
+        self.config = config
+        self.info = info
+        self.use_kl = use_kl
+        self.loss_fn = algorithms.policy_loss_fn(config.policy_loss)
+        self.actor = algorithms.actor_config(config, info)
+
+    def backward(self, part: Batch, logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
+                 tally: _Tally, *, first_epoch: bool) -> None:
+        config = self.config
+        old_logp = old_logp if old_logp is not None else logp.detach()
+        mask = part.mask.to(logp.device)
+        advantages = part.advantages.to(logp.device).unsqueeze(-1) * mask
+        weights = None
+        if config.rollout_is != "off":
+            weights, truncated = algorithms.rollout_is_weights(
+                old_logp - part.rollout.to(logp.device), mask, config.rollout_is, config.rollout_is_threshold)
+            if first_epoch:
+                tally.add("is_weight", (weights * mask).sum())
+                tally.add("is_truncated", (truncated * mask).sum())
+        pg_loss, pg_metrics = self.loss_fn(old_log_prob=old_logp, log_prob=logp, advantages=advantages,
+                                           response_mask=mask, loss_agg_mode=config.loss_agg_mode,
+                                           config=self.actor, rollout_is_weights=weights)
+        loss = pg_loss
+        if self.use_kl:
+            kl_mat = algorithms.kl_terms(logp, ref_logp, config.kl_penalty)
+            loss = loss + config.kl_coef * algorithms.aggregate(kl_mat, mask, config.loss_agg_mode, self.info)
+            tally.add("kl", (kl_mat.detach() * mask).sum())
+        loss.backward()
+        share = float(part.mask.sum()) / tally.total_tokens
+        tally.sums["loss"] += float(loss.detach())
+        tally.sums["pg_loss"] += float(pg_loss.detach())
+        tally.sums["pg_clipfrac"] += share * float(pg_metrics.get("actor/pg_clipfrac", 0.0))
+        tally.sums["ppo_kl"] += share * float(pg_metrics.get("actor/ppo_kl", 0.0))
+
+
+@dataclass
+class _Tally:
+    """Token-weighted sums over the micro-batches of an update, turned into slash-keyed metrics."""
+
+    total_tokens: float
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm", "is_weight",
+         "is_truncated"), 0.0))
+    diff_max: float = 0.0  # the worst training-inference log-prob mismatch of a sampled token
+
+    def add(self, key: str, token_sum: torch.Tensor) -> None:
+        self.sums[key] += float(token_sum) / self.total_tokens
+
+    def first_pass(self, part: Batch, logp: torch.Tensor, entropy: torch.Tensor) -> None:
+        """Entropy and the rollout mismatch, measured once, before the weights move."""
+        mask = part.mask.to(logp.device)
+        self.add("entropy", (entropy * mask).sum())
+        diff = (logp.detach() - part.rollout.to(logp.device)).abs() * mask
+        self.add("logprob_diff", diff.sum())
+        self.diff_max = max(self.diff_max, float(diff.max()))
+
+    def metrics(self, config: TrainConfig, batch: Batch, *, use_kl: bool, elapsed: float) -> dict[str, float]:
+        sums, epochs = self.sums, config.ppo_epochs
+        trained = float(sum(batch.lengths))
+        metrics = {
+            "train/loss": sums["loss"] / epochs,
+            "train/pg_loss": sums["pg_loss"] / epochs,
+            "train/pg_clipfrac": sums["pg_clipfrac"] / epochs,
+            "train/ppo_kl": sums["ppo_kl"] / epochs,
+            "train/grad_norm": sums["grad_norm"] / epochs,
+            "train/entropy": sums["entropy"],
+            "train/rollout_logprob_diff": sums["logprob_diff"],
+            # Trainer vs generator log-probs of the sampled tokens (before the update): ~0 on-policy with
+            # the same numerics; it grows with staleness and with engine mismatch (vLLM kernels, bf16).
+            "rollout/logprob_diff_mean": sums["logprob_diff"],
+            "rollout/logprob_diff_max": self.diff_max,
+            "train/response_tokens": self.total_tokens,
+            "train/samples": float(len(batch.lengths)),
+            "perf/train_tokens": trained * epochs,
+            "perf/train_s": elapsed,
+            "perf/tokens_per_s": trained * epochs / elapsed if elapsed > 0 else 0.0,
+        }
+        if config.rollout_is != "off":
+            metrics["train/rollout_is_weight_mean"] = sums["is_weight"]
+            metrics["train/rollout_is_truncated"] = sums["is_truncated"]
+        if use_kl:
+            metrics["train/kl"] = sums["kl"] / epochs
+        return metrics
 
 
 def supervised_update(

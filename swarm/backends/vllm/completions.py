@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from swarm.backends.base import Generation, SamplingParams
+from swarm.backends.base import Generation, SamplingParams, TokenSink
 from swarm.backends.vllm.chat import cut_at_stop, releasable
 from swarm.backends.vllm.errors import GeneratorUnavailable
 
@@ -137,3 +137,30 @@ def _token_id(key: str) -> int:
     if not key.startswith(_TOKEN_PREFIX):
         raise RuntimeError(f"vLLM returned a top log-prob key {key!r}; expected {_TOKEN_PREFIX}<id>")
     return int(key[len(_TOKEN_PREFIX):])
+
+
+async def request_row(client: httpx.AsyncClient, url: str, body: dict[str, Any], p: SamplingParams,
+                      decode: Callable[[Sequence[int]], str], index: int, sink: TokenSink | None) -> Generation:
+    """One row through vLLM's ``/v1/completions``: whole, or streamed into ``sink`` token by token
+    (tokens that a stop string may still cut are held back until the row ends)."""
+    row = RowState(p)
+    if sink is None:
+        response = await client.post(url, json=body)
+        raise_for_status(response)
+        row.absorb(response.json()["choices"][0])
+    else:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise_for_status(response)
+            async for chunk in sse_payloads(response):
+                for choice in chunk.get("choices", []):
+                    row.absorb(choice)
+                    for k in row.release(decode):
+                        sink(index, row.ids[k], row.logprobs[k])
+    emitted = row.emitted
+    generation = row.generation(decode)
+    if sink is not None:
+        for k in range(emitted, len(generation.token_ids)):
+            sink(index, generation.token_ids[k], generation.logprobs[k])
+    return generation

@@ -38,16 +38,12 @@ import httpx
 from swarm.backends.base import Generation, Sampled, SamplingParams, TokenSink, Weights
 from swarm.backends.text import validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
-from swarm.backends.vllm.completions import (
-    RowState,
-    completion_body,
-    raise_for_status,
-    sse_payloads,
-)
+from swarm.backends.vllm.completions import completion_body, raise_for_status, request_row
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
 from swarm.backends.vllm.weights import (
     NcclWeightSender,
+    pick_transfer,
     prune_weight_folders,
     reload_from_folder,
     write_weights_folder,
@@ -109,7 +105,7 @@ class VllmGenerator:
         self.max_context = min(max_context or limit, limit)
         self.eos_token_id = self.chat.eos_token_id
         self.on_status = on_status  # called on every health or version change
-        self._transfer = _pick_transfer(weight_transfer)
+        self._transfer = pick_transfer(weight_transfer)
         self._nccl: NcclWeightSender | None = None
         self._version = policy_version  # the version of the weights in model_dir
         self._serving_folder = self.model_dir  # what a restarted child boots from
@@ -145,7 +141,7 @@ class VllmGenerator:
     ) -> VllmGenerator:
         """A generator owning a vLLM child on ``model_dir`` (log in ``state_dir/vllm.log``); call ``start``."""
         chat_limit = ChatTokenizer.load(model_dir).max_position_embeddings
-        nccl = _pick_transfer(kwargs.get("weight_transfer", "auto")) == "nccl"
+        nccl = pick_transfer(kwargs.get("weight_transfer", "auto")) == "nccl"
         process = VllmProcess(
             model_dir, Path(state_dir) / "vllm.log", python=python,
             max_model_len=min(max_model_len or chat_limit, chat_limit), enforce_eager=enforce_eager,
@@ -344,36 +340,15 @@ class VllmGenerator:
 
     async def _generate_row(self, index: int, prompt: Sequence[int], p: SamplingParams,
                             sink: TokenSink | None) -> Generation:
-        client = self._require_client()
-        row = RowState(p)
-        url = f"{self.server.url}/v1/completions"
         body = completion_body(prompt, p, stream=sink is not None, eos_ids=sorted(self.chat.eos_ids),
                                padding_ids=self._padding_ids)
         try:
-            if sink is None:
-                response = await client.post(url, json=body)
-                raise_for_status(response)
-                row.absorb(response.json()["choices"][0])
-            else:
-                async with client.stream("POST", url, json=body) as response:
-                    if response.status_code != 200:
-                        await response.aread()
-                        raise_for_status(response)
-                    async for chunk in sse_payloads(response):
-                        for choice in chunk.get("choices", []):
-                            row.absorb(choice)
-                            for k in row.release(self.chat.decode):
-                                sink(index, row.ids[k], row.logprobs[k])
+            return await request_row(self._require_client(), f"{self.server.url}/v1/completions", body, p,
+                                     self.chat.decode, index, sink)
         except httpx.TransportError as exc:
             if not self.server.owned or not self.server.alive():  # a slow but live child is left alone
                 self._begin_restart(f"vLLM unreachable: {exc!r}")
             raise GeneratorUnavailable(f"vLLM request failed: {exc!r}", retry_after=self._retry_after()) from exc
-        emitted = row.emitted
-        generation = row.generation(self.chat.decode)
-        if sink is not None:
-            for k in range(emitted, len(generation.token_ids)):
-                sink(index, generation.token_ids[k], generation.logprobs[k])
-        return generation
 
     async def _swap(self, version: int, folder: Path, apply: Callable[[], Any]) -> None:
         """Hold new requests, drain the ones in flight, apply the weights, move the version.
@@ -437,15 +412,3 @@ class VllmGenerator:
         if self._client is None:
             raise RuntimeError("start() the generator first")
         return self._client
-
-
-def _pick_transfer(choice: str) -> Literal["disk", "nccl"]:
-    if choice in ("disk", "nccl"):
-        return choice  # type: ignore[return-value]
-    if choice != "auto":
-        raise ValueError(f"weight_transfer must be auto, disk or nccl, got {choice!r}")
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - the server always has torch
-        return "disk"
-    return "nccl" if torch.cuda.is_available() else "disk"

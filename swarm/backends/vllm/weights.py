@@ -20,7 +20,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -139,3 +139,16 @@ class NcclWeightSender:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def pick_transfer(choice: str) -> Literal["disk", "nccl"]:
+    """``auto``: NCCL when CUDA is present (vLLM's transfer engine), else a reload from disk."""
+    if choice in ("disk", "nccl"):
+        return choice  # type: ignore[return-value]
+    if choice != "auto":
+        raise ValueError(f"weight_transfer must be auto, disk or nccl, got {choice!r}")
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - the server always has torch
+        return "disk"
+    return "nccl" if torch.cuda.is_available() else "disk"
