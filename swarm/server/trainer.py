@@ -117,12 +117,16 @@ class StepLoop:
                 return False
             engine.store.put_meta(MAX_VERSION_KEY, engine.policy_version + 1)  # reserve the next version id
             update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
-            update["perf/weight_sync_s"] = await self.publish()                                 # publish
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
             engine.drop([e for e in episodes if engine.episodes.held(e.episode_id)], f"training step failed: {exc}")
             engine.emit("error", where="train_step", message=str(exc))
             return False
+        try:
+            update["perf/weight_sync_s"] = await self.publish()                                 # publish
+        except Exception as exc:  # the update happened: it is committed; the generator lags a version
+            log.exception("publishing policy version %d failed", self.trainer.policy_version)
+            engine.emit("error", where="publish", message=str(exc))
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True
 
