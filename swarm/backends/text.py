@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.backends.base import SamplingParams
 
-__all__ = ["find_stop", "load_tokenizer", "render_chat", "safe_prefix_chars", "validate_requests"]
+__all__ = ["decode", "encode", "find_stop", "load_tokenizer", "render_chat", "safe_prefix_chars", "validate_requests"]
 
 # Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
 # AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
@@ -53,6 +53,16 @@ def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seque
         )
     except (TemplateError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """Text of ids as clients see it (special tokens skipped): what stop strings are matched against."""
+    return tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Ids of plain text, no special tokens added (supervised targets)."""
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

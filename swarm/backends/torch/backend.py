@@ -21,6 +21,8 @@ import torch
 
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback, TrainConfig, TrainSample
 from swarm.backends.folders import atomic_folder
+from swarm.backends.text import decode as decode_ids
+from swarm.backends.text import encode as encode_text
 from swarm.backends.text import load_tokenizer, render_chat
 from swarm.backends.torch import algorithms, training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
@@ -152,11 +154,11 @@ class TorchBackend:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Decode ids to text, skipping special tokens."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return decode_ids(self.tokenizer, token_ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(self.tokenizer, text)
 
     @property
     def eos_token_id(self) -> int:

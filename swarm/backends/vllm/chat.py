@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.backends.text import decode as decode_ids
+from swarm.backends.text import encode as encode_text
 from swarm.backends.text import find_stop, load_tokenizer, render_chat, safe_prefix_chars
 
 __all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
@@ -69,10 +71,10 @@ class ChatTokenizer:
         return render_chat(self.tokenizer, messages, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return decode_ids(self.tokenizer, token_ids)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(self.tokenizer, text)
 
 
 def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any) -> int | None:

@@ -10,7 +10,6 @@ import torch
 from swarm.backends.base import TrainConfig, TrainSample
 from swarm.server.timeline import EpisodeTrace
 
-pytest.importorskip("verl")
 
 
 def _merged_sample() -> TrainSample:

@@ -12,9 +12,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-import pytest
 
-pytest.importorskip("verl")
 
 
 def _source(obj) -> str:

@@ -19,8 +19,6 @@ import torch
 
 from swarm.backends.base import TrainConfig, TrainSample
 
-pytest.importorskip("verl")
-pytest.importorskip("ray")
 
 # Non-trivial on purpose: with one on-policy epoch the vanilla loss is just -mean(advantage), so the
 # second epoch (clipping, a moved policy), the KL term and the importance weights are what compare.
