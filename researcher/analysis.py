@@ -57,10 +57,12 @@ def summarize(iteration: int, knob: str, metric: str, horizon: int, experiments:
         summary["comparison"] = {"better": best["name"], "worse": other["name"], "diff": diff.mean,
                                  "hw": _finite(diff.half_width), "clear": diff.low > 0}
     if previous_best is not None and previous_best.get("value") is not None:
-        # The incumbent re-ran on fresh seeds; a challenger that does not beat it by min_effect = plateau.
+        # The incumbent re-ran on fresh seeds. Plateau only when the evidence says so: the whole 95% CI of
+        # (best challenger − incumbent) lies below min_effect. A wide CI is "unresolved", never a plateau.
         incumbent = next((r for r in scored if r["value"] == previous_best["value"]), None)
         challengers = [r for r in scored if r is not incumbent]
-        if incumbent is not None and challengers and challengers[0]["auc"]["mean"] - incumbent["auc"]["mean"] < min_effect:
+        gain = stats.diff_ci(challengers[0]["aucs"], incumbent["aucs"]) if incumbent is not None and challengers else None
+        if gain is not None and math.isfinite(gain.high) and gain.high < min_effect:
             summary["plateau"] = (f"{knob}={challengers[0]['value']} did not beat {knob}={incumbent['value']} by more "
                                   f"than {min_effect} in area under the curve: the knob has plateaued")
     return summary

@@ -1,15 +1,19 @@
 """What the researcher can study offline: the example tasks and the server's configurable knobs.
 
-The offline planner maps a topic onto one task and one knob with these keyword tables; the LLM
-planner gets the same catalog in its prompt so both planners speak about the same things. Each
-knob has a ladder of values to compare and to refine around (successive halving walks the ladder).
+``researcher.planner.topic`` reads a topic with these tables (keywords name a knob, aliases name
+one of its values, bounds say which numbers can run); the LLM planner gets the same catalog in its
+prompt so both planners speak about the same things. Each knob has a ladder of values to sweep
+and refine around, a standard first pair, and (where it has one) a reference value: the "off" or
+standard setting a "does X help" question compares a single named value against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+Kind = Literal["bool", "int", "float", "choice"]
 
 
 @dataclass(frozen=True)
@@ -17,47 +21,85 @@ class Knob:
     key: str                      # the flat ServerConfig key (what config.toml sets)
     label: str
     keywords: tuple[str, ...]     # lowercase phrases that name it in a topic
-    ladder: tuple[Any, ...]       # ordered candidate values
-    first: tuple[Any, ...]        # the first controlled comparison
+    ladder: tuple[Any, ...]       # ordered candidate values (a sweep's default points)
+    first: tuple[Any, ...]        # the first controlled comparison when the topic names no value
     task: str | None = None       # a task this knob only makes sense on
+    bounds: tuple[float, float] | None = None  # numeric knobs: the range the researcher runs
+    log_scale: bool = False       # numeric knobs spaced by ratios (refine by geometric midpoints)
+    reference: Any = None         # the off/standard value; None = the task's configured value
+    aliases: tuple[tuple[str, Any], ...] = ()  # lowercase phrases naming one value ("token-level" -> "token")
+
+    @property
+    def kind(self) -> Kind:
+        sample = self.ladder[0]
+        if isinstance(sample, bool):
+            return "bool"
+        if isinstance(sample, int):
+            return "int"
+        return "float" if isinstance(sample, float) else "choice"
+
+    @property
+    def on(self) -> Any:
+        """The value "with X" means: the first value of the standard pair that is not the reference."""
+        return next(v for v in self.first if v != self.reference)
+
+    @property
+    def phrases(self) -> tuple[str, ...]:
+        """Everything that names the knob: its keywords and its config key (as written or spaced)."""
+        return (*self.keywords, self.key, self.key.replace("_", " "))
 
 
 KNOBS: tuple[Knob, ...] = (
     Knob("group_size", "GRPO group size", ("group size", "group-size", "groupsize", "samples per prompt",
                                            "rollouts per prompt", "group"),
-         (2, 4, 8, 16), (2, 8)),
+         (2, 4, 8, 16), (2, 8), bounds=(2, 64), log_scale=True),
     Knob("lr", "learning rate", ("learning rate", "learning-rate", "lr", "step size"),
-         (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), (3e-4, 3e-3)),
+         (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), (3e-4, 3e-3), bounds=(1e-6, 0.1), log_scale=True),
     Knob("temperature", "sampling temperature", ("temperature", "sampling temp"),
-         (0.5, 0.7, 1.0, 1.3), (0.7, 1.3)),
-    Knob("kl_coef", "KL penalty coefficient", ("kl", "kullback", "reference penalty"),
-         (0.0, 0.01, 0.05, 0.2), (0.0, 0.05)),
-    Knob("merge_timelines", "timeline merging", ("merging", "merge", "timeline"),
-         (False, True), (False, True), task="calculator"),
+         (0.5, 0.7, 1.0, 1.3), (0.7, 1.3), bounds=(0.1, 2.0)),
+    Knob("kl_coef", "KL penalty coefficient", ("kl", "kl coefficient", "kl coef", "kl penalty", "kullback",
+                                               "reference penalty"),
+         (0.0, 0.01, 0.05, 0.2), (0.0, 0.05), bounds=(0.0, 1.0), reference=0.0),
+    Knob("merge_timelines", "timeline merging", ("merging", "merge", "timeline", "timeline merging"),
+         (False, True), (False, True), task="calculator", reference=False,
+         aliases=(("unmerged", False), ("merged", True))),
     Knob("adv_estimator", "advantage estimator", ("advantage estimator", "advantage", "estimator", "rloo",
                                                   "reinforce"),
-         ("grpo", "rloo", "reinforce_plus_plus"), ("grpo", "rloo")),
+         ("grpo", "rloo", "reinforce_plus_plus"), ("grpo", "rloo"), reference="grpo",
+         aliases=(("grpo", "grpo"), ("rloo", "rloo"), ("reinforce++", "reinforce_plus_plus"),
+                  ("reinforce_plus_plus", "reinforce_plus_plus"), ("reinforce plus plus", "reinforce_plus_plus"))),
     Knob("policy_loss", "policy loss", ("policy loss", "loss function", "loss", "gspo", "cispo", "clipping"),
-         ("vanilla", "gspo", "cispo"), ("vanilla", "gspo")),
+         ("vanilla", "gspo", "cispo"), ("vanilla", "gspo"), reference="vanilla",
+         aliases=(("vanilla", "vanilla"), ("ppo clipping", "vanilla"), ("ppo-clip", "vanilla"), ("gspo", "gspo"),
+                  ("cispo", "cispo"))),
     Knob("batch_groups", "batch size (groups per step)", ("batch size", "batch-size", "groups per step"),
-         (1, 2, 4, 8), (2, 8)),
+         (1, 2, 4, 8), (2, 8), bounds=(1, 32), log_scale=True),
     Knob("max_staleness", "maximum sample staleness (async policy lag)",
-         ("staleness", "stale samples", "policy lag", "asynchrony", "off-policy lag"), (0, 1, 2, 4), (0, 2)),
+         ("staleness", "stale samples", "policy lag", "asynchrony", "off-policy lag"), (0, 1, 2, 4), (0, 2),
+         bounds=(0, 16), reference=0),
     Knob("rollout_is", "importance correction of stale samples",
          ("importance correction", "importance sampling", "importance weight", "off-policy correction",
-          "rollout correction"), ("off", "token", "sequence"), ("off", "token")),
+          "rollout correction"), ("off", "token", "sequence"), ("off", "token"), reference="off",
+         aliases=(("token-level", "token"), ("token level", "token"), ("per-token", "token"), ("per token", "token"),
+                  ("token", "token"), ("sequence-level", "sequence"), ("sequence level", "sequence"),
+                  ("per-sequence", "sequence"), ("per sequence", "sequence"), ("sequence", "sequence"),
+                  ("seq-level", "sequence"))),
     # Engines (set for a run's life, not live): does serving rollouts from vLLM, or training on verl's
     # FSDP2 workers, change what is learned? Same algorithm, different numerics and timing.
     Knob("engine", "rollout engine (embedded torch sampler vs vLLM)",
          ("vllm", "vllm rollout", "vllm rollouts", "rollout engine", "inference engine", "generation engine"),
-         ("torch", "vllm"), ("torch", "vllm")),
+         ("torch", "vllm"), ("torch", "vllm"), reference="torch",
+         aliases=(("vllm", "vllm"), ("torch", "torch"), ("embedded", "torch"))),
     Knob("trainer", "training engine (embedded torch vs verl FSDP2 workers on Ray)",
-         ("verl", "fsdp", "fsdp2", "training engine", "verl trainer"), ("torch", "verl"), ("torch", "verl")),
+         ("verl", "fsdp", "fsdp2", "training engine", "verl trainer"), ("torch", "verl"), ("torch", "verl"),
+         reference="torch", aliases=(("verl", "verl"), ("fsdp2", "verl"), ("fsdp", "verl"), ("torch", "torch"),
+                                     ("embedded", "torch"))),
 )
 
+# "number" is not a digits keyword: "the number of samples per prompt" names no task.
 TASK_KEYWORDS: dict[str, tuple[str, ...]] = {
     "letters": ("letter", "letters", "'a'", "character"),
-    "digits": ("digit", "digits", "reversal", "reverse", "number"),
+    "digits": ("digit", "digits", "reversal", "reverse"),
     "calculator": ("calculator", "tool", "multi-turn", "multi turn", "agent", "arithmetic"),
 }
 DEFAULT_TASK = "letters"
@@ -95,8 +137,11 @@ def knob(key: str) -> Knob:
 def describe(root: Path) -> str:
     """A human- and LLM-readable list of what can be studied."""
     tasks = ", ".join(sorted(examples(root))) or "(no example studies found)"
-    lines = [f"Tasks (example studies): {tasks}.", "Knobs (server config keys) and the values tried:"]
+    lines = [f"Tasks (example studies): {tasks}.",
+             "Knobs (server config keys), the values a sweep tries, the range that can run and the off/standard value:"]
     for item in KNOBS:
         only = f" (task {item.task} only)" if item.task else ""
-        lines.append(f"- {item.label}: `{item.key}` in {list(item.ladder)}{only}")
+        bounds = f"; range {item.bounds[0]:g} to {item.bounds[1]:g}" if item.bounds else ""
+        reference = f"; off/standard {item.reference!r}" if item.reference is not None else ""
+        lines.append(f"- {item.label}: `{item.key}` in {list(item.ladder)}{bounds}{reference}{only}")
     return "\n".join(lines)

@@ -40,8 +40,18 @@ from researcher.tracking import Tracker
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
                   add_completion=False)
-out = Console()
 log = logging.getLogger(__name__)
+_PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
+
+
+def _console() -> Console:
+    """Rich output wrapped at a terminal's width; into a pipe or file (a daemon's log, ``| tee``) whole
+    lines: rich's default there is 80 columns, which broke ``deadline 21:39:31`` across two lines."""
+    console = Console()
+    return console if console.is_terminal else Console(width=_PIPE_WIDTH, soft_wrap=True)
+
+
+out = _console()
 _REPO = Path(__file__).resolve().parents[1]
 
 StudiesDir = Annotated[Path, typer.Option("--studies-dir", help="where study folders are written")]
@@ -91,7 +101,7 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
     options = options or StudyOptions()
     threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
     launcher = Launcher(settings.swarm_command, model=options.model, threads=threads,
-                        external_token=settings.server_token)
+                        external_token=settings.server_token, mlflow_uri=settings.mlflow_uri())
     tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
     return StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
                         emit=_printer() if verbose else (lambda event, data: None),
@@ -261,10 +271,8 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
         return
     for row in rows:
         table = Table(title=f"study {row['study_id']}", show_header=False)
-        for key in ("topic", "state", "parked", "active", "iteration", "runs", "deadline", "next_wakeup", "decision",
-                    "answer", "error"):
-            if row.get(key) not in (None, ""):
-                table.add_row(key, str(row[key]))
+        for key, text in overview.readable(row):
+            table.add_row(key, text)
         out.print(table)
 
 
@@ -307,7 +315,9 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
 @app.command("schedule")
 def schedule_(
     study_id: str,
-    at: Annotated[str | None, typer.Option(help="daily at HH:MM[:SS] local time (with --every: the first time)")] = None,
+    at: Annotated[str | None, typer.Option(
+        help="daily at HH:MM[:SS] local time, or once at an ISO date-time such as 2026-12-01T02:00 "
+             "(with --every: the first time)")] = None,
     cron: Annotated[str | None, typer.Option(help='crontab "M H dom mon dow" (or 6 fields, seconds first)')] = None,
     every: Annotated[str | None, typer.Option(help="repeat at this interval, e.g. 6h")] = None,
     window: Annotated[str, typer.Option(help="how long each session may run before it parks")] = "8h",
@@ -318,14 +328,19 @@ def schedule_(
         check_study_id(study_id)
         spec = scheduler.ScheduleSpec(window_s=parse_duration(window), at=at, cron=cron,
                                       every_s=parse_duration(every) if every else None)
+        spec.check_future()
     except ValueError as exc:
         _fail(str(exc), 2)
     layout = StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve())
     if not layout.graph_db.is_file():
         _fail(f"no study {study_id!r} under {artifacts_dir}; `researcher start` it first", 2)
-    when = scheduler.schedule(study_id, spec, studies_dir.resolve(), artifacts_dir.resolve())
+    try:
+        when = scheduler.schedule(study_id, spec, studies_dir.resolve(), artifacts_dir.resolve())
+    except ValueError as exc:  # a one-shot time that passed meanwhile
+        _fail(str(exc), 2)
+    sessions = f"one {window} session" if spec.once else f"{window} windows"
     out.print(f"scheduled [bold]{study_id}[/bold] (job {scheduler.job_id(study_id)}): next session "
-              f"{when.isoformat(timespec='seconds') if when else 'never'}, {window} windows; "
+              f"{when.isoformat(timespec='seconds') if when else 'never'}, {sessions}; "
               f"`researcher daemon` runs it", highlight=False)
 
 

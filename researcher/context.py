@@ -1,7 +1,9 @@
 """What every node needs besides the state: settings, the study's paths and its collaborators.
 
 Built once by the composition root (``researcher.cli`` through ``researcher.study``) and bound to
-the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher.
+the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher. Building it
+also wires the planner to the tracker: every LLM planner call becomes an MLflow trace on the
+study's iteration run (``researcher.llm_traces``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ class StudyContext:
     window_end: float | None = None      # a scheduled session parks the study at this time
     min_free_disk_mb: float = 0.0        # park the study when the artifacts disk has less free space
     park_reason: str | None = None       # set by a watchdog (LLM quota, disk) to park at the next boundary
+
+    def __post_init__(self) -> None:
+        # Only the LLM planner makes calls worth tracing; it reports each one to its listeners.
+        add_listener = getattr(self.planner, "add_listener", None)
+        if add_listener is not None:
+            from researcher.llm_traces import PlannerTraces
+
+            add_listener(PlannerTraces(self.tracker, self.layout).record)
 
     def stop_requested(self) -> bool:
         return self.layout.stop_file.exists()

@@ -1,10 +1,18 @@
 """Start, re-attach to and stop training runs: a `swarm serve` process plus a `swarm run` client.
 
-Every run gets its own state dir under ``artifacts/<study>/runs/<iteration>-<trial>/``, a free
-loopback port, a control token we generate, log files, and a run.json written *before* the server
-is spawned (so a crash between spawn and record cannot lead to a second launch: the recorded port
-is probed and a live server adopted). Servers may also be existing ones given by URL
-(``external``): those are patched with the run's config and never stopped by us.
+Every run gets its own run dir ``artifacts/<study>/runs/<iteration>-<trial>/`` (mode 0700), a free
+loopback port, log files, and a run.json written *before* the server is spawned (so a crash between
+spawn and record cannot lead to a second launch: the recorded port is probed and a live server
+adopted). Servers may also be existing ones given by URL (``external``): those are patched with the
+run's config and never stopped by us.
+
+Credentials: our servers bind loopback without a token, so `swarm serve` generates its control
+token and client token and keeps them in its state dir (``<run dir>/server/token`` and
+``client_token``, 0600), reusing them when it restarts on that dir (a park, a crash). The launcher
+reads them from there when it needs them: the files are the one copy, they survive a researcher
+restart, and no token is ever on a command line or in run.json. The server's environment is ours
+minus tokens and the MLflow URI; study code (`swarm run`) runs boxed (``researcher.sandbox``) with
+only the client token, by environment. External servers get the configured token the same way.
 
 The launcher is the one writer of run.json: the nodes change a run only through its methods
 (register, start, note progress, stop, park, unpark, end), and read a run's logs through it too.
@@ -15,22 +23,26 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import procs, runs
+from researcher import procs, runs, sandbox
 from researcher.runs import RunRecord
+from researcher.spool import LOCAL_PREFIX
 
 log = logging.getLogger(__name__)
 
 SERVER_LOG = "server.log"
 _SUMMARY = re.compile(r"finished=(\d+) aborted=(\d+)")
 CLIENT_LOG = "client.log"
+STATE_DIR = "server"  # the server's state dir inside the run dir
+TOKEN_FILE, CLIENT_TOKEN_FILE = "token", "client_token"  # written there by `swarm serve`
+# Never inherited by a server we start: it must make (or reuse) its own tokens, and the researcher
+# is the one MLflow writer of a run.
+_NOT_FOR_SERVERS = ("SWARM_TOKEN", sandbox.CLIENT_TOKEN_ENV, "MLFLOW_TRACKING_URI")
 
 
 class LaunchError(RuntimeError):
@@ -39,8 +51,10 @@ class LaunchError(RuntimeError):
 
 class Launcher:
     def __init__(self, swarm_command: Sequence[str], *, model: str = "tiny", threads: int = 1,
-                 ready_timeout_s: float = 120.0, external_token: str | None = None) -> None:
+                 ready_timeout_s: float = 120.0, external_token: str | None = None,
+                 mlflow_uri: str | None = None) -> None:
         self.swarm_command = list(swarm_command)
+        self.mlflow_uri = mlflow_uri  # handed to our servers, so each run's metrics have one writer
         self.model = model
         self.threads = threads
         self.ready_timeout_s = ready_timeout_s
@@ -86,20 +100,50 @@ class Launcher:
 
     # ------------------------------------------------------------------ servers
 
-    def _env(self) -> dict[str, str]:
-        # The researcher is the one MLflow writer of a run; the server must not open its own.
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    def _server_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_SERVERS}
         env["OMP_NUM_THREADS"] = str(self.threads)
         return env
 
-    def _spawn_server(self, run_dir: Path, config: Path, seed: int, port: int, token: str) -> tuple[int, float | None]:
-        argv = self.swarm_command + ["serve", "--model", self.model, "--host", "127.0.0.1", "--port", str(port),
-                                     "--state-dir", str(run_dir / "server"), "--config", str(config),
-                                     "--seed", str(seed), "--token", token, "--threads", str(self.threads)]
-        return procs.spawn(argv, log_path=run_dir / SERVER_LOG, env=self._env(), cwd=run_dir)
+    def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
+        """Start the run's `swarm serve`. With a real MLflow run id the server is its run's one metrics
+        writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
+        MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
+        state_dir = runs.private_dir(run_dir / STATE_DIR)
+        argv = self.swarm_command + ["serve", "--model", self.model, "--host", "127.0.0.1", "--port", str(record.port),
+                                     "--state-dir", str(state_dir), "--config", str(config),
+                                     "--seed", str(record.seed), "--threads", str(self.threads)]
+        env = self._server_env()
+        run_id = record.mlflow_run_id
+        record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))
+        if record.server_logs_mlflow:
+            env["MLFLOW_TRACKING_URI"] = str(self.mlflow_uri)
+            argv += ["--mlflow-run-id", str(run_id)]
+        return procs.spawn(argv, log_path=run_dir / SERVER_LOG, env=env, cwd=run_dir)
+
+    def control_token(self, record: RunRecord) -> str | None:
+        """The run's control token: the configured one for an external server, else the one our
+        server keeps in its state dir (None until the server has written it)."""
+        if record.external:
+            return self.external_token
+        return _read_token(Path(record.state_dir) / TOKEN_FILE) if record.state_dir else None
+
+    def client_token(self, record: RunRecord) -> str | None:
+        """What study code claims episodes with: our server's client token; an external server's
+        configured token (the only one we know); the control token of a server that wrote no
+        client token (an older swarm), with a warning."""
+        if record.external:
+            return self.external_token
+        token = _read_token(Path(record.state_dir) / CLIENT_TOKEN_FILE) if record.state_dir else None
+        if token is None:
+            log.warning("the server of %s wrote no %s; its client gets the control token", record.key,
+                        CLIENT_TOKEN_FILE)
+            token = self.control_token(record)
+        return token
 
     def client_for(self, record: RunRecord, timeout: float = 10.0) -> SwarmClient:
-        return SwarmClient(record.url, token=record.token or None, timeout=timeout, retry_for_s=0)
+        # "" rather than None: never fall back to a SWARM_TOKEN meant for external servers.
+        return SwarmClient(record.url, token=self.control_token(record) or "", timeout=timeout, retry_for_s=0)
 
     def start_server(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
         """Spawn (or adopt) the run's server; idempotent on run.json."""
@@ -122,10 +166,10 @@ class Launcher:
                     return record
         record.port = procs.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
-        record.token = record.token or secrets.token_urlsafe(24)
+        record.state_dir = str(run_dir / STATE_DIR)
         record.status, record.started_at = "running", time.time()
         runs.save(run_dir, record)  # before spawning: the record must exist if we die right after
-        pid, started = self._spawn_server(run_dir, config_path, record.seed, record.port, record.token)
+        pid, started = self._spawn_server(run_dir, config_path, record)
         record.server_pid, record.server_started = pid, started
         record.launches += 1
         record.last_progress_at = time.time()
@@ -146,12 +190,15 @@ class Launcher:
     # ------------------------------------------------------------------ clients
 
     def start_client(self, run_dir: Path, record: RunRecord) -> RunRecord:
+        """Start the run's study client boxed: clean environment with the client token, resource
+        limits, its own process group (what a previous client left in its group is stopped first)."""
+        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
         argv = self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
                                      "--group-size", str(record.group_size), "--seed", str(record.seed),
                                      "--concurrency", str(record.concurrency), "--retry-for", "30"]
-        if record.token:
-            argv += ["--token", record.token]
-        pid, started = procs.spawn(argv, log_path=run_dir / CLIENT_LOG, env=self._env(), cwd=run_dir)
+        env = sandbox.study_env(run_dir, client_token=self.client_token(record), threads=self.threads)
+        limits = sandbox.Limits.for_episodes(record.episodes)
+        pid, started = procs.spawn(argv, log_path=run_dir / CLIENT_LOG, env=env, cwd=run_dir, preexec=limits.apply)
         record.client_pid, record.client_started = pid, started
         record.client_starts += 1
         runs.save(run_dir, record)
@@ -229,8 +276,7 @@ class Launcher:
             record.port = procs.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             runs.save(run_dir, record)  # before spawning (see start_server)
-            record.server_pid, record.server_started = self._spawn_server(run_dir, config_path, record.seed,
-                                                                          record.port, record.token)
+            record.server_pid, record.server_started = self._spawn_server(run_dir, config_path, record)
         record.resumes += 1
         runs.save(run_dir, record)
         return record
@@ -239,19 +285,20 @@ class Launcher:
 
     def smoke(self, client_path: Path, config_path: Path, work_dir: Path, *, episodes: int, group_size: int,
               timeout_s: float, server_url: str | None = None) -> str | None:
-        """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error."""
-        work_dir.mkdir(parents=True, exist_ok=True)
+        """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error.
+
+        The client runs boxed like a training run's (``researcher.sandbox``); on timeout its whole
+        process group is killed."""
+        runs.private_dir(work_dir)
         record = RunRecord(key="smoke", study_id="smoke", iteration=0, trial=0, experiment="smoke", seed=0,
                            config={}, client=str(client_path), target_step=0, episodes=episodes,
                            group_size=group_size, external=server_url is not None, url=server_url or "",
-                           token=(self.external_token or "") if server_url else "")
+                           state_dir="" if server_url else str(work_dir / STATE_DIR))
         try:
             if server_url is None:
                 record.port = procs.free_port()
                 record.url = f"http://127.0.0.1:{record.port}"
-                record.token = secrets.token_urlsafe(24)
-                record.server_pid, record.server_started = self._spawn_server(work_dir, config_path, 0, record.port,
-                                                                              record.token)
+                record.server_pid, record.server_started = self._spawn_server(work_dir, config_path, record)
             try:
                 self.wait_ready(work_dir, record)
             except LaunchError as exc:
@@ -259,17 +306,16 @@ class Launcher:
             argv = self.swarm_command + ["run", str(client_path), "--server", record.url, "--episodes", str(episodes),
                                          "--group-size", str(group_size), "--concurrency", str(group_size),
                                          "--retry-for", "10"]
-            if record.token:
-                argv += ["--token", record.token]
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=self._env(),
-                                      cwd=work_dir)
-            except subprocess.TimeoutExpired:
-                return f"the smoke run of {episodes} episodes did not finish within {timeout_s:.0f} s"
-            (work_dir / CLIENT_LOG).write_text(done.stdout + done.stderr)
-            output = done.stdout + done.stderr
+            env = sandbox.study_env(work_dir, client_token=self.client_token(record), threads=self.threads)
+            done = sandbox.run_boxed(argv, env=env, cwd=work_dir, limits=sandbox.Limits.for_episodes(episodes),
+                                     timeout_s=timeout_s)
+            (work_dir / CLIENT_LOG).write_text(done.output)
+            output = done.output
+            if done.timed_out:
+                return (f"the smoke run of {episodes} episodes did not finish within {timeout_s:.0f} s "
+                        f"(its processes were killed):\n{output[-3000:]}")
             if done.returncode != 0:
-                return f"`swarm run` exited with code {done.returncode}:\n{output[-6000:]}"
+                return f"`swarm run` {done.describe()}:\n{output[-6000:]}"
             counts = _SUMMARY.search(output)
             if counts is None:
                 return f"`swarm run` printed no summary line:\n{output[-6000:]}"
@@ -281,6 +327,13 @@ class Launcher:
         finally:
             if server_url is None:
                 procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def tail(path: Path, lines: int = 40) -> str:

@@ -11,12 +11,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-_STUDY_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
+_STUDY_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")  # whole id (fullmatch): "$" would let "id\n" through
 
 
 def check_study_id(study_id: str) -> str:
     """Study ids become directory names and MLflow experiment names: keep them boring."""
-    if not _STUDY_ID.match(study_id) or study_id in {"examples"} or ".." in study_id:
+    if not _STUDY_ID.fullmatch(study_id) or study_id in {"examples"} or ".." in study_id:
         raise ValueError(f"invalid study id {study_id!r}: use 1-80 lowercase letters, digits, '.', '_' or '-' "
                          "(and not 'examples')")
     return study_id

@@ -1,6 +1,9 @@
 """The overview of studies on disk, one row a study (``researcher status`` and ``list``): phase,
 iteration, run counts, deadline, whether a process is running it now, its next scheduled session
-and the current answer. Reads files only; it never loads the study graph."""
+and the current answer. Reads files only; it never loads the study graph.
+
+``summary`` is the JSON-ready row (``status --json``); ``readable`` renders the same row as words for
+people (``6 launched: 4 finished, 2 running``), never a Python dict."""
 
 from __future__ import annotations
 
@@ -66,3 +69,43 @@ def add_wakeups(rows: list[dict[str, Any]], artifacts_root: Path) -> list[dict[s
         row["scheduled"] = row["study_id"] in wakeups
         row["next_wakeup"] = when.isoformat(timespec="seconds") if when else None
     return rows
+
+
+# The lifecycle order a run's statuses are listed in (see ``runs.RunRecord.status``).
+_STATUS_ORDER = ("finished", "running", "parked", "pending", "crashed", "stalled", "diverged", "cut", "stopped")
+_SHOWN = ("topic", "state", "parked", "active", "iteration", "runs", "deadline", "next_wakeup", "decision",
+          "answer", "error")
+
+
+def describe_runs(runs: dict[str, Any]) -> str:
+    """``{"launched": 6, "by_status": {"running": 2, "finished": 4}}`` -> ``6 launched: 4 finished, 2 running``."""
+    counts: dict[str, int] = runs.get("by_status") or {}
+    if not counts:
+        return "none yet"
+    order = [s for s in _STATUS_ORDER if s in counts] + sorted(set(counts) - set(_STATUS_ORDER))
+    return f"{runs.get('launched', 0)} launched: " + ", ".join(f"{counts[s]} {s}" for s in order)
+
+
+def describe_decision(decision: dict[str, Any]) -> str:
+    """``{"action": "continue", "reason": "..."}`` -> ``continue: ...``."""
+    action, reason = decision.get("action"), decision.get("reason")
+    return f"{action}: {reason}" if action and reason else str(action or reason or "")
+
+
+def readable(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (field, text) lines ``researcher status`` shows for one ``summary`` row; empty fields are left out."""
+    lines = []
+    for key in _SHOWN:
+        value = row.get(key)
+        if value in (None, "", {}):
+            continue
+        if key == "runs":
+            text = describe_runs(value)
+        elif key == "decision" and isinstance(value, dict):
+            text = describe_decision(value)
+        elif isinstance(value, bool):
+            text = "yes" if value else "no"
+        else:
+            text = str(value)
+        lines.append((key, text))
+    return lines

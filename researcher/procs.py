@@ -2,7 +2,8 @@
 
 Runs are started with ``start_new_session=True`` so a researcher crash (even SIGKILL) does not
 take its training runs down; a resumed researcher finds them again by the pid and the process
-start time recorded in run.json (the start time guards against a recycled pid).
+start time recorded in run.json (the start time guards against a recycled pid). Stopping a run
+stops its whole process group, including processes its leader left behind after it exited.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -22,13 +23,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn(argv: Sequence[str], *, log_path: Path, cwd: Path | None = None,
-          env: dict[str, str] | None = None) -> tuple[int, float | None]:
-    """Start ``argv`` detached with stdout+stderr appended to ``log_path``; returns (pid, start time)."""
+def spawn(argv: Sequence[str], *, log_path: Path, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+          preexec: Callable[[], None] | None = None) -> tuple[int, float | None]:
+    """Start ``argv`` detached with stdout+stderr appended to ``log_path``; returns (pid, start time).
+
+    ``env`` is the child's whole environment (None: this process's); ``preexec`` runs in the child
+    before exec (resource limits)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True)
+                                cwd=cwd, env=None if env is None else dict(env), start_new_session=True,
+                                preexec_fn=preexec)
     return proc.pid, start_time(proc.pid)
 
 
@@ -64,8 +69,13 @@ def alive(pid: int | None, started: float | None = None) -> bool:
 
 
 def stop_group(pid: int | None, started: float | None = None, *, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group of ``pid``, then SIGKILL it after ``grace_s``."""
-    if pid is None or not alive(pid, started):
+    """SIGTERM the process group led by ``pid``, then SIGKILL what is left of it after ``grace_s``.
+
+    The group is stopped even when its leader has exited: a leader started with its own session
+    leads a group of the same id, and the kernel does not hand that id to a new process while any
+    member lives, so members found under it are the leader's. Only a leader whose pid now names a
+    different process (a recycled pid) means the group is gone."""
+    if pid is None or not _owns_group(pid, started):
         return
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
@@ -74,9 +84,32 @@ def stop_group(pid: int | None, started: float | None = None, *, grace_s: float 
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not alive(pid, started):
+            alive(pid, started)  # reaps the leader when it is our child
+            if not group_alive(pid):
                 return
             time.sleep(0.1)
+
+
+def _owns_group(pid: int, started: float | None) -> bool:
+    if alive(pid, started):
+        return True
+    if started is None:
+        return False  # no start time to tell a recycled pid from ours: leave it alone
+    now = start_time(pid)
+    return now is None or now == started  # gone (its group may live on) or our zombie
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process belongs to process group ``pgid``."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_file.read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def wait_exit(pid: int | None, started: float | None, timeout_s: float) -> bool:

@@ -3,6 +3,13 @@
 The record is the idempotency anchor of ``launch_runs``: a run whose run.json exists was launched
 and is re-attached to, never launched again. ``launches`` counts server starts (tests assert it
 stays 1 across a researcher crash). Writes are atomic (temp file + rename).
+
+run.json holds no credential (it is uploaded to MLflow): our servers keep their tokens in their
+state dir, named by ``state_dir``. A run.json written before that rule may carry a ``token``; it
+is dropped on load (the next save writes the file without it) and, for our own server, kept in
+the state dir's 0600 token file instead, where the launcher and a restarted server find it.
+Loading never rewrites run.json: readers (`researcher status`) may load while the researcher
+writes. Run dirs are created 0700.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RUN_FILE = "run.json"
 
@@ -36,7 +43,7 @@ class RunRecord(BaseModel):
     concurrency: int = 32                 # episodes in flight: one training batch (more would go stale)
     external: bool = False                # an existing server given by URL (never stopped by us)
     url: str = ""
-    token: str = ""
+    state_dir: str = ""                   # our server's state dir (its token files); "" for external servers
     port: int = 0
     server_pid: int | None = None
     server_started: float | None = None
@@ -55,11 +62,19 @@ class RunRecord(BaseModel):
     last_progress_at: float = Field(default_factory=time.time)
     logged_step: int = 0                  # metrics with step <= this are in MLflow already
     mlflow_run_id: str | None = None
+    server_logs_mlflow: bool = False      # our server writes the run's metrics itself (else the monitor copies them)
     parked_at: float | None = None
     parked_s: float = 0.0                 # time spent parked (excluded from the run's wall time)
     resumed_at: float | None = None
     finished_seen: int = 0                # server's finished-episode count at the last poll (stuck-client watchdog)
     finished_seen_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_token(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token" in data:
+            data = {k: v for k, v in data.items() if k != "token"}  # run.json of an older researcher
+        return data
 
     @property
     def ended(self) -> bool:
@@ -80,11 +95,35 @@ def load(run_dir: Path) -> RunRecord | None:
     file = path(run_dir)
     if not file.is_file():
         return None
-    return RunRecord.model_validate_json(file.read_text())
+    raw = json.loads(file.read_text())
+    record = RunRecord.model_validate(raw)
+    if not record.external and not record.state_dir and record.launches:
+        record.state_dir = str(run_dir / "server")  # launched before run.json named it
+    if isinstance(raw, dict) and raw.get("token") and record.state_dir and not record.external:
+        _keep_token(Path(record.state_dir), str(raw["token"]))
+    return record
+
+
+def _keep_token(state_dir: Path, token: str) -> None:
+    """An older run.json's control token (its server was started with it) goes where our servers
+    keep theirs, unless a token file is there already."""
+    try:
+        fd = os.open(private_dir(state_dir) / "token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+
+
+def private_dir(folder: Path) -> Path:
+    """``folder`` created if needed and made 0700 (run dirs and server state dirs hold credentials and logs)."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def save(run_dir: Path, record: RunRecord) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     tmp = run_dir / f".{RUN_FILE}.tmp"
     tmp.write_text(record.model_dump_json(indent=2))
     os.replace(tmp, path(run_dir))

@@ -12,6 +12,12 @@ next run time and lose a missed run).
 A job runs one study session as a subprocess (``researcher resume ID --window …``), so a crashing
 study cannot take the daemon down; a study whose lock is held (a session already running) is
 skipped with a log line. Every fire is appended to ``<artifacts>/scheduler-history.jsonl``.
+
+``--at`` with an ISO date-time (``2026-12-01T02:00``, local time unless it names an offset) and no
+``--every`` is a one-shot (APScheduler's ``DateTrigger``): APScheduler drops the job once it fires,
+the job's first act is to delete the study's schedule file (the schedule is spent), and a spent
+one-shot is never added to the store again, so a daemon's sync cannot make it fire twice. A
+one-shot missed while no daemon ran stays in the store and runs when one starts (like any job).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -48,8 +55,9 @@ def job_id(study_id: str) -> str:
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """When a study resumes: daily ``at`` (HH:MM[:SS]), a ``cron`` (5 fields, or 6 with seconds
-    first), or ``every`` seconds (first at ``at`` if given); each session lasts ``window_s``."""
+    """When a study resumes: daily ``at`` (HH:MM[:SS]) or once ``at`` an ISO date-time, a ``cron``
+    (5 fields, or 6 with seconds first), or ``every`` seconds (first at ``at`` if given); each
+    session lasts ``window_s``."""
 
     window_s: float
     at: str | None = None
@@ -66,7 +74,7 @@ class ScheduleSpec:
         if self.every_s is not None and self.every_s <= 0:
             raise ValueError("--every must be positive")
         if self.at:
-            _parse_clock(self.at)
+            _parse_at(self.at)
         if self.cron:
             self.trigger()  # validate now: a bad spec is refused before anything is written
 
@@ -76,8 +84,22 @@ class ScheduleSpec:
         every = f"{float(self.every_s):g}" if self.every_s else ""
         return f"at={self.at or ''};cron={self.cron or ''};every={every};window={float(self.window_s):g}"
 
+    @property
+    def once(self) -> dt.datetime | None:
+        """The moment of a one-shot schedule (``at`` a date-time, no ``every``); None for repeating ones."""
+        return _parse_at(self.at) if self.at and not self.every_s else None
+
+    def check_future(self, now: dt.datetime | None = None) -> None:
+        """Refuse a one-shot time that has passed (when scheduling; a stored one that passed is spent)."""
+        now = now or dt.datetime.now().astimezone()
+        once = self.once
+        if once is not None and once <= now:
+            raise ValueError(f"--at {self.at} is in the past (now {now.isoformat(timespec='minutes')}); "
+                             "give a future date-time")
+
     def trigger(self, now: dt.datetime | None = None) -> Any:
         from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.date import DateTrigger
         from apscheduler.triggers.interval import IntervalTrigger
 
         now = now or dt.datetime.now().astimezone()
@@ -93,10 +115,14 @@ class ScheduleSpec:
             except ValueError as exc:
                 raise ValueError(f"invalid --cron {self.cron!r}: {exc}") from None
             raise ValueError(f"invalid --cron {self.cron!r}: use 5 fields (M H dom mon dow) or 6 with seconds first")
+        moment = _parse_at(self.at) if self.at else None
         if self.every_s:
-            # Anchored at today's HH:MM:SS (past or not): the trigger fires on that grid from now on.
-            start = clock_time_today(self.at, now) if self.at else now + dt.timedelta(seconds=self.every_s)
+            # Anchored at ``at`` (today's HH:MM:SS, or the date-time; past or not): the trigger fires
+            # on that grid from now on.
+            start = moment or (clock_time_today(self.at, now) if self.at else now + dt.timedelta(seconds=self.every_s))
             return IntervalTrigger(seconds=self.every_s, start_date=start)
+        if moment is not None:
+            return DateTrigger(run_date=moment)
         hour, minute, second = _parse_clock(self.at or "")
         return CronTrigger(hour=hour, minute=minute, second=second)
 
@@ -125,6 +151,24 @@ def _parse_clock(text: str) -> tuple[int, int, int]:
     except ValueError:
         raise ValueError(f"cannot read --at {text!r}; use HH:MM or HH:MM:SS (24 h, local time)") from None
     return hour, minute, second
+
+
+_CLOCK = re.compile(r"\d{1,2}:\d{1,2}(:\d{1,2})?")
+
+
+def _parse_at(text: str) -> dt.datetime | None:
+    """None for a daily clock time (HH:MM[:SS]); the aware moment of an ISO 8601 date-time."""
+    if _CLOCK.fullmatch(text.strip()):
+        _parse_clock(text.strip())
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"cannot read --at {text!r}; use HH:MM[:SS] (daily, 24 h local time) or an ISO "
+                         "date-time such as 2026-12-01T02:00 (once)") from None
+    if not re.search(r"[T ]\d", text.strip()):
+        raise ValueError(f"--at {text!r} has no time of day; use e.g. {text.strip()}T02:00")
+    return when if when.tzinfo is not None else when.astimezone()  # naive: local time
 
 
 def clock_time_today(text: str, now: dt.datetime) -> dt.datetime:
@@ -166,11 +210,15 @@ def read_schedules(studies_root: Path) -> dict[str, ScheduleSpec]:
 # --------------------------------------------------------------------------- the job
 
 
-def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, window_s: float) -> dict[str, Any]:
+def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, window_s: float,
+                         once: str | None = None) -> dict[str, Any]:
     """One scheduled session: ``researcher resume ID --window`` as a subprocess, unless one is running.
+    ``once``: the key of the one-shot spec this job was made for; its schedule file is spent now.
 
     Module-level and referenced by text, so APScheduler's SQLite job store can reload it."""
     layout = StudyLayout(study_id, Path(studies_dir), Path(artifacts_dir))
+    if once is not None:
+        _spend_one_shot(layout, once)
     phase = (read_state(layout) or {}).get("phase")
     if phase in ("done", "failed", "stopped"):
         log.info("study %s is %s; nothing to resume (`researcher unschedule %s`)", study_id, phase, study_id)
@@ -199,6 +247,18 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
     outcome = {0: "ran", 2: "refused"}.get(code, "failed")
     log.info("study %s session ended with code %s after %.0f s", study_id, code, time.time() - started)
     return {"study_id": study_id, "outcome": outcome, "exit_code": code, "seconds": round(time.time() - started, 1)}
+
+
+def _spend_one_shot(layout: StudyLayout, key: str) -> None:
+    """Delete the study's schedule file if it still holds the one-shot that is firing now (a newer
+    schedule written since stays)."""
+    path = schedule_path(layout)
+    try:
+        if ScheduleSpec.from_toml(path.read_text()).key == key:
+            path.unlink()
+            log.info("one-shot schedule of study %s is spent; removed %s", layout.study_id, path)
+    except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError):
+        pass  # no file, or one the daemon already ignores: nothing to spend
 
 
 # --------------------------------------------------------------------------- the store
@@ -245,23 +305,31 @@ def open_store(artifacts_root: Path) -> Iterator[Any]:
 
 def add_job(scheduler: Any, study_id: str, spec: ScheduleSpec, studies_root: Path, artifacts_root: Path,
             replace: bool = True) -> Any:
-    """Add (or with ``replace``, reset) the study's job; returns the job."""
+    """Add (or with ``replace``, reset) the study's job; returns the job, or None for a one-shot
+    whose time has passed (it fired already, or the daemon's store still holds it: never twice)."""
     existing = scheduler.get_job(job_id(study_id))
     if existing is not None and not replace and existing.name == spec.key:
         return existing  # keep its stored next run time (a missed run must still happen)
-    return scheduler.add_job(JOB_FUNC, trigger=spec.trigger(), id=job_id(study_id), name=spec.key,
-                             kwargs={"study_id": study_id, "studies_dir": str(studies_root.resolve()),
-                                     "artifacts_dir": str(artifacts_root.resolve()), "window_s": spec.window_s},
+    once = spec.once
+    if once is not None and once <= dt.datetime.now().astimezone():
+        return None
+    kwargs: dict[str, Any] = {"study_id": study_id, "studies_dir": str(studies_root.resolve()),
+                              "artifacts_dir": str(artifacts_root.resolve()), "window_s": spec.window_s}
+    if once is not None:
+        kwargs["once"] = spec.key
+    return scheduler.add_job(JOB_FUNC, trigger=spec.trigger(), id=job_id(study_id), name=spec.key, kwargs=kwargs,
                              replace_existing=True, **job_defaults())
 
 
 def schedule(study_id: str, spec: ScheduleSpec, studies_root: Path, artifacts_root: Path) -> dt.datetime | None:
-    """Write the schedule file and (re)set the job; returns the next wake-up time."""
+    """Write the schedule file and (re)set the job; returns the next wake-up time. A one-shot time
+    that has passed is a ``ValueError`` and nothing is written."""
+    spec.check_future()
     layout = StudyLayout(study_id, studies_root, artifacts_root)
     write_schedule(layout, spec)
     with open_store(artifacts_root) as scheduler:
         job = add_job(scheduler, study_id, spec, studies_root, artifacts_root, replace=True)
-        return job.next_run_time
+        return job.next_run_time if job is not None else None
 
 
 def unschedule(study_id: str, studies_root: Path, artifacts_root: Path) -> bool:

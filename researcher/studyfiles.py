@@ -1,7 +1,9 @@
 """The study folder's small text files: study.toml, plan.json, experiments/, LOG.md, report.md.
 
 These are what a person reviews (and may commit), so they are plain, stable text. The TOML
-writer covers what configs hold here: scalars, lists of scalars and one level of tables.
+writer covers what configs hold here: scalars, lists of scalars and one level of tables. Keys come
+from the planner too (experiment overrides): an override key must look like a config key, and every
+key is written bare only when TOML reads it as one plain key, else quoted, so no key can open a table.
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from researcher.layout import StudyLayout
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_CONFIG_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")  # the server's config keys: lowercase snake_case
+
+
+def _toml_key(key: str) -> str:
+    key = str(key)
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
 
 
 def _toml_value(value: Any) -> str:
@@ -31,7 +42,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise ValueError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -41,10 +52,10 @@ def dumps_toml(data: dict[str, Any], header: str = "") -> str:
               and k in ("server", "study", "budget", "options", "llm")}
     for key, value in data.items():
         if key not in tables:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     for name, table in tables.items():
         lines.append(f"\n[{name}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+        lines.extend(f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items())
     return "\n".join(lines) + "\n"
 
 
@@ -55,10 +66,20 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The planner's config overrides, refused (ValueError) unless every key looks like a server config
+    key; the server itself refuses a well-formed key it does not know when the run starts."""
+    bad = [key for key in overrides if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key)]
+    if bad:
+        raise ValueError(f"invalid config override key(s) {', '.join(map(repr, bad))}: a key is a server config "
+                         "name of 1-64 lowercase letters, digits or '_' (e.g. 'group_size')")
+    return overrides
+
+
 def server_config(example_config: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The example's flat server config (or its [server] table) with ``overrides`` applied."""
     data = tomllib.loads(example_config.read_text())
-    return {**data.get("server", data), **overrides}
+    return {**data.get("server", data), **check_overrides(overrides)}
 
 
 def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dict[str, Any],

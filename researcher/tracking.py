@@ -9,6 +9,9 @@ RUNNING by a crash with ``set_terminated(run_id, "KILLED")``. Metrics go in ``lo
 With a spool folder, a write that fails because the store is unreachable is spooled to disk
 (``researcher.spool``) and replayed later, instead of failing the study; a store error caused by
 the write itself (an invalid value) is logged and dropped.
+
+Nothing secret is uploaded: run.json holds no token (``researcher.runs``), and a server's credential
+files (``token``, ``client_token``, ``secret``) are never uploaded, even inside a folder logged whole.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from researcher.spool import Spool
 log = logging.getLogger(__name__)
 _BATCH = 1000  # MLflow's per-request metric limit
 _REPLAY_EVERY_S = 30.0
+CREDENTIAL_FILES = frozenset({"token", "client_token", "secret"})  # what `swarm serve` keeps in its state dir
 _CALLER_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
                   "INVALID_STATE"}
 
@@ -119,10 +123,10 @@ class Tracker:
                 self.client.set_tag(run_id, key, value)
         elif op == "files":
             for path in map(Path, args["paths"]):
-                if path.is_file():
+                if path.is_file() and path.name not in CREDENTIAL_FILES:
                     self.client.log_artifact(run_id, str(path), args["artifact_path"])
                 elif path.is_dir():
-                    self.client.log_artifacts(run_id, str(path), args["artifact_path"] or path.name)
+                    self._log_folder(run_id, path, args["artifact_path"] or path.name)
         elif op == "text":
             self.client.log_text(run_id, args["text"], args["name"])
         elif op == "end":
@@ -130,6 +134,14 @@ class Tracker:
         else:
             raise ValueError(f"unknown tracker op {op!r}")
         return None
+
+    def _log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
+        if not any(f.name in CREDENTIAL_FILES for f in folder.rglob("*")):
+            self.client.log_artifacts(run_id, str(folder), artifact_path)
+            return
+        for file in sorted(f for f in folder.rglob("*") if f.is_file() and f.name not in CREDENTIAL_FILES):
+            parent = file.parent.relative_to(folder).as_posix()
+            self.client.log_artifact(run_id, str(file), artifact_path if parent == "." else f"{artifact_path}/{parent}")
 
     # ------------------------------------------------------------------ runs
 

@@ -1,19 +1,27 @@
 """``swarm``: serve a model, run a study client against it, and watch and steer it.
 
-This is the entry point: logging is configured here and, with ``SwarmClient``'s token default,
-this is the only place the environment is read (``SWARM_TOKEN``, ``MLFLOW_TRACKING_URI``). Heavy
-imports (the server, torch) happen inside ``serve`` only, so every other verb starts fast and a
-restarted ``swarm run`` with edited study code is claiming episodes again within about a second.
+This is the entry point: logging is configured here and, with ``SwarmClient``'s token defaults,
+this is the only place the environment is read (``SWARM_TOKEN``, ``SWARM_CLIENT_TOKEN``,
+``MLFLOW_TRACKING_URI``). Heavy imports (the server, torch) happen inside ``serve`` only, so every
+other verb starts fast and a restarted ``swarm run`` with edited study code is claiming episodes
+again within about a second.
 
 Every verb that talks to a server finds its control token as: ``--token``, else ``$SWARM_TOKEN``,
-else ``<state-dir>/token`` (written by ``swarm serve`` on loopback). A missing URL falls back to
-``<state-dir>/server.json``, which a running ``swarm serve`` writes.
+else ``<state-dir>/token`` (written by ``swarm serve`` on loopback). ``swarm run`` claims with the
+client token (``swarm.server.auth``): ``$SWARM_CLIENT_TOKEN``, else ``--token``/``$SWARM_TOKEN``, else
+``<state-dir>/client_token``, else the control token file; a study's ``setup`` that calls control
+routes (a supervised warm-up) uses the control token when one is at hand. ``swarm serve`` keeps both
+tokens in its state dir (0700, files 0600), so a restart on the same state dir keeps them. People may
+pass ``--token``; tools should pass tokens by environment or file, never on a command line (``ps``
+shows it to every user). A missing URL falls back to ``<state-dir>/server.json``, which a running
+``swarm serve`` writes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -29,8 +37,18 @@ log = logging.getLogger(__name__)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Swarm RL: a server that trains a model from any OpenAI-speaking agent.")
-out = Console()
-err = Console(stderr=True)
+_PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
+
+
+def _console(stderr: bool = False) -> Console:
+    """Rich output wrapped at a terminal's width; into a pipe or file, whole lines (rich's default
+    there is 80 columns, which breaks log lines and values mid-way for anyone who greps them)."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=_PIPE_WIDTH, soft_wrap=True)
+
+
+out = _console()
+err = _console(stderr=True)
 
 DEFAULT_STATE_DIR = Path("artifacts/swarm")
 _QUICK_RETRY_S = 5.0  # one-shot verbs fail fast on a dead server instead of waiting out a restart
@@ -45,14 +63,17 @@ AsJson = Annotated[bool, typer.Option("--json", help="print raw JSON (the protoc
 
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s",
-                        datefmt="[%X]", handlers=[RichHandler(console=err, show_path=False)])
+    # At a terminal rich's columns; elsewhere one plain line a record (a rich log table pads every line to the width).
+    handler = RichHandler(console=err, show_path=False) if err.is_terminal else logging.StreamHandler(sys.stderr)
+    plain = "" if err.is_terminal else "[%(asctime)s] %(levelname)-8s "
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=plain + "%(name)s: %(message)s",
+                        datefmt="%X", handlers=[handler])
     for noisy in ("httpx", "httpcore", "openai", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)  # one line, paths unbroken
     raise typer.Exit(code)
 
 
@@ -65,10 +86,14 @@ def _server_url(url: str | None, state_dir: Path) -> str:
         _fail(f"no server URL given and no running server recorded in {state_dir / 'server.json'}", 2)
 
 
-def _client(url: str | None, token: str | None, state_dir: Path, retry_for_s: float = _QUICK_RETRY_S) -> SwarmClient:
+def _client(url: str | None, token: str | None, state_dir: Path, retry_for_s: float = _QUICK_RETRY_S,
+            client_token: str | None = None) -> SwarmClient:
+    """A client with the control token (``token``, else the state dir's file); with ``client_token``
+    (or, without it and without ``token``, the state dir's ``client_token`` file) claims use that."""
+    client_file = None if client_token or token else state_dir / "client_token"
     try:
         return SwarmClient(_server_url(url, state_dir), token=token, token_file=state_dir / "token",
-                           retry_for_s=retry_for_s)
+                           client_token=client_token, client_token_file=client_file, retry_for_s=retry_for_s)
     except ValueError as exc:
         _fail(str(exc), 2)
 
@@ -90,11 +115,15 @@ def serve(
     port: int = 8000,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     config: Annotated[Path | None, typer.Option(help="TOML file of flat ServerConfig keys")] = None,
-    token: Annotated[str | None, typer.Option(envvar="SWARM_TOKEN", show_envvar=True,
-                                              help="control token (generated on loopback if unset)")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="SWARM_TOKEN", show_envvar=True,
+        help="control token (else <state-dir>/token, else generated there on loopback); "
+             "tools: set $SWARM_TOKEN, never argv")] = None,
     seed: int = 0,
-    mlflow_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", show_envvar=True)] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", show_envvar=True, help=(
+        "log this server's config, per-step metrics, checkpoints and end status to one MLflow run"))] = None,
     mlflow_run_id: Annotated[str | None, typer.Option(help="log into this existing MLflow run")] = None,
+    mlflow_experiment: Annotated[str, typer.Option(help="MLflow experiment of a new run")] = "swarm",
     engine: Annotated[str | None, typer.Option(help="generator: torch (default, in process) or vllm")] = None,
     trainer: Annotated[str | None, typer.Option(help="trainer: torch (default, in process) or verl (Ray, FSDP2)")] = None,
     backend: Annotated[str | None, typer.Option(help="alias: sets --engine and --trainer to the same name")] = None,
@@ -107,9 +136,13 @@ def serve(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
 ) -> None:
-    """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API."""
+    """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API.
+
+    The client token (claims only) is ``$SWARM_CLIENT_TOKEN``, else ``<state-dir>/client_token``,
+    else generated there."""
     from pydantic import ValidationError
 
+    from swarm.server.auth import private_dir
     from swarm.server.settings import ServerConfig, ServerSettings, engine_choice
 
     try:
@@ -119,11 +152,18 @@ def serve(
             chosen.update(engine=backend, trainer=backend)
         flags = {"engine": engine, "trainer": trainer, "workers": workers, "ray_address": ray_address}
         chosen.update({k: v for k, v in flags.items() if v is not None})
-        settings = ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token, seed=seed,
-                                  mlflow_uri=mlflow_uri, mlflow_run_id=mlflow_run_id, max_context=max_context,
+        client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
+        settings = ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token,
+                                  client_token=client_token, seed=seed, mlflow_uri=mlflow_uri,
+                                  mlflow_run_id=mlflow_run_id, mlflow_experiment=mlflow_experiment,
+                                  max_context=max_context,
                                   vllm_url=vllm_url, vllm_python=vllm_python, config=server_config, **chosen)
     except (ValueError, ValidationError) as exc:
         _fail(f"invalid server settings: {exc}", 2)
+    try:
+        private_dir(state_dir)  # holds the secret and the tokens: owner only
+    except OSError as exc:
+        _fail(f"cannot create the state dir {state_dir}: {exc}", 2)
     if threads is None and model == "tiny":
         # The tiny model's ops are too small to gain from intra-op threads, and on a busy machine
         # two threads per op made training steps 5x slower than one (measured, see the letters README).
@@ -151,11 +191,16 @@ def run(
     concurrency: Annotated[int | None, typer.Option(min=1, help="parallel episodes (default: the study's)")] = None,
     group_size: Annotated[int | None, typer.Option(min=1, help="episodes per task (default: the study's)")] = None,
     seed: Annotated[int, typer.Option(help="passed to the study's tasks(seed)")] = 0,
-    token: Token = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="SWARM_TOKEN", show_envvar=True,
+        help="token (after $SWARM_CLIENT_TOKEN; else <state-dir>/client_token, else <state-dir>/token)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     retry_for: Annotated[float, typer.Option(help="seconds to keep retrying an unreachable server")] = 120.0,
 ) -> None:
-    """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out."""
+    """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
+
+    Claims use the client token: ``$SWARM_CLIENT_TOKEN``, else ``--token``, else
+    ``<state-dir>/client_token``, else the control token."""
     try:
         module = load_study(client_file)
     except ValueError as exc:
@@ -163,7 +208,8 @@ def run(
     except Exception as exc:  # the study's own import failed: show it plainly, it is the user's code
         log.exception("importing %s failed", client_file)
         _fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
-    with _client(server, token, state_dir, retry_for_s=retry_for) as client:
+    client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
+    with _client(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
         try:
             summary = run_study(module, client, seed=seed, episodes=episodes, concurrency=concurrency,
                                 group_size=group_size, progress=True)
@@ -237,6 +283,33 @@ def metrics(url: Url = None, since: Annotated[int, typer.Option(help="first step
     out.print(table)
     if not keys and len(available) > len(shown):
         err.print(f"{len(available) - len(shown)} more keys; pick with --keys (available: {', '.join(available)})")
+
+
+@app.command()
+def plan(url: Url = None,
+         staleness: Annotated[int | None, typer.Option(help="plan for this max_staleness (default: the server's)")] = None,
+         target_busy: Annotated[float, typer.Option(help="learner utilisation to reach, in (0, 1)")] = 0.9,
+         json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """How many clients, at what concurrency, keep the learner busy (ECHO-2's provisioning rule on
+    the server's live figures: perf/learner_busy, perf/rollout_eps_per_client, step and sync times)."""
+    from swarm.plan import NotEnoughData, advise, describe, measure
+
+    with _client(url, token, state_dir) as client:
+        try:
+            status, config, steps = client.status(), client.config().values, client.metrics()
+        except SwarmError as exc:
+            _fail(str(exc))
+    try:
+        figures = measure(steps, clients=status.clients, in_flight=int(status.throughput.get("in_flight", 0)))
+        advice = advise(figures, mode=config["mode"], target_busy=target_busy,
+                        staleness=config["max_staleness"] if staleness is None else staleness)
+    except (NotEnoughData, ValueError) as exc:
+        _fail(str(exc), code=2)
+    if json_:
+        print(json.dumps(advice.as_dict(), indent=2))
+        return
+    for line in describe(advice):
+        out.print(line)
 
 
 @app.command()

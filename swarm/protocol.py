@@ -251,6 +251,15 @@ class ServerState(str, Enum):
     stopped = "stopped"
 
 
+class LastError(BaseModel):
+    """The newest error the server survived (also published as an ``error`` event): ``where`` is the
+    stage (``train_step``, ``publish``, ``checkpoint``), ``at`` a Unix time."""
+
+    where: str
+    message: str
+    at: float
+
+
 class Status(BaseModel):
     """``GET /api/v1/status``."""
 
@@ -265,6 +274,7 @@ class Status(BaseModel):
     throughput: dict[str, float] = Field(default_factory=dict)
     uptime_s: float = 0.0
     generator: dict[str, Any] = Field(default_factory=dict, description="the generator's engine and health")
+    last_error: LastError | None = Field(None, description="the newest error training survived, if any")
 
 
 class StepMetrics(BaseModel):

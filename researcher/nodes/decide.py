@@ -1,4 +1,8 @@
-"""decide: continue with another iteration or conclude (plateau, stop request, or budget)."""
+"""decide: continue with another iteration or conclude (a resolved answer, stop request, or budget).
+
+The planner sees the topic and the values of the last iteration's arms, so it can tell an
+unresolved difference (re-run those arms on fresh seeds) from a resolved one (refine or conclude).
+"""
 
 from __future__ import annotations
 
@@ -34,7 +38,9 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     if hard:
         decision = {"action": "conclude", "reason": hard}
     else:
-        context = {"last": {k: last.get(k) for k in ("iteration", "best", "best_value", "comparison", "plateau")},
+        context = {"topic": state["topic"],
+                   "last": {**{k: last.get(k) for k in ("iteration", "best", "best_value", "comparison", "plateau")},
+                            "values": {e["name"]: e["value"] for e in last["experiments"]}},
                    "tested_values": [e["value"] for s in history for e in s["experiments"]],
                    "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options["min_effect"]}
         reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)

@@ -124,8 +124,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                        experiment=trial["experiment"], seed=trial["seed"], config=config,
                        client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,
                        concurrency=batch, threads=ctx.launcher.threads,
-                       external=external, url=url, token=(ctx.settings.server_token or "") if external else "",
-                       mlflow_run_id=child)
+                       external=external, url=url, mlflow_run_id=child)
     return ctx.launcher.register(Path(trial["run_dir"]), record)
 
 

@@ -8,7 +8,8 @@ One call polls until some run ends (so ``launch_runs`` can fill the slot) or all
 - no finished episode for ``client_stuck_s`` while the server waits for episodes: the client is
   hung, so it is restarted (the stuck-client watchdog);
 - a session that must park (window over, a watchdog) returns at once: ``park`` checkpoints the runs.
-Per-step metrics go to the run's metrics.jsonl and its MLflow child run (``log_batch`` per poll).
+Per-step metrics go to the run's metrics.jsonl; the run's server writes them to its MLflow child run
+(the monitor copies them there only for a run whose server could not be given the run).
 
 Each of those rules is a named check that returns an ending (status, reason) or None; a poll runs
 them in order and the first ending stops the run through the launcher, which saves its record.
@@ -189,7 +190,7 @@ def _fetch(poll: Poll) -> None:
         return
     if poll.new:
         runs.append_metrics(poll.run_dir, poll.new)
-        if record.mlflow_run_id:
+        if record.mlflow_run_id and not record.server_logs_mlflow:  # one writer per run's metrics
             ctx.tracker.log_steps(record.mlflow_run_id, poll.new)
         record.logged_step = max(m.step for m in poll.new)
         poll.bad = [k for m in poll.new for k, v in m.metrics.items() if not math.isfinite(v)]

@@ -4,8 +4,10 @@ Each step renders its prompt from ``prompts/<step>.md`` and asks for a validated
 first with structured outputs (``chat.completions.parse``); when the server rejects (400/422) or
 ignores the schema, it falls back to the JSON schema in the prompt plus pydantic validation, with
 one repair round that shows the model its validation error. Only transient errors (connection,
-timeouts, 429, 5xx) are retried, by the SDK's own backoff. Every call is reported to ``on_call``
-(the composition root writes it as an MLflow artifact) and its tokens and cost are returned.
+timeouts, 429, 5xx) are retried, by the SDK's own backoff. Every call is reported as one record to
+``on_call`` (the composition root writes it as JSON under ``llm_calls/``) and to every listener added
+with ``add_listener`` (the study context adds ``researcher.llm_traces``, which makes it an MLflow
+trace); its tokens and cost are returned with the answer.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ class LLMPlanner:
         self.settings = settings
         self.prompts = prompts
         self.on_call = on_call or (lambda record: None)
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._client = openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key,
                                      timeout=settings.timeout_s, max_retries=settings.max_retries)
         self._structured = True  # switched off after the server rejects or ignores json_schema once
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Also report every call record to ``listener`` (after ``on_call``); it must not raise."""
+        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ steps
 
@@ -144,14 +151,24 @@ class LLMPlanner:
         usage = getattr(completion, "usage", None)
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
         out = int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = (prompt * self.settings.price_in_per_mtok + out * self.settings.price_out_per_mtok) / 1e6
-        return {"calls": 1, "prompt_tokens": prompt, "completion_tokens": out, "cost_usd": cost}
+        cost_in, cost_out = self._costs(prompt, out)
+        return {"calls": 1, "prompt_tokens": prompt, "completion_tokens": out, "cost_usd": cost_in + cost_out}
+
+    def _costs(self, prompt_tokens: int, completion_tokens: int) -> tuple[float, float]:
+        """Dollars for the prompt and for the completion, at the configured prices."""
+        return (prompt_tokens * self.settings.price_in_per_mtok / 1e6,
+                completion_tokens * self.settings.price_out_per_mtok / 1e6)
 
     def _trace(self, step: str, messages: list[dict[str, str]], answer: str | None, usage: LLMUsage,
                started: float, *, mode: str, error: str | None = None) -> None:
-        self.on_call({"step": step, "mode": mode, "model": self.settings.model, "messages": messages,
-                      "answer": answer, "error": error, "usage": usage,
-                      "seconds": round(time.monotonic() - started, 3), "time": time.time()})
+        cost_in, cost_out = self._costs(usage["prompt_tokens"], usage["completion_tokens"])
+        record = {"step": step, "mode": mode, "model": self.settings.model, "messages": messages,
+                  "answer": answer, "error": error, "usage": usage,
+                  "cost": {"input_usd": cost_in, "output_usd": cost_out},
+                  "seconds": round(time.monotonic() - started, 3), "time": time.time()}
+        self.on_call(record)
+        for listener in self._listeners:
+            listener(record)
 
 
 def _validate(model: type[T], text: str) -> T:

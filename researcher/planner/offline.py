@@ -1,29 +1,43 @@
 """The deterministic planner used when no LLM is configured.
 
-It maps the topic onto one example task and one server knob by keywords, designs a controlled
-comparison (everything but the knob held fixed, every configuration on the same seeds), and in
-later iterations refines around the best value by walking the knob's ladder (successive halving:
-keep the winner, challenge it with its untested neighbour). Its client is the example's own code.
+It reads the topic with ``topic.parse`` and runs exactly what the topic asks: the named values of
+the named knob on the named task. "A vs B" and "does X help" become a controlled comparison of
+those arms (one named value is compared with the knob's off/standard value, said in the plan's
+assumptions); "how does X affect Y" and "what is the best X" become a dose-response sweep over at
+least 4 values across the knob's range. Everything but the knob is held fixed and every
+configuration runs on the same seeds. Later iterations follow the evidence: an unresolved
+difference (its 95% CI includes 0) is re-run on fresh seeds before anything new is tried; a
+resolved sweep is refined around its best value; a resolved comparison of named arms is done.
+Its client is the example's own code.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
 from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
                                        ReportText, TopicNotMappable, free)
+from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
 
-
-def _matches(text: str, phrase: str) -> bool:
-    return re.search(rf"(?<![a-z0-9]){re.escape(phrase)}(?![a-z0-9])", text) is not None
+MAX_ARMS = 8  # Plan.experiments holds at most 8 configurations
 
 
 def _value_name(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _shows(values: list[Any]) -> str:
+    return ", ".join(_show(v) for v in values)
 
 
 class OfflinePlanner:
@@ -45,61 +59,57 @@ class OfflinePlanner:
         return self._framed[key]
 
     def _frame(self, topic: str, catalog_text: str) -> Reply[Framing]:
-        text = topic.lower()
-        best: tuple[int, catalog.Knob] | None = None
-        for item in catalog.KNOBS:
-            for phrase in item.keywords:
-                if _matches(text, phrase) and (best is None or len(phrase) > best[0]):
-                    best = (len(phrase), item)
-        if best is None:
+        question = parse(topic)
+        if question.knob is None:
             raise TopicNotMappable(
                 f"The offline planner cannot map this topic onto an experiment: {topic!r}.\n"
                 "Name one of the knobs below (optionally a task), e.g. \"Does a larger group size make "
                 "the letters task learn faster?\", or configure an LLM planner (RESEARCHER_LLM_BASE_URL, "
                 "RESEARCHER_LLM_MODEL).\n" + catalog_text)
-        knob = best[1]
-        task = knob.task or next((name for name, words in catalog.TASK_KEYWORDS.items()
-                                  if any(_matches(text, w) for w in words)), catalog.DEFAULT_TASK)
+        knob, task = catalog.knob(question.knob), question.task
         if task not in self.available_tasks:
             raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
                                    f"(found: {self.available_tasks}).\n" + catalog_text)
-        question = (f"How does the {knob.label} (`{knob.key}`) change how fast the {task} task learns, "
-                    "measured as the area under the reward curve per training step?")
-        return free(Framing(answerable=True, reason=f"topic names the {knob.label}", question=question,
-                            task=task, knob=knob.key))
+        measure = "measured as the area under the reward curve per training step"
+        values = [_show(v) for v in question.values]
+        named = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
+        if question.shape == "sweep":
+            over = f" over {knob.key} = {', '.join(values)}" if values else ""
+            text = (f"How does the {knob.label} (`{knob.key}`) affect how fast the {task} task learns (a dose-response "
+                    f"curve{over}), {measure}?")
+        elif len(values) >= 2:
+            text = f"Which of {knob.key} = {named} makes the {task} task learn faster, {measure}?"
+        elif values:
+            text = f"Does setting {knob.key} to {named} change how fast the {task} task learns, {measure}?"
+        else:
+            text = f"Does changing the {knob.label} (`{knob.key}`) change how fast the {task} task learns, {measure}?"
+        reason = f"topic names the {knob.label}" + (f" and {knob.key} = {', '.join(values)}" if values else "")
+        return free(Framing(answerable=True, reason=reason, question=text, task=task, knob=knob.key))
 
     # ------------------------------------------------------------------ plan
 
     def plan(self, framing: Framing, context: dict[str, Any]) -> Reply[Plan]:
+        """The first design the topic asks for; later, more seeds for an unresolved difference, else a refinement."""
         knob = catalog.knob(framing.knob)
-        tested: list[Any] = list(context.get("tested_values", []))
-        best = context.get("best_value")
+        question = _question(framing, context)
         iteration = int(context.get("iteration", 1))
+        history = context.get("history") or []
+        min_effect = float(context.get("min_effect", 0.02))
+        best = context.get("best_value")
+        unresolved = _unresolved(history[-1], min_effect) if history else None
         if iteration <= 1 or best is None:
-            values = list(knob.first)
-            hypothesis = Hypothesis(
-                id=f"h{iteration}", metric=framing.metric,
-                statement=f"Changing {knob.key} from {values[0]} to {values[-1]} changes the learning speed of "
-                          f"{framing.task}.",
-                expected_effect=f"{knob.key}={values[-1]} reaches a higher area under the {framing.metric} "
-                                f"curve per step than {knob.key}={values[0]} (difference > 0.02).")
-            rationale = "Controlled comparison: only the knob differs; every configuration runs the same seeds."
+            design = _initial_design(question, knob, framing, context.get("task_config") or {}, min_effect)
+        elif unresolved is not None:
+            design = _replicate_design(knob, unresolved, history[-1], min_effect)
         else:
-            challenger = _untested_neighbour(knob, best, tested)
-            if challenger is None:
-                values = [best]
-            else:
-                values = [best, challenger]
-            hypothesis = Hypothesis(
-                id=f"h{iteration}", metric=framing.metric,
-                statement=f"{knob.key}={challenger} beats the current best {knob.key}={best}.",
-                expected_effect=f"area under the {framing.metric} curve of {knob.key}={challenger} exceeds that "
-                                f"of {best} by more than the minimum effect; otherwise the knob has plateaued.")
-            rationale = ("Successive halving: keep the best configuration, challenge it with its untested "
-                         "neighbour on fresh seeds.")
+            design = _refine_design(question, knob, framing, best, list(context.get("tested_values", [])), min_effect)
+        hypothesis = Hypothesis(id=f"h{iteration}", metric=framing.metric, statement=design.statement,
+                                expected_effect=design.expected)
         experiments = [Experiment(name=f"it{iteration}-{knob.key.replace('_', '-')}-{_value_name(v)}",
-                                  hypothesis=hypothesis.id, overrides={knob.key: v}) for v in values]
-        return free(Plan(hypotheses=[hypothesis], experiments=experiments, rationale=rationale))
+                                  hypothesis=hypothesis.id, overrides={**question.fixed, knob.key: v})
+                       for v in design.values]
+        return free(Plan(hypotheses=[hypothesis], experiments=experiments, rationale=design.rationale,
+                         shape=question.shape, stage=design.stage, assumptions=design.assumptions))
 
     # ------------------------------------------------------------------ client code
 
@@ -113,17 +123,229 @@ class OfflinePlanner:
     # ------------------------------------------------------------------ decide and report
 
     def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]:
+        """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds."""
         knob = catalog.knob(framing.knob)
-        last = context["last"]
+        question = _question(framing, context)
+        last, tested = context["last"], context.get("tested_values", [])
+        min_effect = float(context.get("min_effect", 0.02))
+        c = last.get("comparison")
+        if c:
+            spread = f"{c['diff']:+.3f}" + (f" ± {c['hw']:.3f}" if c.get("hw") is not None else " (no interval)")
+            if _equivalent(c, min_effect):
+                return free(Decision(action="conclude", reason=f"no meaningful difference: {c['better']} − {c['worse']} "
+                                                               f"= {spread}, inside ±{min_effect}"))
+            if not c.get("clear"):
+                return free(Decision(action="continue", reason=(
+                    f"{c['better']} vs {c['worse']} is unresolved (the 95% CI of the difference, {spread}, includes 0): "
+                    "the next iteration re-runs these two arms on fresh seeds instead of a new pair")))
+            if question.shape == "comparison" and question.values:
+                return free(Decision(action="conclude", reason=f"the comparison of the named arms is resolved: "
+                                                               f"{c['better']} beat {c['worse']} ({spread})"))
+        best = last.get("best_value")
+        if question.shape == "sweep":
+            around = _around(knob, best, tested)
+            if not around:
+                return free(Decision(action="conclude", reason=f"every value next to {knob.key}={best} has been tested"))
+            return free(Decision(action="continue", reason=f"refine the curve around {knob.key}={best} with "
+                                                           f"{_shows(around)}"))
         if last.get("plateau"):
             return free(Decision(action="conclude", reason=last["plateau"]))
-        if _untested_neighbour(knob, last.get("best_value"), context.get("tested_values", [])) is None:
+        if _untested_neighbour(knob, best, tested) is None:
             return free(Decision(action="conclude", reason="every neighbour of the best value has been tested"))
-        return free(Decision(action="continue",
-                             reason=f"refine around the best value {knob.key}={last.get('best_value')}"))
+        return free(Decision(action="continue", reason=f"refine around the best value {knob.key}={best}"))
 
     def report(self, framing: Framing, context: dict[str, Any]) -> Reply[ReportText]:
-        return free(ReportText(answer=context["verdict"], discussion=context["caveats"]))
+        """The analysis' wording, minus any plateau claim made from an unresolved difference."""
+        caveats = context["caveats"]
+        for summary in context.get("iterations", []):
+            plateau, c = summary.get("plateau"), summary.get("comparison")
+            if plateau and not (c and c.get("clear")):
+                caveats = caveats.replace(f"; {plateau}", "; no plateau is claimed: the 95% CI of this iteration's "
+                                                          "difference includes 0").replace(plateau, "")
+        return free(ReportText(answer=context["verdict"], discussion=caveats))
+
+
+# ---------------------------------------------------------------------- strategies
+
+
+def _question(framing: Framing, context: dict[str, Any]) -> TopicQuestion:
+    """The topic's reading when it is about the framed knob; otherwise one that names nothing."""
+    question = parse(str(context.get("topic") or ""))
+    if question.knob == framing.knob:
+        return question
+    return TopicQuestion(question.text, framing.knob, framing.task, False)
+
+
+class _Design(NamedTuple):
+    stage: Literal["initial", "replicate", "refine"]
+    values: list[Any]
+    statement: str
+    expected: str
+    rationale: str
+    assumptions: list[str]
+
+
+def _initial_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: dict[str, Any],
+                    min_effect: float) -> _Design:
+    values, claim, assumptions = _initial(question, knob, task_config)
+    key, task, metric = knob.key, framing.task, framing.metric
+    if question.shape == "sweep":
+        return _Design("initial", values, f"The learning speed of {task} changes with {key} over {_shows(values)}.",
+                       f"the area under the {metric} curve per step differs by more than {min_effect} between the "
+                       f"best and the worst of the {len(values)} values",
+                       f"Dose-response sweep over {len(values)} values of {key}; every value runs the same seeds.",
+                       assumptions)
+    others = [v for v in values if not same_value(v, claim)]
+    return _Design("initial", values,
+                   f"{key}={_show(claim)} makes {task} learn at a different speed than {key}={_shows(others)}.",
+                   f"{key}={_show(claim)} reaches a higher area under the {metric} curve per step than "
+                   f"{key}={_shows(others)} (difference > {min_effect}).",
+                   "Controlled comparison: only the knob differs; every configuration runs the same seeds.", assumptions)
+
+
+def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: dict[str, Any], min_effect: float) -> _Design:
+    c, key = last["comparison"], knob.key
+    spread = f"{c['diff']:+.3f}" + (f" ± {c['hw']:.3f}" if c.get("hw") is not None else "")
+    return _Design("replicate", list(pair),
+                   f"The difference between {key}={_show(pair[0])} and {key}={_show(pair[1])} seen in iteration "
+                   f"{last.get('iteration')} ({spread}, 95% CI includes 0) is real.",
+                   f"on fresh seeds the 95% CI of the difference excludes 0, or lies within ±{min_effect} "
+                   "(no meaningful difference)",
+                   "The last difference is unresolved: re-run the same two arms on fresh seeds (more evidence) "
+                   "instead of a new pair.", [])
+
+
+def _refine_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, best: Any, tested: list[Any],
+                   min_effect: float) -> _Design:
+    if question.shape == "sweep":
+        around = _around(knob, best, tested)
+    else:
+        challenger = _untested_neighbour(knob, best, tested)
+        around = [] if challenger is None else [challenger]
+    key, new = knob.key, _shows(around) or "nothing new"
+    return _Design("refine", [best, *around],
+                   f"{key}={new} next to the best so far ({key}={_show(best)}) beats it.",
+                   f"the area under the {framing.metric} curve of {key}={new} exceeds that of {key}={_show(best)} by "
+                   f"more than {min_effect}; otherwise {_show(best)} stays the best measured value",
+                   "Refinement: keep the best configuration of a resolved result and challenge it with the values "
+                   "next to it, on fresh seeds.", [])
+
+
+def _initial(question: TopicQuestion, knob: catalog.Knob, task_config: dict[str, Any]) -> tuple[list[Any], Any, list[str]]:
+    """The first design's values, the one the hypothesis names as the winner, and what was assumed."""
+    named, key, notes = list(question.values), knob.key, []
+    if question.shape == "sweep":
+        if question.span:
+            values = _spread(knob, named[0], named[1])
+            notes.append(f"swept {len(values)} values of {key} from {_show(min(values))} to {_show(max(values))}: the "
+                         "named ends and points between them")
+        elif len(named) >= 3:
+            values = named
+            if len(named) < MIN_SWEEP:
+                notes.append(f"the topic names {len(named)} values of {key}: the curve has those {len(named)} points")
+        else:
+            values = _sorted(knob, [*knob.ladder, *[v for v in named if not any(same_value(v, x) for x in knob.ladder)]])
+            if len(knob.ladder) < MIN_SWEEP:
+                notes.append(f"{key} has only {len(knob.ladder)} values: the sweep runs all of them")
+            elif not named:
+                notes.append(f"the topic names no values of {key}: swept the catalog's {len(values)} values across its "
+                             f"range ({_shows(values)})")
+        return _capped(values, key, notes), values[-1], notes
+    if len(named) >= 2:
+        return _capped(named, key, notes), named[0], notes
+    if len(named) == 1:
+        base, why = _baseline(knob, task_config)
+        value = named[0]
+        if same_value(value, base):
+            other = next(v for v in knob.first if not same_value(v, base)) if knob.reference is None else knob.on
+            notes.append(f"the topic names only {key}={_show(value)}, the {why}: compared it with {key}={_show(other)}, "
+                         "the catalog's standard alternative")
+            return [value, other], other, notes
+        notes.append(f"the topic names one value, {key}={_show(value)}: compared it with {key}={_show(base)}, the {why}")
+        return [base, value], value, notes
+    values = list(knob.first)
+    notes.append(f"the topic names no values of {key}: compared the catalog's standard pair {_shows(values)}")
+    return values, values[-1], notes
+
+
+def _baseline(knob: catalog.Knob, task_config: dict[str, Any]) -> tuple[Any, str]:
+    """What a single named value is compared with: the off/standard value, else the task's setting."""
+    if knob.reference is not None:
+        return knob.reference, f"{knob.label}'s off/standard value"
+    if knob.key in task_config:
+        return task_config[knob.key], "task's configured value"
+    return knob.first[0], "catalog's standard value (the task's configuration does not set it)"
+
+
+def _capped(values: list[Any], key: str, notes: list[str]) -> list[Any]:
+    if len(values) > MAX_ARMS:
+        notes.append(f"a plan holds at most {MAX_ARMS} configurations: ran {key} = {_shows(values[:MAX_ARMS])}, not "
+                     f"{_shows(values[MAX_ARMS:])}")
+    return values[:MAX_ARMS]
+
+
+def _sorted(knob: catalog.Knob, values: list[Any]) -> list[Any]:
+    return sorted(values) if knob.kind in ("bool", "int", "float") else values
+
+
+def _unresolved(summary: dict[str, Any], min_effect: float) -> tuple[Any, Any] | None:
+    """The values of the last iteration's two compared arms when their difference is unresolved."""
+    c, values = summary.get("comparison"), summary.get("values") or {}
+    if not c or c.get("clear") or _equivalent(c, min_effect) or c["better"] not in values or c["worse"] not in values:
+        return None
+    return values[c["better"]], values[c["worse"]]
+
+
+def _equivalent(c: dict[str, Any], min_effect: float) -> bool:
+    """The whole 95% CI of the difference lies inside ±min_effect: no meaningful difference."""
+    return c.get("hw") is not None and abs(c["diff"]) + c["hw"] < min_effect
+
+
+def _round(knob: catalog.Knob, value: float) -> Any:
+    return round(value) if knob.kind == "int" else float(f"{value:.2g}")
+
+
+def _mid(knob: catalog.Knob, a: float, b: float) -> Any:
+    return _round(knob, math.sqrt(a * b) if knob.log_scale and min(a, b) > 0 else (a + b) / 2)
+
+
+def _spread(knob: catalog.Knob, a: Any, b: Any) -> list[Any]:
+    """At least 4 values from a to b: the ends, the catalog's values between, midpoints of the widest gaps."""
+    low, high = sorted((a, b))
+    points = [low, high, *[v for v in knob.ladder if low < v < high]]
+    while len(points) < MIN_SWEEP:
+        points.sort()
+        gaps = list(itertools.pairwise(points))
+        x, y = max(gaps, key=lambda g: (g[1] / g[0]) if knob.log_scale and g[0] > 0 else g[1] - g[0])
+        mid = _mid(knob, x, y)
+        if any(same_value(mid, p) for p in points):
+            break
+        points.append(mid)
+    return sorted(points)
+
+
+def _around(knob: catalog.Knob, best: Any, tested: list[Any]) -> list[Any]:
+    """Untested values next to the best of a sweep: midpoints towards its tested neighbours, or one
+    step outward (within the knob's range) where the best is at the edge of what was tested."""
+    if knob.kind not in ("int", "float") or not isinstance(best, (int, float)) or isinstance(best, bool):
+        return []
+    numbers = sorted(v for v in tested if isinstance(v, (int, float)) and not isinstance(v, bool))
+    lower = [v for v in numbers if v < best and not same_value(v, best)]
+    upper = [v for v in numbers if v > best and not same_value(v, best)]
+    low, high = knob.bounds or (-math.inf, math.inf)
+    candidates = []
+    for near, far in ((lower[-1] if lower else None, upper[0] if upper else None),
+                      (upper[0] if upper else None, lower[-1] if lower else None)):
+        if near is not None:
+            candidates.append(_mid(knob, near, best))
+        elif far is not None:  # best is at the edge: step outward by the same ratio (or distance)
+            step = best * best / far if knob.log_scale and far > 0 and best > 0 else 2 * best - far
+            candidates.append(_round(knob, min(max(step, low), high)))
+    out: list[Any] = []
+    for v in candidates:
+        if not any(same_value(v, x) for x in [best, *numbers, *out]) and low <= v <= high:
+            out.append(v)
+    return sorted(out)
 
 
 def _untested_neighbour(knob: catalog.Knob, best: Any, tested: list[Any]) -> Any:

@@ -48,6 +48,14 @@ class Plan(_Answer):
     hypotheses: list[Hypothesis] = Field(min_length=1)
     experiments: list[Experiment] = Field(min_length=1, max_length=8)
     rationale: str
+    shape: Literal["comparison", "sweep"] = Field(
+        "comparison", description="comparison: the named arms ('A vs B', 'does X help'); sweep: a dose-response "
+        "curve over >= 4 values of the knob ('how does X affect Y', 'what is the best X')")
+    stage: Literal["initial", "replicate", "refine"] = Field(
+        "initial", description="initial: the question's first design; replicate: the same arms on fresh seeds "
+        "because their difference was unresolved; refine: new values around the best of a resolved result")
+    assumptions: list[str] = Field(default_factory=list,
+                                   description="what the plan assumed where the topic was not explicit, and why")
 
 
 class ClientCode(_Answer):

@@ -164,7 +164,9 @@ class RowFeed(Protocol):
     """Continuous batching: lets rows join a running ``generate`` and leave it one by one.
 
     Row indices (for ``on_token`` too) number the initial prompts first, then admitted rows in the
-    order ``admit`` returned them. All methods are called from the generation thread.
+    order ``admit`` returned them. All methods are called from the generation thread. A feed may
+    also define ``cancelled(row) -> bool``: a running row it names stops at the next decode step
+    (its caller went away) and is handed to ``finished`` with what it has.
     """
 
     def admit(self) -> Sequence[tuple[Sequence[int], SamplingParams]]:

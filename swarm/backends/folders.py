@@ -2,6 +2,14 @@
 
 A reader (a restarting server, a vLLM reload) must never see half a folder, so every writer fills a
 hidden staging folder beside the target and renames it into place in one ``rename``.
+
+Durability is a separate choice. The rename alone survives the death of the process (the kernel
+keeps what it wrote), which is all a weight publication needs: it is rewritten every step and read
+at once, and an fsync per step cost more than the reload itself on a busy disk. A checkpoint is what
+a restart after a power loss or an OS crash resumes from, so ``CheckpointManager.save`` calls
+``fsync_tree`` on the whole checkpoint (whatever the trainer wrote into it, through ``atomic_folder``
+or not) before its rename and ``fsync_dir`` on the root after it: the new name never points at data
+the disk does not hold yet (about 20-80 ms for the tiny model's 5 MB checkpoint).
 """
 
 from __future__ import annotations
@@ -13,14 +21,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_folder"]
+__all__ = ["atomic_folder", "fsync_dir", "fsync_tree"]
 
 
 @contextmanager
 def atomic_folder(target: str | Path) -> Iterator[Path]:
     """Yield a staging path beside ``target`` (not yet created: the caller makes it); when the block
     ends without an error it replaces ``target`` (an older folder there is moved aside, then removed).
-    On an error, or a kill before the rename, only a hidden ``.<name>.staging-*`` folder is left."""
+    On an error, or a kill before the rename, only a hidden ``.<name>.staging-*`` folder is left.
+    Nothing is fsynced (see the module docstring)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
@@ -35,3 +44,28 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every regular file under ``root``, then every folder bottom-up (a new file's name is only
+    durable once the folder holding it is synced). Symlinks are not followed."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """fsync a folder, making the names created, renamed or removed in it durable."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

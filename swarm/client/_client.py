@@ -20,7 +20,7 @@ from swarm.client._episode import EpisodeHandle, OpenAIPool
 from swarm.client._errors import SwarmError, SwarmUnavailable
 from swarm.client._events import iter_events
 from swarm.client._runner import RunSummary, run_workflow
-from swarm.client._transport import Transport
+from swarm.client._transport import Credential, Transport
 from swarm.protocol import (
     API_PREFIX,
     ClaimRequest,
@@ -45,21 +45,30 @@ _SFT_TIMEOUT_S = 1800.0  # a warm-up runs many optimizer steps in one request
 class SwarmClient:
     """A client of one swarm server.
 
-    ``token`` is the control token; like the OpenAI SDK with ``OPENAI_API_KEY`` it defaults to the
-    ``SWARM_TOKEN`` environment variable, then to ``token_file`` (the file ``swarm serve`` writes on
-    loopback). ``retry_for_s`` bounds how long one call keeps retrying an unreachable server.
+    Two credentials (``swarm.server.auth``). ``token`` is the control token (config, control, SFT,
+    metrics, events); like the OpenAI SDK with ``OPENAI_API_KEY`` it defaults to the ``SWARM_TOKEN``
+    environment variable, then to ``token_file`` (``<state-dir>/token``, written by ``swarm serve``
+    on loopback). ``client_token`` is what claims are sent with; it defaults to ``SWARM_CLIENT_TOKEN``,
+    then to ``client_token_file`` (``<state-dir>/client_token``), then to the control token. Study code
+    holding only a client token can claim and run episodes and read ``status``; a control call is
+    answered 403. ``retry_for_s`` bounds how long one call keeps retrying an unreachable server.
     """
 
-    def __init__(self, url: str, token: str | None = None, *, client_id: str | None = None,
-                 timeout: float = 30, retry_for_s: float = 120, token_file: str | Path | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None, *, client_token: str | None = None,
+                 client_id: str | None = None, timeout: float = 30, retry_for_s: float = 120,
+                 token_file: str | Path | None = None, client_token_file: str | Path | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
         if token is None:
             token = os.environ.get("SWARM_TOKEN") or None
+        if client_token is None:
+            client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None
         self.url = url.rstrip("/")
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
-        self._transport = Transport(self.url, token=token, token_file=Path(token_file) if token_file else None,
-                                    timeout=timeout, retry_for_s=retry_for_s)
+        control = Credential(token, Path(token_file) if token_file else None)
+        client = Credential(client_token, Path(client_token_file) if client_token_file else None)
+        self._transport = Transport(self.url, control=control, client=client, timeout=timeout,
+                                    retry_for_s=retry_for_s)
         self._openai_pool = OpenAIPool(timeout=max(float(timeout), 120.0))  # generation can queue
 
     @property
@@ -69,7 +78,13 @@ class SwarmClient:
 
     @property
     def token(self) -> str | None:
+        """The control token, if this client has one."""
         return self._transport.token
+
+    @property
+    def client_token(self) -> str | None:
+        """The credential claims are sent with: the client token, else the control token."""
+        return self._transport.client_token
 
     def close(self) -> None:
         self.openai_pool.close()
@@ -91,7 +106,7 @@ class SwarmClient:
         """
         request = ClaimRequest(task_id=task_id, group_id=group_id, group_size=group_size, category=category,
                                client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex)
-        response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request)
+        response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request, as_client=True)
         episode = Episode.model_validate_json(response.content)
         return EpisodeHandle(self._transport, episode, self.openai_pool, lease_s=lease_s)
 
@@ -112,7 +127,7 @@ class SwarmClient:
 
     def episode_status(self, episode_id: str) -> EpisodeStatus:
         """Where one episode stands on the server (claimed, finished, aborted, expired)."""
-        response = self._transport.request("GET", f"{API_PREFIX}/episodes/{episode_id}")
+        response = self._transport.request("GET", f"{API_PREFIX}/episodes/{episode_id}", as_client=True)
         return EpisodeStatus.model_validate_json(response.content)
 
     # ---------------------------------------------------------------- observing

@@ -67,13 +67,16 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--token", default=None, help="control token (default: $SWARM_TOKEN, then the token file)")
+    parser.add_argument("--token", default=None,
+                        help="control token (default: $SWARM_TOKEN, then the token file); tools should set "
+                             "$SWARM_CLIENT_TOKEN instead, since a command line is visible to every user")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         module = load_study(file)
-        with SwarmClient(args.server, token=args.token, token_file=args.state_dir / "token") as client:
+        with SwarmClient(args.server, token=args.token, token_file=args.state_dir / "token",
+                         client_token_file=None if args.token else args.state_dir / "client_token") as client:
             summary = run_study(module, client, seed=args.seed, episodes=args.episodes,
                                 concurrency=args.concurrency, group_size=args.group_size)
     except (ValueError, SwarmError) as exc:

@@ -5,8 +5,13 @@ Retried, with jittered exponential backoff, until ``retry_for_s`` has passed:
 - 429, or 409 with ``retry_after`` (the throttler or a weight sync says "wait"), honouring the hint;
 - 503 always, and other 5xx / broken connections mid-request only for idempotent calls, so a
   non-idempotent call (a supervised warm-up) is never run twice.
-Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once. A token read from the
-server's token file is re-read once on a 401, because a restarted server may have written a new one.
+Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once.
+
+Two credentials: the control token (config, control, SFT, events) and the client token (claims); a
+request names which it wants (``as_client``) and falls back to the other when it is missing, so a
+client holding only one of them gets the server's clear 403 rather than a silent 401. A token read
+from a file (``<state-dir>/token``, ``<state-dir>/client_token``) is re-read once on a 401, in case
+the server's file was replaced by hand or the file only appeared after the client started.
 """
 
 from __future__ import annotations
@@ -29,42 +34,82 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 2.0
 
 
-class Transport:
-    """Sends JSON requests to one server with the control token and the retry policy above."""
+class Credential:
+    """A bearer token given outright, or read from a file (then re-readable with ``refresh``)."""
 
-    def __init__(self, url: str, *, token: str | None, token_file: Path | None, timeout: float,
+    def __init__(self, value: str | None, file: Path | None = None) -> None:
+        self._file = file if value is None else None
+        self.value = value if value is not None else self._read()
+
+    @property
+    def from_file(self) -> bool:
+        return self._file is not None
+
+    def refresh(self) -> bool:
+        """Re-read the file; True when it now holds a different token."""
+        fresh = self._read()
+        if fresh is None or fresh == self.value:
+            return False
+        self.value = fresh
+        return True
+
+    def _read(self) -> str | None:
+        if self._file is None:
+            return None
+        try:
+            return self._file.read_text().strip() or None
+        except OSError:
+            return None
+
+
+class Transport:
+    """Sends JSON requests to one server with the right credential and the retry policy above."""
+
+    def __init__(self, url: str, *, control: Credential, client: Credential, timeout: float,
                  retry_for_s: float) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retry_for_s = retry_for_s
-        self._token_file = token_file if token is None else None
-        self._token = token if token is not None else self._read_token_file()
+        self._control = control
+        self._client = client
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     @property
     def token(self) -> str | None:
-        return self._token
+        """The control token, if this transport has one."""
+        return self._control.value
+
+    @property
+    def client_token(self) -> str | None:
+        """What claims are sent with: the client token, else the control token."""
+        return self._bearer(as_client=True)
+
+    def _bearer(self, *, as_client: bool) -> str | None:
+        first, second = (self._client, self._control) if as_client else (self._control, self._client)
+        return first.value or second.value
 
     def close(self) -> None:
         self._http.close()
 
     def request(self, method: str, path: str, *, body: BaseModel | None = None,
-                params: dict[str, Any] | None = None, bearer: str | None = None, idempotent: bool = True,
-                retry_for_s: float | None = None, timeout: float | None = None) -> httpx.Response:
+                params: dict[str, Any] | None = None, bearer: str | None = None, as_client: bool = False,
+                idempotent: bool = True, retry_for_s: float | None = None,
+                timeout: float | None = None) -> httpx.Response:
         """Send one request, retrying per the module policy; returns a 2xx response.
 
-        ``bearer`` overrides the control token (episode routes authenticate with the episode key).
+        Sent with the control token, or the client token when ``as_client`` (claims); ``bearer``
+        overrides both (episode routes authenticate with the episode key).
         """
         window = self.retry_for_s if retry_for_s is None else retry_for_s
         deadline = time.monotonic() + window
         content = body.model_dump_json(exclude_none=True) if body is not None else None
         attempt = 0
-        reread_token = self._token_file is not None and bearer is None
+        reread_token = bearer is None and (self._control.from_file or self._client.from_file)
         while True:
             attempt += 1
             headers = {"Content-Type": "application/json"} if content is not None else {}
-            token = bearer if bearer is not None else self._token
+            token = bearer if bearer is not None else self._bearer(as_client=as_client)
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             try:
@@ -83,10 +128,8 @@ class Transport:
                 error = http_error_from(response)
                 if response.status_code == 401 and reread_token:
                     reread_token = False
-                    fresh = self._read_token_file()
-                    if fresh and fresh != self._token:
-                        log.info("control token changed on disk; retrying with the new one")
-                        self._token = fresh
+                    if self._control.refresh() | self._client.refresh():  # both files, once
+                        log.info("token changed on disk; retrying with the new one")
                         continue
                 if not _retryable(response.status_code, error, idempotent):
                     raise error
@@ -107,22 +150,15 @@ class Transport:
     def stream(self, path: str, *, headers: dict[str, str] | None = None) -> Iterator[httpx.Response]:
         """One streaming GET (no retries here: the caller resumes); raises on a non-2xx answer."""
         merged = dict(headers or {})
-        if self._token:
-            merged["Authorization"] = f"Bearer {self._token}"
+        token = self._bearer(as_client=False)
+        if token:
+            merged["Authorization"] = f"Bearer {token}"
         timeout = httpx.Timeout(self.timeout, read=None)  # a quiet stream is not an error
         with self._http.stream("GET", path, headers=merged, timeout=timeout) as response:
             if not response.is_success:
                 response.read()
                 raise http_error_from(response)
             yield response
-
-    def _read_token_file(self) -> str | None:
-        if self._token_file is None:
-            return None
-        try:
-            return self._token_file.read_text().strip() or None
-        except OSError:
-            return None
 
 
 def _retryable(status: int, error: SwarmHTTPError, idempotent: bool) -> bool:

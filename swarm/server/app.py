@@ -26,7 +26,7 @@ from fastapi.openapi.utils import get_openapi
 from swarm.backends.base import Backend, Generator, Trainer
 from swarm.protocol import ChatCompletion, ServerState
 from swarm.server import routes_control, routes_episodes, routes_openai
-from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_token
+from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
 from swarm.server.batcher import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.context import AppContext
@@ -34,6 +34,7 @@ from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
+from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
@@ -55,7 +56,8 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     state_dir = settings.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     token = resolve_token(settings.host, settings.token, state_dir)
-    keys = KeyRing(token, load_or_create_secret(state_dir))
+    keys = KeyRing(token, load_or_create_secret(state_dir),
+                   client_token=resolve_client_token(settings.client_token, state_dir, token))
     store = EpisodeStore(state_dir / "buffer.db")
     checkpoints = CheckpointManager(state_dir / "checkpoints")
     restored = restore(store, checkpoints, trainer, settings.config)
@@ -78,7 +80,8 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     if hasattr(generator, "on_status"):  # an engine with a health of its own (a vLLM child) reports it
         generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
-                   owns_trainer=trainer is not backend)
+                   owns_trainer=trainer is not backend,
+                   tracker=ServerRun(settings, engine) if settings.mlflow_uri else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,7 +102,8 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     app.include_router(routes_openai.router, responses=ERROR_RESPONSES)
     app.include_router(routes_episodes.router, responses=ERROR_RESPONSES)
     app.include_router(routes_control.router, responses=ERROR_RESPONSES)
-    app.include_router(events_router(bus, require_control), responses=ERROR_RESPONSES)
+    app.include_router(events_router(bus, require_control, max_subscribers=lambda: engine.config.max_event_subscribers),
+                       responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -114,20 +118,29 @@ class _Parts:
     bus: EventBus
     restored: Restored
     owns_trainer: bool  # a trainer that is not the in-process backend has its own resources to close
+    tracker: ServerRun | None = None  # the server's own MLflow run (--mlflow-uri)
 
     async def start(self, app: FastAPI) -> list[asyncio.Task[None]]:
         engine, generator, trainer = self.engine, self.engine.generator, self.engine.trainer
         self.worker.start()
+        if self.tracker is not None:
+            self.tracker.start()  # never waits on MLflow
         try:
             await generator.start()
         except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
             app.state.startup_error = exc
             await asyncio.to_thread(self.worker.stop)
+            if self.tracker is not None:
+                await asyncio.to_thread(self.tracker.close, f"the server could not start: {exc}")
             raise
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
             await engine.loop.publish()
         tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
                  asyncio.create_task(_sweep(engine), name="swarm-sweeper")]
+        if self.tracker is not None:
+            self.tracker.watch(tasks[0])
+        for bad in self.restored.quarantined:  # checkpoints that did not load (recovery fell back past them)
+            self.bus.publish("checkpoint.quarantined", step=bad.step, path=bad.path, reason=bad.reason)
         self.bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
                          restarts=self.restored.restarts, groups_pending=len(self.restored.ready))
         return tasks
@@ -138,9 +151,14 @@ class _Parts:
         self.bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
         self.bus.close()
         for task in reversed(tasks):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("%s died", task.get_name(), exc_info=task.exception())  # the rest still stops
+                continue
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.tracker is not None:
+            await asyncio.to_thread(self.tracker.close)
         await engine.generator.close()
         await asyncio.to_thread(self.worker.stop)
         if self.trainer_thread is not None:

@@ -1,9 +1,19 @@
-"""Bearer tokens: the server's control token and per-episode keys signed with a server secret.
+"""Bearer credentials: the control token, the client token, and per-episode keys signed with a secret.
 
-An episode key is ``ep.<episode_id>.<hmac>``: the server can check it without a lookup table, and a
-key opens only the episode whose id it carries (a key for episode A used on episode B is a 403).
-The control token opens everything. The secret lives in ``<state_dir>/secret`` (mode 0600) so keys
-stay valid across a restart of the same server.
+Three credentials, from most to least powerful:
+
+- the **control token** opens everything (config, control, SFT, events, metrics, and all below);
+- the **client token** is what study code and ``swarm run`` hold: it claims episodes, heartbeats,
+  finishes and aborts them, looks them up, and reads ``GET /api/v1/status`` (a study's ``setup``
+  checks the policy version there). Anything else is a 403 that names the control token, so a
+  machine running clients cannot PATCH config, run SFT or stop the server;
+- an **episode key** ``ep.<episode_id>.<hmac>`` opens only the episode whose id it carries (chat
+  completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table.
+
+Everything a restart must keep lives in the state dir, readable by the owner only (0600): ``secret``
+(so episode keys stay valid), ``token`` and ``client_token`` (so clients started before a crash carry
+on after it). A token given to the server (``SWARM_TOKEN`` / ``SWARM_CLIENT_TOKEN``) wins over the
+file and is not written; tools should hand tokens over by environment or file, never on a command line.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from fastapi import Request
@@ -21,17 +32,26 @@ from fastapi import Request
 from swarm.server.errors import Forbidden, Unauthorized
 
 _KEY_PREFIX = "ep."
+TOKEN_FILE = "token"
+CLIENT_TOKEN_FILE = "client_token"
+
+
+class Role(str, Enum):
+    control = "control"
+    client = "client"
+    episode = "episode"
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the control token holder, or the holder of one episode's key."""
+    """Who is calling: the control token holder, the client token holder, or one episode's key holder."""
 
     episode_id: str | None = None
+    role: Role = Role.control
 
     @property
     def is_control(self) -> bool:
-        return self.episode_id is None
+        return self.role is Role.control
 
 
 def write_private(path: Path, text: str) -> None:
@@ -41,6 +61,25 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.chmod(path, 0o600)
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) and make it 0700: the state dir holds the secret and the tokens."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+
+
+def _read_private(path: Path) -> str | None:
+    """The stripped contents of a credential file (tightened to 0600), or None when absent or empty."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if text:
+        os.chmod(path, 0o600)
+    return text or None
 
 
 def load_or_create_secret(state_dir: Path) -> bytes:
@@ -64,25 +103,45 @@ def is_loopback(host: str) -> bool:
 
 
 def resolve_token(host: str, token: str | None, state_dir: Path) -> str:
-    """The control token: the given one; else on loopback a fresh random one written to
-    ``<state_dir>/token`` for the ``swarm`` CLI. Binding elsewhere without a token is refused."""
+    """The control token: the given one; else the one persisted in ``<state_dir>/token`` (so a
+    restarted server keeps it); else, on loopback only, a fresh random one persisted there (0600).
+    Binding elsewhere with neither is refused."""
     if token:
         return token
+    persisted = _read_private(state_dir / TOKEN_FILE)
+    if persisted:
+        return persisted
     if not is_loopback(host):
         raise ValueError(
-            f"refusing to bind {host} without a token: pass --token or set SWARM_TOKEN "
+            f"refusing to bind {host} without a token: set SWARM_TOKEN (or pass --token) "
             "(only loopback addresses get a generated token)"
         )
     token = secrets.token_urlsafe(24)
-    write_private(state_dir / "token", token)
+    write_private(state_dir / TOKEN_FILE, token)
+    return token
+
+
+def resolve_client_token(client_token: str | None, state_dir: Path, control_token: str) -> str:
+    """The client token: the given one; else the one persisted in ``<state_dir>/client_token``;
+    else a fresh random one persisted there (0600) on any host (it opens only episode routes)."""
+    token = client_token or _read_private(state_dir / CLIENT_TOKEN_FILE)
+    if token is None:
+        token = secrets.token_urlsafe(24)
+        write_private(state_dir / CLIENT_TOKEN_FILE, token)
+    if hmac.compare_digest(token.encode(), control_token.encode()):
+        raise ValueError("the client token must differ from the control token "
+                         f"(check SWARM_CLIENT_TOKEN and {state_dir / CLIENT_TOKEN_FILE})")
+    if token.startswith(_KEY_PREFIX):
+        raise ValueError(f"the client token must not start with {_KEY_PREFIX!r} (that prefix marks episode keys)")
     return token
 
 
 class KeyRing:
     """Issues and checks bearer credentials."""
 
-    def __init__(self, control_token: str, secret: bytes) -> None:
+    def __init__(self, control_token: str, secret: bytes, client_token: str | None = None) -> None:
         self._control = control_token
+        self._client = client_token
         self._secret = secret
 
     def episode_key(self, episode_id: str) -> str:
@@ -91,8 +150,8 @@ class KeyRing:
     def _sign(self, episode_id: str) -> str:
         return hmac.new(self._secret, episode_id.encode(), hashlib.sha256).hexdigest()[:40]
 
-    def principal(self, request: Request) -> Principal:
-        """Authenticate the request's bearer token; 401 when missing or not ours."""
+    def authenticate(self, request: Request) -> Principal:
+        """Whichever of the three credentials the bearer token is; 401 when missing or not ours."""
         header = request.headers.get("authorization", "")
         scheme, _, credential = header.partition(" ")
         credential = credential.strip()
@@ -100,24 +159,48 @@ class KeyRing:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token or episode key>'")
         if hmac.compare_digest(credential.encode(), self._control.encode()):
             return Principal()
+        if self._client is not None and hmac.compare_digest(credential.encode(), self._client.encode()):
+            return Principal(role=Role.client)
         if credential.startswith(_KEY_PREFIX):
             episode_id, _, signature = credential[len(_KEY_PREFIX):].rpartition(".")
             if episode_id and hmac.compare_digest(signature.encode(), self._sign(episode_id).encode()):
-                return Principal(episode_id=episode_id)
+                return Principal(episode_id=episode_id, role=Role.episode)
         raise Unauthorized("invalid token or episode key")
 
+    def principal(self, request: Request) -> Principal:
+        """The control token or an episode key (the OpenAI routes: a key's calls are recorded into its
+        episode, the control token's are not). The client token is a 403: it generates nothing."""
+        principal = self.authenticate(request)
+        if principal.role is Role.client:
+            raise Forbidden(_client_refused(request, "an episode key (or the control token)"))
+        return principal
+
     def control(self, request: Request) -> Principal:
-        principal = self.principal(request)
-        if not principal.is_control:
+        principal = self.authenticate(request)
+        if principal.role is Role.client:
+            raise Forbidden(_client_refused(request, "the control token"))
+        if principal.role is Role.episode:
             raise Forbidden("this route needs the server's control token, not an episode key")
         return principal
 
+    def client(self, request: Request) -> Principal:
+        """The control token or the client token (claims, status)."""
+        principal = self.authenticate(request)
+        if principal.role is Role.episode:
+            raise Forbidden("this route needs the control token or the client token, not an episode key")
+        return principal
+
     def for_episode(self, request: Request, episode_id: str) -> Principal:
-        """The control token, or the key of exactly this episode."""
-        principal = self.principal(request)
-        if not principal.is_control and principal.episode_id != episode_id:
+        """The control token, the client token, or the key of exactly this episode."""
+        principal = self.authenticate(request)
+        if principal.role is Role.episode and principal.episode_id != episode_id:
             raise Forbidden(f"this episode key does not open episode {episode_id}")
         return principal
+
+
+def _client_refused(request: Request, needed: str) -> str:
+    return (f"the client token cannot {request.method} {request.url.path}; use {needed} "
+            "(the client token only claims, heartbeats, finishes and aborts episodes and reads status)")
 
 
 # FastAPI dependencies. As dependencies they run before the request body is validated, so a caller
@@ -125,12 +208,17 @@ class KeyRing:
 
 
 def require_control(request: Request) -> Principal:
-    """Dependency: the control token (an episode key is a 403, anything else a 401)."""
+    """Dependency: the control token (the client token or an episode key is a 403, anything else a 401)."""
     return _keys(request).control(request)
 
 
+def require_client(request: Request) -> Principal:
+    """Dependency: the control token or the client token (an episode key is a 403)."""
+    return _keys(request).client(request)
+
+
 def require_episode(request: Request, episode_id: str) -> Principal:
-    """Dependency: the control token or the key of the episode named in the path."""
+    """Dependency: the control token, the client token, or the key of the episode named in the path."""
     return _keys(request).for_episode(request, episode_id)
 
 

@@ -11,6 +11,11 @@ the running rows to drain and then run, in arrival order.
 
 Results come back to the asyncio loop through futures; streamed tokens are pushed with
 ``loop.call_soon_threadsafe`` so route code never blocks the event loop.
+
+Bounds: at most ``max_rows`` rows run and ``max_queued_rows`` more wait; ``submit`` beyond that
+raises ``QueueFull`` at once (the chat route answers 429) instead of letting the queue grow without
+end. A request whose future is cancelled (its client went away) is dropped from the queue, and its
+running rows stop at the next decode step (``_JobFeed.cancelled``), freeing their slots.
 """
 
 from __future__ import annotations
@@ -58,25 +63,37 @@ _STOP = object()
 _MAX_WINDOWS = 32
 
 
+class QueueFull(RuntimeError):
+    """The worker already holds as many generation rows as it may run and queue."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass
 class WorkerStats:
     """Counters for ``/api/v1/status``: ``batches`` counts ``backend.generate`` calls (a continuous
-    call serves every row admitted while it runs), ``rows`` the rows admitted into them."""
+    call serves every row admitted while it runs), ``rows`` the rows admitted into them, ``cancelled``
+    the rows dropped from the queue or stopped mid-generation because their request was cancelled."""
 
     batches: int = 0
     rows: int = 0
     generate_s: float = 0.0
     tokens: int = 0
+    cancelled: int = 0
 
 
 class DeviceWorker:
     """Runs backend work on one thread; ``generate`` requests are batched across callers."""
 
-    def __init__(self, backend: Backend, *, window_s: float, max_rows: int) -> None:
+    def __init__(self, backend: Backend, *, window_s: float, max_rows: int, max_queued_rows: int = 256) -> None:
         self.backend = backend
         self.window_s = window_s
         self.max_rows = max_rows
+        self.max_queued_rows = max_queued_rows
         self.stats = WorkerStats()
+        self.outstanding_rows = 0  # submitted and not yet answered; changed on the event loop only
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="swarm-device", daemon=True)
 
@@ -88,18 +105,33 @@ class DeviceWorker:
             self._queue.put(_STOP)
             self._thread.join(timeout)
 
-    def set_window(self, window_s: float, max_rows: int) -> None:
-        """Live config changes; read by the worker at the next batch."""
+    def set_window(self, window_s: float, max_rows: int, max_queued_rows: int | None = None) -> None:
+        """Live config changes; read by the worker at the next batch (and the next ``submit``)."""
         self.window_s = window_s
         self.max_rows = max_rows
+        if max_queued_rows is not None:
+            self.max_queued_rows = max_queued_rows
 
     def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                sink: StreamSink | None = None) -> asyncio.Future[Batch]:
-        """Queue a generation request now (from the event loop); the future resolves with its rows."""
+        """Queue a generation request now (from the event loop); the future resolves with its rows.
+        ``QueueFull`` when the rows running and waiting would pass ``max_rows + max_queued_rows``
+        (a request alone may be larger: it runs once nothing else does). Cancel the future to
+        withdraw the request; its rows stop at the next decode step."""
+        rows = len(prompts)
+        limit = self.max_rows + self.max_queued_rows
+        if self.outstanding_rows and self.outstanding_rows + rows > limit:
+            raise QueueFull(f"the generation queue is full ({self.outstanding_rows} rows running or waiting, "
+                            f"at most {limit})", retry_after=2.0)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Batch] = loop.create_future()
+        self.outstanding_rows += rows
+        future.add_done_callback(lambda _: self._answered(rows))
         self._queue.put(_GenJob([list(p) for p in prompts], list(params), future, loop, sink))
         return future
+
+    def _answered(self, rows: int) -> None:
+        self.outstanding_rows -= rows
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the device thread (once the running generation drained) and await its result."""
@@ -119,7 +151,16 @@ class DeviceWorker:
             if isinstance(job, _CallJob):
                 self._run_call(job)
                 continue
+            if self._withdrawn(job):
+                continue
             self._run_generation(self._collect(job, held), held)
+
+    def _withdrawn(self, job: _GenJob) -> bool:
+        """A queued request whose caller went away: dropped before it costs a forward pass."""
+        if not job.future.done():
+            return False
+        self.stats.cancelled += len(job.prompts)
+        return True
 
     def _collect(self, first: _GenJob, held: list[Any]) -> list[_GenJob]:
         """Gather requests arriving within the window of each other (a burst keeps the window open,
@@ -134,6 +175,8 @@ class DeviceWorker:
                 nxt = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(nxt, _GenJob) and self._withdrawn(nxt):
+                continue
             if isinstance(nxt, _GenJob) and rows + len(nxt.prompts) <= self.max_rows:
                 batch.append(nxt)
                 rows += len(nxt.prompts)
@@ -170,7 +213,8 @@ class _JobFeed:
     New requests join at the next decode step while the batch has room (``max_rows``). Once a call
     job (a training step, a checkpoint) or a stop is waiting, nothing new is admitted, so the
     generation drains and that job runs next: training is never starved by a stream of chats. A
-    request resolves as soon as its last row finishes.
+    request resolves as soon as its last row finishes; a cancelled (or already failed) request's
+    rows stop at the next decode step and are not admitted at all if still waiting.
     """
 
     def __init__(self, worker: DeviceWorker, first: list[_GenJob], held: list[Any]) -> None:
@@ -187,6 +231,7 @@ class _JobFeed:
         jobs, self.pending = self.pending, []
         if not self.closed:
             jobs += self._take_queued(len(jobs))
+        jobs = [job for job in jobs if not self.worker._withdrawn(job)]
         rows: list[tuple[list[int], SamplingParams]] = []
         for job in jobs:
             self.results[id(job)] = [None] * len(job.prompts)
@@ -206,6 +251,9 @@ class _JobFeed:
         while True:
             if self.held:
                 job = self.held[0]
+                if isinstance(job, _GenJob) and self.worker._withdrawn(job):
+                    self.held.pop(0)
+                    continue
                 if isinstance(job, _GenJob) and len(job.prompts) <= room:
                     taken.append(self.held.pop(0))
                     room -= len(job.prompts)
@@ -218,6 +266,11 @@ class _JobFeed:
             except queue.Empty:
                 return taken
 
+    def cancelled(self, row: int) -> bool:
+        """Whether row ``row``'s request was cancelled or already failed: its row can stop now."""
+        owner, _ = self.owners[row]
+        return owner.future.done()
+
     def on_token(self, row: int, token: int, logprob: float) -> None:
         owner, local = self.owners[row]
         if owner.sink is not None and not owner.future.done():
@@ -229,7 +282,9 @@ class _JobFeed:
         self.worker.stats.tokens += len(generation.token_ids)
         owner, local = self.owners[row]
         rows = self.results.get(id(owner))
-        if rows is None:  # the request already failed (another of its rows was rejected)
+        if rows is None or owner.future.done():  # the request was cancelled or already failed
+            self.worker.stats.cancelled += 1
+            self.results.pop(id(owner), None)
             return
         rows[local] = generation
         if all(r is not None for r in rows):

@@ -8,8 +8,14 @@ not carry a ``step-`` name. ``latest()`` also requires a readable ``meta.json`` 
 the name, so a directory copied or truncated by hand is skipped too. Old checkpoints are pruned to
 the newest ``keep``; leftovers of killed writes are removed when the manager is created.
 
-Target is process death, as for the episode store: files are not fsynced (the kernel keeps what a
-killed process wrote). One writer per root is assumed (the server holds its state dir).
+A checkpoint is what a restart resumes from, so it is also made durable against an OS crash or a
+power loss: every file and folder of the temporary directory is fsynced before the rename and the
+root after it (``swarm.backends.folders.fsync_tree``; published weights, by contrast, are not).
+
+A checkpoint that has its name but does not load (a disk that lost or truncated a file, a hand
+edit) is set aside by ``quarantine`` as ``.bad-step-<N>`` in the same root, never deleted: a restart
+then resumes from the one before it, and the bad one stays for a post-mortem. One writer per root is
+assumed (the server holds its state dir).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm.backends.folders import fsync_dir, fsync_tree
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointManager"]
@@ -33,6 +41,7 @@ __all__ = ["Checkpoint", "CheckpointError", "CheckpointManager"]
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_BAD_PREFIX = ".bad-"
 _FORMAT = 1
 
 
@@ -96,6 +105,7 @@ class CheckpointManager:
             (tmp / "weights").mkdir()
             write_weights(tmp / "weights")
             (tmp / "meta.json").write_text(meta_text)
+            fsync_tree(tmp)  # the data is on disk before a name says the checkpoint is complete
             final = self.root / f"step-{step}"
             if final.exists():
                 # rename() will not replace a non-empty directory: move the old one aside first.
@@ -105,6 +115,7 @@ class CheckpointManager:
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.rename(tmp, final)
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -131,6 +142,26 @@ class CheckpointManager:
     def latest(self) -> Checkpoint | None:
         complete = self.all()
         return complete[-1] if complete else None
+
+    def newest_first(self) -> list[Path]:
+        """Every ``step-<N>`` directory, newest first, whether its ``meta.json`` reads or not: what a
+        restart tries in turn (``load_meta``, then the trainer's load) until one loads."""
+        named = [(int(m.group(1)), entry) for entry in self.root.iterdir()
+                 if (m := _NAME.match(entry.name)) and entry.is_dir()]
+        return [entry for _, entry in sorted(named, reverse=True)]
+
+    def quarantine(self, path: str | Path) -> Path:
+        """Rename a checkpoint that does not load to ``.bad-step-<N>`` beside it (a suffix is added
+        if that name is taken) and return the new path. It stops counting as a checkpoint and is
+        never pruned: only the operator deletes it."""
+        path = Path(path)
+        target = self.root / f"{_BAD_PREFIX}{path.name}"
+        if target.exists():
+            target = self.root / f"{_BAD_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(path, target)
+        fsync_dir(self.root)
+        log.warning("quarantined checkpoint %s as %s", path, target)
+        return target
 
     @staticmethod
     def load_meta(path: str | Path) -> Checkpoint:

@@ -1,22 +1,35 @@
 """One generation path for chat calls: render → generate → record, streaming or not.
 
 ``Completions.start`` does everything that can fail because of the caller (an episode that is not
-live, messages the chat template rejects, a prompt that leaves no room) *before* any compute, so the
-route can still answer with a 4xx; it then starts the generation as a task and returns a
-``ChatCall``. The task records the sampled tokens into the episode's trace the moment they exist,
-whether or not the HTTP client is still listening (a client that disconnects from a stream cannot
-make a finished sample disappear). The OpenAI routes only parse requests and shape responses.
+live, messages too long to tokenise, messages the chat template rejects, a prompt that leaves no
+room, a credential or an episode over its bounds) *before* any compute, so the route can still
+answer with a 4xx; it then starts the generation as a task and returns a ``ChatCall``. The task
+records the sampled tokens into the episode's trace the moment they exist. The OpenAI routes only
+parse requests and shape responses; a route whose client went away cancels the task, which stops
+its rows in the generator (nothing is recorded for a generation that did not finish).
+
+Bounds, so one request, credential or episode cannot stall or exhaust the server (limits in
+``ServerConfig``): the text size is checked before any tokenising (``max_prompt_chars``); rendering
+runs in a thread, never on the event loop (``/healthz`` and other clients' heartbeats do not wait
+on it); a call holds an ``InFlight`` slot (per credential, and rows in the generation queue) from
+before rendering until its generation ends; and an episode's recorded tokens, plus what its running
+calls may still add, stay within ``max_episode_tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.protocol import ChatCompletionRequest
-from swarm.server.errors import BadRequest, ContextTooLong, Unavailable
+from swarm.server.batcher import QueueFull
+from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
+from swarm.server.throttle import InFlight
 
 if TYPE_CHECKING:
     from swarm.server.engine import Engine
@@ -38,18 +51,66 @@ class Completions:
         self.engine = engine
         self.generator = generator
         self.max_context = max_context
+        self.in_flight = InFlight()
+        self._reserved: Counter[str] = Counter()  # episode id -> tokens its running calls may still record
 
-    def start(self, episode_id: str | None, request: ChatCompletionRequest, sink: TokenSink | None = None) -> ChatCall:
-        """Validate and render now (raising the caller's 4xx), then generate in a task. With an
-        ``episode_id`` the result is recorded into that episode; without, it is served only."""
+    async def start(self, key: str, episode_id: str | None, request: ChatCompletionRequest,
+                    sink: TokenSink | None = None) -> ChatCall:
+        """Validate and render (raising the caller's 4xx), then generate in a task. ``key`` names
+        the credential whose in-flight calls are capped. With an ``episode_id`` the result is
+        recorded into that episode; without, it is served only."""
         if episode_id is not None:
             self.engine.live(episode_id)  # 404 / 409 / 410 before spending any compute
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
-        prompt = self._render(request)
-        params = self._sampling(request, len(prompt))
+        self._check_size(request)
+        config = self.engine.config
+        releases = [self.in_flight.enter(key, request.n, per_key=config.max_inflight_per_key,
+                                         max_rows=config.max_batch_rows + config.max_queued_rows)]
+        try:
+            prompt = await asyncio.to_thread(self._render, request)
+            params = self._sampling(request, len(prompt))
+            if episode_id is not None:
+                releases.append(self._reserve_tokens(episode_id, len(prompt), params))
+        except BaseException:
+            _release_all(releases)
+            raise
         result = asyncio.ensure_future(self._generate(episode_id, prompt, params, sink))
+        result.add_done_callback(lambda _: _release_all(releases))
         return ChatCall(prompt=prompt, params=params, result=result)
+
+    def _check_size(self, request: ChatCompletionRequest) -> None:
+        """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
+        limit = self.engine.config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_context
+        chars = _text_chars([m.model_dump(exclude_none=True) for m in request.messages]) + _text_chars(request.tools)
+        if chars > limit:
+            raise ContextTooLong(
+                f"the messages and tools hold {chars} characters, more than this server accepts in one call "
+                f"({limit}, max_prompt_chars; the model's context is {self.max_context} tokens): shorten the prompt",
+                detail={"prompt_chars": chars, "max_prompt_chars": limit, "max_context": self.max_context})
+
+    def _reserve_tokens(self, episode_id: str, prompt_len: int, params: list[SamplingParams]) -> Callable[[], None]:
+        """Hold room in the episode's token budget for everything this call could record."""
+        episode = self.engine.live(episode_id)  # it may have ended while the prompt rendered
+        cap = self.engine.config.max_episode_tokens
+        recorded, running = episode.trace.tokens, self._reserved[episode_id]
+        adds = sum(prompt_len + p.max_tokens for p in params)
+        if recorded + running + adds > cap:
+            raise Conflict(
+                f"episode {episode_id} has recorded {recorded} tokens ({running} more may come from its running "
+                f"calls); this call could add {adds} (prompt {prompt_len} + max_tokens {params[0].max_tokens}, "
+                f"x n={len(params)}), beyond the limit of {cap} tokens an episode may record (max_episode_tokens): "
+                "finish this episode and claim a new one",
+                detail={"recorded_tokens": recorded, "running_tokens": running, "call_tokens": adds,
+                        "max_episode_tokens": cap})
+        self._reserved[episode_id] += adds
+
+        def release() -> None:
+            self._reserved[episode_id] -= adds
+            if self._reserved[episode_id] <= 0:
+                del self._reserved[episode_id]
+
+        return release
 
     async def _generate(self, episode_id: str | None, prompt: list[int], params: list[SamplingParams],
                         sink: TokenSink | None) -> Sampled:
@@ -59,6 +120,8 @@ class Completions:
             raise BadRequest(str(exc)) from None
         except GeneratorUnavailable as exc:
             raise _unavailable(exc) from None
+        except QueueFull as exc:
+            raise RetryLater(f"{exc}; retry shortly", retry_after=exc.retry_after) from None
         if episode_id is not None:
             self.engine.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature)
         return sampled
@@ -94,6 +157,26 @@ class Completions:
                 for i in range(request.n)]
 
 
-
 def _unavailable(exc: GeneratorUnavailable) -> Unavailable:
     return Unavailable(f"{exc}; no episode is lost: retry this call", retry_after=max(exc.retry_after, 1.0))
+
+
+def _release_all(releases: list[Callable[[], None]]) -> None:
+    while releases:
+        releases.pop()()
+
+
+def _text_chars(value: Any) -> int:
+    """Characters in every string (keys included) of a JSON-like value; iterative, so deep nesting
+    cannot overflow the stack."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total

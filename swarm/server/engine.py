@@ -43,6 +43,7 @@ from swarm.protocol import (
 )
 from swarm.server.auth import KeyRing
 from swarm.server.batcher import DeviceWorker
+from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.completions import ChatCall, Completions
 from swarm.server.episodes import EpisodeRecord, Group, GroupBook
@@ -76,6 +77,7 @@ class Engine:
         self.clock = clock
         self.state = ServerState.starting
         self.counts = EpisodeCounts()
+        self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
         self.groups = GroupBook()
         self._throttle = CategoryThrottle(config.category_ratios)
@@ -87,6 +89,11 @@ class Engine:
         self.completions = Completions(self, generator, max_context)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints)
+        self._apply_worker_limits()
+
+    def _apply_worker_limits(self) -> None:
+        self.worker.set_window(self.config.batch_window_ms / 1000.0, self.config.max_batch_rows,
+                               self.config.max_queued_rows)
 
     # ------------------------------------------------------------------ seams
 
@@ -107,7 +114,7 @@ class Engine:
         if restored.config is not None:
             self.config = restored.config
             self._throttle.reset(self.config.category_ratios)
-            self.worker.set_window(self.config.batch_window_ms / 1000.0, self.config.max_batch_rows)
+            self._apply_worker_limits()
         self.config_version = restored.config_version
         self._version = restored.policy_version
         self.counts = restored.counts
@@ -239,9 +246,11 @@ class Engine:
         episode.lease_expires_at = self.clock() + episode.lease_s
         return self.status_of(episode_id)
 
-    def complete(self, episode_id: str | None, request: ChatCompletionRequest, sink: TokenSink | None = None) -> ChatCall:
-        """Start a chat call (see ``Completions.start``): 4xx now, tokens recorded when sampled."""
-        return self.completions.start(episode_id, request, sink)
+    async def complete(self, key: str, episode_id: str | None, request: ChatCompletionRequest,
+                       sink: TokenSink | None = None) -> ChatCall:
+        """Start a chat call for credential ``key`` (see ``Completions.start``): 4xx before any
+        generation, tokens recorded when sampled."""
+        return await self.completions.start(key, episode_id, request, sink)
 
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float) -> None:
@@ -271,6 +280,7 @@ class Engine:
             raise
         self._terminate(episode, EpisodeState.finished)
         self.counts.finished += 1
+        self.capacity.episode_finished(episode.client_id)
         self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
 
@@ -377,7 +387,7 @@ class Engine:
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
         self.store_safely("save live config", lambda: self.store.put_meta(
             CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
-        self.worker.set_window(config.batch_window_ms / 1000.0, config.max_batch_rows)
+        self._apply_worker_limits()
         self.emit("config.changed", version=self.config_version, values=values)
         self.loop.wake.set()
         return self.config_view()
@@ -413,8 +423,10 @@ class Engine:
                 "generated_tokens": float(stats.tokens),
                 "tokens_per_s": stats.tokens / stats.generate_s if stats.generate_s else 0.0,
                 "rows_per_batch": stats.rows / stats.batches if stats.batches else 0.0,
+                "chat_rows_in_flight": float(self.completions.in_flight.rows),
+                "cancelled_rows": float(getattr(stats, "cancelled", 0)),
             },
-            uptime_s=uptime, generator=self.generator.describe(),
+            uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

@@ -66,6 +66,8 @@ class Gone(ApiError):
 
 
 class RetryLater(ApiError):
+    """Too many requests: come back after ``retry_after`` seconds (sent as ``Retry-After``)."""
+
     status, code = 429, ErrorCode.retry_later
 
 
@@ -98,7 +100,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "bad request"), (401, "missing or invalid token"), (403, "token does not open this"),
         (404, "no such episode or route"), (409, "conflicting state"), (410, "episode expired"),
         (413, "request body too large"), (422, "request failed validation"),
-        (429, "retry later (paused, throttled, or a weight update pending)"),
+        (429, "retry later after Retry-After (paused, throttled, a weight update pending, or a bound on "
+              "in-flight calls per key, queued generation rows or event streams reached)"),
         (500, "internal server error"))
 }
 

@@ -13,6 +13,11 @@ subscriber that falls ``queue_size`` events behind receives one ``error`` event
 (``code="subscriber_overflow"``) and its stream ends; it reconnects with its last id and is replayed
 from the ring. If even the ring no longer holds what it missed, the replay starts with an ``error``
 event (``code="events_lost"``) saying which ids are gone.
+
+Each reader costs a queue and a connection, so the route caps them (``max_event_subscribers``): a
+reader beyond the cap gets 429 + ``Retry-After`` before any stream starts. ``EventBus.open``
+registers a reader at once (so the count is exact) and the response unregisters it when the stream
+ends, however it ends.
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from swarm.protocol import API_PREFIX, Event
+from swarm.server.errors import RetryLater
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SSE_EVENT_SCHEMA", "EventBus", "events_router"]
+__all__ = ["SSE_EVENT_SCHEMA", "EventBus", "Subscription", "TooManySubscribers", "events_router"]
+
+SUBSCRIBER_RETRY_S = 5.0
 
 # One Server-Sent Event as a stream reader sees it (OpenAPI describes event streams per event).
 SSE_EVENT_SCHEMA: dict[str, Any] = {
@@ -56,6 +65,18 @@ class _Subscriber:
     def set_wake(self) -> None:  # runs on the subscriber's loop
         self.wake_scheduled = False
         self.wake.set()
+
+
+class TooManySubscribers(RuntimeError):
+    """``EventBus.open`` found as many readers as its ``limit`` allows."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    """A registered reader: iterate ``events``; ``close()`` unregisters it (idempotent)."""
+
+    events: AsyncGenerator[Event, None]
+    close: Callable[[], None]
 
 
 class EventBus:
@@ -150,8 +171,21 @@ class EventBus:
     async def subscribe(self, last_event_id: int | None = None) -> AsyncIterator[Event]:
         """Events after ``last_event_id`` from the ring, then live events, until the bus closes or
         this subscriber overflows (then a final ``error`` event says to reconnect)."""
+        subscription = self.open(last_event_id)
+        try:
+            async for event in subscription.events:
+                yield event
+        finally:
+            subscription.close()
+
+    def open(self, last_event_id: int | None = None, *, limit: int | None = None) -> Subscription:
+        """Register a reader now (``subscribe`` without the wait): ``TooManySubscribers`` when
+        ``limit`` readers are registered already. The caller must ``close()`` it when done."""
         sub = _Subscriber(loop=asyncio.get_running_loop(), thread=threading.get_ident(), wake=asyncio.Event())
         with self._lock:
+            if limit is not None and not self._closed and len(self._subscribers) >= limit:
+                raise TooManySubscribers(f"{len(self._subscribers)} event streams are open, the most this server "
+                                         "serves at once (max_event_subscribers); retry later")
             replay: list[Event] = []
             lost: tuple[int, int] | None = None
             if last_event_id is not None and last_event_id < self._last_id:
@@ -162,35 +196,39 @@ class EventBus:
             closed = self._closed
             if not closed:
                 self._subscribers.add(sub)
-        delivered = last_event_id or 0
-        try:
-            if lost is not None:
-                yield self._notice(delivered, "events_lost",
-                                   f"events {lost[0]}..{lost[1]} are no longer kept; continuing from {lost[1] + 1}",
-                                   first_available=lost[1] + 1)
-            for event in replay:
-                delivered = event.id
-                yield event
-            while not closed:
-                with self._lock:
-                    batch = list(sub.queue)
-                    sub.queue.clear()
-                    overflowed, closed = sub.overflowed, self._closed
-                    if not batch and not overflowed and not closed:
-                        sub.wake.clear()  # under the lock: a later publish sets it again
-                for event in batch:
-                    delivered = event.id
-                    yield event
-                if overflowed:
-                    yield self._notice(delivered, "subscriber_overflow",
-                                       f"this reader fell more than {self._queue_size} events behind; "
-                                       "reconnect with Last-Event-ID to resume", reconnect=True)
-                    return
-                if not batch and not closed:
-                    await sub.wake.wait()
-        finally:
+
+        def close() -> None:
             with self._lock:
                 self._subscribers.discard(sub)
+
+        return Subscription(self._stream(sub, replay, lost, closed, last_event_id or 0), close)
+
+    async def _stream(self, sub: _Subscriber, replay: list[Event], lost: tuple[int, int] | None, closed: bool,
+                      delivered: int) -> AsyncGenerator[Event, None]:
+        if lost is not None:
+            yield self._notice(delivered, "events_lost",
+                               f"events {lost[0]}..{lost[1]} are no longer kept; continuing from {lost[1] + 1}",
+                               first_available=lost[1] + 1)
+        for event in replay:
+            delivered = event.id
+            yield event
+        while not closed:
+            with self._lock:
+                batch = list(sub.queue)
+                sub.queue.clear()
+                overflowed, closed = sub.overflowed, self._closed
+                if not batch and not overflowed and not closed:
+                    sub.wake.clear()  # under the lock: a later publish sets it again
+            for event in batch:
+                delivered = event.id
+                yield event
+            if overflowed:
+                yield self._notice(delivered, "subscriber_overflow",
+                                   f"this reader fell more than {self._queue_size} events behind; "
+                                   "reconnect with Last-Event-ID to resume", reconnect=True)
+                return
+            if not batch and not closed:
+                await sub.wake.wait()
 
     @staticmethod
     def _notice(last_id: int, code: str, message: str, **extra: Any) -> Event:
@@ -200,10 +238,12 @@ class EventBus:
                      data={"code": code, "message": message, "last_event_id": last_id, **extra})
 
 
-def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s: float = 15.0) -> APIRouter:
+def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s: float = 15.0,
+                  max_subscribers: Callable[[], int | None] = lambda: None) -> APIRouter:
     """``GET /api/v1/events``: the bus as Server-Sent Events (``id`` = event id, ``event`` = type,
     ``data`` = the ``protocol.Event`` as JSON). ``require_control`` is a FastAPI dependency that
-    refuses callers without the control token."""
+    refuses callers without the control token; ``max_subscribers()`` is the live reader cap (None:
+    no cap)."""
     router = APIRouter()
 
     @router.get(
@@ -222,16 +262,33 @@ def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s:
         max_events: int | None = Query(None, ge=1, description="end the stream after this many events"),
     ) -> EventSourceResponse:
         start = last_event_id_header if last_event_id_header is not None else last_event_id
-        return EventSourceResponse(_sse(bus, start, timeout_s, max_events), ping=ping_s)
+        try:
+            subscription = bus.open(start, limit=max_subscribers())
+        except TooManySubscribers as exc:
+            raise RetryLater(str(exc), retry_after=SUBSCRIBER_RETRY_S) from None
+        return _EventStream(subscription, _sse(subscription.events, timeout_s, max_events), ping=ping_s)
 
     return router
 
 
-async def _sse(bus: EventBus, start: int | None, timeout_s: float | None, max_events: int | None
+class _EventStream(EventSourceResponse):
+    """The SSE response that unregisters its reader however the stream ends (even if it never starts)."""
+
+    def __init__(self, subscription: Subscription, content: AsyncIterator[ServerSentEvent], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._subscription = subscription
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._subscription.close()
+
+
+async def _sse(stream: AsyncGenerator[Event, None], timeout_s: float | None, max_events: int | None
                ) -> AsyncIterator[ServerSentEvent]:
     deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
     sent = 0
-    stream = bus.subscribe(start)
     try:
         while max_events is None or sent < max_events:
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()

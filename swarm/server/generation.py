@@ -19,7 +19,7 @@ from swarm.server.batcher import DeviceWorker, WorkerStats
 class LocalGenerator:
     """A ``Generator`` over an in-process backend and its device thread."""
 
-    reports_top_logprobs = False  # the torch sampler reports the sampled token's log-prob only
+    reports_top_logprobs = True  # the torch sampler fills ``Generation.top_logprobs`` (see its docstring)
 
     def __init__(self, backend: Backend, worker: DeviceWorker) -> None:
         self.backend = backend

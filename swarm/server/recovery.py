@@ -7,6 +7,16 @@ forget every training step after it (``rollback_after``: those updates died with
 their episodes are untrained again), then re-file the untrained finished episodes as trainable
 groups. Members that were still claimed at the crash are gone; a group is judged on what finished.
 
+A latest checkpoint that does not load (a truncated ``model.safetensors``, an unreadable
+``meta.json``) is quarantined (``CheckpointManager.quarantine``: renamed to ``.bad-step-<N>``) and the
+one before it is tried, down to the oldest; the app publishes a ``checkpoint.quarantined`` event for
+each. If checkpoints exist but none loads, the server refuses to start (``RecoveryError``, so
+``swarm serve`` exits with code 2) instead of training on from the base weights: a failed load may
+have left part of its state in the trainer, and a silent fresh start would throw away every step
+trained so far. The refusal names what was quarantined; started again, the server finds no
+checkpoint and begins from the base weights (its buffered episodes train again), as an explicit
+choice of the operator.
+
 Policy versions never go backwards: the highest version ever served is kept in the store's meta
 table. When the restored weights are older than that (steps after the checkpoint were lost), the
 restored state gets a NEW version id above the highest one, so a client never sees a version it
@@ -21,7 +31,7 @@ from typing import Any
 
 from swarm.backends.base import Trainer
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
-from swarm.server.checkpoints import CheckpointManager
+from swarm.server.checkpoints import Checkpoint, CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
 from swarm.server.records import FinishedEpisode
 from swarm.server.settings import ServerConfig
@@ -32,6 +42,19 @@ log = logging.getLogger(__name__)
 MAX_VERSION_KEY = "max_policy_version"
 CONFIG_KEY = "live_config"
 RESTARTS_KEY = "restarts"
+
+
+class RecoveryError(ValueError):
+    """Checkpoints exist but none loads: the server must not start (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A checkpoint that did not load and was renamed aside."""
+
+    step: int
+    path: str  # where it is now (``.bad-step-<N>``)
+    reason: str
 
 
 @dataclass
@@ -46,17 +69,17 @@ class Restored:
     counts: EpisodeCounts = field(default_factory=EpisodeCounts)
     rolled_back: int = 0
     restarts: int = 0
+    quarantined: list[Quarantined] = field(default_factory=list)  # newest first
 
 
 def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Trainer, config: ServerConfig) -> Restored:
-    """Load the latest checkpoint into ``trainer`` and rebuild the pending groups. Call once, before
+    """Load the newest checkpoint that loads into ``trainer`` and rebuild the pending groups. Call once, before
     the server serves (the device thread is not running yet, so ``trainer.load`` runs here; the
     engine publishes the restored weights to its generator when it starts)."""
-    out = Restored(restarts=int(store.get_meta(RESTARTS_KEY, 0)) + 1)
+    latest, quarantined = _load_newest(checkpoints, trainer)
+    out = Restored(restarts=int(store.get_meta(RESTARTS_KEY, 0)) + 1, quarantined=quarantined)
     store.put_meta(RESTARTS_KEY, out.restarts)
-    latest = checkpoints.latest()
     if latest is not None:
-        trainer.load(str(latest.weights_dir))
         out.step = latest.step
         log.info("restored checkpoint step %d (policy version %d) from %s", latest.step, latest.policy_version,
                  latest.path)
@@ -87,6 +110,33 @@ def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Traine
         log.info("resumed at step %d: %d pending group(s), %d episode(s) rolled back, %d dropped",
                  out.step, len(out.ready), out.rolled_back, len(dropped))
     return out
+
+
+def _load_newest(checkpoints: CheckpointManager, trainer: Trainer) -> tuple[Checkpoint | None, list[Quarantined]]:
+    """Load the newest checkpoint that loads into ``trainer``, quarantining every newer one that does
+    not. ``RecoveryError`` if there were checkpoints and none loaded."""
+    quarantined: list[Quarantined] = []
+    for path in checkpoints.newest_first():
+        step = int(path.name.removeprefix("step-"))
+        try:
+            checkpoint = checkpoints.load_meta(path)
+            if checkpoint.step != step:
+                raise ValueError(f"meta.json says step {checkpoint.step}")
+            trainer.load(str(checkpoint.weights_dir))
+        # Broad on purpose: how a damaged file fails is the loader's business (safetensors, torch's
+        # unpickler, json, a Ray worker); quarantine is only a rename, undone by hand if it was wrong.
+        except Exception as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, for the event and the refusal
+            log.error("checkpoint %s does not load (%s)", path, reason)
+            quarantined.append(Quarantined(step=step, path=str(checkpoints.quarantine(path)), reason=reason))
+            continue
+        return checkpoint, quarantined
+    if quarantined:
+        names = ", ".join(f"{q.path} ({q.reason})" for q in quarantined)
+        raise RecoveryError(
+            f"no checkpoint in {checkpoints.root} loads; quarantined {names}. Start again to train from the "
+            "base weights (buffered episodes train again), or move a good checkpoint back as step-<N>")
+    return None, quarantined
 
 
 def _live_config(store: EpisodeStore, checkpoint_config: dict[str, Any], engine_state: dict[str, Any],

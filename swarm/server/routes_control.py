@@ -1,9 +1,12 @@
 """Status, metrics, live config and control routes under ``/api/v1``, plus ``GET /healthz``.
 
-Everything here except ``/healthz`` needs the control token (an episode key is a 403). ``checkpoint``
-answers with the checkpoint directory (``path``) and its loadable model folder (``weights``).
-``stop`` writes a checkpoint and then
-asks the hosting uvicorn server to exit through ``app.state.request_shutdown`` (set by ``serve``).
+Everything here except ``/healthz`` needs the control token (an episode key is a 403); ``status``
+also accepts the client token (read-only; a study's ``setup`` checks it). ``checkpoint``
+answers with the checkpoint directory (``path``) and its loadable model folder (``weights``); if
+writing it fails (a full disk) the answer is a 500 ``internal`` error naming the cause, the failure
+is an ``error`` event (``where=checkpoint``) and the status' ``last_error``, and the server runs on.
+``stop`` writes a checkpoint and then asks the hosting uvicorn server to exit through
+``app.state.request_shutdown`` (set by ``serve``); see ``control`` for a stop whose checkpoint fails.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from swarm.protocol import (
     ConfigView,
     ControlAction,
     ControlResult,
+    ErrorCode,
     ServerState,
     SftRequest,
     SftResult,
     Status,
     StepMetrics,
 )
-from swarm.server.auth import require_control
+from swarm.server.auth import Principal, Role, require_client, require_control
 from swarm.server.context import AppContext, app_context
+from swarm.server.engine import Engine
+from swarm.server.errors import ApiError, Forbidden
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ async def healthz(ctx: AppContext = Depends(app_context)) -> dict[str, object]:
     return {"ok": True, "state": ctx.engine.state.value, "policy_version": ctx.engine.policy_version}
 
 
-@router.get(f"{API_PREFIX}/status", response_model=Status, dependencies=_CONTROL)
+@router.get(f"{API_PREFIX}/status", response_model=Status, dependencies=[Depends(require_client)])
 async def status(request: Request, ctx: AppContext = Depends(app_context)) -> Status:
     return ctx.engine.status()
 
@@ -61,13 +67,34 @@ async def patch_config(body: ConfigPatch, request: Request, ctx: AppContext = De
     return ctx.engine.patch_config(body.values)
 
 
-@router.post(f"{API_PREFIX}/control/sft", response_model=SftResult, dependencies=_CONTROL)
+def _may_warm_up(request: Request, principal: Principal = Depends(require_client)) -> Principal:
+    """The control token may run a warm-up at any time. The client token may only warm up a fresh
+    server (no step, no earlier warm-up): study code runs boxed with the client token, and its
+    ``setup()`` teaches the answer format once; a client can already shape training through its
+    rewards, so a one-time warm-up of an untrained policy gives it nothing more. A dependency, so the
+    refusal comes before the body is read."""
+    engine = app_context(request).engine
+    if principal.role is Role.client and (engine.step > 0 or engine.policy_version > 0):
+        raise Forbidden(f"the client token may only warm up a fresh server; this one is at step {engine.step}, "
+                        f"policy version {engine.policy_version} (use the control token)")
+    return principal
+
+
+@router.post(f"{API_PREFIX}/control/sft", response_model=SftResult, dependencies=[Depends(_may_warm_up)])
 async def sft(body: SftRequest, request: Request, ctx: AppContext = Depends(app_context)) -> SftResult:
     return await ctx.engine.loop.sft(body, ctx.max_context)
 
 
 @router.post(f"{API_PREFIX}/control/{{action}}", response_model=ControlResult, dependencies=_CONTROL)
 async def control(action: ControlAction, request: Request, ctx: AppContext = Depends(app_context)) -> ControlResult:
+    """Pause, resume, checkpoint or stop.
+
+    A ``stop`` whose checkpoint fails still stops (the caller asked to stop, and a server stuck in
+    ``stopping`` refuses every claim): the failure is logged, published as an ``error`` event
+    (``where=checkpoint``) and kept as ``last_error``; the answer is 200 with ``checkpoint_error`` in
+    ``detail`` instead of ``path``; and ``swarm serve`` exits with code 2 after the graceful
+    shutdown (well within 15 s), naming the failure, so a supervisor sees that the state dir holds
+    only the previous checkpoint (a restart resumes from it and retrains what came after)."""
     engine = ctx.engine
     detail: dict[str, object] = {}
     if action is ControlAction.pause:
@@ -75,10 +102,19 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
     elif action is ControlAction.resume:
         engine.resume()
     elif action is ControlAction.checkpoint:
-        detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+        try:
+            detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+        except Exception as exc:
+            message = _report_checkpoint_failure(engine, exc)
+            raise ApiError(f"the checkpoint failed: {message}; the server runs on with its previous checkpoint",
+                           status=500, code=ErrorCode.internal) from None
     elif action is ControlAction.stop:
         engine.stopping()
-        detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+        try:
+            detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+        except Exception as exc:
+            detail["checkpoint_error"] = message = _report_checkpoint_failure(engine, exc)
+            request.app.state.exit_error = f"the server stopped without its final checkpoint: {message}"
         shutdown = getattr(request.app.state, "request_shutdown", None)
         if shutdown is not None:
             # Let this response go out first, then ask uvicorn to exit gracefully.
@@ -88,6 +124,13 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
         detail["shutting_down"] = shutdown is not None
     return ControlResult(action=action, state=engine.state if action is not ControlAction.stop else ServerState.stopping,
                          detail=detail)
+
+
+def _report_checkpoint_failure(engine: Engine, exc: Exception) -> str:
+    """Log and report a failed checkpoint (event + ``last_error``); returns its message."""
+    log.error("checkpoint requested through the control API failed", exc_info=exc)
+    engine.loop.report("checkpoint", exc)
+    return str(exc) or type(exc).__name__
 
 
 def _checkpoint_detail(path: Path) -> dict[str, object]:

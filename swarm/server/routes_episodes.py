@@ -1,8 +1,8 @@
 """Episode routes: claim, heartbeat, finish, abort, and look-up, under ``/api/v1/episodes``.
 
-Claims need the control token. Heartbeat, finish, abort and look-up accept the control token or
-the episode's own key (another episode's key is a 403). The engine does the work and raises the
-4xx errors; these handlers only authenticate and translate.
+Claims need the control token or the client token (``swarm.server.auth``). Heartbeat, finish, abort
+and look-up accept either of those or the episode's own key (another episode's key is a 403). The
+engine does the work and raises the 4xx errors; these handlers only authenticate and translate.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import API_PREFIX, AbortRequest, ClaimRequest, Episode, EpisodeStatus, FinishRequest
-from swarm.server.auth import require_control, require_episode
+from swarm.server.auth import require_client, require_episode
 from swarm.server.context import AppContext, app_context
 
 router = APIRouter(prefix=f"{API_PREFIX}/episodes")
@@ -22,7 +22,7 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/") + "/v1"
 
 
-@router.post("", response_model=Episode, dependencies=[Depends(require_control)])
+@router.post("", response_model=Episode, dependencies=[Depends(require_client)])
 async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Episode:
     return ctx.engine.claim(body, _base_url(request))
 

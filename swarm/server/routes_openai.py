@@ -5,6 +5,9 @@ render → generate → record). A call with an episode key is recorded into tha
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
 as sampled); a call with the control token is served without recording. Responses carry vLLM's extra fields
 (``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that generated them.
+
+A client that disconnects before its answer is ready has its generation cancelled, streaming or not:
+its rows stop in the generator and free their slots (the engine's in-flight caps count them until then).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from swarm.server.streaming import ChunkWriter, Decode, RowStream, stream_comple
 
 router = APIRouter()
 
+CONTROL_KEY = "control"  # the in-flight cap's key for calls with the control token
+CLIENT_CLOSED = 499  # nginx's "client closed request": logged, never read by the client that left
+
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, ctx: AppContext = Depends(app_context)) -> ModelList:
@@ -45,10 +51,13 @@ async def list_models(request: Request, ctx: AppContext = Depends(app_context)) 
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ctx: AppContext = Depends(app_context)) -> Response:
     episode_id = ctx.keys.principal(request).episode_id
+    key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
     if body.stream:
-        return _stream(ctx, episode_id, body)
-    call = ctx.engine.complete(episode_id, body)
-    sampled = await call.result
+        return await _stream(ctx, key, episode_id, body)
+    call = await ctx.engine.complete(key, episode_id, body)
+    if not await _answered_before_disconnect(request, call.result):
+        return Response(status_code=CLIENT_CLOSED)
+    sampled = call.result.result()
     # Serialised by pydantic directly: FastAPI's generic encoder costs ~0.2 ms a response.
     return Response(_completion(ctx, body, call.prompt, sampled).model_dump_json(by_alias=True),
                     media_type="application/json")
@@ -83,13 +92,34 @@ def token_logprobs(decode: Decode, ids: list[int], logprobs: list[float],
             for i, (t, lp) in enumerate(zip(ids, logprobs, strict=True))]
 
 
-def _stream(ctx: AppContext, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
+async def _answered_before_disconnect(request: Request, result: asyncio.Future[Sampled]) -> bool:
+    """Wait for ``result``; if the client disconnects first (or this request is cancelled), cancel
+    it so its rows stop, and say so."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        answered = result.done()
+        if not answered:
+            result.cancel()
+    return answered
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body was read already: the server's next message for
+    this request is ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
     tokens: asyncio.Queue[tuple[int, int, float] | None] = asyncio.Queue()
 
     def sink(row: int, token: int, logprob: float) -> None:
         tokens.put_nowait((row, token, logprob))
 
-    call = ctx.engine.complete(episode_id, body, sink)  # a 4xx raises here, before the stream starts
+    call = await ctx.engine.complete(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
     call.result.add_done_callback(lambda _: tokens.put_nowait(None))
     generator = ctx.engine.generator
     writer = ChunkWriter(completion_id=f"chatcmpl-{uuid.uuid4().hex}", model=generator.model_name,

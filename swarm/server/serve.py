@@ -7,6 +7,12 @@ yet trained, and the live config as last patched — the ``--config`` values onl
 dir, so a restart never silently undoes a ``PATCH /api/v1/config``. Use a new ``--state-dir`` (or
 ``swarm config`` after the restart) to change settings. Torch thread counts are the CLI's business;
 nothing here imports torch.
+
+Errors that must end ``swarm serve`` with one clear line (the CLI exits with code 2) are raised as
+``ValueError``: a state dir whose ``buffer.db`` is not a swarm buffer (checked before the slow model
+load), checkpoints none of which loads (``swarm.server.recovery``), a generator that does not come
+up, and a ``stop`` whose final checkpoint failed (the server still exits, within the graceful
+shutdown, but not with code 0: the state dir lacks the checkpoint the caller asked for).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from swarm.backends import load_engines
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
 from swarm.server.settings import ServerSettings
+from swarm.server.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +41,12 @@ _KEEP_ALIVE_S = 75
 
 def serve(settings: ServerSettings) -> None:
     """Run a swarm server in this process until ``stop`` or a signal. Raises ``ValueError`` for
-    settings that must not run (a non-loopback host without a token)."""
+    settings or a state dir that must not run (a non-loopback host without a token, a damaged
+    buffer, no loadable checkpoint) and after a stop whose final checkpoint failed."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     token = resolve_token(settings.host, settings.token, settings.state_dir)  # refuse before loading a model
     settings = settings.model_copy(update={"token": token})
+    EpisodeStore(settings.state_dir / "buffer.db").close()  # a damaged buffer fails before the model loads
     backend, generator, trainer = load_engines(settings)
     app = create_app(settings, backend, generator=generator, trainer=trainer)
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
@@ -49,6 +58,9 @@ def serve(settings: ServerSettings) -> None:
         (settings.state_dir / "server.json").unlink(missing_ok=True)
     if app.state.startup_error is not None:
         raise ValueError(f"the server could not start: {app.state.startup_error}")
+    exit_error = getattr(app.state, "exit_error", None)  # set by a stop whose checkpoint failed
+    if exit_error is not None:
+        raise ValueError(exit_error)
 
 
 class _Server(uvicorn.Server):

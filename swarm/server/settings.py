@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
 
+# Real text averages about four characters a token, so at this many per context token the default
+# ``max_prompt_chars`` turns away only prompts that would not fit anyway, before paying to tokenise them.
+PROMPT_CHARS_PER_TOKEN = 16
+
 
 class ServerConfig(TrainConfig):
     """Everything ``PATCH /api/v1/config`` may change while the server runs."""
@@ -42,6 +46,18 @@ class ServerConfig(TrainConfig):
     # Throughput: how long the batcher waits to collect concurrent requests into one forward pass.
     batch_window_ms: float = Field(5.0, ge=0, le=1000)
     max_batch_rows: int = Field(64, ge=1, le=4096)
+    # Bounds: what one request, one credential or one episode may cost (a 4xx beyond each, never a hang).
+    max_prompt_chars: int | None = Field(
+        None, ge=1, description="characters of message and tool text one chat call may send, checked before "
+        f"tokenising (400 beyond); default {PROMPT_CHARS_PER_TOKEN} x the model's context length")
+    max_queued_rows: int = Field(256, ge=0, le=65536, description="generation rows that may wait beyond "
+                                 "max_batch_rows running ones; chat calls beyond them get 429 + Retry-After")
+    max_inflight_per_key: int = Field(32, ge=1, le=4096, description="chat calls one credential (an episode "
+                                      "key or the control token) may have running; more get 429 + Retry-After")
+    max_episode_tokens: int = Field(1_048_576, ge=1, description="tokens one episode's trace may record; a "
+                                    "chat call that could go beyond gets 409")
+    max_event_subscribers: int = Field(32, ge=1, le=4096, description="concurrent GET /api/v1/events "
+                                       "streams; more get 429 + Retry-After")
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
 
@@ -117,9 +133,11 @@ class ServerSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Path("artifacts/swarm")
     token: str | None = None
+    client_token: str | None = None  # claims/episodes only (swarm.server.auth)
     seed: int = 0
     mlflow_uri: str | None = None
     mlflow_run_id: str | None = None
+    mlflow_experiment: str = Field("swarm", min_length=1, description="MLflow experiment of a new run")
     max_context: int | None = Field(None, ge=16, description="override the model's context length")
     config: ServerConfig = Field(default_factory=ServerConfig)
 

@@ -129,6 +129,19 @@ class EpisodeStore:
         self._lock = threading.Lock()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so every method is one transaction.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        try:
+            self._open(synchronous)
+        except sqlite3.DatabaseError as exc:  # garbage bytes, a truncated header: refuse, touch nothing
+            self._db.close()
+            raise StoreError(f"{self.path} is not a readable swarm buffer database ({exc}); move it aside to "
+                             "start with an empty buffer") from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self, synchronous: str) -> None:
+        """Settings, schema and its version check; the first statement reads the file's header, so a
+        file that is not an SQLite database fails here (``sqlite3.DatabaseError``)."""
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -363,10 +376,11 @@ class EpisodeStore:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO step_metrics(step, body) VALUES (?, ?)", (step, body))
 
-    def step_metrics(self) -> list[str]:
-        """Every kept step's metrics document, in step order."""
+    def step_metrics(self, after: int = 0, limit: int = -1) -> list[str]:
+        """Every kept step's metrics document after step ``after`` (at most ``limit``), in step order."""
         with self._lock:
-            return [row[0] for row in self._db.execute("SELECT body FROM step_metrics ORDER BY step")]
+            return [row[0] for row in self._db.execute(
+                "SELECT body FROM step_metrics WHERE step > ? ORDER BY step LIMIT ?", (after, limit))]
 
     # -- small key/value state (e.g. the highest policy version ever served)
 

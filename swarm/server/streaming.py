@@ -4,7 +4,8 @@ Tokens arrive from the device thread as they are sampled. Text is sent only once
 an incomplete UTF-8 sequence, or a tail that could still grow into a stop string, is held back
 (the backend cuts a stop string out of the final ids, so streamed text must never show it). The
 last chunk of each choice sends whatever the final ids add, so the streamed text always equals the
-decode of the returned token ids.
+decode of the returned token ids. A stream closed early (the client went away) cancels its
+generation, so its rows stop in the generator instead of running to ``max_tokens`` for nobody.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from swarm.backends.base import Sampled
 from swarm.protocol import ErrorCode
-from swarm.server.errors import dumps_error
+from swarm.server.errors import ApiError, dumps_error
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +118,28 @@ async def stream_completion(
     prompt_tokens: int,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """Yield SSE frames while ``generation`` runs; ``tokens`` ends with ``None`` when it is done."""
-    for index in range(len(rows)):
-        yield sse(writer.chunk(index, {"role": "assistant", "content": ""}))
-    while (item := await tokens.get()) is not None:
-        index, token, logprob = item
-        advanced = rows[index].push(token, logprob)
-        if advanced is not None:
-            text, start, end = advanced
-            row = rows[index]
-            yield sse(writer.chunk(index, {"content": text}, ids=row.ids[start:end], logprobs=row.logprobs[start:end]))
+    """Yield SSE frames while ``generation`` runs; ``tokens`` ends with ``None`` when it is done.
+    Closed before the end (a disconnect), it cancels ``generation``."""
+    try:
+        for index in range(len(rows)):
+            yield sse(writer.chunk(index, {"role": "assistant", "content": ""}))
+        while (item := await tokens.get()) is not None:
+            index, token, logprob = item
+            advanced = rows[index].push(token, logprob)
+            if advanced is not None:
+                text, start, end = advanced
+                row = rows[index]
+                yield sse(writer.chunk(index, {"content": text}, ids=row.ids[start:end],
+                                       logprobs=row.logprobs[start:end]))
+    finally:
+        if not generation.done():
+            generation.cancel()
     try:
         batch = generation.result()
+    except ApiError as exc:  # the caller's side (a full queue while it waited): its code and message
+        yield sse(dumps_error(exc.code, exc.message))
+        yield sse("[DONE]")
+        return
     except Exception as exc:  # generation failed: tell the client inside the stream
         log.exception("streamed generation failed")
         yield sse(dumps_error(ErrorCode.internal, f"generation failed: {type(exc).__name__}"))

@@ -12,6 +12,11 @@ never hand the same id to different weights); after it, ``store.commit_step`` wr
 and dropped episodes, the version and the step's metrics in one transaction. A crash between the
 update and the commit therefore loses the whole step (its episodes train again after a restart) and
 never half of it. Checkpoints (``checkpoint_every``) never interleave with an update.
+
+Errors training survives (a failed update, publication or periodic checkpoint) are logged with
+their traceback and reported by ``report``: an ``error`` event with ``where``, and ``last_error`` in
+``GET /api/v1/status``. A failed periodic checkpoint (a full disk, ``ulimit -f``) never ends the
+loop: the next steps train and commit, and the next checkpoint tries again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarm.backends.base import Generator, GeneratorUnavailable, Trainer, TrainSample
-from swarm.protocol import ServerState, SftRequest, SftResult, StepMetrics
+from swarm.protocol import LastError, ServerState, SftRequest, SftResult, StepMetrics
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
 from swarm.server.errors import BadRequest
@@ -69,6 +74,7 @@ class StepLoop:
         self.step = 0
         self.metrics: list[StepMetrics] = []
         self.training = False
+        self.last_error: LastError | None = None
         self.wake = asyncio.Event()
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
         self._last_step_at = time.monotonic()
@@ -84,7 +90,7 @@ class StepLoop:
                 stepped = await self.train_step()
                 every = engine.config.checkpoint_every
                 if stepped and every and self.step % every == 0:
-                    await self.checkpoint()
+                    await self._periodic_checkpoint()
 
     async def train_step(self) -> bool:
         """One step. ``True`` if the policy changed."""
@@ -120,13 +126,13 @@ class StepLoop:
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
             engine.drop([e for e in episodes if engine.episodes.held(e.episode_id)], f"training step failed: {exc}")
-            engine.emit("error", where="train_step", message=str(exc))
+            self.report("train_step", exc)
             return False
         try:
             update["perf/weight_sync_s"] = await self.publish()                                 # publish
         except Exception as exc:  # the update happened: it is committed; the generator lags a version
             log.exception("publishing policy version %d failed", self.trainer.policy_version)
-            engine.emit("error", where="publish", message=str(exc))
+            self.report("publish", exc)
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True
 
@@ -170,6 +176,7 @@ class StepLoop:
         metrics = step_metrics(kept, groups, samples, update, merge=config.merge_timelines)
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
+        metrics.update(engine.capacity.step_finished(metrics["perf/step_s"]))
         record = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=metrics)
         dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
         try:
@@ -198,6 +205,22 @@ class StepLoop:
                 step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
         engine.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
         return path
+
+    async def _periodic_checkpoint(self) -> None:
+        """A ``checkpoint_every`` checkpoint; a failure is reported and training goes on (the step is
+        committed in the buffer already; a restart resumes from the previous checkpoint and
+        retrains what came after it)."""
+        try:
+            await self.checkpoint()
+        except Exception as exc:
+            log.exception("checkpoint of step %d failed; training continues", self.step)
+            self.report("checkpoint", exc)
+
+    def report(self, where: str, exc: BaseException) -> None:
+        """Record an error training survived: an ``error`` event and the status' ``last_error``."""
+        message = str(exc) or type(exc).__name__
+        self.last_error = LastError(where=where, message=message, at=self.engine.clock())
+        self.engine.emit("error", where=where, message=message, step=self.step)
 
     async def sft(self, request: SftRequest, max_context: int) -> SftResult:
         """Supervised warm-up: ``request.steps`` mini-batches of the examples, then one publication.

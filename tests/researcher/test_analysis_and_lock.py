@@ -58,11 +58,18 @@ def test_overlapping_results_are_inconclusive_and_crashes_are_excluded(tmp_path:
     assert large["statuses"] == ["finished", "finished", "crashed"] and len(large["aucs"]) == 2
 
 
-def test_a_challenger_that_does_not_beat_the_incumbent_is_a_plateau(tmp_path: Path) -> None:
+def test_plateau_needs_a_resolved_comparison_not_one_noisy_seed(tmp_path: Path) -> None:
     experiments = [{"name": "it2-8", "overrides": {"group_size": 8}}, {"name": "it2-16", "overrides": {"group_size": 16}}]
-    trials = _trials(tmp_path, {("it2-8", 1): [0.2, 0.4, 0.5], ("it2-16", 1): [0.2, 0.4, 0.5]})
-    summary = analysis.summarize(2, "group_size", "train/reward_mean", 3, experiments, trials, 0.02,
-                                 {"name": "it1-8", "value": 8})
+    incumbent = {"name": "it1-8", "value": 8}
+    # One seed per arm: the CI of the difference is unbounded, so "plateau" would be a claim from noise.
+    one_seed = _trials(tmp_path / "one", {("it2-8", 1): [0.2, 0.4, 0.5], ("it2-16", 1): [0.2, 0.4, 0.5]})
+    assert analysis.summarize(2, "group_size", "train/reward_mean", 3, experiments, one_seed, 0.02,
+                              incumbent)["plateau"] is None
+    # Three seeds each, the challenger's gain bounded below min_effect: a plateau the evidence supports.
+    seeds = {("it2-8", s): [0.2, 0.4, 0.5 + 0.001 * s] for s in (1, 2, 3)}
+    seeds |= {("it2-16", s): [0.2, 0.4, 0.5 + 0.001 * s] for s in (1, 2, 3)}
+    summary = analysis.summarize(2, "group_size", "train/reward_mean", 3, experiments,
+                                 _trials(tmp_path / "three", seeds), 0.02, incumbent)
     assert summary["plateau"] and "plateaued" in summary["plateau"]
 
 

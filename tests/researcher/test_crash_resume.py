@@ -91,4 +91,9 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     assert len(parents) == 1
     history = client.get_metric_history(live_children[0].info.run_id, "train/reward_mean")
     assert len({m.step for m in history}) >= 8
+    # Each child's metrics have one writer (its server), though the researcher was killed and resumed.
+    assert all(rec.server_logs_mlflow for rec in records)
+    for child in live_children:
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "train/reward_mean")]
+        assert len(steps) == len(set(steps)), f"duplicate metric history in {child.info.run_id}: {sorted(steps)}"
     assert live_children[0].data.params["group_size"] in ("2", "8")

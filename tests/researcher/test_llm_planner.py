@@ -22,10 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from researcher import runs
+from researcher.layout import StudyLayout
+from researcher.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing, PlannerError
 from researcher.settings import LLMSettings
+from researcher.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = (REPO / "studies" / "examples" / "letters" / "client.py").read_text()
@@ -128,6 +131,20 @@ def test_structured_outputs_path_needs_one_call(structured: tuple[Script, str]) 
     assert traces[0]["step"] == "frame_topic" and traces[0]["mode"] == "structured"
 
 
+def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[Script, str], tmp_path: Path,
+                                                         free_port: int, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    script, url = structured
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as the researcher CLI bounds it, but tighter
+    dead = Tracker(f"http://127.0.0.1:{free_port}", tmp_path / "mlartifacts")  # nothing listens on that port
+    planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
+    planner.add_listener(PlannerTraces(dead, StudyLayout("s", tmp_path / "studies", tmp_path / "artifacts")).record)
+    with caplog.at_level("WARNING", logger="researcher.llm_traces"):
+        reply = planner.frame("group size on letters?", "catalog")
+    assert reply.value == Framing(**FRAMING) and len(script.requests) == 1
+    assert "could not write the planner call frame_topic as an MLflow trace" in caplog.text
+
+
 def test_invalid_json_gets_one_repair_round_then_fails_clearly(scripted: tuple[Script, str]) -> None:
     script, url = scripted
     planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
@@ -181,8 +198,43 @@ def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[Script
     traces = sorted((cli.artifacts / sid / "llm_calls").glob("*.json"))
     assert len(traces) == len(script.requests)
     assert any("That answer is invalid" in json.dumps(json.loads(t.read_text())["messages"]) for t in traces)
+    _assert_traced_in_mlflow(cli.artifacts / "mlflow.db", sid, [json.loads(t.read_text()) for t in traces])
     records = runs.all_records(cli.artifacts / sid / "runs")
     assert [(r.experiment, r.status, r.launches) for r in records] == [("it1-gs-2", "finished", 1),
                                                                        ("it1-gs-4", "finished", 1)]
     assert records[1].base_step >= records[0].target_step  # the second run continued on the same server
     no_leftover_servers(cli.artifacts / sid / "runs")
+
+
+def _assert_traced_in_mlflow(store: Path, study_id: str, calls: list[dict[str, Any]]) -> None:
+    """Every planner call is an MLflow trace on the iteration's run, with its prompt, answer, tokens and latency."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name(study_id).experiment_id
+    [iteration_run] = client.search_runs([experiment], "tags.`researcher.kind` = 'iteration'")
+    linked = client.search_traces(locations=[experiment], run_id=iteration_run.info.run_id)
+    everything = client.search_traces(locations=[experiment])
+    assert len(linked) == len(everything) == len(calls)  # framing and planning too, linked once the run existed
+    by_answer: dict[tuple[str, bool], tuple[Any, Any]] = {}
+    for trace in linked:
+        [span] = trace.data.spans
+        by_answer[json.dumps(span.inputs["messages"]), trace.info.state == "ERROR"] = (trace, span)
+        assert trace.info.tags["researcher.study_id"] == study_id and trace.info.tags.get(RUN_LINK_TAG) != "pending"
+        assert span.span_type == "CHAT_MODEL" and span.attributes["mlflow.llm.model"] == "scripted"
+    for call in calls:
+        trace, span = by_answer[json.dumps(call["messages"]), call["error"] is not None]
+        assert span.name == trace.info.tags["researcher.step"] == call["step"]
+        assert abs(trace.info.execution_duration - call["seconds"] * 1000) <= 2
+        if call["error"]:  # the structured-outputs request the server refused with a 400
+            assert trace.info.state == "ERROR" and "not supported" in span.attributes["researcher.error"]
+        else:
+            assert span.outputs["choices"][0]["message"]["content"] == call["answer"]
+            assert span.attributes["mlflow.chat.tokenUsage"] == {"input_tokens": 100, "output_tokens": 50,
+                                                                   "total_tokens": 150}
+    steps = {span.name for _, span in by_answer.values()}
+    assert {"frame_topic", "frame_topic:repair", "plan_experiments", "write_client", "repair_client", "decide",
+            "write_report"} <= steps
+    report = next(span for _, span in by_answer.values() if span.name == "write_report")
+    assert "SCRIPTED ANSWER from the LLM planner." in report.outputs["choices"][0]["message"]["content"]
+    assert "# Step: write the study's conclusion" in report.inputs["messages"][1]["content"]

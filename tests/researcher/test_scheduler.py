@@ -119,3 +119,64 @@ def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_pa
     assert dt.datetime.fromisoformat(missed[0]["scheduled_for"]) >= killed_at - dt.timedelta(seconds=3)
     assert not [r for r in scheduler.read_history(artifacts) if r["event"] == "missed"]
     assert "ghost" in scheduler.next_wakeups(artifacts)  # still scheduled after a clean shutdown
+
+
+def test_at_a_date_time_schedules_one_resume_at_that_time(cli) -> None:
+    studies, artifacts = cli.studies, cli.artifacts
+    assert ScheduleSpec(window_s=60, at="2026-12-01T02:00").once == dt.datetime(2026, 12, 1, 2, 0).astimezone()
+    now = dt.datetime.now().astimezone()
+    at = (now + dt.timedelta(days=3)).strftime("%Y-%m-%dT02:00")
+    expected = dt.datetime.fromisoformat(at).astimezone()  # naive means local time
+    spec = ScheduleSpec(window_s=3600, at=at)
+    assert scheduler.schedule("once", spec, studies, artifacts) == expected
+    assert ScheduleSpec.from_toml((studies / "once" / "schedule.toml").read_text()) == spec
+    with scheduler.open_store(artifacts) as store:  # a fresh scheduler reads the one-shot job back
+        job = store.get_job("resume:once")
+        assert type(job.trigger).__name__ == "DateTrigger" and job.next_run_time == expected
+        assert job.kwargs["once"] == spec.key
+    assert scheduler.next_wakeups(artifacts) == {"once": expected}
+
+    # A past date-time is refused before anything is written; so is a date without a time.
+    past = (now - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    with pytest.raises(ValueError, match="in the past"):
+        scheduler.schedule("late", ScheduleSpec(window_s=60, at=past), studies, artifacts)
+    with pytest.raises(ValueError, match="no time of day"):
+        ScheduleSpec(window_s=60, at="2026-12-01")
+    with pytest.raises(ValueError, match="ISO date-time"):
+        ScheduleSpec(window_s=60, at="tomorrow")
+    assert not (studies / "late").exists()
+    refused = cli.run("schedule", "late", "--at", past, *cli.dirs)
+    assert refused.returncode == 2 and "in the past" in refused.stdout, refused.stdout
+    assert not (studies / "late").exists() and scheduler.next_wakeups(artifacts) == {"once": expected}
+
+    # A spent one-shot left in a schedule file (it fired; the daemon's store dropped it) is never re-added.
+    from researcher.daemon import sync_jobs
+    from researcher.layout import StudyLayout
+
+    scheduler.write_schedule(StudyLayout("spent", studies, artifacts), ScheduleSpec(window_s=60, at=past))
+    with scheduler.open_store(artifacts) as store:
+        sync_jobs(store, studies, artifacts)
+    assert scheduler.next_wakeups(artifacts) == {"once": expected}
+
+
+@pytest.mark.slow
+def test_daemon_runs_a_one_shot_once_and_spends_it(cli, tmp_path: Path) -> None:
+    studies, artifacts = cli.studies, cli.artifacts
+    # Due in 2 s: if the daemon starts later, the one-shot is overdue and runs at once (still once).
+    at = (dt.datetime.now() + dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S")
+    scheduler.schedule("ghost", ScheduleSpec(window_s=30, at=at), studies, artifacts)
+    log = tmp_path / "daemon.log"
+    daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log)
+    try:
+        _wait(lambda: len(_executions(artifacts)) >= 1, 40, "the one-shot session", daemon, log)
+        assert not (studies / "ghost" / "schedule.toml").exists()  # spent before the session even ran
+        time.sleep(3)  # three syncs: none may bring the one-shot back (a session's start is logged at once)
+        sessions = (artifacts / "ghost" / "sessions.log").read_text()
+        assert sessions.count("=== scheduled session") == 1, sessions
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, log.read_text()[-2000:]
+    ran = _executions(artifacts)
+    assert len(ran) == 1 and ran[0]["scheduled_for"] == dt.datetime.fromisoformat(at).astimezone().isoformat()
+    assert ran[0]["outcome"] == "refused"  # `researcher resume ghost`: no such study, a clear refusal
+    assert scheduler.next_wakeups(artifacts) == {}

@@ -16,6 +16,11 @@ The recorded log-prob is ``log_softmax(logits / T)[token]`` without top-p renorm
 is what the trainer recomputes (verl does the same), so the first update's ratio is exactly 1 on
 fresh samples. ``T == 0`` samples greedily and records the log-prob under ``T = 1``.
 
+``top_logprobs = k`` reports, per sampled token, the k largest entries of that same distribution
+(``log_softmax(logits / T)`` before top-p, as vLLM's processed log-probs): when the chosen token is
+the argmax it is the first alternative with the identical log-prob. Rows that ask for none cost
+nothing: the ``topk`` runs only while some row in the batch asks for alternatives.
+
 Each row with a ``seed`` draws from its own ``torch.Generator``, so its output does not depend on
 which other rows share the batch (up to float rounding of the batched matmuls).
 """
@@ -56,6 +61,7 @@ class _Row:
     generator: torch.Generator | None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # with params.top_logprobs > 0
     emitted: int = 0
     finish: str | None = None
 
@@ -80,6 +86,8 @@ class _Plan:
     temperature: torch.Tensor  # (B,), 0 replaced by 1 (greedy rows record log-probs at T = 1)
     greedy: torch.Tensor  # (B,) bool
     top_p: torch.Tensor  # (B,)
+    top_k: torch.Tensor  # (B,) long, alternatives each row reports (0: none)
+    max_top_k: int  # the largest of ``top_k``: 0 skips the topk altogether
     any_greedy: bool
     any_top_p: bool
     any_seed: bool
@@ -88,33 +96,54 @@ class _Plan:
     def of(cls, rows: Sequence[_Row]) -> _Plan:
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
         greedy = temps == 0
+        top_k = torch.tensor([r.params.top_logprobs for r in rows], dtype=torch.long)
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),
             greedy=greedy,
             top_p=torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
+            top_k=top_k,
+            max_top_k=int(top_k.max()) if len(rows) else 0,
             any_greedy=bool(greedy.any()),
             any_top_p=any(r.params.top_p < 1 for r in rows),
             any_seed=any(r.generator is not None for r in rows),
         )
 
     def select(self, keep: torch.Tensor) -> _Plan:
-        return _Plan(self.temperature[keep], self.greedy[keep], self.top_p[keep], self.any_greedy, self.any_top_p, self.any_seed)
+        top_k = self.top_k[keep]
+        max_top_k = int(top_k.max()) if self.max_top_k and len(top_k) else 0
+        return _Plan(self.temperature[keep], self.greedy[keep], self.top_p[keep], top_k, max_top_k,
+                     self.any_greedy, self.any_top_p, self.any_seed)
 
     def cat(self, other: _Plan) -> _Plan:
         return _Plan(
             torch.cat([self.temperature, other.temperature]),
             torch.cat([self.greedy, other.greedy]),
             torch.cat([self.top_p, other.top_p]),
+            torch.cat([self.top_k, other.top_k]),
+            max(self.max_top_k, other.max_top_k),
             self.any_greedy or other.any_greedy,
             self.any_top_p or other.any_top_p,
             self.any_seed or other.any_seed,
         )
 
 
-def _pick_tokens(
-    logits: torch.Tensor, rows: Sequence[_Row], plan: _Plan, default: torch.Generator
-) -> tuple[list[int], list[float]]:
-    """Choose one token per row; return the tokens and their log-probs under ``logits / T``."""
+@dataclass
+class _Picked:
+    """One decode step's choice for every row of the batch, in batch order."""
+
+    tokens: list[int]
+    logprobs: list[float]  # under ``logits / T`` (see the module docstring)
+    top: list[list[tuple[int, float]]] | None  # per row its ``top_k`` alternatives; None when no row asks
+
+
+def _alternatives(logp: torch.Tensor, plan: _Plan) -> list[list[tuple[int, float]]]:
+    """Each row's ``top_k`` most likely (id, log-prob), most likely first, from the batch's widest topk."""
+    values, indices = logp.topk(plan.max_top_k, dim=-1)
+    return [list(zip(ids[:k], lps[:k])) for ids, lps, k in zip(indices.tolist(), values.tolist(), plan.top_k.tolist())]
+
+
+def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: _Plan, default: torch.Generator) -> _Picked:
+    """Choose one token per row; return the tokens, their log-probs under ``logits / T`` and any alternatives."""
     logp = torch.log_softmax(logits / plan.temperature.unsqueeze(-1), dim=-1)
     probs = logp.exp()
     if plan.any_top_p:
@@ -131,7 +160,8 @@ def _pick_tokens(
     if plan.any_greedy:
         chosen = torch.where(plan.greedy, logits.argmax(dim=-1), chosen)
     token_logp = logp.gather(-1, chosen.unsqueeze(-1)).flatten()
-    return chosen.tolist(), token_logp.tolist()
+    top = _alternatives(logp, plan) if plan.max_top_k else None
+    return _Picked(chosen.tolist(), token_logp.tolist(), top)
 
 
 class _StopWatcher:
@@ -150,6 +180,7 @@ class _StopWatcher:
             keep -= 1
         del row.ids[keep:]
         del row.logprobs[keep:]
+        del row.top[keep:]
         row.finish = "stop"
         return True
 
@@ -194,6 +225,7 @@ class _Loop:
     def __init__(self, model: torch.nn.Module, setup: SamplingSetup, default_generator: torch.Generator,
                  on_token: TokenCallback | None, feed: RowFeed | None) -> None:
         self.model, self.setup, self.default, self.on_token, self.feed = model, setup, default_generator, on_token, feed
+        self.cancelled = getattr(feed, "cancelled", None)  # optional RowFeed hook: rows whose caller went away
         self.watcher = _StopWatcher(setup.decode)
         self.rows: dict[int, _Row] = {}
         self.next_index = 0
@@ -247,18 +279,23 @@ class _Loop:
     def _step(self, batch: RunningBatch[_Plan]) -> RunningBatch[_Plan] | None:
         """One forward and one sampled token per row; finished rows leave. None once all left."""
         logits = batch.forward(self.model, self.setup.vocab_size)
-        tokens, logps = _pick_tokens(logits, [self.rows[i] for i in batch.active], batch.plan, self.default)
+        picked = _pick_tokens(logits, [self.rows[i] for i in batch.active], batch.plan, self.default)
+        tokens = picked.tokens
         keep_slots: list[int] = []
-        for slot, (index, token, logp) in enumerate(zip(batch.active, tokens, logps)):
+        for slot, (index, token, logp) in enumerate(zip(batch.active, tokens, picked.logprobs)):
             row = self.rows[index]
             row.ids.append(token)
             row.logprobs.append(logp)
+            if picked.top is not None and row.params.top_logprobs:
+                row.top.append(picked.top[slot])
             if token in self.setup.eos_ids:
                 row.finish = "stop"
             elif row.params.stop and self.watcher.check(row):
                 pass
             elif len(row.ids) >= row.params.max_tokens:
                 row.finish = "length"
+            elif self.cancelled is not None and self.cancelled(index):
+                row.finish = "length"  # stops now, freeing its slot; the feed discards it
             if row.finish is not None or not row.params.stop:
                 _emit(row, index, len(row.ids), self.on_token)
             else:
@@ -280,4 +317,5 @@ class _Loop:
 
 
 def _generation(row: _Row) -> Generation:
-    return Generation(token_ids=row.ids, logprobs=row.logprobs, finish_reason=row.finish or "length")
+    return Generation(token_ids=row.ids, logprobs=row.logprobs, finish_reason=row.finish or "length",
+                      top_logprobs=row.top if row.params.top_logprobs else None)

@@ -79,12 +79,14 @@ class ServeProcess:
 
 
 @contextmanager
-def study_run(client_py: Path, server: ServeProcess, log_path: Path) -> Iterator[subprocess.Popen]:
-    """``swarm run client_py`` against ``server`` as a real process, output in ``log_path``; on exit
-    it gets SIGINT (the CLI finishes in-flight episodes and exits), then SIGKILL after 30 s."""
+def study_run(client_py: Path, server: ServeProcess, log_path: Path,
+              args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    """``swarm run client_py [args]`` against ``server`` as a real process, output in ``log_path``; on
+    exit it gets SIGINT (the CLI finishes in-flight episodes and exits), then SIGKILL after 30 s."""
     with open(log_path, "wb") as log:
         run = subprocess.Popen([*SWARM, "run", str(client_py), "--server", server.url,
-                                "--state-dir", str(server.state_dir)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                "--state-dir", str(server.state_dir), *args], cwd=ROOT, stdout=log,
+                               stderr=subprocess.STDOUT)
         try:
             yield run
         finally:

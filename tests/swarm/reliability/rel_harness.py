@@ -41,9 +41,10 @@ class ServerProcess:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, model: Path | str, state_dir: Path, *, port: int, token: str = "rel-token",
+    def start(cls, model: Path | str, state_dir: Path, *, port: int, token: str | None = "rel-token",
               config: dict[str, Any] | None = None, timeout: float = 150.0,
               extra_args: tuple[str, ...] = ()) -> ServerProcess:
+        """``token=None``: no ``--token``; the server reads or generates ``<state_dir>/token``."""
         state_dir.mkdir(parents=True, exist_ok=True)
         config_file = state_dir / "rel-config.toml"
         config_file.write_text(_toml(config or {}))
@@ -53,11 +54,14 @@ class ServerProcess:
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "swarm.cli", "serve", "--model", str(model), "--port", str(port),
-                 "--state-dir", str(state_dir), "--token", token, "--config", str(config_file), "--threads", "1", *extra_args],
+                 "--state-dir", str(state_dir), *(["--token", token] if token else []), "--config", str(config_file),
+                 "--threads", "1", *extra_args],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        server = cls(proc=proc, url=f"http://127.0.0.1:{port}", token=token, state_dir=state_dir, log_path=log_path)
+        server = cls(proc=proc, url=f"http://127.0.0.1:{port}", token=token or "", state_dir=state_dir,
+                     log_path=log_path)
         try:
             server.wait_ready(timeout)
+            server.token = server.token or (state_dir / "token").read_text().strip()
         except BaseException:
             server.kill()  # never leave a half-started server behind
             raise

@@ -1,0 +1,163 @@
+"""Capacity planning: how many clients, at what concurrency, keep the learner busy (ECHO-2's rule).
+
+ECHO-2 overlaps rollout generation with training under a bounded staleness and provisions rollout
+capacity so the learner never waits: over ``κ`` training steps the workers must deliver ``κ·R``
+rollouts in the training time left after the weight broadcast,
+
+    sum of rollout throughputs  ≥  κ·R / (κ·T_train − T_bcast)
+
+with ``R`` episodes per update, ``T_train`` the update time and ``T_bcast`` the weight broadcast.
+ECHO-2's staleness ``S`` counts the version being trained, so its ``κ ≈ S − 1`` is this server's
+``max_staleness`` (the number of versions a sample may lag). For a utilisation target ``b < 1`` the
+learner may spend ``T_train / b`` per step, which replaces ``T_train`` above. In sync mode nothing
+overlaps: rollouts fill the time between updates, so ``R / X ≤ T_train·(1/b − 1) − T_bcast``.
+
+The inputs are the server's own live figures (``perf/*`` over the last steps), so the advice is for
+this model, this task and these clients, not a guess; it assumes a client's throughput scales with
+its concurrency, which holds while the client's time goes to waiting on the server or on its agent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from swarm.protocol import StepMetrics
+
+WINDOW = 5  # recent steps averaged: a single step is noisy, a long window lags a change of clients
+# The rule gives the throughput at which the learner is *exactly* at its target; episodes arrive in whole
+# groups and per-client throughput grows less than linearly with concurrency (the clients share the
+# server's generator), so the advice provisions this much more.
+HEADROOM = 1.5
+
+
+class NotEnoughData(ValueError):
+    """The server has not trained enough steps (or never saw a client) to measure its capacity."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the server measured over its last steps."""
+
+    learner_busy: float          # fraction of wall time spent updating (perf/learner_busy)
+    train_s: float               # update time per step, broadcast excluded
+    broadcast_s: float           # weight publication per step (perf/weight_sync_s)
+    episodes_per_step: float     # R
+    eps_per_client: float        # episodes/s one client delivers (perf/rollout_eps_per_client)
+    clients: int                 # clients holding episodes now
+    concurrency: float           # episodes each client has in flight now
+    steps: int                   # steps averaged
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The provisioning rule applied to ``Figures`` for one target."""
+
+    mode: Literal["async", "sync"]
+    staleness: int
+    target_busy: float
+    required_eps: float | None   # episodes/s all clients together must deliver (None: target unreachable)
+    current_eps: float
+    clients_needed: int | None   # at today's per-client concurrency
+    concurrency_needed: int | None  # per client, with today's number of clients (both with HEADROOM)
+    enough: bool
+    reason: str
+    figures: Figures
+    staleness_needed: int | None = None  # async: the max_staleness the advised episodes in flight need
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(metrics: Sequence[StepMetrics], *, clients: int, in_flight: int, window: int = WINDOW) -> Figures:
+    """Average the last ``window`` steps' perf figures; ``in_flight`` is the claimed-episode count."""
+    recent = [m.metrics for m in metrics[-window:]]
+    if len(recent) < 2:
+        raise NotEnoughData(f"the server has trained {len(metrics)} step(s); capacity needs at least 2")
+
+    def mean(key: str, default: float | None = None) -> float:
+        values = [m[key] for m in recent if key in m]
+        if not values:
+            if default is None:
+                raise NotEnoughData(f"the server reports no {key}: is it older than `swarm plan`?")
+            return default
+        return sum(values) / len(values)
+
+    broadcast = mean("perf/weight_sync_s", 0.0)
+    eps_per_client = mean("perf/rollout_eps_per_client")
+    if eps_per_client <= 0:
+        raise NotEnoughData("no client finished episodes in the last steps; start clients first")
+    n = max(clients, 1)
+    return Figures(learner_busy=mean("perf/learner_busy"), train_s=max(mean("perf/step_s") - broadcast, 1e-6),
+                   broadcast_s=broadcast, episodes_per_step=mean("train/episodes"), eps_per_client=eps_per_client,
+                   clients=n, concurrency=max(in_flight / n, 1.0), steps=len(recent))
+
+
+def required_eps(figures: Figures, *, mode: str, staleness: int, target_busy: float) -> float | None:
+    """Episodes/s the clients must deliver together for the learner to stay ``target_busy``; None when
+    no rollout capacity reaches it (sync mode with a broadcast longer than the allowed idle time)."""
+    step_time = figures.train_s / target_busy  # the time one step may take, waiting included
+    r = figures.episodes_per_step
+    if mode == "sync":
+        window = step_time - figures.train_s - figures.broadcast_s
+        return r / window if window > 0 else None
+    kappa = max(staleness, 1)
+    window = kappa * step_time - figures.broadcast_s
+    return kappa * r / window if window > 0 else None
+
+
+def advise(figures: Figures, *, mode: Literal["async", "sync"], staleness: int, target_busy: float) -> Advice:
+    """Apply the provisioning rule: how many clients, or how much concurrency each, reach ``target_busy``."""
+    if not 0 < target_busy < 1:
+        raise ValueError(f"--target-busy must be in (0, 1), got {target_busy}")
+    if staleness < 0:
+        raise ValueError(f"--staleness must be ≥ 0, got {staleness}")
+    needed = required_eps(figures, mode=mode, staleness=staleness, target_busy=target_busy)
+    current = figures.eps_per_client * figures.clients
+    enough = figures.learner_busy >= target_busy
+    if needed is None:
+        return Advice(mode, staleness, target_busy, None, current, None, None, enough,
+                      "no number of clients reaches this target in sync mode: the weight broadcast alone takes "
+                      "longer than the learner may idle; use mode=async or a lower --target-busy", figures)
+    # The rule assumes episodes arrive evenly. A learner that is supply-bound is busy ``current·T_train/R`` of
+    # the time, so the measured idle gives a second estimate, ``current·target/busy``; advise the larger (bursty
+    # clients need it). Where the learner is already busy enough, today's throughput is what keeps it so.
+    observed = current * target_busy / max(figures.learner_busy, 0.01)
+    needed = max(needed, current) if enough else max(needed, observed)
+    provision = needed * HEADROOM if not enough else needed
+    clients = math.ceil(provision / figures.eps_per_client)
+    concurrency = math.ceil(figures.concurrency * provision / current)
+    reason = (f"learner busy {figures.learner_busy:.2f} (target {target_busy:.2f}); clients deliver "
+              f"{current:.2f} episodes/s, the rule asks for {needed:.2f}")
+    in_flight = math.ceil(figures.concurrency * provision / figures.eps_per_client)
+    return Advice(mode, staleness, target_busy, needed, current, clients, concurrency, enough, reason, figures,
+                  staleness_needed(in_flight, figures.episodes_per_step) if mode == "async" else None)
+
+
+def staleness_needed(in_flight: int, episodes_per_step: float) -> int:
+    """The ``max_staleness`` under which ``in_flight`` episodes still train: an episode claimed now
+    trains about ``in_flight / R`` steps later, so more than ``(S + 1)·R`` in flight are dropped as stale."""
+    return max(math.ceil(in_flight / max(episodes_per_step, 1.0)) - 1, 0)
+
+
+def describe(advice: Advice) -> list[str]:
+    """The advice as lines for people."""
+    f = advice.figures
+    lines = [f"learner busy {f.learner_busy:.2f} over the last {f.steps} steps (target {advice.target_busy:.2f}); "
+             f"update {f.train_s:.2f} s + broadcast {f.broadcast_s:.2f} s for {f.episodes_per_step:.0f} episodes a step",
+             f"clients: {f.clients} with about {f.concurrency:.0f} episode(s) in flight each, "
+             f"{f.eps_per_client:.2f} episodes/s per client, {advice.current_eps:.2f} in all"]
+    if advice.required_eps is None:
+        return [*lines, advice.reason]
+    lines.append(f"needed ({advice.mode}, staleness {advice.staleness}): {advice.required_eps:.2f} episodes/s")
+    if advice.enough:
+        return [*lines, "enough: the learner is already at its target"]
+    lines.append(f"advice: {advice.clients_needed} clients at today's concurrency, "
+                 f"or --concurrency {advice.concurrency_needed} on each of today's {f.clients} client(s)")
+    if advice.staleness_needed is not None and advice.staleness_needed > advice.staleness:
+        lines.append(f"that many episodes in flight need max_staleness ≥ {advice.staleness_needed} "
+                     f"(at {advice.staleness} the oldest are dropped as stale): `swarm config "
+                     f"max_staleness={advice.staleness_needed}`")
+    return lines

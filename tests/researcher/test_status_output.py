@@ -1,0 +1,41 @@
+"""``researcher status`` into a pipe: runs as words, long values on one line (real CLI subprocess)."""
+
+from __future__ import annotations
+
+import re
+
+from researcher import runs
+from researcher.layout import StudyLayout
+from researcher.overview import describe_runs
+
+SID = "words"
+TOPIC = "Does a larger group size help the letters task learn faster " + "under a tight wall-clock budget " * 6
+
+
+def _record(trial: int, status: str, launches: int = 1) -> runs.RunRecord:
+    return runs.RunRecord(key=f"{SID}/1/{trial}", study_id=SID, iteration=1, trial=trial, experiment="letters",
+                          seed=trial, config={}, client="client.py", target_step=10, episodes=8, group_size=4,
+                          status=status, launches=launches)
+
+
+def test_status_shows_runs_as_words_and_whole_lines(cli) -> None:
+    layout = StudyLayout(SID, cli.studies, cli.artifacts)
+    layout.study_dir.mkdir(parents=True)
+    layout.study_toml.write_text(f'[study]\ntopic = "{TOPIC}"\n')
+    statuses = ["finished", "running", "finished", "crashed", "finished", "pending"]
+    for trial, status in enumerate(statuses):
+        runs.save(layout.run_dir(1, trial), _record(trial, status, launches=0 if status == "pending" else 1))
+    cli.env.pop("COLUMNS", None)  # the fixture's 200 columns would hide an 80-column wrap
+
+    shown = cli.run("status", SID, *cli.dirs, timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "{" not in shown.stdout and "by_status" not in shown.stdout
+    lines = shown.stdout.splitlines()
+    assert any(TOPIC.strip() in line for line in lines), shown.stdout  # > 200 characters, unbroken
+    assert any("5 launched: 3 finished, 1 running, 1 pending, 1 crashed" in line for line in lines), shown.stdout
+    assert any(re.findall(r"\w+", line) == ["active", "no"] for line in lines), shown.stdout  # not "False"
+
+
+def test_describe_runs() -> None:
+    assert describe_runs({"launched": 0, "by_status": {}}) == "none yet"
+    assert describe_runs({"launched": 2, "by_status": {"weird": 1, "stopped": 1}}) == "2 launched: 1 stopped, 1 weird"

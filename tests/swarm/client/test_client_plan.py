@@ -1,0 +1,100 @@
+"""`swarm plan` end to end: a slow client leaves the learner idle; the advised concurrency keeps it busy.
+
+A real server trains on a client whose every episode waits PAUSE_S (an agent's tool call, say) with one
+episode in flight: the learner is busy a small fraction of the time. `swarm plan` reads the live
+figures and advises a concurrency; the same client restarted with it keeps the learner ≥ 0.9 busy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from swarm_proc import ROOT, SWARM, ServeProcess, study_run
+
+from swarm.client import SwarmClient
+
+PAUSE_S = 0.25
+CONFIG = """
+group_size = 4
+batch_groups = 2
+max_tokens = 16
+temperature = 1.0
+mode = "async"
+max_staleness = 4
+ppo_epochs = 2
+"""
+CLIENT = f'''
+import random
+import string
+import time
+
+from swarm.client import run_study_cli
+
+GROUP_SIZE = 4
+
+
+def tasks(seed):
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        yield {{"task_id": f"slow-{{seed}}-{{index}}", "prompt": "".join(rng.choice(string.ascii_lowercase) for _ in range(8))}}
+        index += 1
+
+
+def workflow(ep, task):
+    time.sleep({PAUSE_S})  # the agent's own work: a tool call, a sandbox, a judge
+    reply = ep.openai().chat.completions.create(model="policy", messages=[{{"role": "user", "content": task["prompt"]}}],
+                                                max_tokens=16, temperature=1.0)
+    return (reply.choices[0].message.content or "").count("a") / 16
+
+
+if __name__ == "__main__":
+    run_study_cli(__file__)
+'''
+
+
+def _wait_step(client: SwarmClient, step: int, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.status().step < step:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert time.monotonic() < deadline, f"step {step} not reached: {log.read_text()[-2000:]}"
+        time.sleep(0.3)
+
+
+def _busy(client: SwarmClient, first_step: int) -> list[float]:
+    return [s.metrics["perf/learner_busy"] for s in client.metrics(since_step=first_step)]
+
+
+def test_plan_advice_raises_learner_busy_to_target(new_server: Callable[..., ServeProcess], tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    client_py = tmp_path / "slow_client.py"
+    client_py.write_text(CLIENT)
+    server = new_server(config=config)
+    with SwarmClient(server.url, token=server.token, retry_for_s=10) as client:
+        slow_log = tmp_path / "slow.log"
+        with study_run(client_py, server, slow_log, ("--concurrency", "1", "--group-size", "4")) as slow:
+            _wait_step(client, 4, slow, slow_log)
+            planned = subprocess.run([*SWARM, "plan", server.url, "--state-dir", str(server.state_dir), "--json"],
+                                     cwd=ROOT, capture_output=True, text=True, timeout=60)
+        idle = _busy(client, 2)
+        assert max(idle) < 0.5, idle
+        assert planned.returncode == 0, planned.stderr
+        advice = json.loads(planned.stdout)
+        assert not advice["enough"] and advice["figures"]["learner_busy"] < 0.5
+        assert advice["staleness_needed"] <= 4, advice  # the server's max_staleness keeps them all
+        concurrency = advice["concurrency_needed"]
+        assert concurrency > 1, advice
+
+        start = client.status().step
+        fast_log = tmp_path / "fast.log"
+        with study_run(client_py, server, fast_log, ("--concurrency", str(concurrency), "--group-size", "4")) as fast:
+            _wait_step(client, start + 10, fast, fast_log)
+        busy = _busy(client, start + 5)[:5]  # past the ramp-up, while the advised client ran
+        print(f"learner busy {sum(idle) / len(idle):.2f} at concurrency 1 -> {sum(busy) / len(busy):.2f} at the advised "
+              f"{concurrency}")
+        assert sum(busy) / len(busy) >= 0.9, (concurrency, busy)

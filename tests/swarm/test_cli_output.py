@@ -1,0 +1,30 @@
+"""``swarm`` output into a pipe: whole log lines, not rich's 80-column wrap (real CLI subprocess)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_log_lines_reach_a_pipe_unbroken() -> None:
+    with socket.socket() as sock:  # a port nobody listens on: the client logs its first failed attempt
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "SWARM_TOKEN")}
+    proc = subprocess.Popen([sys.executable, "-m", "swarm.cli", "status", f"http://127.0.0.1:{port}", "--token", "t"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # the CLI gives up after ~5 s, so this never blocks for long
+    finally:
+        proc.kill()
+        proc.wait()
+    line = first.rstrip("\n")
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] INFO +swarm\.client\._transport: GET /api/v1/status failed "
+                        r"\(.+\); retrying in [\d.]+ s", line), first
+    assert len(line) > 80  # one line although wider than rich's default width off a terminal
