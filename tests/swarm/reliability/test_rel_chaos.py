@@ -119,9 +119,10 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         deadline = time.monotonic() + 20                               # their leases run out
         while server.status()["episodes"]["expired"] < len(victims) and time.monotonic() < deadline:
             time.sleep(0.1)
-        killed_at_step = poller.seen[-1][2]
         server.kill()                                                  # the server crashes mid-run
         killed_at = time.time()
+        with EpisodeStore(state / "buffer.db") as store:               # the last step it committed (a poll may lag)
+            killed_at_step = max(json.loads(body)["step"] for body in store.step_metrics())
         time.sleep(0.5)
         server = ServerProcess.start(rel_model, state, port=port, token=token, config=CONFIG)
         servers.append(server)
