@@ -1,75 +1,257 @@
-"""Turn one iteration's runs into evidence: per-configuration mean ± 95% CI of the area under the
-reward curve (per training step) and of the final reward, the best configuration, and a verdict.
+"""Turn runs into evidence: per configuration, mean ± 95% CI of the area under the reward curve on
+three axes (per training step, per episode consumed, per wall-clock second) and of the final reward;
+the noise floor; the comparison of the best configuration with the runner-up; and the verdict.
 
-Results are small dicts (they go into the graph state and analysis.json); curves are read from
-each run's metrics.jsonl. ``verdict`` is the one place the study's answer is worded from numbers,
-so the report, ``researcher status`` and the offline planner say the same thing.
+Seeds of the same configuration (same overrides) are pooled across iterations, so the seeds a
+replicate iteration adds narrow the interval of the comparison it re-ran, and the answer reads the
+whole study. Verdicts use ``eval/reward_mean`` (held-out evaluation) when every run holds it, else
+``train/reward_mean``. Results are small dicts (they go into the graph state and analysis.json);
+curves are read from each run's metrics.jsonl. ``verdict`` is the one place the study's answer is
+worded from numbers, so the report, ``researcher status`` and the offline planner say the same thing.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from researcher import runs, stats
 
 OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
 MIN_POINTS = 3
+MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
+TRAIN_METRIC, EVAL_METRIC = "train/reward_mean", "eval/reward_mean"
+AXES = ("step", "episode", "second")
+AXIS_TEXT = {"step": "per training step", "episode": "per episode consumed", "second": "per wall-clock second"}
+AXIS_UNIT = {"step": "steps", "episode": "episodes", "second": "s"}
+SWEEP_MIN = 4  # a curve needs at least this many values
+# Knobs that change how many episodes a training step consumes: judged per episode, since per step the
+# larger setting trivially sees more samples.
+_PER_EPISODE = {"group_size": "a larger group sees more samples per training step",
+                "batch_groups": "a larger batch sees more samples per training step"}
 
 
-def summarize(iteration: int, knob: str, metric: str, horizon: int, experiments: list[dict[str, Any]],
-              trials: list[dict[str, Any]], min_effect: float, previous_best: dict[str, Any] | None) -> dict[str, Any]:
-    # Runs cut by the deadline are compared with the others over the steps they all reached.
-    last_steps = [runs.read_curve(Path(t["run_dir"]), metric, horizon)[0][-1:]
-                  for t in trials if t["status"] in OK_STATUSES]
-    usable = [steps[0] for steps in last_steps if steps and steps[0] >= MIN_POINTS]
-    if usable:
-        horizon = min(horizon, min(usable))
-    rows = []
-    for exp in experiments:
-        aucs, finals, statuses, curves = [], [], [], []
-        for trial in (t for t in trials if t["experiment"] == exp["name"]):
-            statuses.append(trial["status"])
-            steps, values = runs.read_curve(Path(trial["run_dir"]), metric, horizon)
-            if trial["status"] in OK_STATUSES and len(steps) >= MIN_POINTS:
-                aucs.append(stats.auc(steps, values, horizon))
-                finals.append(stats.final_level(values))
-                curves.append(trial["run_dir"])
-        row: dict[str, Any] = {"name": exp["name"], "value": exp["overrides"].get(knob), "overrides": exp["overrides"],
-                               "statuses": statuses, "aucs": aucs, "finals": finals, "runs": curves}
-        if aucs:
-            a, f = stats.mean_ci(aucs), stats.mean_ci(finals)
-            row["auc"] = {"mean": a.mean, "hw": _finite(a.half_width), "n": a.n}
-            row["final"] = {"mean": f.mean, "hw": _finite(f.half_width), "n": f.n}
-        rows.append(row)
-    scored = sorted((r for r in rows if "auc" in r), key=lambda r: r["auc"]["mean"], reverse=True)
-    summary: dict[str, Any] = {"iteration": iteration, "knob": knob, "metric": metric, "horizon": horizon,
-                               "experiments": rows, "best": None, "best_value": None, "comparison": None,
-                               "plateau": None}
-    if not scored:
-        return summary
-    best = scored[0]
-    summary["best"], summary["best_value"] = best["name"], best["value"]
-    if len(scored) > 1:
-        other = scored[1]
-        diff = stats.diff_ci(best["aucs"], other["aucs"])
-        summary["comparison"] = {"better": best["name"], "worse": other["name"], "diff": diff.mean,
-                                 "hw": _finite(diff.half_width), "clear": diff.low > 0}
-    if previous_best is not None and previous_best.get("value") is not None:
-        # The incumbent re-ran on fresh seeds. Plateau only when the evidence says so: the whole 95% CI of
-        # (best challenger − incumbent) lies below min_effect. A wide CI is "unresolved", never a plateau.
-        incumbent = next((r for r in scored if r["value"] == previous_best["value"]), None)
-        challengers = [r for r in scored if r is not incumbent]
-        gain = stats.diff_ci(challengers[0]["aucs"], incumbent["aucs"]) if incumbent is not None and challengers else None
-        if gain is not None and math.isfinite(gain.high) and gain.high < min_effect:
-            summary["plateau"] = (f"{knob}={challengers[0]['value']} did not beat {knob}={incumbent['value']} by more "
-                                  f"than {min_effect} in area under the curve: the knob has plateaued")
-    return summary
+def primary_axis(knob: str) -> tuple[str, str]:
+    """The axis a knob's verdict is judged on, and why (wall-clock is never primary: runs share 2 CPU
+    cores, so seconds measure contention as much as learning)."""
+    if knob in _PER_EPISODE:
+        return "episode", f"judged per episode consumed, not per training step: {_PER_EPISODE[knob]}"
+    return "step", ("judged per training step (every configuration trains on the same number of episodes per "
+                    "step); per wall-clock second is shown but not judged, since runs share the CPU cores")
+
+
+class Curve(NamedTuple):
+    steps: list[int]
+    episodes: list[float]  # cumulative train/episodes up to and including each step
+    seconds: list[float]   # StepMetrics time since the run's first step
+    values: list[float]
+
+    def axis(self, name: str) -> list[float]:
+        return {"step": self.steps, "episode": self.episodes, "second": self.seconds}[name]  # type: ignore[return-value]
+
+
+def read_axes(run_dir: Path, metric: str, horizon: int | None = None) -> Curve:
+    """One metric of one run on all three axes; a step logged twice (a crash between writes) counts once.
+
+    Held-out ``eval/*`` values arrive with a later training step; ``eval/step`` names the policy they
+    evaluated, so they are placed at that step (step 0, the untrained policy: no episodes, 0 s)."""
+    file = run_dir / runs.METRICS_FILE
+    if not file.is_file():
+        return Curve([], [], [], [])
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in file.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            merged = by_step.setdefault(int(item["step"]), {"time": float(item["time"]), "metrics": {}})
+            merged["metrics"].update(item.get("metrics", {}))
+    at: dict[int, tuple[float, float]] = {}  # step -> (cumulative episodes, seconds since the first step)
+    points: dict[int, float] = {}
+    episodes, start = 0.0, None
+    for step in sorted(by_step):
+        item = by_step[step]
+        episodes += float(item["metrics"].get("train/episodes", 0.0))
+        start = item["time"] if start is None else start
+        at[step] = (episodes, item["time"] - start)
+        value = item["metrics"].get(metric)
+        if value is not None:
+            points[int(item["metrics"].get("eval/step", step)) if metric.startswith("eval/") else step] = float(value)
+    curve = Curve([], [], [], [])
+    for step in sorted(s for s in points if horizon is None or s <= horizon):
+        eps, seconds = at.get(step, (0.0, 0.0))
+        curve.steps.append(step)
+        curve.episodes.append(eps)
+        curve.seconds.append(seconds)
+        curve.values.append(points[step])
+    return curve
+
+
+def choose_metric(requested: str, run_dirs: Iterable[Path]) -> tuple[str, str]:
+    """(metric, sentence saying which and why): held-out evaluation when every usable run (pass only
+    runs that ended cleanly: a crash before the first evaluation must not veto it) with a training curve
+    also holds ``eval/reward_mean`` at ``MIN_EVAL_POINTS`` steps or more."""
+    if requested != TRAIN_METRIC:
+        return requested, f"Verdicts use `{requested}`, the metric the plan judges."
+    trained = [d for d in run_dirs if read_axes(d, TRAIN_METRIC).steps]
+    if trained and all(len(read_axes(d, EVAL_METRIC).steps) >= MIN_EVAL_POINTS for d in trained):
+        return EVAL_METRIC, (f"Verdicts use `{EVAL_METRIC}` (held-out evaluation at a fixed step interval), "
+                             f"present in all {len(trained)} runs; `{TRAIN_METRIC}` is the sampled batch's reward.")
+    return TRAIN_METRIC, (f"Verdicts use `{TRAIN_METRIC}` (the reward of the sampled training batch): not every run "
+                          f"holds a held-out `{EVAL_METRIC}`.")
+
+
+def _cell(values: Sequence[float]) -> dict[str, Any]:
+    e = stats.mean_ci(values)
+    return {"mean": e.mean, "hw": _finite(e.half_width), "n": e.n}
 
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _arm_key(overrides: dict[str, Any]) -> str:
+    return json.dumps(overrides, sort_keys=True, default=str)
+
+
+def _score(arms: list[dict[str, Any]], metric: str, horizon: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each arm's per-seed AUC on every axis over budgets all its usable runs reached."""
+    least = MIN_EVAL_POINTS if metric == EVAL_METRIC else MIN_POINTS
+    curves = {id(t): read_axes(Path(t["run_dir"]), metric) for a in arms for t in a["trials"]}
+    usable = [c for a in arms for t in a["trials"] if t["status"] in OK_STATUSES
+              for c in [curves[id(t)]] if len(c.steps) >= least]
+    if usable:
+        # Runs cut by the deadline are compared with the others over the steps they all reached.
+        horizon = min(horizon, min(c.steps[-1] for c in usable))
+    kept = [Curve(*(xs[:n] for xs in c)) for c in usable for n in [sum(1 for s in c.steps if s <= horizon)]]
+    budgets = {"step": float(horizon),
+               "episode": min((c.episodes[-1] for c in kept if c.steps), default=0.0),
+               "second": min((c.seconds[-1] for c in kept if c.steps), default=0.0)}
+    rows = []
+    for arm in arms:
+        row: dict[str, Any] = {k: arm[k] for k in ("name", "value", "overrides")}
+        row |= {"statuses": [], "aucs": [], "finals": [], "runs": [], "scores": {a: [] for a in AXES},
+                "iterations": sorted({t.get("iteration", 0) for t in arm["trials"]})}
+        for trial in arm["trials"]:
+            row["statuses"].append(trial["status"])
+            c = curves[id(trial)]
+            n = sum(1 for s in c.steps if s <= horizon)
+            if trial["status"] not in OK_STATUSES or len(c.steps) < least or n == 0:
+                continue
+            c = Curve(*(xs[:n] for xs in c))
+            row["aucs"].append(stats.auc(c.steps, c.values, horizon))
+            row["finals"].append(stats.final_level(c.values))
+            row["runs"].append(trial["run_dir"])
+            row["scores"]["step"].append(row["aucs"][-1])
+            for axis in (a for a in AXES if a != "step" and budgets[a] > 0):
+                row["scores"][axis].append(stats.auc_until(c.axis(axis), c.values, budgets[axis]))
+        if row["aucs"]:
+            row["auc"], row["final"] = _cell(row["aucs"]), _cell(row["finals"])
+            row["axes"] = {a: _cell(row["scores"][a]) for a in AXES if row["scores"][a]}
+        rows.append(row)
+    return rows, budgets
+
+
+def compare(better: dict[str, Any], worse: dict[str, Any], axis: str, min_effect: float,
+            noise_sd: float | None) -> dict[str, Any]:
+    """better − worse on one axis: the 95% CI, whether it excludes 0 (``clear``), whether it lies within
+    ±min_effect (``equivalent``), and the seeds per arm estimated to resolve it."""
+    d = stats.diff_ci(better["scores"][axis], worse["scores"][axis])
+    hw = _finite(d.half_width)
+    seeds = min(len(better["scores"][axis]), len(worse["scores"][axis]))
+    equivalent = hw is not None and abs(d.mean) + hw < min_effect
+    needed = stats.seeds_needed(d.mean, noise_sd, min_effect)
+    if needed is not None and not (d.low > 0 or equivalent):
+        # Unresolved with ``seeds`` seeds: more are needed, even where the pooled sd (which averages the
+        # arms' spreads) says fewer would do.
+        needed = max(needed, seeds + 1)
+    return {"better": better["name"], "worse": worse["name"], "better_value": better["value"],
+            "worse_value": worse["value"], "better_label": better["label"], "worse_label": worse["label"],
+            "axis": axis, "diff": d.mean, "hw": hw, "clear": d.low > 0, "equivalent": equivalent, "seeds": seeds, "seeds_needed": needed}
+
+
+def evidence(knob: str, metric: str, horizon: int, trials: list[dict[str, Any]], min_effect: float,
+             shape: str | None = None, metric_note: str = "") -> dict[str, Any]:
+    """Pool trials by configuration (same overrides = same arm, whatever iteration ran it) and score them.
+
+    ``trials`` carry ``overrides``, ``experiment``, ``iteration``, ``run_dir`` and ``status``. The arm is
+    named after the latest experiment that ran it."""
+    groups: dict[tuple[str, int], dict[str, Any]] = {}
+    twins: dict[tuple[int, str], list[str]] = {}  # per iteration and configuration: its experiment names in order
+    for t in sorted(trials, key=lambda t: t.get("iteration", 0)):
+        # Arms with the same overrides in one iteration (an A/A check) stay apart: the n-th of them pools
+        # with the n-th of another iteration.
+        names = twins.setdefault((t.get("iteration", 0), _arm_key(t["overrides"])), [])
+        if t["experiment"] not in names:
+            names.append(t["experiment"])
+        key = (_arm_key(t["overrides"]), names.index(t["experiment"]))
+        arm = groups.setdefault(key, {"overrides": t["overrides"], "trials": []})
+        arm["name"], arm["value"] = t["experiment"], t["overrides"].get(knob)
+        arm["trials"].append(t)
+    rows, budgets = _score(list(groups.values()), metric, horizon)
+    twin_values = [repr(r["value"]) for r in rows]
+    for r in rows:  # the knob's value names an arm unless two arms share it (then the experiment name too)
+        shared = twin_values.count(repr(r["value"])) > 1
+        r["label"] = f"{r['name']} ({knob}={r['value']})" if shared else f"{knob}={r['value']}"
+    # An axis is measured when every usable run reached a budget on it (runs without train/episodes or
+    # with a single timestamp have none).
+    measured = [a for a in AXES if a == "step" or budgets[a] > 0]
+    axis, why = primary_axis(knob)
+    if axis not in measured:
+        axis, why = "step", f"judged per training step: the runs record no {AXIS_UNIT[axis]} axis to judge on"
+    noise = {}
+    for a in measured:
+        sd, seeds = stats.pooled_sd([r["scores"][a] for r in rows])
+        noise[a] = {"sd": sd, "seeds": seeds, "arms": sum(1 for r in rows if len(r["scores"][a]) >= 2)}
+    scored = sorted((r for r in rows if "auc" in r), key=lambda r: r["axes"][axis]["mean"], reverse=True)
+    out: dict[str, Any] = {"knob": knob, "metric": metric, "metric_note": metric_note, "axis": axis, "axis_why": why,
+                           "budgets": budgets, "measured": measured, "horizon": int(budgets["step"]),
+                           "min_effect": min_effect, "noise_floor": noise, "arms": rows, "best": None, "best_value": None, "comparison": None,
+                           "axes_compared": {}, "sweep": shape == "sweep" or len(rows) >= SWEEP_MIN}
+    if scored:
+        out["best"], out["best_value"] = scored[0]["name"], scored[0]["value"]
+    if len(scored) > 1:
+        out["comparison"] = compare(scored[0], scored[1], axis, min_effect, noise[axis]["sd"])
+        out["axes_compared"] = {a: compare(scored[0], scored[1], a, min_effect, noise[a]["sd"]) for a in measured}
+    return out
+
+
+def summarize(iteration: int, knob: str, metric: str, horizon: int, experiments: list[dict[str, Any]],
+              trials: list[dict[str, Any]], min_effect: float, previous_best: dict[str, Any] | None,
+              earlier: Sequence[dict[str, Any]] = (), shape: str | None = None) -> dict[str, Any]:
+    """This iteration's table plus ``study``: the evidence pooled with ``earlier`` iterations' trials.
+
+    ``best``/``comparison`` are the study's (pooled) ones: the planner re-runs an unresolved pair until
+    the pooled interval resolves it, and refines around the best of the whole study."""
+    overrides = {e["name"]: e["overrides"] for e in experiments}
+    mine = [{**t, "overrides": overrides.get(t["experiment"], {}), "iteration": iteration} for t in trials
+            if t["experiment"] in overrides]
+    pooled = [*earlier, *mine]
+    metric, note = choose_metric(metric, [Path(t["run_dir"]) for t in pooled if t["status"] in OK_STATUSES])
+    here = evidence(knob, metric, horizon, mine, min_effect, shape, note)
+    order = {e["name"]: i for i, e in enumerate(experiments)}
+    rows = sorted(here["arms"], key=lambda r: order.get(r["name"], len(order)))
+    for exp in experiments:  # an experiment with no trial at all still shows (as a negative result)
+        if not any(r["name"] == exp["name"] for r in rows):
+            rows.append({"name": exp["name"], "value": exp["overrides"].get(knob), "overrides": exp["overrides"],
+                         "statuses": [], "aucs": [], "finals": [], "runs": [], "scores": {a: [] for a in AXES}})
+    study = evidence(knob, metric, horizon, pooled, min_effect, shape, note) if earlier else here
+    summary: dict[str, Any] = {"iteration": iteration, "knob": knob, "metric": metric, "horizon": here["horizon"],
+                               "experiments": rows, "best": study["best"], "best_value": study["best_value"],
+                               "comparison": study["comparison"], "iteration_comparison": here["comparison"],
+                               "plateau": None, "study": study}
+    scored = [r for r in rows if "auc" in r]
+    if previous_best is not None and previous_best.get("value") is not None and len(scored) > 1:
+        # The incumbent re-ran on fresh seeds. Plateau only when the evidence says so: the whole 95% CI of
+        # (best challenger − incumbent) lies below min_effect. A wide CI is "unresolved", never a plateau.
+        incumbent = next((r for r in scored if r["value"] == previous_best["value"]), None)
+        challengers = sorted((r for r in scored if r is not incumbent), key=lambda r: r["auc"]["mean"], reverse=True)
+        gain = stats.diff_ci(challengers[0]["aucs"], incumbent["aucs"]) if incumbent is not None else None
+        if gain is not None and math.isfinite(gain.high) and gain.high < min_effect:
+            summary["plateau"] = (f"{knob}={challengers[0]['value']} did not beat {knob}={incumbent['value']} by more "
+                                  f"than {min_effect} in area under the curve: the knob has plateaued")
+    return summary
 
 
 def _est(cell: dict[str, Any] | None) -> str:
@@ -79,54 +261,129 @@ def _est(cell: dict[str, Any] | None) -> str:
     return f"{cell['mean']:.3f} ± {hw:.3f}" if hw is not None else f"{cell['mean']:.3f} (n={cell['n']})"
 
 
+def _ci(c: dict[str, Any]) -> str:
+    if c["hw"] is None:
+        return f"{c['diff']:+.3f} (one seed on a side: no interval)"
+    return f"{c['diff']:+.3f} (95% CI {c['diff'] - c['hw']:+.3f} to {c['diff'] + c['hw']:+.3f})"
+
+
+def _orderable(values: list[Any]) -> bool:
+    """Distinct numbers (booleans included) read as "larger"/"smaller"; anything else by name."""
+    return all(isinstance(v, (int, float)) for v in values) and len({repr(v) for v in values}) == len(values)
+
+
+def seeds_text(c: dict[str, Any], noise: dict[str, Any]) -> str:
+    """How many seeds per arm would resolve an unresolved comparison, and how that was estimated."""
+    if c.get("seeds_needed") is None:
+        return "the seeds needed cannot be estimated yet (no configuration has 2 usable seeds)"
+    return (f"about {c['seeds_needed']} seeds per arm would resolve it (it has {c['seeds']}; estimated with Student t "
+            f"from the observed difference {c['diff']:+.3f} and the noise floor sd {noise['sd']:.3f}: 80% power to "
+            "exclude 0 if the difference is at least the minimum effect, else a CI narrow enough to fit within "
+            "±minimum effect; never fewer than one seed more than it has)")
+
+
+def _axes_sentence(study: dict[str, Any]) -> str:
+    """Whether the three axes agree on which of the two compared configurations leads."""
+    compared = study.get("axes_compared") or {}
+    if not compared:
+        return ""
+    primary = study["axis"]
+    lead = {a: (c["better_label"] if c["diff"] > 0 else c["worse_label"]) for a, c in compared.items() if c["diff"] != 0}
+    parts = [f"{AXIS_TEXT[a]} {lead[a]} leads, {_ci(c)}"
+             + (" (resolved)" if c["hw"] is not None and abs(c["diff"]) > c["hw"] else " (unresolved)")
+             for a, c in compared.items() if a in lead]
+    if len(set(map(repr, lead.values()))) > 1:
+        return (f"The axes disagree: {'; '.join(parts)}. The verdict is {AXIS_TEXT[primary]}.")
+    return f"The three axes agree on the leader ({'; '.join(parts)})."
+
+
+def _refinement_sentence(summaries: list[dict[str, Any]]) -> str:
+    """How later iterations changed the picture the first one gave."""
+    if len(summaries) < 2:
+        return "One iteration ran: nothing was refined."
+    first, last = summaries[0], summaries[-1]
+    study = last.get("study") or {}
+    c1 = first.get("iteration_comparison") or first.get("comparison")
+    then = (f"iteration {first['iteration']} alone had {c1['better_label']} ahead of {c1['worse_label']} "
+            f"by {_ci(c1)}" if c1 else f"iteration {first['iteration']} alone had best {first.get('best')}")
+    seeds = sum(len(r["aucs"]) for r in study.get("arms", []))
+    c = study.get("comparison")
+    now = (f"pooling {seeds} usable runs over {len(summaries)} iterations, {c['better_label']} leads "
+           f"{c['worse_label']} by {_ci(c)}" if c else f"the pooled best is {study.get('best')}")
+    changed = (" — the best configuration changed" if first.get("study", {}).get("best_value") != study.get("best_value")
+               else "")
+    return f"How refinement changed the picture: {then}; {now}{changed}."
+
+
 def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
-    """(answer, caveats) worded from the first iteration's controlled comparison and any refinement."""
-    scored = [s for s in summaries if s.get("best")]
+    """(answer, caveats) worded from the whole study's pooled evidence, on the knob's primary axis."""
+    scored = [s for s in summaries if s.get("best") and s.get("study")]  # "study": summaries since issue #16
     if not scored:
         return ("No answer: no run produced a usable reward curve (see LOG.md for the crashes).",
                 "Every run crashed, stalled or was cut before 3 training steps.")
-    first = scored[0]
-    knob, metric = first["knob"], first["metric"]
-    rows = [r for r in first["experiments"] if "auc" in r]
+    study = scored[-1]["study"]
+    knob, metric, axis = study["knob"], study["metric"], study["axis"]
+    rows = sorted((r for r in study["arms"] if "auc" in r), key=lambda r: r["axes"][axis]["mean"], reverse=True)
+    noise = study["noise_floor"][axis]
+    floor = (f"Noise floor (pooled within-configuration sd of the AUC {AXIS_TEXT[axis]}): "
+             + (f"{noise['sd']:.4f}, from {noise['seeds']} seeds in {noise['arms']} configurations" if noise["sd"] is not None
+                else "not measured (no configuration has 2 usable seeds)") + f"; minimum effect: {study['min_effect']}.")
+    caveats = [study["metric_note"], f"Learning speed is {study['axis_why']}.", floor]
     if len(rows) < 2:
-        return (f"Inconclusive: only {knob}={rows[0]['value']} produced usable runs "
-                f"(AUC {_est(rows[0]['auc'])}).", "A comparison needs at least two configurations with results.")
-    low, high = _order(rows)
-    diff = stats.diff_ci(high["aucs"], low["aucs"])
-    evidence = (f"area under the {metric} curve over {first['horizon']} steps: {knob}={high['value']} "
-                f"{_est(high['auc'])} vs {knob}={low['value']} {_est(low['auc'])}; final reward "
-                f"{_est(high.get('final'))} vs {_est(low.get('final'))}; difference {diff.mean:+.3f} "
-                f"(95% CI {diff.low:+.3f} to {diff.high:+.3f})")
-    if diff.low > 0:
-        answer = f"Yes: the larger {knob} ({high['value']}) learned faster per training step — {evidence}."
-    elif diff.high < 0:
-        answer = f"No: the larger {knob} ({high['value']}) learned slower per training step — {evidence}."
+        return (f"Inconclusive: only {rows[0]['label']} produced usable runs "
+                f"(AUC {_est(rows[0]['axes'][axis])}).",
+                " ".join([*caveats, "A comparison needs at least two configurations with results."]))
+    c = study["comparison"]
+    unit = f"{study['budgets'][axis]:.0f} {AXIS_UNIT[axis]}" if axis != "step" else f"{study['horizon']} steps"
+    seeds = ", ".join(f"{r['label']}: {len(r['aucs'])}" for r in rows)
+    if study["sweep"]:
+        best, runner = rows[0], rows[1]
+        evidence = (f"area under the `{metric}` curve {AXIS_TEXT[axis]} over {unit}: best {knob}={best['value']} "
+                    f"{_est(best['axes'][axis])}, runner-up {knob}={runner['value']} {_est(runner['axes'][axis])}; "
+                    f"difference {_ci(c)}; seeds {seeds}")
+        if c["clear"]:
+            answer = f"Best {knob}={best['value']} (resolved against the runner-up) — {evidence}."
+        elif c["equivalent"]:
+            answer = (f"No meaningful difference between the best values: {knob}={best['value']} and "
+                      f"{knob}={runner['value']} lie within ±{study['min_effect']} — {evidence}.")
+        else:
+            answer = (f"Inconclusive: {knob}={best['value']} scored highest but is not resolved against the runner-up "
+                      f"(the 95% CI of the difference includes 0), so no best value is claimed; "
+                      f"{seeds_text(c, noise)} — {evidence}.")
     else:
-        leader = high if diff.mean > 0 else low
-        answer = (f"Inconclusive: {knob}={leader['value']} was ahead on average but the 95% CI of the "
-                  f"difference includes 0 — {evidence}.")
-    caveats = [f"Seeds per configuration: {min(r['auc']['n'] for r in rows)}; with so few seeds the 95% CIs are wide.",
-               "Learning speed is compared per training step, not per wall-clock second or per sample: a larger "
-               "group also trains on more samples per step." if knob == "group_size" else
-               "Learning speed is compared per training step, not per wall-clock second."]
+        pair = [r for r in rows if r["name"] in (c["better"], c["worse"])]
+        if _orderable([r["value"] for r in pair]):
+            low, high = sorted(pair, key=lambda r: r["value"])
+        else:
+            high, low = pair
+        d = c["diff"] if high["name"] == c["better"] else -c["diff"]
+        hw = c["hw"]
+        diff_text = _ci({**c, "diff": d})
+        evidence = (f"area under the `{metric}` curve {AXIS_TEXT[axis]} over {unit}: {high['label']} "
+                    f"{_est(high['axes'][axis])} vs {low['label']} {_est(low['axes'][axis])}; final reward "
+                    f"{_est(high.get('final'))} vs {_est(low.get('final'))}; difference {diff_text}; seeds {seeds}")
+        who = (f"the larger {knob} ({high['value']})" if _orderable([r["value"] for r in pair])
+               else f"{high['label']} (vs {low['label']})")
+        if hw is not None and d - hw > 0:
+            answer = f"Yes: {who} learned faster {AXIS_TEXT[axis]} — {evidence}."
+        elif hw is not None and d + hw < 0:
+            answer = f"No: {who} learned slower {AXIS_TEXT[axis]} — {evidence}."
+        elif c["equivalent"]:
+            answer = (f"No meaningful difference: the whole 95% CI of the difference lies within "
+                      f"±{study['min_effect']} — {evidence}.")
+        else:
+            answer = (f"Inconclusive: {c['better_label']} was ahead on average but the 95% CI of the "
+                      f"difference includes 0; {seeds_text(c, noise)} — {evidence}.")
+    caveats.append(_axes_sentence(study))
+    caveats.append(_refinement_sentence(scored))
     for s in scored[1:]:
-        # Later iterations refine around the best on fresh seeds (their horizons may differ: compare within).
-        c = s.get("comparison")
-        detail = (f"{c['better']} − {c['worse']} = {c['diff']:+.3f}" + (f" ± {c['hw']:.3f}" if c["hw"] is not None else "")
-                  + (" (clear)" if c["clear"] else " (CI includes 0)")) if c else f"best was {s['best']}"
-        caveats.append(f"Refinement, iteration {s['iteration']} (over {s['horizon']} steps): {detail}"
+        ic = s.get("iteration_comparison")
+        detail = (f"{ic['better']} − {ic['worse']} = {_ci(ic)}" + (" (clear)" if ic["clear"] else " (CI includes 0)")
+                  if ic else f"best was {s['best']}")
+        caveats.append(f"Iteration {s['iteration']} alone (over {s['horizon']} steps): {detail}"
                        + (f"; {s['plateau']}" if s.get("plateau") else "") + ".")
     bad = [st for s in summaries for r in s["experiments"] for st in r["statuses"] if st not in OK_STATUSES]
     if bad:
         caveats.append(f"{len(bad)} run(s) did not finish cleanly ({', '.join(sorted(set(bad)))}); they are "
                        "excluded from the statistics.")
-    return answer, " ".join(caveats)
-
-
-def _order(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The two rows with the lowest and highest knob value (numbers and booleans sort; others by AUC)."""
-    try:
-        ordered = sorted(rows, key=lambda r: r["value"])
-    except TypeError:
-        ordered = sorted(rows, key=lambda r: r["auc"]["mean"])
-    return ordered[0], ordered[-1]
+    return answer, " ".join(c for c in caveats if c)

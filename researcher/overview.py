@@ -28,7 +28,10 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
     history = state.get("iterations") or []
     if history:
         best = history[-1]
-        answer = f"best so far: {best.get('best')} ({best.get('knob')}={best.get('best_value')})"
+        c = best.get("comparison")
+        # Never a "best" claim from an unresolved comparison: say it only leads.
+        word = "best so far" if c is None or c.get("clear") else "leading so far (unresolved)"
+        answer = f"{word}: {best.get('best')} ({best.get('knob')}={best.get('best_value')})"
     if layout.report_md.is_file():
         lines = layout.report_md.read_text().split("## Answer", 1)
         if len(lines) == 2:

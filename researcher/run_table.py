@@ -1,9 +1,10 @@
 """The study review: one comparison table of every training run and one plot of all reward curves.
 
 Table columns: iteration, hypothesis, experiment, config (the overrides it tests), seed, status,
-steps, final and best reward, AUC, wall time, cost (core-seconds: wall time x torch threads) and a
-verdict: ``keep`` (the best configuration of its iteration), ``discard`` (usable but not best) or
-``crashed`` (no usable curve: crashed, stalled, diverged, stopped). Written as review.md,
+steps, final and best reward, AUC per training step, per episode and per wall-clock second (of the
+metric the iteration's verdict used), wall time, cost (core-seconds: wall time x torch threads) and a
+verdict: ``keep`` (the study's best configuration, pooled over iterations, when that iteration was
+analysed), ``discard`` (usable but not best) or ``crashed`` (no usable curve: crashed, stalled, diverged, stopped). Written as review.md,
 review.csv and review.png (overlaid curves on a shared step axis), logged to every iteration's
 MLflow parent run, with lineage tags (study, iteration, hypothesis, run key, verdict) on the
 child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
@@ -24,7 +25,7 @@ from researcher.tracking import Tracker, unreachable
 
 log = logging.getLogger(__name__)
 COLUMNS = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "steps", "final_reward",
-           "best_reward", "auc", "wall_s", "cost_core_s", "verdict", "run_key", "mlflow_run_id")
+           "best_reward", "auc", "auc_episode", "auc_second", "wall_s", "cost_core_s", "verdict", "run_key", "mlflow_run_id")
 
 
 def _analyses(layout: StudyLayout) -> dict[int, dict[str, Any]]:
@@ -46,9 +47,14 @@ def table(layout: StudyLayout, metric: str = "train/reward_mean") -> list[dict[s
         hypotheses = {h["id"]: h["statement"] for h in planned.get("hypotheses", [])}
         hyp_id = experiment.get("hypothesis", "")
         summary = analyses.get(record.iteration, {})
-        horizon = summary.get("horizon")
-        steps, values = runs.read_curve(layout.run_dir(record.iteration, record.trial), metric, horizon)
-        usable = record.status in analysis.OK_STATUSES and len(steps) >= analysis.MIN_POINTS
+        horizon, used = summary.get("horizon"), summary.get("metric", metric)
+        budgets = (summary.get("study") or {}).get("budgets") or {}
+        curve = analysis.read_axes(layout.run_dir(record.iteration, record.trial), used, horizon)
+        steps, values = curve.steps, curve.values
+        on_axis = {a: round(stats.auc_until(curve.axis(a), curve.values, budgets[a]), 4)
+                   for a in ("episode", "second") if budgets.get(a) and curve.values}
+        least = analysis.MIN_EVAL_POINTS if used == analysis.EVAL_METRIC else analysis.MIN_POINTS
+        usable = record.status in analysis.OK_STATUSES and len(steps) >= least
         if not usable:
             verdict = "crashed" if record.ended else record.status
         elif summary.get("best") == record.experiment:
@@ -68,6 +74,8 @@ def table(layout: StudyLayout, metric: str = "train/reward_mean") -> list[dict[s
             "final_reward": round(stats.final_level(values), 4) if values else None,
             "best_reward": round(max(values), 4) if values else None,
             "auc": round(stats.auc(steps, values, horizon), 4) if values else None,
+            "auc_episode": on_axis.get("episode"),
+            "auc_second": on_axis.get("second"),
             "wall_s": round(wall, 1) if wall is not None else None,
             "cost_core_s": round(wall * record.threads, 1) if wall is not None else None,
             "verdict": verdict,
@@ -90,10 +98,10 @@ def to_markdown(study_id: str, rows: list[dict[str, Any]], plot_name: str | None
     def cell(value: Any) -> str:
         return "" if value is None else str(value).replace("|", "\\|")
 
-    header = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final", "best", "AUC",
-              "wall s", "cost core·s", "verdict", "run key")
+    header = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final", "best", "AUC/step",
+              "AUC/episode", "AUC/second", "wall s", "cost core·s", "verdict", "run key")
     keys = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final_reward", "best_reward", "auc",
-            "wall_s", "cost_core_s", "verdict", "run_key")
+            "auc_episode", "auc_second", "wall_s", "cost_core_s", "verdict", "run_key")
     lines = [f"# Review of study {study_id}", ""] + ([extra, ""] if extra else [])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(row[k]) for k in keys) + " |" for row in rows]
@@ -101,7 +109,8 @@ def to_markdown(study_id: str, rows: list[dict[str, Any]], plot_name: str | None
         lines.append("| (no training runs yet) |" + " |" * (len(header) - 1))
     counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("keep", "discard", "crashed")}
     lines += ["", f"Verdicts: {counts['keep']} keep, {counts['discard']} discard, {counts['crashed']} crashed "
-                  "(keep = the best configuration of its iteration by mean AUC; crashed = no usable curve)."]
+                  "(keep = the study's best configuration, seeds pooled over iterations, on the verdict axis; crashed = no "
+                  "usable curve)."]
     if plot_name:
         lines += ["", f"![reward curves of every run on a shared step axis]({plot_name})"]
     return "\n".join(lines) + "\n"

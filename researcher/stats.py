@@ -1,7 +1,8 @@
 """Statistics of reward curves: area under the curve, final level, mean ± 95% CI over seeds.
 
-Curves are compared per training step (not per wall second): runs share 2 CPU cores, so wall time
-measures contention as much as learning. The t quantiles are tabulated to keep scipy out.
+Curves are compared on any increasing axis (training steps, episodes consumed, wall seconds) by their
+mean height up to a budget every run reached. Also the noise floor (pooled within-configuration sd)
+and the seeds a comparison needs. The t quantiles are tabulated to keep scipy out.
 """
 
 from __future__ import annotations
@@ -94,3 +95,65 @@ def final_level(values: Sequence[float], window: int = 5) -> float:
         raise ValueError("final_level needs at least one value")
     tail = list(values)[-window:]
     return sum(tail) / len(tail)
+
+
+def auc_until(xs: Sequence[float], values: Sequence[float], horizon: float) -> float:
+    """Mean height of a curve from its first point to ``horizon`` on any increasing axis (episodes
+    consumed, seconds): the curve is cut at ``horizon`` by linear interpolation, so runs that reach a
+    shared budget at different steps compare over exactly that budget. A curve that ends before
+    ``horizon`` counts over the span it has."""
+    points = sorted(zip(xs, values, strict=True))
+    if not points:
+        raise ValueError("auc_until needs at least one point")
+    kept = [(x, v) for x, v in points if x <= horizon]
+    after = next(((x, v) for x, v in points if x > horizon), None)
+    if kept and after is not None and kept[-1][0] < horizon:
+        (x0, v0), (x1, v1) = kept[-1], after
+        kept.append((horizon, v0 + (v1 - v0) * (horizon - x0) / (x1 - x0)))
+    if not kept:
+        return points[0][1]
+    if len(kept) == 1 or kept[-1][0] == kept[0][0]:
+        return kept[-1][1]
+    area = sum((x1 - x0) * (v0 + v1) / 2 for (x0, v0), (x1, v1) in zip(kept, kept[1:]))
+    return area / (kept[-1][0] - kept[0][0])
+
+
+def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
+    """Pooled within-group standard deviation and the number of samples it rests on.
+
+    Each group holds one configuration's per-seed scores, so the result is the spread of identical
+    configurations (the noise floor). Groups with fewer than 2 samples add nothing; None when no
+    group has 2.
+    """
+    used = [list(g) for g in groups if len(g) >= 2]
+    df = sum(len(g) - 1 for g in used)
+    if df == 0:
+        return None, 0
+    ss = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in used)
+    return math.sqrt(ss / df), sum(len(g) for g in used)
+
+
+_Z_POWER = 0.84  # one-sided z quantile of 80% power
+_MAX_SEEDS = 10_000
+
+
+def seeds_needed(diff: float, sd: float | None, min_effect: float) -> int | None:
+    """Seeds per arm for a comparison to resolve, for two equal arms with common standard deviation
+    ``sd`` (the noise floor): the smallest n >= 2 with, using t_{0.975, 2n-2} and se = sd * sqrt(2/n),
+
+    - when |diff| >= min_effect: (t + z_0.8) se <= |diff|, i.e. 80% power to exclude 0 if the true
+      difference is the observed one;
+    - otherwise: t se <= min_effect - |diff|, a CI narrow enough to fit inside ±min_effect around the
+      observed difference (a "no meaningful difference" verdict).
+
+    None when sd is unknown or more than 10,000 seeds would be needed.
+    """
+    if sd is None or not math.isfinite(sd):
+        return None
+    detect = abs(diff) >= min_effect and diff != 0
+    target = abs(diff) if detect else min_effect - abs(diff)
+    for n in range(2, _MAX_SEEDS + 1):
+        se = sd * math.sqrt(2 / n)
+        if (t975(2 * n - 2) + (_Z_POWER if detect else 0.0)) * se <= target:
+            return n
+    return None

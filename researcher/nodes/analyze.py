@@ -1,15 +1,36 @@
-"""analyze: per configuration mean ± 95% CI of the area under the reward curve and of the final
-reward over seeds, a plot, plateau detection; logged to the iteration's MLflow parent run."""
+"""analyze: the evidence of this iteration and of the whole study (seeds of the same configuration
+pooled across iterations): per configuration mean ± 95% CI of the area under the reward curve on three
+axes (per step, per episode, per second) and of the final reward, the noise floor, plots (reward
+curves, the three axes, a dose-response curve for sweeps), plateau detection; logged to the
+iteration's MLflow parent run."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
-from researcher import analysis, plots, studyfiles
+from researcher import analysis, plots, runs, studyfiles
 from researcher.context import StudyContext
+from researcher.layout import StudyLayout
 from researcher.state import StudyState
+
+
+def earlier_trials(layout: StudyLayout, iteration: int) -> list[dict[str, Any]]:
+    """Runs of the iterations before ``iteration`` as trials with their configuration (from plan.json)."""
+    plan = studyfiles.read_plan(layout).get("iterations", {})
+    found = []
+    for record in runs.all_records(layout.runs_dir):
+        if record.iteration >= iteration:
+            continue
+        planned = plan.get(str(record.iteration), {}).get("experiments", [])
+        exp = next((e for e in planned if e["name"] == record.experiment), None)
+        if exp is not None:
+            found.append({"experiment": record.experiment, "overrides": exp["overrides"], "iteration": record.iteration,
+                          "seed": record.seed, "status": record.status,
+                          "run_dir": str(layout.run_dir(record.iteration, record.trial))})
+    return found
 
 
 def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
@@ -20,14 +41,17 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     if history and history[-1].get("best") is not None:
         previous = {"name": history[-1]["best"], "value": history[-1]["best_value"]}
     summary = analysis.summarize(iteration, framing["knob"], framing["metric"], plan["steps_per_run"],
-                                 plan["experiments"], list(state["trials"]), state["options"]["min_effect"], previous)
-    plot = plots.reward_curves(summary, ctx.layout.plots_dir / f"iteration-{iteration}.png",
-                               f"{state['study_id']} · iteration {iteration} · {framing['knob']}")
-    figure = ctx.layout.study_dir / "figures" / plot.name
-    figure.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(plot, figure)
-    summary["plot"] = f"figures/{plot.name}"
-    for row in summary["experiments"]:
+                                 plan["experiments"], list(state["trials"]), state["options"]["min_effect"], previous,
+                                 earlier_trials(ctx.layout, iteration), plan.get("shape"))
+    study, title = summary["study"], f"{state['study_id']} · {framing['knob']}"
+    summary["plot"] = _figure(ctx, plots.reward_curves(summary, ctx.layout.plots_dir / f"iteration-{iteration}.png",
+                                                       f"{title} · iteration {iteration}"))
+    study["plots"] = {"axes": _figure(ctx, plots.axes_curves(study, ctx.layout.plots_dir / "axes.png",
+                                                             f"{title} · every iteration, three axes"))}
+    if study["sweep"] and sum(1 for r in study["arms"] if "axes" in r) >= 2:
+        study["plots"]["curve"] = _figure(ctx, plots.dose_response(study, ctx.layout.plots_dir / "dose-response.png",
+                                                                   f"{title} · dose-response"))
+    for row in [*summary["experiments"], *study["arms"]]:
         row.pop("runs", None)  # run dirs stay in run.json; the state keeps numbers only
     analysis_file = ctx.layout.artifacts_dir / f"analysis-{iteration}.json"
     analysis_file.write_text(json.dumps(summary, indent=2, default=str))
@@ -42,7 +66,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                          "result, nothing measured")
     comparison = summary["comparison"]
     if comparison:
-        lines.append(f"{comparison['better']} − {comparison['worse']} = {comparison['diff']:+.3f}"
+        lines.append(f"whole study ({analysis.AXIS_TEXT[comparison['axis']]}, `{summary['metric']}`): "
+                     f"{comparison['better']} − {comparison['worse']} = {comparison['diff']:+.3f}"
                      + (f" ± {comparison['hw']:.3f}" if comparison["hw"] is not None else "")
                      + (" (clear)" if comparison["clear"] else " (CI includes 0: not a clear difference)"))
     if summary["plateau"]:
@@ -56,8 +81,13 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             if "auc" in row:
                 metrics[f"analysis/auc_mean/{row['name']}"] = row["auc"]["mean"]
                 metrics[f"analysis/final_mean/{row['name']}"] = row["final"]["mean"]
+        metrics |= mlflow_values(study)
         ctx.tracker.log_values(parent, metrics, step=iteration)
-        ctx.tracker.log_files(parent, [analysis_file, plot, ctx.layout.log_md], "analysis")
+        ctx.tracker.set_tags(parent, {"researcher.metric": study["metric"], "researcher.primary_axis": study["axis"],
+                                      "researcher.best": str(study["best"]),
+                                      "researcher.evidence": _kind(study["comparison"])})
+        figures = [ctx.layout.study_dir / p for p in [summary["plot"], *study["plots"].values()]]
+        ctx.tracker.log_files(parent, [analysis_file, *figures, ctx.layout.log_md], "analysis")
         if ctx.layout.llm_calls_dir.is_dir():
             ctx.tracker.log_files(parent, [ctx.layout.llm_calls_dir], "planner_calls")
         ctx.tracker.end(parent, "FINISHED")
@@ -67,3 +97,37 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
 
 def _fmt(cell: dict[str, Any]) -> str:
     return f"{cell['mean']:.3f}" + (f" ± {cell['hw']:.3f}" if cell.get("hw") is not None else f" (n={cell['n']})")
+
+
+def _figure(ctx: StudyContext, plot: Path) -> str:
+    """Copy a plot into the study folder's figures/ (beside report.md) and return its relative path."""
+    figure = ctx.layout.study_dir / "figures" / plot.name
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(plot, figure)
+    return f"figures/{plot.name}"
+
+
+def mlflow_values(study: dict[str, Any]) -> dict[str, float]:
+    """The whole study's evidence as parent-run metrics: each configuration's AUC on the three axes, the
+    noise floor (and the seeds it rests on) per axis, the minimum effect and the pooled comparison."""
+    values: dict[str, float] = {"analysis/min_effect": float(study["min_effect"])}
+    for axis, noise in study["noise_floor"].items():
+        values[f"analysis/noise_floor_seeds/{axis}"] = float(noise["seeds"])
+        if noise["sd"] is not None:
+            values[f"analysis/noise_floor/{axis}"] = noise["sd"]
+    for row in study["arms"]:
+        for axis, cell in (row.get("axes") or {}).items():
+            values[f"analysis/auc_{axis}/{row['name']}"] = cell["mean"]
+            if cell["hw"] is not None:
+                values[f"analysis/auc_{axis}_ci/{row['name']}"] = cell["hw"]
+    for axis, c in (study.get("axes_compared") or {}).items():
+        values[f"analysis/diff_{axis}"] = c["diff"]
+        if c["hw"] is not None:
+            values[f"analysis/diff_{axis}_ci"] = c["hw"]
+    return values
+
+
+def _kind(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "none"
+    return "resolved" if c["clear"] else ("no meaningful difference" if c["equivalent"] else "inconclusive")

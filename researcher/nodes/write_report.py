@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 from researcher import analysis, run_table, runs, studyfiles
+from researcher.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import add_usage, new_usage
@@ -58,21 +59,27 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
            f"**Topic:** {state['topic']}  ", f"**Question:** {framing.get('question', 'n/a')}  ",
            f"**Status:** {phase} · written {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}", "",
            "## Answer", "", answer, ""]
-    for summary in state.get("iterations", []):
+    history = state.get("iterations", [])
+    if history and history[-1].get("study"):
+        out += evidence_section(history[-1]["study"])
+    for summary in history:
         it = str(summary["iteration"])
         planned = plan.get("iterations", {}).get(it, {})
         out += [f"## Iteration {it}", ""]
         for hyp in planned.get("hypotheses", []):
             out.append(f"- Hypothesis {hyp['id']} (written before running): {hyp['statement']} "
                        f"Metric `{hyp['metric']}`; expected: {hyp['expected_effect']}")
-        out += ["", f"Area under the `{summary['metric']}` curve (mean height over {summary['horizon']} training "
-                    "steps) and final reward (mean of the last 5 steps), mean ± 95% CI over seeds:", "",
-                f"| experiment | {summary['knob']} | AUC | final reward | usable runs | statuses |",
-                "|---|---|---|---|---|---|"]
+        out += ["", f"This iteration alone: area under the `{summary['metric']}` curve (mean height over "
+                    f"{summary['horizon']} training steps; per episode and per second over the budgets every run of the "
+                    "iteration reached) and final reward (mean of the last 5 points), mean ± 95% CI over seeds:", "",
+                f"| experiment | {summary['knob']} | AUC per step | AUC per episode | AUC per second | final reward "
+                "| usable runs | statuses |", "|---|---|---|---|---|---|---|---|"]
         for row in summary["experiments"]:
-            out.append(f"| {row['name']} | {row['value']} | {_cell(row.get('auc'))} | {_cell(row.get('final'))} | "
+            axes = row.get("axes") or {}
+            out.append(f"| {row['name']} | {row['value']} | {_cell(row.get('auc'))} | {_cell(axes.get('episode'))} | "
+                       f"{_cell(axes.get('second'))} | {_cell(row.get('final'))} | "
                        f"{len(row['aucs'])}/{len(row['statuses'])} | {', '.join(row['statuses'])} |")
-        comparison = summary.get("comparison")
+        comparison = summary.get("iteration_comparison", summary.get("comparison"))
         if comparison:
             hw = f" ± {comparison['hw']:.3f}" if comparison["hw"] is not None else ""
             out += ["", f"Difference {comparison['better']} − {comparison['worse']}: {comparison['diff']:+.3f}{hw} "
@@ -104,3 +111,58 @@ def _cell(cell: dict[str, Any] | None) -> str:
     if not cell:
         return "n/a"
     return f"{cell['mean']:.3f}" + (f" ± {cell['hw']:.3f}" if cell.get("hw") is not None else f" (n={cell['n']})")
+
+
+def evidence_section(study: dict[str, Any]) -> list[str]:
+    """The whole study's pooled evidence: metric, verdict axis, noise floor and minimum effect, every
+    configuration on the three axes, the comparison behind the answer, and for a sweep the curve."""
+    knob, axis, metric = study["knob"], study["axis"], study["metric"]
+    iterations = sorted({i for r in study["arms"] for i in r.get("iterations", [])})
+    budgets = ", ".join(f"{AXIS_TEXT[a]} over {study['budgets'][a]:.0f} {AXIS_UNIT[a]}" for a in study["measured"])
+    out = ["## Evidence (whole study)", "",
+           f"Seeds of the same configuration are pooled over iterations {', '.join(map(str, iterations))}. "
+           f"{study['metric_note']} "
+           f"The verdict axis is {AXIS_TEXT[axis]}: {study['axis_why']}.", "",
+           f"- Metric: `{metric}`; areas under its curve {budgets} (mean height; each axis over the budget every run "
+           "reached).", f"- Minimum effect: {study['min_effect']}"]
+    for a in study["measured"]:
+        noise = study["noise_floor"][a]
+        sd = f"{noise['sd']:.4f}" if noise["sd"] is not None else "not measured"
+        out.append(f"- Noise floor {AXIS_TEXT[a]} (pooled within-configuration sd of the AUC): {sd}, from "
+                   f"{noise['seeds']} seeds in {noise['arms']} configurations")
+    rows = [r for r in study["arms"] if "axes" in r]
+    if study["sweep"] and all(isinstance(r["value"], (int, float)) for r in rows):
+        rows.sort(key=lambda r: r["value"])
+    header = " | ".join(f"AUC {AXIS_TEXT[a]}" + (" (verdict)" if a == axis else "") for a in AXES)
+    out += ["", f"| {knob} | experiment | seeds | iterations | {header} | final reward |",
+            "|---|---|---|---|" + "---|" * len(AXES) + "---|"]
+    for r in rows:
+        cells = " | ".join(_cell(r["axes"].get(a)) for a in AXES)
+        best = " **best**" if r["name"] == study["best"] else ""
+        out.append(f"| {r['value']}{best} | {r['name']} | {len(r['aucs'])} | {', '.join(map(str, r['iterations']))} | "
+                   f"{cells} | {_cell(r.get('final'))} |")
+    c = study.get("comparison")
+    if c:
+        verdict = ("resolved: the 95% CI excludes 0" if c["clear"] else
+                   f"no meaningful difference: the whole CI lies within ±{study['min_effect']}" if c["equivalent"] else
+                   f"unresolved: the 95% CI includes 0; {analysis.seeds_text(c, study['noise_floor'][axis])}")
+        hw = f" ± {c['hw']:.3f}" if c["hw"] is not None else " (no interval)"
+        out += ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {knob}={c['better_value']} − {knob}={c['worse_value']} = "
+                    f"{c['diff']:+.3f}{hw} ({verdict})."]
+        for a, other in (study.get("axes_compared") or {}).items():
+            if a != axis:
+                ohw = f" ± {other['hw']:.3f}" if other["hw"] is not None else " (no interval)"
+                out.append(f"- {AXIS_TEXT[a]}: {other['diff']:+.3f}{ohw}")
+    plots = study.get("plots") or {}
+    if study["sweep"] and rows:
+        best = next((r for r in rows if r["name"] == study["best"]), rows[0])
+        resolved = "resolved" if c and c["clear"] else "not resolved"
+        out += ["", f"Dose-response curve of {knob} ({AXIS_TEXT[axis]}): best {knob}={best['value']} with AUC "
+                    f"{_cell(best['axes'].get(axis))}, {resolved} against the runner-up.", "",
+                f"| {knob} | AUC {AXIS_TEXT[axis]} (mean ± 95% CI) | seeds |", "|---|---|---|"]
+        out += [f"| {r['value']} | {_cell(r['axes'].get(axis))} | {len(r['aucs'])} |" for r in rows]
+        if plots.get("curve"):
+            out += ["", f"![dose-response curve of {knob}]({plots['curve']})"]
+    if plots.get("axes"):
+        out += ["", f"![reward curves per step, per episode and per second]({plots['axes']})"]
+    return out + [""]

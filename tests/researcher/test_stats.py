@@ -41,3 +41,27 @@ def test_diff_ci_detects_a_clear_difference() -> None:
 
 def test_final_level_averages_the_tail() -> None:
     assert stats.final_level([0, 0, 0, 1, 1, 1, 1, 1], window=5) == pytest.approx(1.0)
+
+
+def test_auc_until_cuts_the_curve_at_a_shared_budget() -> None:
+    # Episodes 0, 10, 20 with rewards 0, 1, 1: over a 5-episode budget the curve is cut at 0.5.
+    assert stats.auc_until([0, 10, 20], [0.0, 1.0, 1.0], 5) == pytest.approx(0.25)
+    assert stats.auc_until([0, 10, 20], [0.0, 1.0, 1.0], 20) == pytest.approx(0.75)
+    assert stats.auc_until([0, 10], [0.0, 1.0], 30) == pytest.approx(0.5)  # ends early: over the span it has
+
+
+def test_pooled_sd_is_the_spread_of_identical_configurations() -> None:
+    # Within-group deviations: (-1, 1) and (-2, 0, 2): ss = 2 + 8 = 10 over df = 1 + 2.
+    sd, seeds = stats.pooled_sd([[1.0, 3.0], [2.0, 4.0, 6.0], [9.0]])
+    assert sd == pytest.approx(math.sqrt(10 / 3)) and seeds == 5
+    assert stats.pooled_sd([[1.0], [2.0]]) == (None, 0)
+
+
+def test_seeds_needed_with_student_t() -> None:
+    # Difference 0.1 at sd 0.1 (>= min_effect): (t_{0.975, 2n-2} + 0.84) sqrt(2/n) <= 1 first holds at n = 17
+    # (t = 2.042: 2.882 * 0.343 = 0.989; at n = 16, 2.882 * 0.354 = 1.019).
+    assert stats.seeds_needed(0.1, 0.1, 0.02) == 17
+    # Difference 0.01 inside min_effect 0.02: 1.96 * 0.05 * sqrt(2/n) <= 0.01 needs n >= 192.08.
+    assert stats.seeds_needed(0.01, 0.05, 0.02) == 193
+    assert stats.seeds_needed(0.5, 0.01, 0.02) == 2
+    assert stats.seeds_needed(0.1, None, 0.02) is None and stats.seeds_needed(0.0, 1.0, 0.02) is None

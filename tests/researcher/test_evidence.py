@@ -1,0 +1,273 @@
+"""Evidence from synthetic run dirs (real metrics.jsonl files, as the monitor writes them): verdicts
+from the pooled 95% CI, seeds pooled across iterations, the noise floor, three axes, sweep curves,
+and the held-out metric chosen when the runs hold it."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from researcher import analysis, budget, catalog, plots, runs, studyfiles
+from researcher.context import StudyContext
+from researcher.launcher import Launcher
+from researcher.layout import StudyLayout
+from researcher.nodes import analyze, write_report
+from researcher.planner.offline import OfflinePlanner
+from researcher.planner.usage import new_usage
+from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.tracking import Tracker
+from swarm.protocol import StepMetrics
+
+STEPS = 10
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
+
+
+def _write_run(run_dir: Path, rewards: list[float], episodes: int = 32, seconds: float = 2.0,
+               evals: dict[int, float] | None = None) -> None:
+    run_dir.mkdir(parents=True)
+    items = []
+    for i, reward in enumerate(rewards):
+        metrics = {"train/reward_mean": reward, "train/episodes": float(episodes)}
+        if evals and i + 1 in evals:
+            metrics["eval/reward_mean"] = evals[i + 1]
+        items.append(StepMetrics(step=i + 1, policy_version=i + 1, time=1_700_000_000 + i * seconds, metrics=metrics))
+    runs.append_metrics(run_dir, items)
+
+
+def _ramp(slope: float, noise: float, rng: random.Random, steps: int = STEPS) -> list[float]:
+    """A learning curve rising by ``slope`` a step, shifted as a whole by a seed's noise."""
+    shift = rng.gauss(0, noise)
+    return [min(1.0, max(0.0, 0.1 + slope * s + shift + rng.gauss(0, noise / 3))) for s in range(steps)]
+
+
+def _arm(tmp: Path, name: str, seeds: range, slope: float, noise: float, rng: random.Random, **run: object) -> list[dict]:
+    trials = []
+    for seed in seeds:
+        run_dir = tmp / f"{name}-{seed}"
+        _write_run(run_dir, _ramp(slope, noise, rng), **run)  # type: ignore[arg-type]
+        trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    return trials
+
+
+def _exp(name: str, **overrides: object) -> dict:
+    return {"name": name, "overrides": overrides}
+
+
+def test_an_a_a_pair_never_ends_yes(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    experiments = [_exp("a", lr=1e-3), _exp("a-again", lr=1e-3)]  # identical configuration, different names
+    trials = _arm(tmp_path, "a", range(4), 0.05, 0.03, rng) + _arm(tmp_path, "a-again", range(4), 0.05, 0.03, rng)
+    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    study = summary["study"]
+    assert [len(r["aucs"]) for r in study["arms"]] == [4, 4]  # the twins stay two arms
+    answer, caveats = analysis.verdict("q", [summary])
+    assert answer.startswith(("No meaningful difference", "Inconclusive")), answer
+    noise = study["noise_floor"]["step"]
+    assert noise["seeds"] == 8 and 0 < noise["sd"] < 0.1
+    assert f"Noise floor (pooled within-configuration sd of the AUC per training step): {noise['sd']:.4f}" in caveats
+    if answer.startswith("Inconclusive"):
+        assert "seeds per arm would resolve it" in answer and "estimated with Student t" in answer
+
+
+def test_a_large_effect_ends_yes_or_no_with_the_right_direction(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    experiments = [_exp("slow", lr=3e-5), _exp("fast", lr=3e-3)]
+    trials = _arm(tmp_path, "slow", range(3), 0.005, 0.02, rng) + _arm(tmp_path, "fast", range(3), 0.08, 0.02, rng)
+    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    answer, caveats = analysis.verdict("q", [summary])
+    assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer
+    assert summary["comparison"]["clear"] and summary["best_value"] == 3e-3
+    assert "Verdicts use `train/reward_mean`" in caveats and "One iteration ran" in caveats
+    # The same runs with the arms' values swapped: the larger value is now the slower one.
+    swapped = [_exp("slow", lr=3e-3), _exp("fast", lr=3e-5)]
+    answer, _ = analysis.verdict("q", [analysis.summarize(1, "lr", "train/reward_mean", STEPS, swapped, trials, 0.02,
+                                                          None)])
+    assert answer.startswith("No: the larger lr (0.003) learned slower per training step"), answer
+
+
+def test_a_replicate_iteration_pools_seeds_and_resolves_the_pair(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    first = [_exp("it1-lr-1e-3", lr=1e-3), _exp("it1-lr-3e-3", lr=3e-3)]
+    trials1 = (_arm(tmp_path, "it1-lr-1e-3", range(2), 0.04, 0.05, rng)
+               + _arm(tmp_path, "it1-lr-3e-3", range(2), 0.055, 0.05, rng))
+    s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.01, None)
+    answer1, _ = analysis.verdict("q", [s1])
+    assert answer1.startswith("Inconclusive") and "seeds per arm would resolve it" in answer1, answer1
+    assert s1["comparison"]["seeds"] == 2 and s1["comparison"]["seeds_needed"] > 2
+    # The offline planner reads this summary (as plan_experiments hands it over) and re-runs the same pair.
+    planner = OfflinePlanner(sorted(catalog.examples(EXAMPLES)))
+    topic = "Does lr 1e-3 beat lr 3e-3 on letters?"
+    framing = planner.frame(topic, "").value
+    history = [{**{k: s1[k] for k in ("iteration", "best", "best_value", "comparison", "plateau")},
+                "values": {e["name"]: e["value"] for e in s1["experiments"]}}]
+    plan = planner.plan(framing, {"topic": topic, "iteration": 2, "history": history, "min_effect": 0.01,
+                                  "best_value": s1["best_value"], "tested_values": [1e-3, 3e-3]}).value
+    assert plan.stage == "replicate" and sorted(e.overrides["lr"] for e in plan.experiments) == [1e-3, 3e-3]
+    second = [_exp("it2-lr-3e-3", lr=3e-3), _exp("it2-lr-1e-3", lr=1e-3)]  # the replicate iteration's arms
+    trials2 = (_arm(tmp_path, "it2-lr-1e-3", range(10, 20), 0.04, 0.05, rng)
+               + _arm(tmp_path, "it2-lr-3e-3", range(10, 20), 0.055, 0.05, rng))
+    earlier = [{**t, "iteration": 1, "overrides": next(e["overrides"] for e in first if e["name"] == t["experiment"])}
+               for t in trials1]
+    s2 = analysis.summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.01, None, earlier)
+    study = s2["study"]
+    assert sorted(len(r["aucs"]) for r in study["arms"]) == [12, 12]
+    assert {r["name"] for r in study["arms"]} == {"it2-lr-3e-3", "it2-lr-1e-3"}  # named after the latest run
+    assert [r["iterations"] for r in study["arms"]] == [[1, 2], [1, 2]]
+    assert s2["comparison"]["clear"] and s2["comparison"]["seeds"] == 12
+    answer, caveats = analysis.verdict("q", [s1, s2])
+    assert answer.startswith("Yes: the larger lr (0.003)"), answer
+    assert "How refinement changed the picture: iteration 1 alone had" in caveats
+    assert "pooling 24 usable runs over 2 iterations" in caveats
+
+
+def test_a_sweep_gives_a_curve_with_the_best_value_and_its_interval(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    slopes = {0.0: 0.03, 0.01: 0.06, 0.05: 0.09, 0.2: 0.05, 0.5: 0.02}  # peaks at kl_coef = 0.05
+    experiments = [_exp(f"kl-{v}", kl_coef=v) for v in slopes]
+    trials = [t for v, slope in slopes.items() for t in _arm(tmp_path, f"kl-{v}", range(3), slope, 0.01, rng)]
+    summary = analysis.summarize(1, "kl_coef", "train/reward_mean", STEPS, experiments, trials, 0.02, None,
+                                 shape="sweep")
+    study = summary["study"]
+    assert study["sweep"] and study["best_value"] == 0.05 and study["comparison"]["worse_value"] == 0.01
+    answer, _ = analysis.verdict("q", [summary])
+    assert answer.startswith("Best kl_coef=0.05 (resolved against the runner-up)"), answer
+    png = plots.dose_response(study, tmp_path / "figures" / "dose-response.png", "sweep")
+    assert png.stat().st_size > 1000
+    study["plots"] = {"curve": "figures/dose-response.png"}
+    text = "\n".join(write_report.evidence_section(study))
+    best = next(r for r in study["arms"] if r["value"] == 0.05)["axes"]["step"]
+    assert f"best kl_coef=0.05 with AUC {best['mean']:.3f} ± {best['hw']:.3f}, resolved against the runner-up" in text
+    table = [line for line in text.splitlines() if line.startswith("| 0") and line.count("|") == 4]
+    assert [line.split(" | ")[0] for line in table] == ["| 0.0", "| 0.01", "| 0.05", "| 0.2", "| 0.5"]
+    assert "![dose-response curve of kl_coef](figures/dose-response.png)" in text
+
+
+def test_axes_disagreeing_is_stated_and_group_size_is_judged_per_episode(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    experiments = [_exp("g2", group_size=2), _exp("g8", group_size=8)]
+    # The larger group rises faster per step but consumes 4x the episodes a step, and runs slower.
+    trials = (_arm(tmp_path, "g2", range(3), 0.04, 0.01, rng, episodes=8, seconds=1.0)
+              + _arm(tmp_path, "g8", range(3), 0.07, 0.01, rng, episodes=32, seconds=3.0))
+    summary = analysis.summarize(1, "group_size", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    study = summary["study"]
+    assert study["axis"] == "episode" and study["budgets"]["episode"] == 80 and study["budgets"]["second"] == 9
+    compared = study["axes_compared"]
+    # Every axis compares the verdict axis' leader (group_size=2) minus the runner-up (group_size=8).
+    assert compared["episode"]["better_value"] == 2 and compared["episode"]["clear"]
+    assert compared["step"]["diff"] + compared["step"]["hw"] < 0  # per step, group_size=8 is clearly ahead
+    answer, caveats = analysis.verdict("q", [summary])
+    assert answer.startswith("No: the larger group_size (8) learned slower per episode consumed"), answer
+    assert "The axes disagree: per training step group_size=8 leads" in caveats
+    assert "per episode consumed group_size=2 leads" in caveats and "a larger group sees more samples" in caveats
+    values = analyze.mlflow_values(study)
+    assert {"analysis/noise_floor/step", "analysis/noise_floor/episode", "analysis/noise_floor/second",
+            "analysis/noise_floor_seeds/episode", "analysis/auc_episode/g2", "analysis/auc_second/g8",
+            "analysis/auc_step/g8", "analysis/min_effect"} <= set(values)
+    assert values["analysis/noise_floor_seeds/episode"] == 6
+    text = "\n".join(write_report.evidence_section(study))
+    assert "AUC per episode consumed (verdict)" in text and "Noise floor per wall-clock second" in text
+
+
+def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> None:
+    experiments = [_exp("low", lr=1e-4), _exp("high", lr=1e-3)]
+    trials = []
+    for name, level in (("low", 0.2), ("high", 0.6)):
+        for seed in range(3):
+            run_dir = tmp_path / f"{name}-{seed}"
+            # Training reward says the opposite of the held-out evaluation (every 3rd step).
+            _write_run(run_dir, [0.8 - level + 0.01 * seed] * STEPS,
+                       evals={s: level + 0.01 * seed + 0.01 * s for s in (3, 6, 9)})
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert summary["metric"] == "eval/reward_mean" and summary["best"] == "high"
+    answer, caveats = analysis.verdict("q", [summary])
+    assert answer.startswith("Yes: the larger lr (0.001)") and "`eval/reward_mean`" in answer
+    assert "Verdicts use `eval/reward_mean` (held-out evaluation" in caveats
+    # One run without the held-out metric: the verdict falls back to the training reward, and says so.
+    (Path(trials[0]["run_dir"]) / runs.METRICS_FILE).unlink()
+    _write_run_dir = Path(trials[0]["run_dir"])
+    _write_run_dir.rmdir()
+    _write_run(_write_run_dir, [0.6] * STEPS)
+    fallback = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert fallback["metric"] == "train/reward_mean"
+    assert "not every run holds a held-out `eval/reward_mean`" in analysis.verdict("q", [fallback])[1]
+
+
+def test_read_axes_counts_episodes_and_seconds_from_the_first_step(tmp_path: Path) -> None:
+    _write_run(tmp_path / "r", [0.1, 0.2, 0.3], episodes=16, seconds=2.5)
+    curve = analysis.read_axes(tmp_path / "r", "train/reward_mean")
+    assert curve.steps == [1, 2, 3] and curve.episodes == [16, 32, 48]
+    assert curve.seconds == pytest.approx([0.0, 2.5, 5.0]) and curve.values == [0.1, 0.2, 0.3]
+    # Held-out results arrive with a later step and name the policy they evaluated (eval/step); a step
+    # written twice (a crash between writes) merges.
+    lines = [(1, {"train/reward_mean": 0.1, "train/episodes": 8}),
+             (2, {"train/reward_mean": 0.2, "train/episodes": 8, "eval/reward_mean": 0.05, "eval/step": 0}),
+             (2, {"train/reward_mean": 0.2, "train/episodes": 8}),
+             (3, {"train/reward_mean": 0.3, "train/episodes": 8, "eval/reward_mean": 0.4, "eval/step": 2})]
+    (tmp_path / "e").mkdir()
+    runs.append_metrics(tmp_path / "e", [StepMetrics(step=s, policy_version=s, time=100.0 + s, metrics=m)
+                                         for s, m in lines])
+    held_out = analysis.read_axes(tmp_path / "e", "eval/reward_mean")
+    assert held_out == analysis.Curve([0, 2], [0.0, 16.0], [0.0, 1.0], [0.05, 0.4])
+    assert analysis.read_axes(tmp_path / "e", "train/reward_mean").episodes == [8, 16, 24]
+
+
+def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_path: Path) -> None:
+    """The nodes on a real study layout and a real MLflow SQLite store: iteration 2 (a replicate) pools
+    iteration 1's runs from disk; report.md and the iteration's parent run carry the three axes and the
+    noise floor."""
+    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
+                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
+    layout = StudyLayout("pooled", settings.studies_root, settings.artifacts_root)
+    layout.ensure()
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art")
+    ctx = StudyContext(settings, layout, OfflinePlanner(["letters"]), tracker, Launcher(settings.swarm_command))
+    framing = {"answerable": True, "reason": "named", "question": "group size 2 vs 8", "task": "letters",
+               "knob": "group_size", "metric": "train/reward_mean"}
+    rng = random.Random(2)
+    trials: dict[int, list[dict]] = {}
+    for iteration in (1, 2):
+        experiments = [_exp(f"it{iteration}-g2", group_size=2), _exp(f"it{iteration}-g8", group_size=8)]
+        studyfiles.write_plan(layout, iteration, {"experiments": experiments, "hypotheses": [], "steps_per_run": STEPS,
+                                                  "shape": "comparison", "stage": "initial"}, framing)
+        trials[iteration] = []
+        for index, (exp, seed) in enumerate((e, s) for e in experiments for s in range(3)):
+            run_dir = layout.run_dir(iteration, index)
+            group = exp["overrides"]["group_size"]
+            _write_run(run_dir, _ramp(0.03 if group == 2 else 0.06, 0.01, rng), episodes=4 * group)
+            runs.save(run_dir, runs.RunRecord(key=f"pooled/{iteration}/{index}", study_id="pooled", iteration=iteration,
+                                              trial=index, experiment=exp["name"], seed=seed, config={}, client="c.py",
+                                              target_step=STEPS, episodes=64, group_size=group, status="finished",
+                                              last_step=STEPS, launches=1))
+            trials[iteration].append({"experiment": exp["name"], "seed": seed, "run_dir": str(run_dir),
+                                      "status": "finished"})
+    parent = tracker.start_parent("pooled", 2, {})
+    now = time.time()
+    state = {"study_id": "pooled", "topic": "Does group size 8 beat 2 on letters?", "framing": framing,
+             "iteration": 2, "trials": trials[2], "options": StudyOptions(seeds=3, max_runs=12).model_dump(),
+             "iterations": [], "mlflow_parent_run": parent, "llm": new_usage(),
+             "budget": budget.make_budget(now, now + 3600, max_runs=12, max_iterations=3, max_repairs=3,
+                                          max_llm_tokens=0, max_llm_cost_usd=0.0)}
+    out = analyze.run(state, ctx)  # type: ignore[arg-type]
+    study = out["iterations"][-1]["study"]
+    assert sorted(len(r["aucs"]) for r in study["arms"]) == [6, 6] and study["noise_floor"]["episode"]["seeds"] == 12
+    assert (layout.study_dir / "figures" / "axes.png").stat().st_size > 1000
+
+    run = tracker.client.get_run(parent)
+    metrics, tags = run.data.metrics, run.data.tags
+    assert metrics["analysis/noise_floor_seeds/episode"] == 12 and metrics["analysis/min_effect"] == 0.02
+    for axis in analysis.AXES:
+        assert f"analysis/noise_floor/{axis}" in metrics and f"analysis/auc_{axis}/it2-g8" in metrics
+    assert tags["researcher.primary_axis"] == "episode" and tags["researcher.metric"] == "train/reward_mean"
+
+    write_report.run({**state, **out}, ctx)  # type: ignore[arg-type]
+    report = layout.report_md.read_text()
+    assert "## Answer" in report and "## Evidence (whole study)" in report and "pooled over iterations 1, 2" in report
+    assert "AUC per episode consumed (verdict)" in report and "| AUC per wall-clock second |" in report
+    assert "Noise floor per training step (pooled within-configuration sd of the AUC):" in report
+    assert "from 12 seeds in 2 configurations" in report and "figures/axes.png" in report
+    review = (layout.study_dir / "review.md").read_text()
+    assert "AUC/episode" in review and "AUC/second" in review
