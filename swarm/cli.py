@@ -191,6 +191,9 @@ def run(
     concurrency: Annotated[int | None, typer.Option(min=1, help="parallel episodes (default: the study's)")] = None,
     group_size: Annotated[int | None, typer.Option(min=1, help="episodes per task (default: the study's)")] = None,
     seed: Annotated[int, typer.Option(help="passed to the study's tasks(seed)")] = 0,
+    eval_every: Annotated[int | None, typer.Option(
+        min=0, help="evaluate the study's heldout() tasks every N steps (default: its EVAL_EVERY, else 5; 0: off)",
+        show_default=False)] = None,
     token: Annotated[str | None, typer.Option(
         envvar="SWARM_TOKEN", show_envvar=True,
         help="token (after $SWARM_CLIENT_TOKEN; else <state-dir>/client_token, else <state-dir>/token)")] = None,
@@ -212,7 +215,7 @@ def run(
     with _client(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
         try:
             summary = run_study(module, client, seed=seed, episodes=episodes, concurrency=concurrency,
-                                group_size=group_size, progress=True)
+                                group_size=group_size, progress=True, eval_every=eval_every)
         except SwarmError as exc:
             _fail(str(exc))
         except ValueError as exc:

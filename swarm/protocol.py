@@ -11,7 +11,7 @@ import math
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_PREFIX = "/api/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -171,8 +171,13 @@ EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
 }
 
 
+Purpose = Literal["train", "eval"]
+
+
 class ClaimRequest(_Wire):
-    """``POST /api/v1/episodes``: claim one episode of a task's GRPO group."""
+    """``POST /api/v1/episodes``: claim one episode of a task's GRPO group, or (``purpose="eval"``)
+    one held-out evaluation episode: served like any other, never recorded, grouped or trained; its
+    reward goes to the ``eval/*`` metrics of the step whose policy it evaluated."""
 
     task_id: str = Field(min_length=1, max_length=256)
     group_id: str | None = Field(None, max_length=256, description="GRPO group; defaults to task_id")
@@ -181,6 +186,13 @@ class ClaimRequest(_Wire):
     client_id: str = Field("anonymous", max_length=128)
     lease_s: float | None = Field(None, gt=0, le=3600)
     request_id: str | None = Field(None, max_length=128, description="makes the claim idempotent")
+    purpose: Purpose = Field("train", description="train (the default) or eval: a held-out evaluation episode")
+
+    @model_validator(mode="after")
+    def _eval_ungrouped(self) -> ClaimRequest:
+        if self.purpose == "eval" and (self.group_id is not None or self.group_size is not None):
+            raise ValueError("an eval episode is never grouped: send no group_id or group_size with purpose=eval")
+        return self
 
 
 class Episode(BaseModel):
@@ -192,6 +204,8 @@ class Episode(BaseModel):
     task_id: str
     group_id: str
     category: str | None = None
+    purpose: Purpose = "train"
+    step: int = Field(0, description="the server's training step when claimed (an eval evaluates its policy)")
 
 
 def _finite(value: float) -> float:

@@ -31,6 +31,7 @@ from swarm.protocol import (
     Episode,
     EpisodeStatus,
     Event,
+    Purpose,
     SftExample,
     SftRequest,
     SftResult,
@@ -99,31 +100,39 @@ class SwarmClient:
     # ---------------------------------------------------------------- episodes
 
     def claim(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
-              category: str | None = None, lease_s: float | None = None) -> EpisodeHandle:
-        """Claim one episode (idempotent across retries) and start its heartbeats.
+              category: str | None = None, lease_s: float | None = None, purpose: Purpose = "train") -> EpisodeHandle:
+        """Claim one episode (idempotent across retries) and start its heartbeats. ``purpose="eval"``
+        claims a held-out evaluation episode (never grouped or trained; see ``protocol.ClaimRequest``).
 
         Prefer ``episode()``, which also guarantees the episode ends.
         """
         request = ClaimRequest(task_id=task_id, group_id=group_id, group_size=group_size, category=category,
-                               client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex)
+                               client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex,
+                               purpose=purpose)
         response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request, as_client=True)
         episode = Episode.model_validate_json(response.content)
         return EpisodeHandle(self._transport, episode, self.openai_pool, lease_s=lease_s)
 
     @contextmanager
     def episode(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
-                category: str | None = None, lease_s: float | None = None) -> Iterator[EpisodeHandle]:
+                category: str | None = None, lease_s: float | None = None,
+                purpose: Purpose = "train") -> Iterator[EpisodeHandle]:
         """Claim an episode for the ``with`` block; an exception or a missing ``finish`` aborts it."""
-        handle = self.claim(task_id, group_id=group_id, group_size=group_size, category=category, lease_s=lease_s)
+        handle = self.claim(task_id, group_id=group_id, group_size=group_size, category=category, lease_s=lease_s,
+                            purpose=purpose)
         with handle:
             yield handle
 
     def run(self, tasks: Iterable[dict[str, Any]], workflow: Callable[[EpisodeHandle, dict[str, Any]], float | None],
             *, group_size: int = 8, concurrency: int = 16, episodes: int | None = None,
-            category: str | None = None, progress: bool = True) -> RunSummary:
-        """Run ``workflow`` over ``tasks``, ``group_size`` episodes per task; see ``swarm.client._runner``."""
+            category: str | None = None, progress: bool = True, heldout: list[dict[str, Any]] | None = None,
+            eval_every: int = 0) -> RunSummary:
+        """Run ``workflow`` over ``tasks``, ``group_size`` episodes per task; with ``heldout`` tasks and
+        ``eval_every`` > 0, also evaluate them at step 0 and every ``eval_every`` steps; see
+        ``swarm.client._runner``."""
         return run_workflow(self, tasks, workflow, group_size=group_size, concurrency=concurrency,
-                            episodes=episodes, category=category, progress=progress)
+                            episodes=episodes, category=category, progress=progress, heldout=heldout,
+                            eval_every=eval_every)
 
     def episode_status(self, episode_id: str) -> EpisodeStatus:
         """Where one episode stands on the server (claimed, finished, aborted, expired)."""

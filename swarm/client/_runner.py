@@ -4,6 +4,13 @@ Each task becomes ``group_size`` episodes sharing a fresh group id (``"{task_id}
 in order so a group's members are in flight together and complete together. A workflow's exception
 aborts only its own episode (logged and counted); a failed *claim* (server gone past the retry
 window, bad token, invalid request) stops the run, because every later claim would fail the same way.
+
+Held-out evaluation (``heldout`` tasks, ``eval_every`` > 0): every claim answers with the server's
+training step; the first claim to see step 0, and then the first to see each multiple of
+``eval_every`` or later (once the previous round has ended), claims one eval episode per held-out task at once (``purpose="eval"``: the
+server holds its next step until they end, so the round evaluates one policy). Workers run queued
+eval episodes before claiming more training ones. A failed eval claim turns evaluation off for the
+rest of the run (logged), since training need not stop for it.
 """
 
 from __future__ import annotations
@@ -35,19 +42,32 @@ _RECENT = 50  # the progress bar's reward is the mean of the last this-many fini
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What a ``run`` did: episodes finished / aborted, their mean reward, and the wall time."""
+    """What a ``run`` did: episodes finished / aborted, their mean reward, and the wall time (training
+    episodes only); ``eval_rounds`` held-out rounds claimed, ``eval_finished`` eval episodes finished."""
 
     finished: int
     aborted: int
     mean_reward: float | None
     seconds: float
     policy_version: int | None = None
+    eval_rounds: int = 0
+    eval_finished: int = 0
+
+
+class _EvalRound:
+    """One held-out round as this client sees it (the server's tally is what metrics report)."""
+
+    def __init__(self, step: int, size: int) -> None:
+        self.step = step
+        self.pending = size
+        self.rewards: list[float] = []
 
 
 class _RunState:
     """Shared by the workers; every field is guarded by ``lock``."""
 
-    def __init__(self, items: Iterator[tuple[dict[str, Any], str]], limit: int | None) -> None:
+    def __init__(self, items: Iterator[tuple[dict[str, Any], str]], limit: int | None,
+                 heldout: list[dict[str, Any]], eval_every: int) -> None:
         self.lock = threading.Lock()
         self.items = items
         self.limit = limit
@@ -59,6 +79,26 @@ class _RunState:
         self.policy_version: int | None = None
         self.stop = False
         self.fatal: BaseException | None = None
+        self.heldout = heldout
+        self.eval_every = eval_every
+        self.next_eval: int | None = 0 if heldout and eval_every > 0 else None  # the step a round is due at
+        self.evals: deque[tuple[EpisodeHandle, dict[str, Any], _EvalRound]] = deque()  # claimed, not yet run
+        self.eval_rounds = 0
+        self.eval_finished = 0
+        self.eval_busy = False  # a round is being claimed or run: the next one waits for it
+
+    def eval_due(self, step: int) -> bool:
+        """Whether a claim that saw ``step`` should start a held-out round (it then owns that round)."""
+        with self.lock:
+            if self.stop or self.eval_busy or self.next_eval is None or step < self.next_eval:
+                return False
+            self.eval_busy = True
+            self.next_eval = (step // self.eval_every + 1) * self.eval_every
+            return True
+
+    def next_eval_job(self) -> tuple[EpisodeHandle, dict[str, Any], _EvalRound] | None:
+        with self.lock:
+            return self.evals.popleft() if self.evals and not self.stop else None
 
     def next_item(self) -> tuple[dict[str, Any], str] | None:
         with self.lock:
@@ -89,14 +129,31 @@ def _episode_items(tasks: Iterable[dict[str, Any]], group_size: int) -> Iterator
             yield task, group_id
 
 
+def check_heldout(heldout: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The held-out tasks as a list; ``ValueError`` unless each is a dict with its own ``task_id``."""
+    tasks = list(heldout)
+    seen: set[str] = set()
+    for task in tasks:
+        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str) or not task["task_id"]:
+            raise ValueError(f"each held-out task must be a dict with a non-empty string 'task_id', got {task!r:.200}")
+        if task["task_id"] in seen:
+            raise ValueError(f"held-out task_id {task['task_id']!r} appears twice")
+        seen.add(task["task_id"])
+    return tasks
+
+
 def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow: Workflow, *, group_size: int,
-                 concurrency: int, episodes: int | None, category: str | None, progress: bool) -> RunSummary:
-    """Run until tasks run out, ``episodes`` have been started, or a claim fails for good."""
+                 concurrency: int, episodes: int | None, category: str | None, progress: bool,
+                 heldout: Iterable[dict[str, Any]] | None = None, eval_every: int = 0) -> RunSummary:
+    """Run until tasks run out, ``episodes`` have been started, or a claim fails for good; evaluate
+    ``heldout`` at step 0 and every ``eval_every`` steps (0: never)."""
     if group_size < 1 or concurrency < 1:
         raise ValueError(f"group_size and concurrency must be >= 1 (got {group_size}, {concurrency})")
     if episodes is not None and episodes < 1:
         raise ValueError(f"episodes must be >= 1 when given (got {episodes})")
-    state = _RunState(_episode_items(tasks, group_size), episodes)
+    if eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0 (0: no held-out evaluation), got {eval_every}")
+    state = _RunState(_episode_items(tasks, group_size), episodes, check_heldout(heldout or []), eval_every)
     start = time.monotonic()
     # Import the openai SDK (~1.5 s) while the first claims are in flight, not after them.
     threading.Thread(target=client.openai_pool.client, name="openai-import", daemon=True).start()
@@ -114,8 +171,13 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                            aborted=state.aborted, version=state.policy_version)
 
         def worker() -> None:
-            while (item := state.next_item()) is not None:
-                _one_episode(client, state, workflow, item, group_size, category)
+            while True:
+                if (job := state.next_eval_job()) is not None:  # a claimed eval episode runs first
+                    _one_eval(state, workflow, *job)
+                elif (item := state.next_item()) is not None:
+                    _one_episode(client, state, workflow, item, group_size, category)
+                else:
+                    return
                 refresh()
 
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="swarm-run") as pool:
@@ -130,11 +192,26 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                 for future in futures:
                     future.result()
                 raise
+            finally:
+                _abort_queued_evals(state)
     if state.fatal is not None:
         raise state.fatal
     mean = state.reward_sum / state.finished if state.finished else None
     return RunSummary(finished=state.finished, aborted=state.aborted, mean_reward=mean,
-                      seconds=time.monotonic() - start, policy_version=state.policy_version)
+                      seconds=time.monotonic() - start, policy_version=state.policy_version,
+                      eval_rounds=state.eval_rounds, eval_finished=state.eval_finished)
+
+
+def _play(handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
+    """Run the workflow on a claimed episode and make sure it ends finished (or raise)."""
+    with handle:
+        reward = workflow(handle, task)
+        if not handle.done:
+            if reward is None:
+                raise SwarmError("workflow returned no reward and did not call ep.finish")
+            handle.finish(float(reward))
+        elif handle.state != "finished":
+            raise SwarmError(f"episode ended as {handle.state}")
 
 
 def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
@@ -149,15 +226,10 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         return
     with state.lock:
         state.policy_version = handle.policy_version
+    if state.eval_due(handle.episode.step):
+        _claim_eval_round(client, state, handle.episode.step)
     try:
-        with handle:
-            reward = workflow(handle, task)
-            if not handle.done:
-                if reward is None:
-                    raise SwarmError("workflow returned no reward and did not call ep.finish")
-                handle.finish(float(reward))
-            elif handle.state != "finished":
-                raise SwarmError(f"episode ended as {handle.state}")
+        _play(handle, workflow, task)
     except Exception as exc:  # a broken episode must never stop the run
         with state.lock:
             state.aborted += 1
@@ -171,3 +243,59 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         if math.isfinite(reward_value):
             state.reward_sum += reward_value
             state.recent.append(reward_value)
+
+
+def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
+    """Claim one eval episode per held-out task, all before any runs (so the server's step cannot
+    move mid-round), and queue them for the workers."""
+    claimed: list[EpisodeHandle] = []
+    try:
+        for task in state.heldout:
+            claimed.append(client.claim(task["task_id"], purpose="eval"))
+    except SwarmError as exc:
+        log.error("claiming a held-out eval episode failed; evaluation is off for the rest of this run: %s", exc)
+        with state.lock:
+            state.next_eval = None
+            state.eval_busy = False
+        for handle in claimed:
+            with handle:  # leaving without a reward aborts it
+                pass
+        return
+    if not claimed:
+        with state.lock:
+            state.eval_busy = False
+        return
+    round_ = _EvalRound(claimed[0].episode.step, len(claimed))
+    log.info("held-out evaluation of step %d: %d episodes", round_.step, len(claimed))
+    with state.lock:
+        state.eval_rounds += 1
+        state.evals.extend((handle, task, round_) for handle, task in zip(claimed, state.heldout, strict=True))
+
+
+def _one_eval(state: _RunState, workflow: Workflow, handle: EpisodeHandle, task: dict[str, Any],
+              round_: _EvalRound) -> None:
+    try:
+        _play(handle, workflow, task)
+    except Exception as exc:  # a failed eval episode leaves no reward; the round goes on
+        log.warning("eval episode %s of held-out task %s aborted: %s: %s", handle.episode_id, task["task_id"],
+                    type(exc).__name__, exc)
+    with state.lock:
+        round_.pending -= 1
+        if handle.reward is not None and handle.state == "finished":
+            state.eval_finished += 1
+            round_.rewards.append(handle.reward)
+        done = round_.pending == 0
+        if done:
+            state.eval_busy = False
+    if done and round_.rewards:
+        log.info("held-out evaluation of step %d: mean reward %.3f over %d episodes", round_.step,
+                 sum(round_.rewards) / len(round_.rewards), len(round_.rewards))
+
+
+def _abort_queued_evals(state: _RunState) -> None:
+    """A stopped run ends the eval episodes it claimed but never ran (nothing is left claimed)."""
+    with state.lock:
+        queued, state.evals = list(state.evals), deque()
+    for handle, _, _ in queued:
+        handle.abort("the run stopped before this eval episode ran")
+        handle.close()

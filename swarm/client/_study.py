@@ -2,7 +2,9 @@
 
 A study client module defines ``tasks(seed) -> Iterable[dict]`` (each with a ``task_id``) and
 ``workflow(ep, task) -> float``; optionally ``GROUP_SIZE``, ``CONCURRENCY`` and ``setup(client)``
-(for example a supervised warm-up through ``client.sft``). Modules load from a file path, so a
+(for example a supervised warm-up through ``client.sft``), and ``heldout() -> list[dict]``: a fixed
+set of held-out tasks, disjoint from every ``tasks(seed)``, that the run evaluates (never trains on)
+at step 0 and every ``EVAL_EVERY`` steps (default 5; ``--eval-every`` overrides, 0 turns it off). Modules load from a file path, so a
 restarted client picks up edited code; the study imports only what it needs (the openai SDK is
 imported the first time an episode asks for a client).
 """
@@ -18,11 +20,12 @@ from types import ModuleType
 
 from swarm.client._client import SwarmClient
 from swarm.client._errors import SwarmError
-from swarm.client._runner import RunSummary
+from swarm.client._runner import RunSummary, check_heldout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path("artifacts/swarm")
+DEFAULT_EVAL_EVERY = 5
 
 
 def load_study(path: str | Path) -> ModuleType:
@@ -44,19 +47,35 @@ def load_study(path: str | Path) -> ModuleType:
         if not callable(getattr(module, name, None)):
             raise ValueError(f"{path} is not a study client: it must define {name}() "
                              "(tasks(seed) -> iterable of dicts with 'task_id'; workflow(ep, task) -> reward)")
+    if getattr(module, "heldout", None) is not None and not callable(module.heldout):
+        raise ValueError(f"{path}: heldout must be a function returning the held-out tasks (a list of dicts)")
     return module
 
 
+def study_heldout(module: ModuleType) -> list[dict]:
+    """The study's held-out tasks (``[]`` without ``heldout()``); ``ValueError`` if they are malformed."""
+    heldout = getattr(module, "heldout", None)
+    return check_heldout(heldout()) if callable(heldout) else []
+
+
 def run_study(module: ModuleType, client: SwarmClient, *, seed: int = 0, episodes: int | None = None,
-              concurrency: int | None = None, group_size: int | None = None, progress: bool = True) -> RunSummary:
-    """``setup(client)`` if the study has one, then ``client.run`` over ``tasks(seed)``."""
+              concurrency: int | None = None, group_size: int | None = None, progress: bool = True,
+              eval_every: int | None = None) -> RunSummary:
+    """``setup(client)`` if the study has one, then ``client.run`` over ``tasks(seed)``, evaluating
+    ``heldout()`` every ``eval_every`` steps (default: the study's ``EVAL_EVERY``, else 5; 0: off)."""
+    heldout = study_heldout(module)
+    every = int(getattr(module, "EVAL_EVERY", DEFAULT_EVAL_EVERY)) if eval_every is None else eval_every
+    if every < 0:
+        raise ValueError(f"eval_every must be >= 0 (0: no held-out evaluation), got {every}")
+    if every and not heldout and eval_every is not None:
+        log.warning("--eval-every %d has no effect: this study defines no heldout() tasks", every)
     setup = getattr(module, "setup", None)
     if callable(setup):
         setup(client)
     return client.run(module.tasks(seed), module.workflow,
                       group_size=group_size or int(getattr(module, "GROUP_SIZE", 8)),
                       concurrency=concurrency or int(getattr(module, "CONCURRENCY", 16)),
-                      episodes=episodes, progress=progress)
+                      episodes=episodes, progress=progress, heldout=heldout, eval_every=every if heldout else 0)
 
 
 def run_study_cli(file: str, argv: list[str] | None = None) -> None:
@@ -67,6 +86,9 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="evaluate the study's heldout() tasks every N steps (default: its EVAL_EVERY, else 5; "
+                             "0: off)")
     parser.add_argument("--token", default=None,
                         help="control token (default: $SWARM_TOKEN, then the token file); tools should set "
                              "$SWARM_CLIENT_TOKEN instead, since a command line is visible to every user")
@@ -78,7 +100,7 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
         with SwarmClient(args.server, token=args.token, token_file=args.state_dir / "token",
                          client_token_file=None if args.token else args.state_dir / "client_token") as client:
             summary = run_study(module, client, seed=args.seed, episodes=args.episodes,
-                                concurrency=args.concurrency, group_size=args.group_size)
+                                concurrency=args.concurrency, group_size=args.group_size, eval_every=args.eval_every)
     except (ValueError, SwarmError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None

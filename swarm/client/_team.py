@@ -15,6 +15,7 @@ from typing import Any
 from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError
+from swarm.protocol import Purpose
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,15 @@ class SwarmTeam:
 
     @contextmanager
     def rollout(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
-                category: str | None = None, lease_s: float | None = None) -> Iterator[TeamRollout]:
-        """Claim one episode per role; an exception or a missing ``finish`` aborts all of them."""
+                category: str | None = None, lease_s: float | None = None,
+                purpose: Purpose = "train") -> Iterator[TeamRollout]:
+        """Claim one episode per role; an exception or a missing ``finish`` aborts all of them.
+        ``purpose="eval"``: a held-out evaluation rollout (nothing of it is trained on any server)."""
         claimed: dict[str, EpisodeHandle] = {}
         try:
             for role, client in self.clients.items():
                 claimed[role] = client.claim(task_id, group_id=group_id, group_size=group_size,
-                                             category=category, lease_s=lease_s)
+                                             category=category, lease_s=lease_s, purpose=purpose)
         except SwarmError:
             TeamRollout(claimed)._close(RuntimeError("claim failed"), None)
             raise

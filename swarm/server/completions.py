@@ -14,11 +14,16 @@ runs in a thread, never on the event loop (``/healthz`` and other clients' heart
 on it); a call holds an ``InFlight`` slot (per credential, and rows in the generation queue) from
 before rendering until its generation ends; and an episode's recorded tokens, plus what its running
 calls may still add, stay within ``max_episode_tokens``.
+
+A held-out eval episode's calls are served and never recorded (so they reserve no episode tokens).
+A call that sends no ``seed`` gets a fixed one, derived from the task id and the call's index in
+the episode, so an eval is reproducible for a given policy (up to the batch's floating-point noise).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,8 +64,7 @@ class Completions:
         """Validate and render (raising the caller's 4xx), then generate in a task. ``key`` names
         the credential whose in-flight calls are capped. With an ``episode_id`` the result is
         recorded into that episode; without, it is served only."""
-        if episode_id is not None:
-            self.engine.live(episode_id)  # 404 / 409 / 410 before spending any compute
+        episode = self.engine.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         self._check_size(request)
@@ -69,9 +73,14 @@ class Completions:
                                          max_rows=config.max_batch_rows + config.max_queued_rows)]
         try:
             prompt = await asyncio.to_thread(self._render, request)
-            params = self._sampling(request, len(prompt))
-            if episode_id is not None:
-                releases.append(self._reserve_tokens(episode_id, len(prompt), params))
+            seed = request.seed
+            if episode is not None and episode.is_eval and seed is None:
+                seed = eval_seed(episode.task_id, episode.calls_started)
+            params = self._sampling(request, len(prompt), seed)
+            if episode is not None and not episode.is_eval:  # an eval call is served, never recorded
+                releases.append(self._reserve_tokens(episode.episode_id, len(prompt), params))
+            if episode is not None:
+                episode.calls_started += 1
         except BaseException:
             _release_all(releases)
             raise
@@ -133,7 +142,7 @@ class Completions:
         except Exception as exc:  # the template rejected these messages: the caller's input
             raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
 
-    def _sampling(self, request: ChatCompletionRequest, prompt_len: int) -> list[SamplingParams]:
+    def _sampling(self, request: ChatCompletionRequest, prompt_len: int, seed: int | None) -> list[SamplingParams]:
         config = self.engine.config
         room = self.max_context - prompt_len
         requested = request.max_completion_tokens or request.max_tokens
@@ -153,8 +162,15 @@ class Completions:
         stops = tuple(request.stop or ())
         # n > 1 with a seed: distinct but reproducible choices.
         return [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stops,
-                               seed=None if request.seed is None else request.seed + i, top_logprobs=top)
+                               seed=None if seed is None else seed + i, top_logprobs=top)
                 for i in range(request.n)]
+
+
+def eval_seed(task_id: str, call_index: int) -> int:
+    """The fixed sampling seed of an eval episode's ``call_index``-th call on ``task_id``: the same
+    held-out task draws the same random numbers under every policy (and ``seed + n`` stays int64)."""
+    digest = hashlib.blake2b(f"{task_id}\0{call_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 def _unavailable(exc: GeneratorUnavailable) -> Unavailable:

@@ -15,6 +15,14 @@ checkpoint. Trained, dropped and closed episodes are evicted from memory by the
 ``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
 so a late ``finish`` still gets a clear 410/409). Every state change calls
 ``self.emit(type, **data)`` (listeners: ``add_listener``).
+
+Held-out evaluation (``ClaimRequest.purpose="eval"``): an eval episode is served like any other but
+joins no group, is neither throttled nor counted in the buffer counts, is never recorded, stored or
+trained; its reward goes to the ``EvalBook`` round of the step it was claimed at, which the next
+committed step reports as ``eval/*`` metrics. So that a round evaluates exactly one policy, an eval
+claim arriving while a step trains waits for that step to end (and no new step starts meanwhile),
+and a step waits for the live eval episodes (in both modes; sync mode admits eval claims while a
+batch waits for its drain, since the drain waits for them).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from swarm.server.batcher import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.completions import ChatCall, Completions
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.episodes import EpisodeRecord, EvalBook, Group, GroupBook
 from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
 from swarm.server.records import FinishedEpisode
 from swarm.server.recovery import CONFIG_KEY, Restored
@@ -80,6 +88,7 @@ class Engine:
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
         self.groups = GroupBook()
+        self.evals = EvalBook()
         self._throttle = CategoryThrottle(config.category_ratios)
         self._listeners: list[Listener] = []
         self._version = trainer.policy_version
@@ -172,6 +181,10 @@ class Engine:
         retried = self.episodes.by_request(request.request_id)
         if retried is not None:
             return self._episode_view(retried, base_url)
+        if request.purpose == "eval":
+            if self.loop.training:
+                raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
+            return self._episode_view(self._claim_eval(request), base_url)
         self._admit()
         group_id = request.group_id or request.task_id
         starts_group = self.groups.is_new(group_id)
@@ -186,7 +199,7 @@ class Engine:
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
             category=request.category, client_id=request.client_id, lease_s=lease_s,
             lease_expires_at=self.clock() + lease_s, trace=EpisodeTrace(merge=self.config.merge_timelines),
-            claimed_version=self.policy_version,
+            claimed_version=self.policy_version, claimed_step=self.step,
         )
         group.members.append(episode)
         self.episodes.add_claimed(episode, group, request.request_id)
@@ -195,13 +208,45 @@ class Engine:
                    group_id=group_id, category=request.category, client_id=request.client_id)
         return self._episode_view(episode, base_url)
 
-    def _admit(self) -> None:
-        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain."""
+    async def claim_between_steps(self, request: ClaimRequest, base_url: str) -> Episode:
+        """``claim``, but an eval claim that arrives while a step trains waits for it to end (no new
+        step starts while one waits), so eval claims are never starved by back-to-back steps."""
+        if request.purpose == "eval":
+            self.evals.waiting += 1
+            try:
+                while self.loop.training:
+                    await self.loop.idle.wait()
+            finally:
+                self.evals.waiting -= 1
+                self.loop.wake.set()
+        return self.claim(request, base_url)
+
+    def _claim_eval(self, request: ClaimRequest) -> EpisodeRecord:
+        """A held-out eval episode of the current step's policy (see the module docstring)."""
+        self._admit(evaluating=True)
+        lease_s = request.lease_s or self.config.lease_s
+        episode = EpisodeRecord(
+            episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key="", group_id=request.task_id,
+            category=request.category, client_id=request.client_id, lease_s=lease_s,
+            lease_expires_at=self.clock() + lease_s, trace=EpisodeTrace(merge=self.config.merge_timelines),
+            claimed_version=self.policy_version, purpose="eval", claimed_step=self.step,
+        )
+        self.episodes.add_claimed(episode, None, request.request_id)
+        self.evals.claimed(episode.claimed_step)
+        self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
+                  category=request.category, client_id=request.client_id, purpose="eval", step=episode.claimed_step)
+        return episode
+
+    def _admit(self, *, evaluating: bool = False) -> None:
+        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain
+        (``evaluating``: an eval claim, which that drain waits for instead)."""
         if self.state in (ServerState.stopping, ServerState.stopped):
             raise RetryLater("the server is stopping", retry_after=5.0)
         if self._paused:
             raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
                              retry_after=2.0)
+        if evaluating:
+            return
         if self.config.mode == "sync" and (self.loop.training or self._batch_ready()):
             raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
                              retry_after=0.5)
@@ -211,6 +256,7 @@ class Engine:
             episode_id=episode.episode_id, base_url=base_url, api_key=self.keys.episode_key(episode.episode_id),
             policy_version=episode.claimed_version, lease_expires_at=episode.lease_expires_at,
             task_id=episode.task_id, group_id=episode.group_id, category=episode.category,
+            purpose=episode.purpose, step=episode.claimed_step,
         )
 
     def get(self, episode_id: str) -> EpisodeRecord:
@@ -254,9 +300,13 @@ class Engine:
 
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float) -> None:
-        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored)."""
+        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored);
+        an eval episode's calls are never recorded, only its lease is renewed."""
         episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
+            return
+        if episode.is_eval:
+            episode.lease_expires_at = self.clock() + episode.lease_s
             return
         episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
         episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
@@ -273,6 +323,8 @@ class Engine:
                            f"(reward {episode.reward}); a finish is final")
         self.live(episode_id)
         episode.finish = body
+        if episode.is_eval:
+            return self._finish_eval(episode, body)
         try:
             self._persist_finished(episode, self.episodes.group_of(episode_id))
         except Exception:
@@ -283,6 +335,14 @@ class Engine:
         self.capacity.episode_finished(episode.client_id)
         self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
+
+    def _finish_eval(self, episode: EpisodeRecord, body: FinishRequest) -> EpisodeStatus:
+        """An eval episode's reward goes to its round; nothing is stored (a crash loses the round only)."""
+        self._terminate(episode, EpisodeState.finished)
+        self.episodes.bury(episode)  # the tombstone answers a retried finish
+        self.emit("episode.finished", episode_id=episode.episode_id, reward=body.reward, group_id=None,
+                  purpose="eval", step=episode.claimed_step)
+        return self.status_of(episode.episode_id)
 
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         """A retried finish of an episode already trained (evicted) or from before a restart: the
@@ -303,8 +363,9 @@ class Engine:
         self.live(episode_id)
         episode.abort_reason = body.reason
         self._terminate(episode, EpisodeState.aborted)
-        self.counts.aborted += 1
-        self.store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
+        if not episode.is_eval:
+            self.counts.aborted += 1
+            self.store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
         self.episodes.bury(episode)
         self.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
         return self.status_of(episode_id)
@@ -315,9 +376,10 @@ class Engine:
         stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
         for episode in stale:
             self._terminate(episode, EpisodeState.expired)
-            self.counts.expired += 1
-            self.store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
-                e.episode_id, "expired", "no heartbeat within the lease"))
+            if not episode.is_eval:
+                self.counts.expired += 1
+                self.store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
+                    e.episode_id, "expired", "no heartbeat within the lease"))
             self.episodes.bury(episode)
             self.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
         return len(stale)
@@ -325,6 +387,12 @@ class Engine:
     def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
         episode.move(state)
         group = self.episodes.settle(episode)
+        if group is None:  # an eval episode: its round, not a group
+            ended = self.evals.ended(episode.claimed_step, episode.reward if state is EpisodeState.finished else None)
+            if ended is not None and ended.rewards:
+                self.emit("eval.finished", step=ended.step, metrics=ended.metrics())
+            self.loop.wake.set()  # a step may have waited for this round
+            return
         verdict = self.groups.settle(group, min_group_size=self.config.min_group_size,
                                       varied_only=self.config.batch_mode == "varied_groups")
         if verdict == "dropped":
@@ -348,8 +416,8 @@ class Engine:
     def can_step(self) -> bool:
         if self._paused or self.state in (ServerState.stopping, ServerState.stopped):
             return False
-        if not self._batch_ready():
-            return False
+        if not self._batch_ready() or self.evals.live or self.evals.waiting:
+            return False  # a step waits for a live (or arriving) eval round: it evaluates one policy
         return self.config.mode == "async" or self.in_flight == 0  # sync: wait for the drain
 
     def take_batch(self) -> list[Group]:

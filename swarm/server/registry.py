@@ -2,7 +2,7 @@
 
 The engine decides what happens to an episode; this registry only answers "which episodes exist
 here, and where": the held ones (claimed, or finished and waiting to be trained), the live
-(CLAIMED) subset with each one's group, claim request ids for idempotent retries, and a bounded set
+(CLAIMED) subset with each one's group (none for a held-out eval episode), claim request ids for idempotent retries, and a bounded set
 of tombstones so a late call on an aborted/expired episode still gets a clear 409/410. Trained and
 dropped episodes are evicted (the durable store keeps them), so memory stays bounded over days.
 """
@@ -20,7 +20,7 @@ __all__ = ["EpisodeRegistry"]
 class EpisodeRegistry:
     def __init__(self, max_tombstones: int = 50_000) -> None:
         self._held: dict[str, EpisodeRecord] = {}
-        self._group_of: dict[str, Group] = {}  # the live (CLAIMED) episodes -> their groups
+        self._group_of: dict[str, Group | None] = {}  # the live (CLAIMED) episodes -> their groups (eval: None)
         self._requests: dict[str, str] = {}  # claim request_id -> episode_id
         self._request_of: dict[str, str] = {}  # episode_id -> its claim request_id (for eviction)
         self._tombstones: OrderedDict[str, EpisodeRecord] = OrderedDict()  # closed, trace-free
@@ -28,7 +28,7 @@ class EpisodeRegistry:
 
     # ------------------------------------------------------------------ adding
 
-    def add_claimed(self, episode: EpisodeRecord, group: Group, request_id: str | None) -> None:
+    def add_claimed(self, episode: EpisodeRecord, group: Group | None, request_id: str | None) -> None:
         self._held[episode.episode_id] = episode
         self._group_of[episode.episode_id] = group
         if request_id is not None:
@@ -54,7 +54,10 @@ class EpisodeRegistry:
         return self._held.get(episode_id) or self._tombstones.get(episode_id)
 
     def group_of(self, episode_id: str) -> Group:
-        return self._group_of[episode_id]
+        group = self._group_of[episode_id]
+        if group is None:
+            raise KeyError(f"episode {episode_id} is an eval episode: it has no group")
+        return group
 
     def live(self) -> list[EpisodeRecord]:
         return [self._held[episode_id] for episode_id in self._group_of]
@@ -65,8 +68,9 @@ class EpisodeRegistry:
 
     # ------------------------------------------------------------------ leaving
 
-    def settle(self, episode: EpisodeRecord) -> Group:
-        """The episode left CLAIMED (finished, aborted, expired): drop it from the live set."""
+    def settle(self, episode: EpisodeRecord) -> Group | None:
+        """The episode left CLAIMED (finished, aborted, expired): drop it from the live set; its
+        group (``None`` for an eval episode)."""
         return self._group_of.pop(episode.episode_id)
 
     def evict(self, episode: EpisodeRecord) -> None:
@@ -77,7 +81,8 @@ class EpisodeRegistry:
             self._requests.pop(request_id, None)
 
     def bury(self, episode: EpisodeRecord) -> None:
-        """An aborted/expired episode: evict it but keep a trace-free tombstone (bounded, oldest out)."""
+        """An aborted/expired episode (or a finished eval one): evict it but keep a trace-free
+        tombstone (bounded, oldest out)."""
         episode.trace = EpisodeTrace(merge=episode.trace.merge)
         self.evict(episode)
         self._tombstones[episode.episode_id] = episode

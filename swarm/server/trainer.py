@@ -17,6 +17,11 @@ Errors training survives (a failed update, publication or periodic checkpoint) a
 their traceback and reported by ``report``: an ``error`` event with ``where``, and ``last_error`` in
 ``GET /api/v1/status``. A failed periodic checkpoint (a full disk, ``ulimit -f``) never ends the
 loop: the next steps train and commit, and the next checkpoint tries again.
+
+Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
+policy they were claimed under), and each commit adds the oldest finished eval round's ``eval/*``
+metrics (``Engine.evals``) to its own, so they reach ``/api/v1/metrics``, the buffer and MLflow with
+the training metrics.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class StepLoop:
         self.training = False
         self.last_error: LastError | None = None
         self.wake = asyncio.Event()
+        self.idle = asyncio.Event()  # set while no step trains (eval claims wait on it)
+        self.idle.set()
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
         self._last_step_at = time.monotonic()
 
@@ -95,15 +102,19 @@ class StepLoop:
     async def train_step(self) -> bool:
         """One step. ``True`` if the policy changed."""
         async with self._update_lock:
+            if self.engine.evals.live or self.engine.evals.waiting:  # an eval round goes first
+                return False
             started = time.perf_counter()
             config = self.engine.config
             self.training = True
+            self.idle.clear()
             self.engine.state = ServerState.training
             try:
                 groups = self.engine.take_batch()                                    # collect
                 return await self._step(groups, config, started)
             finally:
                 self.training = False
+                self.idle.set()
                 self.engine.settle_state()
                 self.wake.set()  # sync-mode claims may resume; another batch may be ready
 
@@ -177,6 +188,7 @@ class StepLoop:
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
         metrics.update(engine.capacity.step_finished(metrics["perf/step_s"]))
+        metrics.update(engine.evals.take_finished())  # eval/* of the oldest finished held-out round
         record = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=metrics)
         dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
         try:

@@ -1,5 +1,6 @@
 """End to end: `swarm serve --model tiny --config letters/config.toml` + `swarm run letters/client.py`
-as real processes; within the budget the mean reward of the last 5 steps beats the first 5 by >= 0.3.
+as real processes; within the budget the mean reward of the last 5 steps beats the first 5 by >= 0.3,
+and the run evaluates the study's held-out prompts (``eval/*`` in the step metrics, from step 0).
 
 The same criterion holds on each engine: the embedded torch engine (120 s), vLLM rollouts
 (`--engine vllm`, 240 s after the server is up: each step also syncs weights into vLLM through disk)
@@ -35,11 +36,13 @@ def test_letters_reward_rises(new_server: Callable[..., ServeProcess], tmp_path:
     server = new_server(config=LETTERS / "config.toml", extra_args=extra_args, timeout_s=300.0)
     start = time.monotonic()
     rewards: list[float] = []
+    steps: list[dict[str, float]] = []
     with study_run(LETTERS / "client.py", server, tmp_path / "run.log") as run, \
             SwarmClient(server.url, token=server.token) as client:
         while time.monotonic() - start < budget_s and run.poll() is None:
             time.sleep(2.0)
-            rewards = [m.metrics["train/reward_mean"] for m in client.metrics()]
+            steps = [m.metrics for m in client.metrics()]
+            rewards = [m["train/reward_mean"] for m in steps]
             if len(rewards) >= 10 and _rise(rewards) >= 0.3:
                 break
     elapsed = time.monotonic() - start
@@ -50,3 +53,6 @@ def test_letters_reward_rises(new_server: Callable[..., ServeProcess], tmp_path:
     assert _rise(rewards) >= 0.3, f"rewards {rewards}\n{output[-2000:]}"
     assert "Traceback" not in output
     assert "Traceback" not in server.log()
+    evals = [m for m in steps if "eval/reward_mean" in m]
+    assert evals and evals[0]["eval/step"] == 0, f"no held-out evaluation reported\n{output[-2000:]}"
+    assert all(m["eval/episodes"] == 32 for m in evals), [(m["eval/step"], m["eval/episodes"]) for m in evals]

@@ -81,3 +81,24 @@ def test_calculator_scores_each_skill_on_its_own() -> None:
     assert calc.score(ops, ["-3"], None, 7) == pytest.approx(0.6 * 0.25 + 0.1)
     assert calc.score(ops, [None] * 8, None, 10) == 0.0
     assert not calc.answer_right("None", None) and calc.answer_right(" 12 ", 12)
+
+
+@pytest.mark.parametrize("name", ["letters", "digits", "calculator"])
+def test_example_ships_a_fixed_heldout_set_disjoint_from_its_tasks(name: str) -> None:
+    from swarm.client._study import study_heldout
+
+    module = load_study(EXAMPLES / name / "client.py")
+    heldout = study_heldout(module)  # validated: dicts with distinct task ids
+    assert 16 <= len(heldout) <= 32 and heldout == module.heldout()  # fixed, not drawn per run
+    assert module.EVAL_EVERY >= 1
+
+    def content(task: dict) -> str:
+        return repr(sorted((k, v) for k, v in task.items() if k != "task_id"))
+
+    held = {content(t) for t in heldout}
+    ids = {t["task_id"] for t in heldout}
+    for seed in (0, 1, 7):
+        stream = module.tasks(seed)
+        for _ in range(3000):  # digits has only 1000 numbers: a stream this long meets every one
+            task = next(stream)
+            assert content(task) not in held and task["task_id"] not in ids, (seed, task)

@@ -19,7 +19,9 @@ that were well-formed calls + 0.3 × the final answer repeating the tool's last 
 scored on its own: a wrong call already costs its share, so it does not also zero the answer.
 ``setup`` runs a short supervised warm-up on correct trajectories on a fresh server (a random tiny
 model cannot produce the call syntax); it leaves the policy imperfect, and GRPO improves it (see
-README.md for measured curves). Run it with::
+README.md for measured curves). ``heldout()`` is 16 fixed problems from their own RNG stream, which
+neither ``tasks`` nor the warm-up ever yields; ``swarm run`` evaluates them every ``EVAL_EVERY``
+steps (``eval/*`` metrics). Run it with::
 
     swarm serve --model tiny --config studies/examples/calculator/config.toml
     swarm run studies/examples/calculator/client.py --server http://127.0.0.1:8000
@@ -45,6 +47,8 @@ WARMUP_TRAJECTORIES = 400
 WARMUP_STEPS = 100
 WARMUP_BATCH = 16
 WARMUP_LR = 3e-3
+EVAL_EVERY = 5  # steps between held-out evaluations
+HELDOUT_SIZE = 16  # each is 4-6 calls: as many episodes as one training step
 
 _CALL = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.DOTALL)
 _EXPR = re.compile(r"^(-?\d+)([+*-])(\d+)$")
@@ -95,12 +99,25 @@ def first_messages(start: int, ops: list[str]) -> list[dict]:
 # ---------------------------------------------------------------------------- the study
 
 
-def tasks(seed: int) -> Iterator[dict]:
-    rng = random.Random(seed)
-    index = 0
+def _problems(rng: random.Random) -> Iterator[tuple[int, list[str]]]:
+    """Random (start, operations) problems, never a held-out one."""
+    held = {(task["start"], tuple(task["ops"])) for task in heldout()}
     while True:
-        yield {"task_id": f"calc-{seed}-{index}", "start": rng.randint(1, 20), "ops": _ops(rng)}
-        index += 1
+        start, ops = rng.randint(1, 20), _ops(rng)
+        if (start, tuple(ops)) not in held:
+            yield start, ops
+
+
+def heldout() -> list[dict]:
+    """The fixed held-out problems: their own RNG stream (a string seed, never an int ``tasks`` seed)."""
+    rng = random.Random("calc-heldout")
+    return [{"task_id": f"calc-heldout-{i}", "start": rng.randint(1, 20), "ops": _ops(rng)}
+            for i in range(HELDOUT_SIZE)]
+
+
+def tasks(seed: int) -> Iterator[dict]:
+    for index, (start, ops) in enumerate(_problems(random.Random(seed))):
+        yield {"task_id": f"calc-{seed}-{index}", "start": start, "ops": ops}
 
 
 def calls_right(ops: list[str], calls: list[str | None]) -> float:
@@ -158,8 +175,9 @@ def workflow(ep: EpisodeHandle, task: dict) -> float:
 def warmup_examples(rng: random.Random, trajectories: int) -> list[dict]:
     """One supervised example per correct trajectory: a random turn (history so far -> the reply)."""
     examples = []
+    problems = _problems(rng)
     for _ in range(trajectories):
-        start, ops = rng.randint(1, 20), _ops(rng)
+        start, ops = next(problems)
         messages = first_messages(start, ops)
         value = start
         turns: list[tuple[list[dict], str]] = []
