@@ -8,6 +8,7 @@ whole study. Verdicts use ``eval/reward_mean`` (held-out evaluation) when every 
 ``train/reward_mean``. Results are small dicts (they go into the graph state and analysis.json);
 curves are read from each run's metrics.jsonl. ``verdict`` is the one place the study's answer is
 worded from numbers, so the report, ``researcher status`` and the offline planner say the same thing.
+``backfill`` gives summaries written before pooled evidence existed their ``study``, from the runs on disk.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from researcher import runs, stats
+from researcher.layout import StudyLayout
 
 OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
 MIN_POINTS = 3
@@ -124,7 +126,7 @@ def _score(arms: list[dict[str, Any]], metric: str, horizon: int) -> tuple[list[
     if usable:
         # Runs cut by the deadline are compared with the others over the steps they all reached.
         horizon = min(horizon, min(c.steps[-1] for c in usable))
-    kept = [Curve(*(xs[:n] for xs in c)) for c in usable for n in [sum(1 for s in c.steps if s <= horizon)]]
+    kept = [_cut(c, horizon) for c in usable]
     budgets = {"step": float(horizon),
                "episode": min((c.episodes[-1] for c in kept if c.steps), default=0.0),
                "second": min((c.seconds[-1] for c in kept if c.steps), default=0.0)}
@@ -136,10 +138,9 @@ def _score(arms: list[dict[str, Any]], metric: str, horizon: int) -> tuple[list[
         for trial in arm["trials"]:
             row["statuses"].append(trial["status"])
             c = curves[id(trial)]
-            n = sum(1 for s in c.steps if s <= horizon)
-            if trial["status"] not in OK_STATUSES or len(c.steps) < least or n == 0:
+            if trial["status"] not in OK_STATUSES or len(c.steps) < least or c.steps[0] > horizon:
                 continue
-            c = Curve(*(xs[:n] for xs in c))
+            c = _cut(c, horizon)
             row["aucs"].append(stats.auc(c.steps, c.values, horizon))
             row["finals"].append(stats.final_level(c.values))
             row["runs"].append(trial["run_dir"])
@@ -151,6 +152,20 @@ def _score(arms: list[dict[str, Any]], metric: str, horizon: int) -> tuple[list[
             row["axes"] = {a: _cell(row["scores"][a]) for a in AXES if row["scores"][a]}
         rows.append(row)
     return rows, budgets
+
+
+def _cut(c: Curve, horizon: int) -> Curve:
+    """``c`` up to ``horizon``, ending at ``horizon`` where it goes past it: held-out evaluation runs every
+    few steps and lands on different steps in different runs (``[0, 6, 8]``, ``[0, 7]``), so a run with no
+    point at the shared horizon gets one interpolated there instead of being cut back to its start."""
+    n = sum(1 for s in c.steps if s <= horizon)
+    cut = Curve(*(list(xs[:n]) for xs in c))
+    if 0 < n < len(c.steps) and c.steps[n - 1] < horizon:
+        w = (horizon - c.steps[n - 1]) / (c.steps[n] - c.steps[n - 1])
+        cut.steps.append(horizon)
+        for whole, part in ((c.episodes, cut.episodes), (c.seconds, cut.seconds), (c.values, cut.values)):
+            part.append(whole[n - 1] + w * (whole[n] - whole[n - 1]))
+    return cut
 
 
 def compare(better: dict[str, Any], worse: dict[str, Any], axis: str, min_effect: float,
@@ -246,12 +261,47 @@ def summarize(iteration: int, knob: str, metric: str, horizon: int, experiments:
         # The incumbent re-ran on fresh seeds. Plateau only when the evidence says so: the whole 95% CI of
         # (best challenger − incumbent) lies below min_effect. A wide CI is "unresolved", never a plateau.
         incumbent = next((r for r in scored if r["value"] == previous_best["value"]), None)
-        challengers = sorted((r for r in scored if r is not incumbent), key=lambda r: r["auc"]["mean"], reverse=True)
-        gain = stats.diff_ci(challengers[0]["aucs"], incumbent["aucs"]) if incumbent is not None else None
+        # Twins of the incumbent (an A/A check) are no challengers: the knob did not change.
+        challengers = sorted((r for r in scored
+                              if incumbent is not None and repr(r["value"]) != repr(incumbent["value"])),
+                             key=lambda r: r["auc"]["mean"], reverse=True)
+        gain = stats.diff_ci(challengers[0]["aucs"], incumbent["aucs"]) if incumbent and challengers else None
         if gain is not None and math.isfinite(gain.high) and gain.high < min_effect:
             summary["plateau"] = (f"{knob}={challengers[0]['value']} did not beat {knob}={incumbent['value']} by more "
                                   f"than {min_effect} in area under the curve: the knob has plateaued")
     return summary
+
+
+def backfill(history: list[dict[str, Any]], layout: StudyLayout, min_effect: float) -> list[dict[str, Any]]:
+    """``history`` with the pooled evidence (``study``) in every summary.
+
+    A state written before pooled evidence existed holds summaries without ``study``, and ``verdict``
+    would answer "No answer". Each such summary is summarized again from the runs on disk (run.json
+    records, the overrides its experiments list), pooled with the iterations before it."""
+    if all(s.get("study") for s in history):
+        return history
+    records = runs.all_records(layout.runs_dir)
+    out: list[dict[str, Any]] = []
+    earlier: list[dict[str, Any]] = []
+    for s in history:
+        knob = s["knob"]
+        overrides = {e["name"]: e.get("overrides", {knob: e.get("value")}) for e in s["experiments"]}
+        mine = [{"experiment": r.experiment, "seed": r.seed, "status": r.status,
+                 "run_dir": str(layout.run_dir(r.iteration, r.trial))}
+                for r in records if r.iteration == s["iteration"] and r.experiment in overrides]
+        if s.get("study"):
+            out.append(s)
+        else:
+            last = out[-1] if out else None
+            previous = {"name": last["best"], "value": last["best_value"]} if last and last.get("best") else None
+            experiments = [{"name": name, "overrides": o} for name, o in overrides.items()]
+            new = summarize(s["iteration"], knob, s["metric"], s["horizon"], experiments, mine, min_effect, previous,
+                            earlier)
+            for row in [*new["experiments"], *new["study"]["arms"]]:
+                row.pop("runs", None)  # as analyze stores them: numbers only
+            out.append({**s, **new})
+        earlier += [{**t, "overrides": overrides[t["experiment"]], "iteration": s["iteration"]} for t in mine]
+    return out
 
 
 def _est(cell: dict[str, Any] | None) -> str:
@@ -364,7 +414,13 @@ def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
                     f"{_est(high.get('final'))} vs {_est(low.get('final'))}; difference {diff_text}; seeds {seeds}")
         who = (f"the larger {knob} ({high['value']})" if _orderable([r["value"] for r in pair])
                else f"{high['label']} (vs {low['label']})")
-        if hw is not None and d - hw > 0:
+        twins = _arm_key(high["overrides"]) == _arm_key(low["overrides"])
+        if twins and hw is not None and abs(d) - hw > 0:
+            same = ", ".join(f"{k}={v}" for k, v in high["overrides"].items()) or "the task's configuration"
+            answer = (f"Yes: {high['name']} learned faster than {low['name']} {AXIS_TEXT[axis]}, though both run the "
+                      f"identical configuration ({same}): a false positive (expected in 5% of such checks) or a "
+                      f"source of difference outside the configuration — {evidence}.")
+        elif hw is not None and d - hw > 0:
             answer = f"Yes: {who} learned faster {AXIS_TEXT[axis]} — {evidence}."
         elif hw is not None and d + hw < 0:
             answer = f"No: {who} learned slower {AXIS_TEXT[axis]} — {evidence}."

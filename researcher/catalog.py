@@ -96,6 +96,29 @@ KNOBS: tuple[Knob, ...] = (
                                      ("embedded", "torch"))),
 )
 
+# Every key a run's config.toml may set: ``ServerConfig``'s fields and the engine keys (``ENGINE_KEYS`` of
+# swarm.server.settings), each with its kind. The researcher may not import the server, so this list is kept
+# in sync by a test; the server itself validates values (``swarm serve --check``) before any run starts.
+CONFIG_KEYS: dict[str, str] = {
+    "lr": "float (0, 1], AdamW learning rate", "weight_decay": "float >= 0", "grad_clip": "float > 0",
+    "adv_estimator": "str: grpo, rloo, reinforce_plus_plus, ...", "norm_adv_by_std": "bool",
+    "policy_loss": "str: vanilla, gspo, cispo, ...", "loss_agg_mode": "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
+    "clip_ratio": "float (0, 1)", "kl_coef": "float >= 0 (0 disables the reference model)",
+    "kl_penalty": "str: low_var_kl, kl, abs, mse", "ppo_epochs": "int 1-16", "micro_batch_tokens": "int >= 64",
+    "rollout_is": "off | token | sequence", "rollout_is_threshold": "float > 0",
+    "group_size": "int 1-1024, GRPO samples per prompt", "batch_groups": "int 1-4096, complete groups per step",
+    "min_group_size": "int >= 1, <= group_size", "batch_mode": "groups | episodes | varied_groups",
+    "mode": "sync | async", "max_staleness": "int 0-64", "temperature": "float 0-4", "top_p": "float (0, 1]",
+    "max_tokens": "int >= 1, default completion length", "merge_timelines": "bool", "lease_s": "float (0, 3600]",
+    "category_ratios": "table of category -> weight", "batch_window_ms": "float 0-1000",
+    "max_batch_rows": "int 1-4096", "max_prompt_chars": "int >= 1", "max_queued_rows": "int 0-65536",
+    "max_inflight_per_key": "int 1-4096", "max_episode_tokens": "int >= 1", "max_event_subscribers": "int 1-4096",
+    "checkpoint_every": "int >= 0",
+    "engine": "torch | vllm (rollout engine, set for the run's life)",
+    "trainer": "torch | verl (training engine, set for the run's life)",
+    "workers": "int >= 1 (verl trainer)", "ray_address": "str (verl trainer)",
+}
+
 # "number" is not a digits keyword: "the number of samples per prompt" names no task.
 TASK_KEYWORDS: dict[str, tuple[str, ...]] = {
     "letters": ("letter", "letters", "'a'", "character"),
@@ -145,3 +168,8 @@ def describe(root: Path) -> str:
         reference = f"; off/standard {item.reference!r}" if item.reference is not None else ""
         lines.append(f"- {item.label}: `{item.key}` in {list(item.ladder)}{bounds}{reference}{only}")
     return "\n".join(lines)
+
+
+def describe_config_keys() -> str:
+    """Every server config key with its kind: what the LLM planner may set beyond the catalog's knobs."""
+    return "\n".join(f"- `{key}`: {kind}" for key, kind in CONFIG_KEYS.items())

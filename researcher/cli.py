@@ -136,7 +136,9 @@ def _printer() -> Any:
             out.print(f"[dim]{stamp}[/dim] {data['experiment']} seed {data['seed']}: step "
                       f"{data['step']}/{data['target']} reward {reward}", highlight=False)
         elif event == "analyzed":
-            out.print(f"[dim]{stamp}[/dim] [bold]iteration {data['iteration']}[/bold] best: {data['best']}")
+            # ``best`` and the lines under it are the whole study's, on the verdict's axis and metric.
+            out.print(f"[dim]{stamp}[/dim] [bold]iteration {data['iteration']}[/bold] analysed; highest AUC over the "
+                      f"whole study: {data['best']}", highlight=False)
             for line in data["lines"]:
                 out.print(f"    {line}", highlight=False)
         elif event == "report":

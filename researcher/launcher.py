@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 SERVER_LOG = "server.log"
 _SUMMARY = re.compile(r"finished=(\d+) aborted=(\d+)")
+_ABORTED = re.compile(r"(episode \S+ of task \S+ aborted: .*)")  # the runner's log line of an aborted episode
 CLIENT_LOG = "client.log"
 STATE_DIR = "server"  # the server's state dir inside the run dir
 TOKEN_FILE, CLIENT_TOKEN_FILE = "token", "client_token"  # written there by `swarm serve`
@@ -284,11 +285,14 @@ class Launcher:
     # ------------------------------------------------------------------ smoke runs
 
     def smoke(self, client_path: Path, config_path: Path, work_dir: Path, *, episodes: int, group_size: int,
-              timeout_s: float, server_url: str | None = None) -> str | None:
-        """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error.
+              timeout_s: float, server_url: str | None = None, rewards_out: Path | None = None) -> str | None:
+        """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error
+        (its first line the verdict, the client's log tail below).
 
         The client runs boxed like a training run's (``researcher.sandbox``); on timeout its whole
-        process group is killed."""
+        process group is killed. Episodes are claimed a group at a time (concurrency = ``group_size``);
+        with ``rewards_out`` every episode's reward is recorded there (``swarm run --rewards-out``), for
+        the checks of ``researcher.preflight``."""
         runs.private_dir(work_dir)
         record = RunRecord(key="smoke", study_id="smoke", iteration=0, trial=0, experiment="smoke", seed=0,
                            config={}, client=str(client_path), target_step=0, episodes=episodes,
@@ -306,6 +310,8 @@ class Launcher:
             argv = self.swarm_command + ["run", str(client_path), "--server", record.url, "--episodes", str(episodes),
                                          "--group-size", str(group_size), "--concurrency", str(group_size),
                                          "--retry-for", "10"]
+            if rewards_out is not None:
+                argv += ["--rewards-out", str(rewards_out)]
             env = sandbox.study_env(work_dir, client_token=self.client_token(record), threads=self.threads)
             done = sandbox.run_boxed(argv, env=env, cwd=work_dir, limits=sandbox.Limits.for_episodes(episodes),
                                      timeout_s=timeout_s)
@@ -315,18 +321,25 @@ class Launcher:
                 return (f"the smoke run of {episodes} episodes did not finish within {timeout_s:.0f} s "
                         f"(its processes were killed):\n{output[-3000:]}")
             if done.returncode != 0:
-                return f"`swarm run` {done.describe()}:\n{output[-6000:]}"
+                return f"`swarm run` {done.describe()}: {_last_line(output)}\n{output[-6000:]}"
             counts = _SUMMARY.search(output)
             if counts is None:
                 return f"`swarm run` printed no summary line:\n{output[-6000:]}"
             finished, aborted = int(counts.group(1)), int(counts.group(2))
             if aborted or not finished:
                 # The runner logs the first aborted episode's traceback: that is what repair needs.
-                return f"{aborted} of {finished + aborted} smoke episodes aborted:\n{output[-6000:]}"
+                first = _ABORTED.search(output)
+                why = f"; the first: {first.group(1).strip()}" if first else ""
+                return f"{aborted} of {finished + aborted} smoke episodes aborted{why}\n{output[-6000:]}"
             return None
         finally:
             if server_url is None:
                 procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+
+
+def _last_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else "(no output)"
 
 
 def _read_token(path: Path) -> str | None:

@@ -4,16 +4,23 @@ These are what a person reviews (and may commit), so they are plain, stable text
 writer covers what configs hold here: scalars, lists of scalars and one level of tables. Keys come
 from the planner too (experiment overrides): an override key must look like a config key, and every
 key is written bare only when TOML reads it as one plain key, else quoted, so no key can open a table.
+Whether the server accepts a config (its keys and values) only the server knows: ``check_configs``
+asks it (``swarm serve --check``) before anything runs. Each experiment folder is self-contained:
+its client.py carries the experiment's client factor levels (``set_factors``).
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import json
 import math
 import os
 import re
+import subprocess
+import tempfile
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +87,88 @@ def server_config(example_config: Path, overrides: dict[str, Any]) -> dict[str, 
     """The example's flat server config (or its [server] table) with ``overrides`` applied."""
     data = tomllib.loads(example_config.read_text())
     return {**data.get("server", data), **check_overrides(overrides)}
+
+
+class ConfigCheckError(RuntimeError):
+    """``swarm serve --check`` could not be run or answered something unreadable (not a config problem)."""
+
+
+def check_configs(swarm_command: Sequence[str], configs: Mapping[str, dict[str, Any]],
+                  timeout_s: float = 120.0) -> dict[str, str]:
+    """Ask the server's own validation about every config at once; ``{name: why}`` for those it refuses.
+
+    One ``swarm serve --check --config A --config B …`` process for all of a plan's configs: it validates
+    each file (keys and values, the engine keys too) as ``swarm serve`` would and loads no model."""
+    if not configs:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="config-check-") as tmp:
+        paths = {}
+        for index, (name, config) in enumerate(configs.items()):
+            paths[name] = Path(tmp) / f"{index:02d}.toml"
+            paths[name].write_text(dumps_toml(config))
+        argv = [*swarm_command, "serve", "--check", *(a for p in paths.values() for a in ("--config", str(p)))]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigCheckError(f"could not run `swarm serve --check`: {exc}") from exc
+    answers = {}
+    for line in done.stdout.splitlines():
+        path, _, verdict = line.partition(": ")
+        answers[path.strip()] = verdict.strip()
+    if done.returncode not in (0, 2) or any(str(p) not in answers for p in paths.values()):
+        raise ConfigCheckError(f"`swarm serve --check` exited {done.returncode} without a verdict for every config: "
+                               f"{(done.stderr or done.stdout)[-1000:]}")
+    return {name: answers[str(p)].removeprefix("invalid server settings: ") for name, p in paths.items()
+            if answers[str(p)] != "ok"}
+
+
+def set_factors(source: str, levels: Mapping[str, Any]) -> str:
+    """``source`` with its top-level ``FACTORS = {...}`` assignment replaced by one holding ``levels``
+    (over the defaults it lists), the rest of the file byte for byte; ``source`` as is when ``levels`` is
+    empty. ``ValueError`` (a message for the planner's repair step) when the client declares no FACTORS dict
+    literal, or ``levels`` names a factor it does not declare, or a level cannot be written as a literal."""
+    if not levels:
+        return source
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"the client does not compile, so its FACTORS cannot be set: {exc}") from None
+    found = [node for node in tree.body
+             if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "FACTORS" for t in node.targets))
+             or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "FACTORS")]
+    names = ", ".join(sorted(map(str, levels)))
+    if not found:
+        raise ValueError(f"the experiment sets client factor(s) {names}, but the client has no top-level "
+                         "`FACTORS = {...}` assignment: declare FACTORS as a dict literal of every client factor and "
+                         "its default level, and read the levels from it (FACTORS[\"name\"])")
+    if len(found) > 1:
+        raise ValueError(f"the client assigns FACTORS {len(found)} times at top level; keep exactly one dict literal")
+    node = found[0]
+    try:
+        defaults = ast.literal_eval(node.value) if node.value is not None else None
+    except ValueError:
+        defaults = None
+    if not isinstance(defaults, dict):
+        raise ValueError("the client's FACTORS is not a dict literal (e.g. FACTORS = {\"tool\": True}); the researcher "
+                         "sets each experiment's levels there")
+    unknown = sorted(str(k) for k in levels if k not in defaults)
+    if unknown:
+        raise ValueError(f"the experiment sets client factor(s) {', '.join(unknown)} that the client's FACTORS does not "
+                         f"declare (it declares: {', '.join(map(str, defaults)) or 'nothing'})")
+    merged = {**defaults, **levels}
+    text = repr(merged)
+    try:
+        if ast.literal_eval(text) != merged:
+            raise ValueError
+    except (ValueError, SyntaxError):
+        raise ValueError(f"client factor levels must be plain literals (numbers, strings, booleans, lists): {merged!r}")
+    value = node.value
+    assert value is not None and value.end_lineno is not None and value.end_col_offset is not None
+    lines = source.encode().splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:value.lineno - 1]) + value.col_offset  # ast offsets are UTF-8 bytes
+    end = sum(len(line) for line in lines[:value.end_lineno - 1]) + value.end_col_offset
+    raw = source.encode()
+    return (raw[:start] + text.encode() + raw[end:]).decode()
 
 
 def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dict[str, Any],

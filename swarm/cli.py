@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from swarm.client import SwarmClient, SwarmError, load_study, run_study
+from swarm.client import SwarmClient, SwarmError, load_study, probe_study, run_study
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     state_dir: StateDir = DEFAULT_STATE_DIR,
-    config: Annotated[Path | None, typer.Option(help="TOML file of flat ServerConfig keys")] = None,
+    config: Annotated[list[Path] | None, typer.Option(
+        help="TOML file of flat ServerConfig keys (repeatable with --check only)")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="SWARM_TOKEN", show_envvar=True,
         help="control token (else <state-dir>/token, else generated there on loopback); "
@@ -135,6 +136,9 @@ def serve(
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+    check: Annotated[bool, typer.Option("--check", help=(
+        "only validate each --config file with these flags as serve would: print '<file>: ok' or "
+        "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
 ) -> None:
     """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API.
 
@@ -145,19 +149,37 @@ def serve(
     from swarm.server.auth import private_dir
     from swarm.server.settings import ServerConfig, ServerSettings, engine_choice
 
-    try:
-        server_config = ServerConfig.from_toml(config) if config is not None else ServerConfig()
-        chosen = engine_choice(config) if config is not None else {}  # flags override the file
+    def settings_for(path: Path | None) -> ServerSettings:
+        server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
+        chosen = engine_choice(path) if path is not None else {}  # flags override the file
         if backend is not None:
             chosen.update(engine=backend, trainer=backend)
         flags = {"engine": engine, "trainer": trainer, "workers": workers, "ray_address": ray_address}
         chosen.update({k: v for k, v in flags.items() if v is not None})
         client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
-        settings = ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token,
-                                  client_token=client_token, seed=seed, mlflow_uri=mlflow_uri,
-                                  mlflow_run_id=mlflow_run_id, mlflow_experiment=mlflow_experiment,
-                                  max_context=max_context,
-                                  vllm_url=vllm_url, vllm_python=vllm_python, config=server_config, **chosen)
+        return ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token,
+                              client_token=client_token, seed=seed, mlflow_uri=mlflow_uri,
+                              mlflow_run_id=mlflow_run_id, mlflow_experiment=mlflow_experiment,
+                              max_context=max_context,
+                              vllm_url=vllm_url, vllm_python=vllm_python, config=server_config, **chosen)
+
+    files: list[Path | None] = list(config or []) or [None]
+    if check:
+        # The researcher checks every experiment's config of a plan in one call, before any run starts.
+        invalid = 0
+        for path in files:
+            try:
+                settings_for(path)
+                line = "ok"
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                invalid += 1
+                line = f"invalid server settings: {_one_line(exc)}"
+            out.print(f"{path or '(no --config)'}: {line}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2 if invalid else 0)
+    if len(files) > 1:
+        _fail("one --config per server (several only with --check)", 2)
+    try:
+        settings = settings_for(files[0])
     except (ValueError, ValidationError) as exc:
         _fail(f"invalid server settings: {exc}", 2)
     try:
@@ -180,6 +202,14 @@ def serve(
         _fail(str(exc), 2)
 
 
+def _one_line(exc: ValueError) -> str:
+    """A validation error as one line (pydantic's own text spans several)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in errors())
+    return " ".join(str(exc).split())
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -199,11 +229,20 @@ def run(
         help="token (after $SWARM_CLIENT_TOKEN; else <state-dir>/client_token, else <state-dir>/token)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     retry_for: Annotated[float, typer.Option(help="seconds to keep retrying an unreachable server")] = 120.0,
+    rewards_out: Annotated[Path | None, typer.Option(
+        help="write one JSON line per episode (task_id, group, purpose, reward) to this file")] = None,
+    probe: Annotated[bool, typer.Option(
+        "--probe", help="check tasks(seed) and heldout() without a server (deterministic per seed, seeds differ, "
+                        "held-out set disjoint); print one JSON line, exit 1 on a problem")] = False,
 ) -> None:
     """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
 
     Claims use the client token: ``$SWARM_CLIENT_TOKEN``, else ``--token``, else
     ``<state-dir>/client_token``, else the control token."""
+    if probe:
+        report = probe_study(client_file)
+        typer.echo(report.model_dump_json())
+        raise typer.Exit(0 if report.ok else 1)
     try:
         module = load_study(client_file)
     except ValueError as exc:
@@ -215,7 +254,7 @@ def run(
     with _client(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
         try:
             summary = run_study(module, client, seed=seed, episodes=episodes, concurrency=concurrency,
-                                group_size=group_size, progress=True, eval_every=eval_every)
+                                group_size=group_size, progress=True, eval_every=eval_every, rewards_out=rewards_out)
         except SwarmError as exc:
             _fail(str(exc))
         except ValueError as exc:

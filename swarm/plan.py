@@ -73,6 +73,7 @@ class Advice:
 
 def measure(metrics: Sequence[StepMetrics], *, clients: int, in_flight: int, window: int = WINDOW) -> Figures:
     """Average the last ``window`` steps' perf figures; ``in_flight`` is the claimed-episode count."""
+    metrics = [m for m in metrics if m.step > 0]  # row 0 holds a held-out evaluation only
     recent = [m.metrics for m in metrics[-window:]]
     if len(recent) < 2:
         raise NotEnoughData(f"the server has trained {len(metrics)} step(s); capacity needs at least 2")

@@ -114,6 +114,7 @@ class MlflowRunWriter:
             saved = None  # another store, experiment or run: its cursor says nothing about this one
         self._cursor = saved or _Cursor(tracking_uri, experiment, run_id)
         self._tags: dict[str, str] = {}
+        self._rewind: int | None = None  # set by ``rewind``; applied by the thread before its next read
         self._lock = threading.Lock()
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
@@ -148,6 +149,13 @@ class MlflowRunWriter:
         with self._lock:
             self._tags.pop(key, None)  # re-insert: the newest value goes out last
             self._tags[key] = str(value)[:_MAX_VALUE_CHARS]
+
+    def rewind(self, step: int) -> None:
+        """Send the source's steps after ``step`` again with the next delivery (soon): a step the
+        source revised after it went out. MLflow keeps one copy of a point sent twice."""
+        with self._lock:
+            self._rewind = step if self._rewind is None else min(self._rewind, step)
+        self._wake.set()
 
     def close(self, status: str = "FINISHED", timeout_s: float = 10.0) -> bool:
         """Deliver what is left, set the run's final ``status`` and stop, waiting at most ``timeout_s``.
@@ -287,6 +295,10 @@ class MlflowRunWriter:
     def _log_steps(self) -> None:
         from mlflow.entities import Metric
 
+        with self._lock:
+            rewind, self._rewind = self._rewind, None
+        if rewind is not None:
+            self._cursor.delivered_step = min(self._cursor.delivered_step, rewind)
         while not self._abandoned:
             steps = self._source(self.delivered_step, _STEPS_PER_READ)
             if not steps:

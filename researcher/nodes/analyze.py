@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from researcher import analysis, plots, runs, studyfiles
+from researcher import analysis, factorial, plots, runs, studyfiles
 from researcher.context import StudyContext
 from researcher.layout import StudyLayout
 from researcher.state import StudyState
@@ -27,7 +27,8 @@ def earlier_trials(layout: StudyLayout, iteration: int) -> list[dict[str, Any]]:
         planned = plan.get(str(record.iteration), {}).get("experiments", [])
         exp = next((e for e in planned if e["name"] == record.experiment), None)
         if exp is not None:
-            found.append({"experiment": record.experiment, "overrides": exp["overrides"], "iteration": record.iteration,
+            found.append({"experiment": record.experiment, "overrides": factorial.arm_settings(exp),
+                          "iteration": record.iteration,
                           "seed": record.seed, "status": record.status,
                           "run_dir": str(layout.run_dir(record.iteration, record.trial))})
     return found
@@ -40,10 +41,13 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     previous = None
     if history and history[-1].get("best") is not None:
         previous = {"name": history[-1]["best"], "value": history[-1]["best_value"]}
+    # An arm is its server overrides and its client factor levels (factorial designs vary both).
+    arms = [{**e, "overrides": factorial.arm_settings(e)} for e in plan["experiments"]]
     summary = analysis.summarize(iteration, framing["knob"], framing["metric"], plan["steps_per_run"],
-                                 plan["experiments"], list(state["trials"]), state["options"]["min_effect"], previous,
+                                 arms, list(state["trials"]), state["options"]["min_effect"], previous,
                                  earlier_trials(ctx.layout, iteration), plan.get("shape"))
     study, title = summary["study"], f"{state['study_id']} · {framing['knob']}"
+    study["effects"] = factorial.effects(study, framing.get("factors") or [])  # [] unless a 2-level factorial
     summary["plot"] = _figure(ctx, plots.reward_curves(summary, ctx.layout.plots_dir / f"iteration-{iteration}.png",
                                                        f"{title} · iteration {iteration}"))
     study["plots"] = {"axes": _figure(ctx, plots.axes_curves(study, ctx.layout.plots_dir / "axes.png",
@@ -56,14 +60,18 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     analysis_file = ctx.layout.artifacts_dir / f"analysis-{iteration}.json"
     analysis_file.write_text(json.dumps(summary, indent=2, default=str))
 
+    # Whole-study lines on the verdict's axis and metric, highest first: the first names ``best``.
+    axis, measure = study["axis"], f"AUC {analysis.AXIS_TEXT[study['axis']]} of `{study['metric']}`"
     lines = []
+    for row in sorted((r for r in study["arms"] if "axes" in r), key=lambda r: -r["axes"][axis]["mean"]):
+        lines.append(f"{row['name']} ({framing['knob']}={row['value']}): {measure} {_fmt(row['axes'][axis])}, final "
+                     f"{_fmt(row['final'])} ({len(row['aucs'])}/{len(row['statuses'])} runs usable, iteration(s) "
+                     f"{', '.join(map(str, row['iterations']))})")
     for row in summary["experiments"]:
-        if "auc" in row:
-            lines.append(f"{row['name']}: AUC {_fmt(row['auc'])}, final {_fmt(row['final'])} "
-                         f"({len(row['aucs'])}/{len(row['statuses'])} runs usable)")
-        else:
-            lines.append(f"{row['name']}: no usable run ({', '.join(row['statuses']) or 'none launched'}) — negative "
-                         "result, nothing measured")
+        if "auc" not in row:
+            statuses = ", ".join(row["statuses"]) or "none launched"
+            lines.append(f"{row['name']}: no usable run in iteration {iteration} ({statuses}) — negative result, "
+                         "nothing measured")
     comparison = summary["comparison"]
     if comparison:
         lines.append(f"whole study ({analysis.AXIS_TEXT[comparison['axis']]}, `{summary['metric']}`): "
@@ -81,7 +89,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             if "auc" in row:
                 metrics[f"analysis/auc_mean/{row['name']}"] = row["auc"]["mean"]
                 metrics[f"analysis/final_mean/{row['name']}"] = row["final"]["mean"]
-        metrics |= mlflow_values(study)
+        metrics |= mlflow_values(study) | factorial.mlflow_values(study)
         ctx.tracker.log_values(parent, metrics, step=iteration)
         ctx.tracker.set_tags(parent, {"researcher.metric": study["metric"], "researcher.primary_axis": study["axis"],
                                       "researcher.best": str(study["best"]),

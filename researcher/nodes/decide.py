@@ -1,8 +1,8 @@
 """decide: continue with another iteration or conclude (a resolved answer, stop request, or budget).
 
 The planner sees the topic, the values of the last iteration's arms and the whole study's pooled
-comparison (its metric, axis and noise floor), so it can tell an unresolved difference (re-run those
-arms on fresh seeds) from a resolved one (refine or conclude).
+comparison (its metric, axis and noise floor; a factorial's effects with their intervals), so it can
+tell an unresolved difference (re-run those arms on fresh seeds) from a resolved one (refine or conclude).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
         context = {"topic": state["topic"],
                    "last": {**{k: last.get(k) for k in ("iteration", "best", "best_value", "comparison", "plateau")},
                             "values": {e["name"]: e["value"] for e in last["experiments"]},
-                            # the whole study's evidence behind ``comparison`` (seeds pooled over iterations)
-                            **{k: (last.get("study") or {}).get(k) for k in ("metric", "axis", "noise_floor")}},
+                            # the whole study's evidence behind ``comparison`` (seeds pooled over iterations),
+                            # and a factorial's main effects and interactions with their intervals
+                            **{k: (last.get("study") or {}).get(k) for k in ("metric", "axis", "noise_floor", "effects")}},
                    "tested_values": [e["value"] for s in history for e in s["experiments"]],
                    "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options["min_effect"]}
         reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)

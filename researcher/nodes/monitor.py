@@ -17,8 +17,10 @@ them in order and the first ending stops the run through the launcher, which sav
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,13 +183,20 @@ def _fetch(poll: Poll) -> None:
     try:
         with ctx.launcher.client_for(record, timeout=10.0) as client:
             poll.status = client.status()
+            # From the logged step: its row may have gained a held-out round's eval/* since it was logged.
+            rows = client.metrics(since_step=max(record.logged_step - 1, 0))
             # Filter here too: the server treats since_step as exclusive, the client doc as inclusive.
-            poll.new = [m for m in client.metrics(since_step=record.logged_step) if m.step > record.logged_step]
+            poll.new = [m for m in rows if m.step > record.logged_step]
+            late = _late_eval(poll.run_dir, next((m for m in rows if m.step == record.logged_step), None))
     except SwarmError as exc:
         poll.status, poll.new = None, []
         if poll.server_alive:
             log.info("polling %s failed: %s", record.key, exc)
         return
+    if late is not None:
+        runs.append_metrics(poll.run_dir, [late])
+        if record.mlflow_run_id and not record.server_logs_mlflow:
+            ctx.tracker.log_steps(record.mlflow_run_id, [late])
     if poll.new:
         runs.append_metrics(poll.run_dir, poll.new)
         if record.mlflow_run_id and not record.server_logs_mlflow:  # one writer per run's metrics
@@ -202,6 +211,32 @@ def _fetch(poll: Poll) -> None:
         reward = poll.new[-1].metrics.get(poll.state["framing"]["metric"]) if poll.new else None
         ctx.say("progress", key=record.key, experiment=record.experiment, seed=record.seed, step=step,
                 target=record.target_step - record.base_step, reward=reward)
+
+
+def _late_eval(run_dir: Path, row: StepMetrics | None) -> StepMetrics | None:
+    """The ``eval/*`` of the logged step's ``row`` as a row of its own, when the run's last logged line
+    lacks them: the server adds a held-out round to the row of the step it evaluated when the round
+    ends, which may be after that row was logged (``read_axes`` merges the lines of one step)."""
+    evals = {k: v for k, v in row.metrics.items() if k.startswith("eval/")} if row is not None else {}
+    if row is None or not evals:
+        return None
+    last = _last_logged(run_dir)
+    if last is not None and last.get("step") == row.step \
+            and all(last.get("metrics", {}).get(k) == v for k, v in evals.items()):
+        return None
+    return row.model_copy(update={"metrics": evals})
+
+
+def _last_logged(run_dir: Path) -> dict[str, Any] | None:
+    """The last line of the run's metrics.jsonl, read from the end (the file grows with the run)."""
+    try:
+        with open(run_dir / runs.METRICS_FILE, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(file.tell() - 65536, 0))
+            lines = [line for line in file.read().splitlines() if line.strip()]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):  # none yet, or a line cut by a crash: log the evaluation (again)
+        return None
 
 
 def _restart_hung_client(poll: Poll) -> None:

@@ -3,20 +3,27 @@
 The asked question is the tested question: whatever planner answers, its plan is checked against
 the topic's own reading (``topic.parse``). A plan that drops a value the topic names, ignores a
 value it fixes, or answers "how does X affect Y" with fewer than 4 values is re-asked once with
-the precise complaint; a second miss is refused with a clear error and nothing is written.
+the precise complaint; a second miss is refused with a clear error and nothing is written. The
+same round catches a plan that does not run the framed design (``factorial.design_complaint``) and,
+for the LLM planner, configs the server refuses: every experiment's config is validated by the
+server's own code (``swarm serve --check``, one process for the whole plan) and its message is the
+complaint. The offline planner's values come from the catalog's bounded ladders, so its plans skip
+that process.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog, factorial, studyfiles
 from researcher.context import StudyContext
 from researcher.layout import run_key
 from researcher.planner import topic
-from researcher.planner.schema import Framing, Plan, Planner
+from researcher.planner.schema import Experiment, Framing, Plan, Planner
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.state import StudyState, Trial
 
@@ -31,26 +38,59 @@ class CheckedPlan:
     ok: bool               # the final plan tests the topic's question
 
 
+ConfigCheck = Callable[[Plan], str | None]
+
+
 def ask_checked(planner: Planner, framing: Framing, context: dict[str, Any],
-                question: topic.TopicQuestion) -> CheckedPlan:
-    """Ask for a plan; when it does not test ``question``, ask once more with the complaint (and the
-    refused plan) in the context, and report whether the second answer passes."""
+                question: topic.TopicQuestion, check: ConfigCheck | None = None) -> CheckedPlan:
+    """Ask for a plan; when it does not test ``question``, does not run the framed design, or (with
+    ``check``, e.g. ``config_check``) holds a config the server refuses, ask once more with the
+    complaint (and the refused plan) in the context, and report whether the second answer passes."""
     usage = new_usage()
     complaints: list[str] = []
     tested = list(context.get("tested_values", []))
     room = max(int(context.get("runs_left", 0)) // max(int(context.get("seeds_per_experiment", 1)), 1), 1)
+    # A knob the topic names may be one factor of a factorial; client levels count as arms' settings too.
+    knob = question.knob if question.knob in {f.name for f in framing.factors} else framing.knob
     asked = dict(context)
     for _ in range(2):
         reply = planner.plan(framing, asked)
         usage = add_usage(usage, reply.usage)
-        complaint = topic.plan_complaint(question, framing.knob, [e.overrides for e in reply.value.experiments],
-                                         tested, room)
+        arms = [factorial.arm_settings(e.model_dump()) for e in reply.value.experiments]
+        # A factorial runs two levels of each factor: the named values still run, but no dose-response curve.
+        read = replace(question, shape="comparison") if reply.value.shape == "factorial" else question
+        found = [topic.plan_complaint(read, knob, arms, tested, room),
+                 factorial.design_complaint(framing, reply.value), check(reply.value) if check else None]
+        complaint = " ".join(c for c in found if c) or None
         if complaint is None:
             return CheckedPlan(reply.value, usage, complaints, True)
         complaints.append(complaint)
         asked = {**context, "complaint": f"Your previous plan was refused: {complaint} Fix exactly this.",
                  "refused_plan": reply.value.model_dump()}
     return CheckedPlan(reply.value, usage, complaints, False)
+
+
+def config_check(swarm_command: Sequence[str], base_config: Path) -> ConfigCheck:
+    """A plan check: every experiment's config (``base_config`` + its overrides) as the server validates it,
+    in one ``swarm serve --check`` process; the complaint quotes the server's own message."""
+
+    def check(plan: Plan) -> str | None:
+        configs, refused = {}, {}
+        for exp in plan.experiments:
+            try:
+                configs[exp.name] = studyfiles.server_config(base_config, exp.overrides)
+            except ValueError as exc:
+                refused[exp.name] = str(exc)
+        refused |= studyfiles.check_configs(swarm_command, configs)
+        if not refused:
+            return None
+        by_reason: dict[str, list[str]] = {}
+        for name, why in refused.items():
+            by_reason.setdefault(why, []).append(name)
+        return "; ".join(f"the server refuses the config of experiment(s) {', '.join(names)}: {why}"
+                         for why, names in by_reason.items()) + "."
+
+    return check
 
 
 def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
@@ -62,23 +102,36 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     tested = [e["value"] for s in history for e in s["experiments"]]
     best = history[-1]["best_value"] if history else None
     question = topic.parse(state["topic"])
-    example = catalog.examples(ctx.settings.examples_root).get(framing.task)
+    example = catalog.examples(ctx.settings.examples_root).get(framing.example)
     task_config = studyfiles.server_config(example.config, {}) if example else {}
+    earlier = studyfiles.read_plan(ctx.layout).get("iterations", {})
     context = {"iteration": iteration, "topic": state["topic"], "named": question.summary(),
                "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
                "min_effect": options["min_effect"], "task_config": task_config, "tested_values": tested,
                "best_value": best, "time_left_s": round(budget.time_left(state, ctx.clock())),
                "runs_left": budget.runs_left(state),
                "history": [{**{k: s[k] for k in ("iteration", "best", "best_value", "comparison", "plateau")},
-                            "values": {e["name"]: e["value"] for e in s["experiments"]}} for s in history],
-               "knob_ladder": list(catalog.knob(framing.knob).ladder)}
-    checked = ask_checked(ctx.planner, framing, context, question)
+                            "values": {e["name"]: e["value"] for e in s["experiments"]},
+                            **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
+               "config_keys": catalog.CONFIG_KEYS,
+               "code_changes": {it: p["code_change"] for it, p in earlier.items() if p.get("code_change")}}
+    if any(k.key == framing.knob for k in catalog.KNOBS):
+        context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
+    check = None
+    if ctx.planner.name != "offline" and example is not None:
+        check = config_check(ctx.settings.swarm_command, example.config)
+    try:
+        checked = ask_checked(ctx.planner, framing, context, question, check)
+    except studyfiles.ConfigCheckError as exc:
+        studyfiles.log(ctx.layout, f"Iteration {iteration}: the plan's configs could not be checked: {exc}")
+        return {"phase": "failed", "error": f"the plan's configs could not be checked: {exc}",
+                "llm": state.get("llm") or new_usage()}
     plan, usage = checked.plan, add_usage(state.get("llm") or new_usage(), checked.usage)
     for complaint in checked.complaints:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the planner's plan was refused: {complaint}")
     if not checked.ok:
-        error = (f"The {ctx.planner.name} planner's plan does not test the asked question, even after a repair "
-                 f"round: {checked.complaints[-1]}")
+        error = (f"The {ctx.planner.name} planner's plan was refused, even after a repair round: "
+                 f"{checked.complaints[-1]}")
         return {"phase": "failed", "error": error, "llm": usage}
 
     experiments, seen, notes = [], set(used_names), []
@@ -93,8 +146,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     if fit < len(experiments):
         dropped = experiments[fit:]
         notes.append(f"the run budget ({budget.runs_left(state)} runs left, {seeds} seeds each) fits {fit} of "
-                     f"{len(experiments)} configurations: not run " + ", ".join(
-                         f"{e.name} {json.dumps(e.overrides)}" for e in dropped))
+                     f"{len(experiments)} configurations: not run " + ", ".join(_show(e) for e in dropped))
     experiments = experiments[:fit]
     if len(experiments) < min(2, len(plan.experiments)):
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
@@ -104,6 +156,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
     studyfiles.write_plan(ctx.layout, iteration, {"rationale": plan.rationale, "shape": plan.shape,
                                                   "stage": plan.stage, "assumptions": assumptions,
+                                                  "code_change": plan.code_change,
                                                   "question": {k: v for k, v in question.summary().items()
                                                                if k != "assumptions"},
                                                   "hypotheses": [h.model_dump() for h in plan.hypotheses],
@@ -122,15 +175,21 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     hypotheses = "; ".join(f"{h.id}: {h.statement} Expected: {h.expected_effect}" for h in plan.hypotheses)
     studyfiles.log(ctx.layout, f"Iteration {iteration} planned ({plan.shape}, {plan.stage}; {plan.rationale}) "
                                f"Hypotheses, written before running: {hypotheses} Experiments: "
-                               + ", ".join(f"{e.name} {json.dumps(e.overrides)}" for e in experiments)
+                               + ", ".join(_show(e) for e in experiments)
                                + f"; {seeds} seeds each, {options['steps_per_run']} steps per run."
                                + (" Assumed: " + "; ".join(assumptions) + "." if assumptions else ""))
+    if plan.code_change:
+        studyfiles.log(ctx.layout, f"Iteration {iteration} changes the client code: {plan.code_change}")
     parent = ctx.tracker.start_parent(state["study_id"], iteration, {"researcher.knob": framing.knob,
                                                                      "researcher.task": framing.task})
     ctx.tracker.log_params(parent, {"knob": framing.knob, "task": framing.task, "metric": framing.metric,
                                     "seeds": seeds, "steps_per_run": options["steps_per_run"],
                                     "shape": plan.shape, "stage": plan.stage,
-                                    "experiments": ",".join(e.name for e in experiments)})
+                                    "experiments": ",".join(e.name for e in experiments),
+                                    **({"base": framing.base} if framing.base else {}),
+                                    **({"factors": ",".join(f.name for f in framing.factors)} if framing.factors
+                                       else {}),
+                                    **({"code_change": plan.code_change[:500]} if plan.code_change else {})})
     ctx.tracker.log_files(parent, [ctx.layout.plan_json])
     ctx.say("planned", iteration=iteration, experiments=[e.name for e in experiments], seeds=seeds)
     return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
@@ -140,4 +199,14 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def _show(exp: Experiment) -> str:
+    return f"{exp.name} {json.dumps(exp.overrides)}" + (f" client {json.dumps(exp.factors)}" if exp.factors else "")
+
+
+def _effects(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A factorial iteration's effects as the planner needs them (estimate, interval, resolved)."""
+    return [{k: e[k] for k in ("name", "estimate", "low", "high", "resolved", "aliases")}
+            for e in (summary.get("study") or {}).get("effects") or []]
 

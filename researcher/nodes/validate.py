@@ -1,19 +1,22 @@
-"""validate: compile the client, check its imports, then smoke-run a few episodes against a real
-swarm server.
+"""validate: check the client before any training run: compile → import check → static contract →
+data probe → smoke run on a real swarm server → reward checks (``researcher.preflight``).
 
 The import check (``researcher.sandbox.check_client``) runs before any of the code does: a client
-importing ``subprocess`` never reaches the smoke run. A failure records the error (traceback, the
-check's list of violations or the log tail) for the planner's repair round; after ``max_repairs``
-failed rounds the study fails with the last error.
+importing ``subprocess`` never reaches the probe or the smoke run; the static contract is read from
+the source too. Everything that executes study code (the probe, the smoke run) runs boxed. A failure
+records its error, whose first line is the precise verdict and the rest the evidence (violations, the
+log tail), for the planner's repair round (``validation["error"]`` is what ``repair_client`` sees);
+LOG.md records which checks passed. After ``max_repairs`` failed rounds the study fails with the last error.
 """
 
 from __future__ import annotations
 
-import traceback
+from pathlib import Path
 from typing import Any
 
-from researcher import sandbox, studyfiles
+from researcher import preflight, studyfiles
 from researcher.context import StudyContext
+from researcher.preflight import Failure
 from researcher.state import StudyState
 
 
@@ -23,35 +26,68 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     plan = studyfiles.read_plan(ctx.layout)["iterations"][str(state["iteration"])]
     first = plan["experiments"][0]["name"]
     folder = ctx.layout.experiment_dir(first)
-    client, config = folder / "client.py", folder / "config.toml"
     validation = dict(state.get("validation") or {"attempts": 0, "ok": False, "error": None})
     attempt = validation.get("attempts", 0) + 1
-    source = client.read_text()
-    error = _compile_error(source, str(client)) or sandbox.check_client(source, client.name)
-    if error is None:
-        group = min(2, state["options"]["smoke_episodes"])
-        server = ctx.settings.servers[0] if ctx.settings.servers else None
-        error = ctx.launcher.smoke(client, config, ctx.layout.smoke_dir(state["iteration"], attempt),
-                                   episodes=state["options"]["smoke_episodes"], group_size=group,
-                                   timeout_s=state["options"]["smoke_timeout_s"], server_url=server)
-    if error is None:
-        studyfiles.log(ctx.layout, f"Validation attempt {attempt} passed: the client compiled, passed the import "
-                                   f"check, and a smoke run of {state['options']['smoke_episodes']} episodes "
-                                   "finished on a real server.")
+    passed: list[str] = []
+    failure = _check(folder / "client.py", folder / "config.toml", state, ctx, attempt, passed)
+    if failure is None:
+        studyfiles.log(ctx.layout, f"Validation attempt {attempt} passed: {'; '.join(passed)}.")
         ctx.say("validated", attempt=attempt, ok=True)
         return {"validation": {"attempts": attempt, "ok": True, "error": None}, "phase": "running"}
-    first_line = error.strip().splitlines()[-1] if error.strip() else "unknown error"
-    studyfiles.log(ctx.layout, f"Validation attempt {attempt} FAILED: {first_line[:300]}")
-    ctx.say("validated", attempt=attempt, ok=False, error=first_line[:200])
+    error = failure.text
+    so_far = f"; passed: {', '.join(p.split(' (')[0] for p in passed)}" if passed else ""
+    studyfiles.log(ctx.layout, f"Validation attempt {attempt} FAILED: {failure.message[:400]} "
+                               f"(at the {failure.check}{so_far})")
+    ctx.say("validated", attempt=attempt, ok=False, error=failure.message[:200])
     if attempt > state["budget"]["max_repairs"]:
         return {"validation": {"attempts": attempt, "ok": False, "error": error}, "phase": "failed",
                 "error": f"the client still failed validation after {attempt} attempts:\n{error[-2000:]}"}
     return {"validation": {"attempts": attempt, "ok": False, "error": error}, "phase": "writing"}
 
 
-def _compile_error(source: str, filename: str) -> str | None:
-    try:
-        compile(source, filename, "exec")
-    except SyntaxError:
-        return "".join(traceback.format_exc(limit=0))
+def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, attempt: int,
+           passed: list[str]) -> Failure | None:
+    """Run the checks in order, appending a note to ``passed`` for each that passes; the first failure."""
+    source = client.read_text()
+    failure = preflight.compile_check(source, client.name)
+    if failure is not None:
+        return failure
+    passed.append("compiled")
+    failure = preflight.import_check(source, client.name)
+    if failure is not None:
+        return failure
+    passed.append("import check")
+    contract = preflight.check_contract(source, client.name)
+    if isinstance(contract, Failure):
+        return contract
+    reward_range = contract
+    passed.append(f"static contract (REWARD_RANGE = ({reward_range[0]:g}, {reward_range[1]:g}))")
+    work_dir = ctx.layout.smoke_dir(state["iteration"], attempt)
+    probe = preflight.run_probe(client, work_dir, ctx.launcher.swarm_command, threads=ctx.launcher.threads)
+    if isinstance(probe, Failure):
+        return probe
+    passed.append(f"data probe (tasks(seed) deterministic and seed-dependent over the first {probe.tasks_per_seed} "
+                  f"tasks of seeds {', '.join(map(str, probe.seeds))}; {probe.heldout} held-out tasks, disjoint)")
+    episodes, group = preflight.smoke_size(state["options"]["smoke_episodes"])
+    rewards_file = work_dir / preflight.REWARDS_FILE
+    server = ctx.settings.servers[0] if ctx.settings.servers else None
+    smoke_error = ctx.launcher.smoke(client, config, work_dir, episodes=episodes, group_size=group,
+                                     timeout_s=state["options"]["smoke_timeout_s"], server_url=server,
+                                     rewards_out=rewards_file)
+    records = preflight.read_rewards(rewards_file)
+    # Rewards outside the range explain an abort (a NaN is refused) better than the abort count does.
+    failure = preflight.check_rewards(records, reward_range)
+    if failure is not None:
+        return failure
+    if smoke_error is not None:
+        first_line, _, rest = smoke_error.strip().partition("\n")
+        return Failure("smoke run", first_line, rest)
+    passed.append(f"smoke run ({episodes} episodes in groups of {group} on a real server)")
+    example = preflight.example_name(source, ctx.settings.examples_root)
+    if example is None:
+        failure = preflight.check_variation(records)
+        if failure is not None:
+            return failure
+    exempt = f"; the {example} example unchanged, exempt from the constant-reward check" if example else ""
+    passed.append(f"reward checks (inside REWARD_RANGE: {preflight.reward_summary(records)}{exempt})")
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from researcher import analysis, run_table, runs, studyfiles
+from researcher import analysis, factorial, run_table, runs, studyfiles
 from researcher.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing, PlannerError
@@ -16,7 +16,9 @@ from researcher.state import StudyState
 
 def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     usage = state.get("llm") or new_usage()
-    history = state.get("iterations", [])
+    # A state from before pooled evidence: recompute it from the runs on disk (else "No answer").
+    min_effect = (state.get("options") or {}).get("min_effect", 0.02)
+    history = analysis.backfill(state.get("iterations", []), ctx.layout, min_effect)
     framing = state.get("framing")
     phase = state.get("phase")
     final_phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
@@ -31,12 +33,13 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                 reply = ctx.planner.report(Framing.model_validate(framing), {
                     "verdict": answer, "caveats": caveats,
                     "iterations": [{k: s.get(k) for k in ("iteration", "experiments", "comparison", "plateau", "best")}
-                                   for s in history]})
+                                   for s in history],
+                    "effects": (history[-1].get("study") or {}).get("effects") or []})
                 usage = add_usage(usage, reply.usage)
                 answer, caveats = reply.value.answer, reply.value.discussion
             except PlannerError as exc:
                 caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
-    text = _render(state, ctx, answer, caveats, usage, final_phase)
+    text = _render({**state, "iterations": history}, ctx, answer, caveats, usage, final_phase)  # type: ignore
     studyfiles.write_atomic(ctx.layout.report_md, text)
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
     review = run_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
@@ -61,7 +64,7 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
            "## Answer", "", answer, ""]
     history = state.get("iterations", [])
     if history and history[-1].get("study"):
-        out += evidence_section(history[-1]["study"])
+        out += evidence_section(history[-1]["study"]) + factorial.effects_section(history[-1]["study"])
     for summary in history:
         it = str(summary["iteration"])
         planned = plan.get("iterations", {}).get(it, {})
@@ -147,7 +150,7 @@ def evidence_section(study: dict[str, Any]) -> list[str]:
                    f"no meaningful difference: the whole CI lies within ±{study['min_effect']}" if c["equivalent"] else
                    f"unresolved: the 95% CI includes 0; {analysis.seeds_text(c, study['noise_floor'][axis])}")
         hw = f" ± {c['hw']:.3f}" if c["hw"] is not None else " (no interval)"
-        out += ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {knob}={c['better_value']} − {knob}={c['worse_value']} = "
+        out += ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c['better_label']} − {c['worse_label']} = "
                     f"{c['diff']:+.3f}{hw} ({verdict})."]
         for a, other in (study.get("axes_compared") or {}).items():
             if a != axis:

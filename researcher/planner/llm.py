@@ -64,12 +64,16 @@ class LLMPlanner:
         return self._ask("plan_experiments", Plan, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
-    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]]) -> Reply[ClientCode]:
+    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]],
+                     context: dict[str, Any] | None = None) -> Reply[ClientCode]:
         return self._ask("write_client", ClientCode, framing=framing.model_dump_json(indent=2),
-                         example=example_source, experiments=json.dumps(experiments, indent=2, default=str))
+                         example=example_source, experiments=json.dumps(experiments, indent=2, default=str),
+                         context=json.dumps(context or {}, indent=2, default=str))
 
-    def repair_client(self, code: str, error: str, example_source: str) -> Reply[ClientCode]:
-        return self._ask("repair_client", ClientCode, code=code, error=error[-6000:], example=example_source)
+    def repair_client(self, code: str, error: str, example_source: str,
+                      context: dict[str, Any] | None = None) -> Reply[ClientCode]:
+        return self._ask("repair_client", ClientCode, code=code, error=error[-6000:], example=example_source,
+                         context=json.dumps(context or {}, indent=2, default=str))
 
     def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]:
         return self._ask("decide", Decision, framing=framing.model_dump_json(indent=2),

@@ -7,7 +7,9 @@ assumptions); "how does X affect Y" and "what is the best X" become a dose-respo
 least 4 values across the knob's range. Everything but the knob is held fixed and every
 configuration runs on the same seeds. Later iterations follow the evidence: an unresolved
 difference (its 95% CI includes 0) is re-run on fresh seeds before anything new is tried; a
-resolved sweep is refined around its best value; a resolved comparison of named arms is done.
+resolved sweep is refined around its best value; a resolved comparison of named arms is done. An
+A/A check runs two arms with the identical configuration under different names (``it1-a``,
+``it1-a-copy``), re-run under fresh names while their difference is unresolved.
 Its client is the example's own code.
 """
 
@@ -73,7 +75,11 @@ class OfflinePlanner:
         measure = "measured as the area under the reward curve per training step"
         values = [_show(v) for v in question.values]
         named = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
-        if question.shape == "sweep":
+        if question.identical:
+            setting = f"{knob.key} = {values[0]}" if values else f"{knob.key} as the task configures it"
+            text = (f"Do two identical configurations of the {task} task ({setting}) learn at different speeds, "
+                    f"{measure}? (An A/A check: any difference between them is noise.)")
+        elif question.shape == "sweep":
             over = f" over {knob.key} = {', '.join(values)}" if values else ""
             text = (f"How does the {knob.label} (`{knob.key}`) affect how fast the {task} task learns (a dose-response "
                     f"curve{over}), {measure}?")
@@ -83,7 +89,8 @@ class OfflinePlanner:
             text = f"Does setting {knob.key} to {named} change how fast the {task} task learns, {measure}?"
         else:
             text = f"Does changing the {knob.label} (`{knob.key}`) change how fast the {task} task learns, {measure}?"
-        reason = f"topic names the {knob.label}" + (f" and {knob.key} = {', '.join(values)}" if values else "")
+        reason = (f"topic asks for an A/A check, reported under {knob.key}" if question.identical else
+                  f"topic names the {knob.label}" + (f" and {knob.key} = {', '.join(values)}" if values else ""))
         return free(Framing(answerable=True, reason=reason, question=text, task=task, knob=knob.key))
 
     # ------------------------------------------------------------------ plan
@@ -97,6 +104,9 @@ class OfflinePlanner:
         min_effect = float(context.get("min_effect", 0.02))
         best = context.get("best_value")
         unresolved = _unresolved(history[-1], min_effect) if history else None
+        if question.identical:
+            return free(_identical_plan(question, knob, framing, context.get("task_config") or {}, iteration,
+                                        min_effect))
         if iteration <= 1 or best is None:
             design = _initial_design(question, knob, framing, context.get("task_config") or {}, min_effect)
         elif unresolved is not None:
@@ -113,10 +123,12 @@ class OfflinePlanner:
 
     # ------------------------------------------------------------------ client code
 
-    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]]) -> Reply[ClientCode]:
+    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]],
+                     context: dict[str, Any] | None = None) -> Reply[ClientCode]:
         return free(ClientCode(code=example_source, notes=f"the {framing.task} example client, unchanged"))
 
-    def repair_client(self, code: str, error: str, example_source: str) -> Reply[ClientCode]:
+    def repair_client(self, code: str, error: str, example_source: str,
+                      context: dict[str, Any] | None = None) -> Reply[ClientCode]:
         # The offline planner cannot reason about a traceback; the example is its known-good fallback.
         return free(ClientCode(code=example_source, notes="reverted to the example client"))
 
@@ -138,9 +150,15 @@ class OfflinePlanner:
                 return free(Decision(action="continue", reason=(
                     f"{c['better']} vs {c['worse']} is unresolved (the 95% CI of the difference, {spread}, includes 0): "
                     "the next iteration re-runs these two arms on fresh seeds instead of a new pair")))
+            if question.identical:
+                return free(Decision(action="conclude", reason=f"the A/A check is resolved, against expectation: "
+                                                               f"{c['better']} − {c['worse']} = {spread} between "
+                                                               "identical configurations"))
             if question.shape == "comparison" and question.values:
                 return free(Decision(action="conclude", reason=f"the comparison of the named arms is resolved: "
                                                                f"{c['better']} beat {c['worse']} ({spread})"))
+        if question.identical:  # nothing to refine: two arms of one configuration
+            return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))
         best = last.get("best_value")
         if question.shape == "sweep":
             around = _around(knob, best, tested)
@@ -174,6 +192,34 @@ def _question(framing: Framing, context: dict[str, Any]) -> TopicQuestion:
     if question.knob == framing.knob:
         return question
     return TopicQuestion(question.text, framing.knob, framing.task, False)
+
+
+def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: dict[str, Any],
+                    iteration: int, min_effect: float) -> Plan:
+    """An A/A check: two arms with the identical configuration (the task's, plus what the topic pins),
+    named apart; a later iteration re-runs both under fresh names on fresh seeds."""
+    key, task, metric = knob.key, framing.task, framing.metric
+    assumptions = []
+    if question.values:
+        value = question.values[0]
+    else:
+        value, why = _baseline(knob, task_config)
+        assumptions.append(f"the topic names no {key} value: both arms run {key}={_show(value)}, the {why}")
+    overrides = {**question.fixed, key: value}
+    setting = ", ".join(f"{k}={_show(v)}" for k, v in overrides.items())
+    hypothesis = Hypothesis(id=f"h{iteration}", metric=metric,
+                            statement=f"Two identical configurations of {task} ({setting}) learn at the same speed: "
+                                      "any difference between them is noise.",
+                            expected_effect=f"the 95% CI of the difference in area under the {metric} curve includes "
+                                            f"0, and with enough seeds lies within ±{min_effect}")
+    names = [f"it{iteration}-a", f"it{iteration}-a-copy"]
+    stage: Literal["initial", "replicate"] = "initial" if iteration <= 1 else "replicate"
+    rationale = ("A/A check: two arms with the identical configuration under different names, on the same seeds; "
+                 "their difference measures the noise floor, and a clear difference would be a false positive."
+                 + ("" if stage == "initial" else " The last difference is unresolved: both arms re-run on fresh "
+                                                  "seeds under fresh names."))
+    return Plan(hypotheses=[hypothesis], rationale=rationale, shape="comparison", stage=stage, assumptions=assumptions,
+                experiments=[Experiment(name=n, hypothesis=hypothesis.id, overrides=dict(overrides)) for n in names])
 
 
 class _Design(NamedTuple):

@@ -21,13 +21,36 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Factor(_Answer):
+    """One varied thing of a design: a server config key, or a client-side factor the client reads
+    from its ``FACTORS`` dict (prompt format, a tool on or off, a reward variant)."""
+
+    name: str = Field(description="a server config key (where=server) or the client's FACTORS key (where=client)",
+                      pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    where: Literal["server", "client"]
+    levels: list[Any] = Field(min_length=2, description="the values compared; the first is the low/standard one")
+
+
 class Framing(_Answer):
-    answerable: bool = Field(description="false when the topic maps onto no task and knob we can run")
+    answerable: bool = Field(description="false when the topic maps onto nothing we can run")
     reason: str = Field(description="why (for unanswerable topics: what is missing)")
     question: str = Field(description="the topic restated as one testable question")
-    task: str = Field(description="example study name, e.g. letters")
-    knob: str = Field(description="server config key varied, e.g. group_size")
+    task: str = Field(description="example study name (e.g. letters), or with `base` set a new task's name")
+    knob: str = Field(description="the varied key of a one-factor design (a server config key or a client factor), "
+                                  "the first factor of a factorial")
     metric: str = Field("train/reward_mean", description="slash-named training metric judged")
+    base: str = Field("", description="example study whose config.toml and client the study starts from; "
+                                      "\"\" = `task` is that example")
+    factors: list[Factor] = Field(default_factory=list, description="the design's factors (several for a factorial); "
+                                                                    "empty = the one server knob `knob`")
+
+    @property
+    def example(self) -> str:
+        """The example study the config and starting client come from."""
+        return self.base or self.task
+
+    def client_factors(self) -> dict[str, Factor]:
+        return {f.name: f for f in self.factors if f.where == "client"}
 
 
 class Hypothesis(_Answer):
@@ -42,20 +65,25 @@ class Experiment(_Answer):
                       pattern=r"^[a-z0-9][a-z0-9_-]{0,59}$")
     hypothesis: str = Field(description="id of the hypothesis it tests")
     overrides: dict[str, Any] = Field(description="server config keys set on top of the task's config.toml")
+    factors: dict[str, Any] = Field(default_factory=dict, description="client-side factor levels: the FACTORS "
+                                                                      "entries this experiment's client.py sets")
 
 
 class Plan(_Answer):
     hypotheses: list[Hypothesis] = Field(min_length=1)
     experiments: list[Experiment] = Field(min_length=1, max_length=8)
     rationale: str
-    shape: Literal["comparison", "sweep"] = Field(
+    shape: Literal["comparison", "sweep", "factorial"] = Field(
         "comparison", description="comparison: the named arms ('A vs B', 'does X help'); sweep: a dose-response "
-        "curve over >= 4 values of the knob ('how does X affect Y', 'what is the best X')")
+        "curve over >= 4 values of the knob ('how does X affect Y', 'what is the best X'); factorial: every "
+        "(or a fraction of every) combination of two levels of several factors (main effects and interactions)")
     stage: Literal["initial", "replicate", "refine"] = Field(
         "initial", description="initial: the question's first design; replicate: the same arms on fresh seeds "
         "because their difference was unresolved; refine: new values around the best of a resolved result")
     assumptions: list[str] = Field(default_factory=list,
                                    description="what the plan assumed where the topic was not explicit, and why")
+    code_change: str = Field("", description="what the client code changes this iteration, and why (\"\" = the "
+                                             "previous iteration's client as is)")
 
 
 class ClientCode(_Answer):
@@ -92,9 +120,11 @@ class Planner(Protocol):
 
     def plan(self, framing: Framing, context: dict[str, Any]) -> Reply[Plan]: ...
 
-    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]]) -> Reply[ClientCode]: ...
+    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]],
+                     context: dict[str, Any] | None = None) -> Reply[ClientCode]: ...
 
-    def repair_client(self, code: str, error: str, example_source: str) -> Reply[ClientCode]: ...
+    def repair_client(self, code: str, error: str, example_source: str,
+                      context: dict[str, Any] | None = None) -> Reply[ClientCode]: ...
 
     def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]: ...
 

@@ -6,6 +6,10 @@ does the learning rate affect letters?" names a knob and asks for a dose-respons
 planners use this one reading: the offline planner runs exactly what ``parse`` finds, and the plan
 node checks an LLM's plan against it (``plan_complaint``) before anything runs.
 
+An A/A topic ("A/A check: do two identical configurations of letters learn at different speeds?")
+asks for two arms with the identical configuration under different names (``identical``): the
+difference between them is noise, so the study measures the noise floor and must never answer "Yes".
+
 It reads the catalog's keywords and numbers, not language: a number belongs to the knob named
 closest before it (or after it, when none is named before), a value phrase ("token-level",
 "with and without") to the knob being varied. What it had to assume (a value out of the knob's
@@ -24,6 +28,7 @@ from researcher import catalog
 
 Shape = Literal["comparison", "sweep"]
 MIN_SWEEP = 4  # a dose-response curve needs at least this many values of the knob
+IDENTICAL_KNOB = "lr"  # what an A/A check that names no knob reports under (every task configures it)
 
 _NUMBER = re.compile(r"(?<![\w.])(?<![a-z]-)(\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?)(?!\w|\.\d)")
 # Numbers that count something else ("30 steps", "3 seeds", "8m") name no knob value.
@@ -33,6 +38,9 @@ _SWEEP = re.compile(r"\bhow (?:does|do|did|will|would|much|many|far|strongly|sen
                     r"(?:the )?(?:best|optimal|ideal|right)\b|\b(?:best|optimal|optimum)\b|\baffects?\b|\beffects? of\b|"
                     r"\bsweep\b|\bas a function of\b|\bscales? with\b|\bdose[- ]response\b|\bsensitiv\w*|\bcurve\b|"
                     r"\btun(?:e|ing)\b|\bacross\b|\brange\b")
+_IDENTICAL = re.compile(r"(?<![a-z0-9_])a/a(?![a-z0-9_])|\ba-a (?:test|check)|\baa (?:test|check)|\bidentical "
+                        r"(?:arms?|configurations?|configs?|runs?|setups?|settings?|experiments?)\b|\bsame "
+                        r"(?:configuration|config|setup|settings?|experiment)s? (?:twice|two times)\b")
 _RANGE_GAP = re.compile(r"\s*(?:to|-|through|up to|and)\s*")
 _UNKNOWN_TASK = (re.compile(r"\bthe ([a-z][a-z0-9_-]*) (?:task|benchmark|dataset|environment)\b"),
                  re.compile(r"\b(?:task|benchmark|dataset) (?:called |named )?['\"]?([a-z][a-z0-9_-]*)"),
@@ -55,12 +63,13 @@ class TopicQuestion:
     span: bool = False               # two named values are the ends of a range to sweep ("from 2 to 32")
     fixed: Mapping[str, Any] = field(default_factory=dict)  # other knobs the topic pins ("at lr 1e-3")
     assumptions: tuple[str, ...] = ()
+    identical: bool = False          # an A/A check: two arms of one configuration, different names
 
     def summary(self) -> dict[str, Any]:
         """The reading as plain data (planner context, plan.json)."""
         return {"knob": self.knob, "task": self.task, "task_named": self.task_named, "values": list(self.values),
                 "shape": self.shape, "span": self.span, "fixed": dict(self.fixed),
-                "assumptions": list(self.assumptions)}
+                "identical": self.identical, "assumptions": list(self.assumptions)}
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,11 @@ def parse(topic: str) -> TopicQuestion:
     text = _normalise(topic)
     mentions = _hits(text, [(phrase, item) for item in catalog.KNOBS for phrase in item.phrases])
     task, task_named, assumptions = _task(text, None)
+    identical = _IDENTICAL.search(text) is not None
+    if not mentions and identical:
+        assumptions.append(f"an A/A check names no knob: both arms run the {task} task's configuration and are "
+                           f"reported under {IDENTICAL_KNOB}, set to the same value in both")
+        return TopicQuestion(topic, IDENTICAL_KNOB, task, task_named, assumptions=tuple(assumptions), identical=True)
     if not mentions:
         return TopicQuestion(topic, None, task, task_named, assumptions=tuple(assumptions))
     numbers, stray = _numbers(text, mentions)
@@ -104,6 +118,12 @@ def parse(topic: str) -> TopicQuestion:
             assumptions.append(f"the topic also names {item.key} = {_fmt_list([v for v, _ in found])}; a study varies "
                                f"one knob, so {item.key} stays at the task's configured value")
 
+    if identical:
+        if len(runnable) > 1:
+            assumptions.append(f"an A/A check runs one configuration twice: both arms run {knob.key} = "
+                               f"{_fmt(runnable[0])}, not {_fmt_list(runnable[1:])}")
+        return TopicQuestion(topic, knob.key, task, task_named, tuple(runnable[:1]), "comparison", False, fixed,
+                             tuple(assumptions), identical=True)
     sweep_cue = _SWEEP.search(text) is not None
     span = sweep_cue and len(runnable) == 2 and len(tokens) == 2 and _is_range(text, tokens)
     shape: Shape = "sweep" if sweep_cue and (len(runnable) != 2 or span) else "comparison"
@@ -166,6 +186,8 @@ def plan_complaint(question: TopicQuestion, knob: str, arms: Sequence[Mapping[st
     """
     if question.knob is None:
         return None
+    if question.identical:
+        return _identical_complaint(question, arms)
     problems = []
     named = question.values if question.knob == knob else ()
     if question.values and question.knob != knob:
@@ -192,6 +214,24 @@ def plan_complaint(question: TopicQuestion, knob: str, arms: Sequence[Mapping[st
             where = f" across its range {item.bounds[0]:g} to {item.bounds[1]:g}" if item.bounds else ""
             problems.append(f"the topic asks how {knob} affects learning: a dose-response sweep needs at least {want} "
                             f"distinct values of `{knob}`{where}; the plan runs {len(ran)}")
+    return "; ".join(problems) + "." if problems else None
+
+
+def _identical_complaint(question: TopicQuestion, arms: Sequence[Mapping[str, Any]]) -> str | None:
+    """An A/A check: at least two arms, every one with the same configuration, holding what the topic names."""
+    problems = []
+    if len(arms) < 2:
+        problems.append(f"an A/A check compares two arms with the identical configuration under different names; "
+                        f"the plan has {len(arms)}")
+    varied = sorted({key for overrides in arms for key in {*overrides, *arms[0]}
+                     if not same_value(overrides.get(key), arms[0].get(key))})
+    if varied:
+        problems.append(f"an A/A check runs the identical configuration in every arm, but the plan varies "
+                        f"{', '.join(f'`{k}`' for k in varied)}: give every experiment the same overrides")
+    pinned = {**question.fixed, **({question.knob: question.values[0]} if question.values else {})}
+    for key, value in pinned.items():
+        if any(not same_value(overrides.get(key), value) for overrides in arms):
+            problems.append(f"the topic sets {key} = {_fmt(value)}: set it in every experiment's overrides")
     return "; ".join(problems) + "." if problems else None
 
 

@@ -13,12 +13,15 @@ so it runs on a laptop with no torch and starts in well under a second::
 from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError, SwarmHTTPError, SwarmUnavailable
+from swarm.client._probe import ProbeReport, probe_study
 from swarm.client._runner import RunSummary
-from swarm.client._study import load_study, run_study, run_study_cli
+from swarm.client._study import RewardRecord, load_study, run_study, run_study_cli
 from swarm.client._team import SwarmTeam, TeamRollout
 
 __all__ = [
     "EpisodeHandle",
+    "ProbeReport",
+    "RewardRecord",
     "RunSummary",
     "SwarmClient",
     "SwarmError",
@@ -27,6 +30,7 @@ __all__ = [
     "SwarmUnavailable",
     "TeamRollout",
     "load_study",
+    "probe_study",
     "run_study",
     "run_study_cli",
 ]

@@ -1,8 +1,10 @@
 """The engine: sole owner of the server's mutable state — episodes, groups, config, counters.
 
-It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): chat calls go
-through ``completions`` (render → generate → record, ``swarm.server.completions``) and training
-through ``loop`` (collect → advantages → update → publish → commit, ``swarm.server.trainer``).
+It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): claims go through
+``claims`` (admission, ``swarm.server.claims``), chat calls through ``completions`` (render →
+generate → record, ``swarm.server.completions``), training through ``loop`` (collect → advantages →
+update → publish → commit, ``swarm.server.trainer``) and held-out evaluation through ``evals``
+(eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
@@ -15,21 +17,12 @@ checkpoint. Trained, dropped and closed episodes are evicted from memory by the
 ``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
 so a late ``finish`` still gets a clear 410/409). Every state change calls
 ``self.emit(type, **data)`` (listeners: ``add_listener``).
-
-Held-out evaluation (``ClaimRequest.purpose="eval"``): an eval episode is served like any other but
-joins no group, is neither throttled nor counted in the buffer counts, is never recorded, stored or
-trained; its reward goes to the ``EvalBook`` round of the step it was claimed at, which the next
-committed step reports as ``eval/*`` metrics. So that a round evaluates exactly one policy, an eval
-claim arriving while a step trains waits for that step to end (and no new step starts meanwhile),
-and a step waits for the live eval episodes (in both modes; sync mode admits eval claims while a
-batch waits for its drain, since the drain waits for them).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,9 +31,7 @@ from swarm.backends.base import Generation, Generator, TokenSink, Trainer
 from swarm.protocol import (
     AbortRequest,
     ChatCompletionRequest,
-    ClaimRequest,
     ConfigView,
-    Episode,
     EpisodeCounts,
     EpisodeState,
     EpisodeStatus,
@@ -53,21 +44,22 @@ from swarm.server.auth import KeyRing
 from swarm.server.batcher import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
+from swarm.server.claims import Claims
 from swarm.server.completions import ChatCall, Completions
-from swarm.server.episodes import EpisodeRecord, EvalBook, Group, GroupBook
-from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
+from swarm.server.evaluation import Evaluation
 from swarm.server.records import FinishedEpisode
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
 from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
-from swarm.server.throttle import CategoryThrottle
-from swarm.server.timeline import EpisodeTrace
 from swarm.server.trainer import RunBlocking, StepLoop
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, dict[str, Any]], None]
+
 
 class Engine:
     def __init__(self, *, config: ServerConfig, generator: Generator, trainer: Trainer, worker: DeviceWorker,
@@ -88,13 +80,13 @@ class Engine:
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
         self.groups = GroupBook()
-        self.evals = EvalBook()
-        self._throttle = CategoryThrottle(config.category_ratios)
         self._listeners: list[Listener] = []
         self._version = trainer.policy_version
         self._paused = False
         self._started_at = time.monotonic()
         self.created = int(clock())
+        self.claims = Claims(self, config.category_ratios)
+        self.evals = Evaluation(self)
         self.completions = Completions(self, generator, max_context)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints)
@@ -122,12 +114,13 @@ class Engine:
         self.loop.step = restored.step
         if restored.config is not None:
             self.config = restored.config
-            self._throttle.reset(self.config.category_ratios)
+            self.claims.reset_throttle(self.config.category_ratios)
             self._apply_worker_limits()
         self.config_version = restored.config_version
         self._version = restored.policy_version
         self.counts = restored.counts
-        self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics()]
+        # From -1: row 0 holds the held-out evaluation of the untrained policy, when there was one.
+        self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics(-1)]
         for group in restored.ready:
             self.groups.ready.append(group)
             for member in group.members:
@@ -175,89 +168,12 @@ class Engine:
     def in_flight(self) -> int:
         return self.episodes.in_flight
 
+    @property
+    def paused(self) -> bool:
+        """Paused by ``POST /api/v1/control/pause``: no claims and no new steps until resumed."""
+        return self._paused
+
     # ------------------------------------------------------------------ episodes
-
-    def claim(self, request: ClaimRequest, base_url: str) -> Episode:
-        retried = self.episodes.by_request(request.request_id)
-        if retried is not None:
-            return self._episode_view(retried, base_url)
-        if request.purpose == "eval":
-            if self.loop.training:
-                raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
-            return self._episode_view(self._claim_eval(request), base_url)
-        self._admit()
-        group_id = request.group_id or request.task_id
-        starts_group = self.groups.is_new(group_id)
-        if starts_group and not self._throttle.allows(request.category):
-            raise RetryLater(f"category {request.category!r} is ahead of its configured ratio; "
-                             "claim a task of another category or retry later", retry_after=1.0)
-        group = self.groups.join(group_id, request.group_size or self.config.group_size, request.category)
-        if starts_group:
-            self._throttle.started(request.category)
-        lease_s = request.lease_s or self.config.lease_s
-        episode = EpisodeRecord(
-            episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
-            category=request.category, client_id=request.client_id, lease_s=lease_s,
-            lease_expires_at=self.clock() + lease_s, trace=EpisodeTrace(merge=self.config.merge_timelines),
-            claimed_version=self.policy_version, claimed_step=self.step,
-        )
-        group.members.append(episode)
-        self.episodes.add_claimed(episode, group, request.request_id)
-        self.counts.claimed += 1
-        self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
-                   group_id=group_id, category=request.category, client_id=request.client_id)
-        return self._episode_view(episode, base_url)
-
-    async def claim_between_steps(self, request: ClaimRequest, base_url: str) -> Episode:
-        """``claim``, but an eval claim that arrives while a step trains waits for it to end (no new
-        step starts while one waits), so eval claims are never starved by back-to-back steps."""
-        if request.purpose == "eval":
-            self.evals.waiting += 1
-            try:
-                while self.loop.training:
-                    await self.loop.idle.wait()
-            finally:
-                self.evals.waiting -= 1
-                self.loop.wake.set()
-        return self.claim(request, base_url)
-
-    def _claim_eval(self, request: ClaimRequest) -> EpisodeRecord:
-        """A held-out eval episode of the current step's policy (see the module docstring)."""
-        self._admit(evaluating=True)
-        lease_s = request.lease_s or self.config.lease_s
-        episode = EpisodeRecord(
-            episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key="", group_id=request.task_id,
-            category=request.category, client_id=request.client_id, lease_s=lease_s,
-            lease_expires_at=self.clock() + lease_s, trace=EpisodeTrace(merge=self.config.merge_timelines),
-            claimed_version=self.policy_version, purpose="eval", claimed_step=self.step,
-        )
-        self.episodes.add_claimed(episode, None, request.request_id)
-        self.evals.claimed(episode.claimed_step)
-        self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
-                  category=request.category, client_id=request.client_id, purpose="eval", step=episode.claimed_step)
-        return episode
-
-    def _admit(self, *, evaluating: bool = False) -> None:
-        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain
-        (``evaluating``: an eval claim, which that drain waits for instead)."""
-        if self.state in (ServerState.stopping, ServerState.stopped):
-            raise RetryLater("the server is stopping", retry_after=5.0)
-        if self._paused:
-            raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
-                             retry_after=2.0)
-        if evaluating:
-            return
-        if self.config.mode == "sync" and (self.loop.training or self._batch_ready()):
-            raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
-                             retry_after=0.5)
-
-    def _episode_view(self, episode: EpisodeRecord, base_url: str) -> Episode:
-        return Episode(
-            episode_id=episode.episode_id, base_url=base_url, api_key=self.keys.episode_key(episode.episode_id),
-            policy_version=episode.claimed_version, lease_expires_at=episode.lease_expires_at,
-            task_id=episode.task_id, group_id=episode.group_id, category=episode.category,
-            purpose=episode.purpose, step=episode.claimed_step,
-        )
 
     def get(self, episode_id: str) -> EpisodeRecord:
         episode = self.episodes.get(episode_id)
@@ -323,8 +239,12 @@ class Engine:
                            f"(reward {episode.reward}); a finish is final")
         self.live(episode_id)
         episode.finish = body
-        if episode.is_eval:
-            return self._finish_eval(episode, body)
+        if episode.is_eval:  # its reward goes to its round; nothing is stored (a crash loses the round only)
+            self._terminate(episode, EpisodeState.finished)
+            self.episodes.bury(episode)  # the tombstone answers a retried finish
+            self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=None,
+                      purpose="eval", step=episode.claimed_step)
+            return self.status_of(episode_id)
         try:
             self._persist_finished(episode, self.episodes.group_of(episode_id))
         except Exception:
@@ -335,14 +255,6 @@ class Engine:
         self.capacity.episode_finished(episode.client_id)
         self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
-
-    def _finish_eval(self, episode: EpisodeRecord, body: FinishRequest) -> EpisodeStatus:
-        """An eval episode's reward goes to its round; nothing is stored (a crash loses the round only)."""
-        self._terminate(episode, EpisodeState.finished)
-        self.episodes.bury(episode)  # the tombstone answers a retried finish
-        self.emit("episode.finished", episode_id=episode.episode_id, reward=body.reward, group_id=None,
-                  purpose="eval", step=episode.claimed_step)
-        return self.status_of(episode.episode_id)
 
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         """A retried finish of an episode already trained (evicted) or from before a restart: the
@@ -388,9 +300,7 @@ class Engine:
         episode.move(state)
         group = self.episodes.settle(episode)
         if group is None:  # an eval episode: its round, not a group
-            ended = self.evals.ended(episode.claimed_step, episode.reward if state is EpisodeState.finished else None)
-            if ended is not None and ended.rewards:
-                self.emit("eval.finished", step=ended.step, metrics=ended.metrics())
+            self.evals.ended(episode, state)
             self.loop.wake.set()  # a step may have waited for this round
             return
         verdict = self.groups.settle(group, min_group_size=self.config.min_group_size,
@@ -408,32 +318,11 @@ class Engine:
         for episode in episodes:
             self.episodes.evict(episode)
 
-    # ------------------------------------------------------------------ what the step loop asks
+    # ------------------------------------------------------------------ training
 
-    def _batch_ready(self) -> bool:
+    def batch_ready(self) -> bool:
+        """Enough complete groups for a step (``batch_mode``/``batch_groups``)."""
         return self.groups.batch_ready(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
-
-    def can_step(self) -> bool:
-        if self._paused or self.state in (ServerState.stopping, ServerState.stopped):
-            return False
-        if not self._batch_ready() or self.evals.live or self.evals.waiting:
-            return False  # a step waits for a live (or arriving) eval round: it evaluates one policy
-        return self.config.mode == "async" or self.in_flight == 0  # sync: wait for the drain
-
-    def take_batch(self) -> list[Group]:
-        return self.groups.take_batch(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
-
-    def settle_state(self) -> None:
-        """After a step: back to running (or paused) unless the server is stopping."""
-        if self.state is ServerState.training:
-            self.state = ServerState.paused if self._paused else ServerState.running
-
-    def forget_trained(self, trained: list[EpisodeRecord], dropped: list[EpisodeRecord]) -> None:
-        """A committed step's episodes leave memory (the store keeps the durable copy)."""
-        self.counts.trained += len(trained)
-        self.counts.dropped += len(dropped)
-        for episode in (*trained, *dropped):
-            self.episodes.evict(episode)
 
     async def run(self) -> None:
         """The training loop (``StepLoop.run``); runs as a task for the app's life."""
@@ -449,7 +338,7 @@ class Engine:
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         if config.category_ratios != self.config.category_ratios:
-            self._throttle.reset(config.category_ratios)
+            self.claims.reset_throttle(config.category_ratios)
         self.config = config
         self.config_version += 1
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
@@ -498,5 +387,7 @@ class Engine:
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:
-        return [m for m in self.metrics if m.step > since_step]
+        """The rows of steps after ``since_step``; from the start (0) also row 0, the held-out
+        evaluation of the untrained policy, which no later step reports any more."""
+        return [m for m in self.metrics if m.step > since_step or m.step == since_step == 0]
 

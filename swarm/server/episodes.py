@@ -6,15 +6,13 @@ trainable when at least ``min_group_size`` members finished (failed members are 
 it is dropped. Claims beyond a group's size open a fresh group with the same id, so a client that
 runs the same task again later gets a new group rather than joining a closed one.
 
-Held-out evaluation episodes (``purpose="eval"``) join no group: their rewards go to an ``EvalBook``
-round keyed by the training step they were claimed at, and a finished round becomes the ``eval/*``
-metrics of the next committed step.
+Held-out evaluation episodes (``purpose="eval"``) join no group: their rounds are
+``swarm.server.evaluation``'s.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -151,60 +149,3 @@ class GroupBook:
             if taken >= target:
                 break
         return self.take(count)
-
-
-@dataclass
-class EvalRound:
-    """The held-out episodes claimed while the server was at ``step``: how many are still live, and
-    the rewards of those that finished (aborted and expired ones leave no reward)."""
-
-    step: int
-    live: int = 0
-    rewards: list[float] = field(default_factory=list)
-
-    def metrics(self) -> dict[str, float]:
-        """``eval/*`` metrics of a finished round; ``eval/step`` names the policy evaluated."""
-        n = len(self.rewards)
-        mean = sum(self.rewards) / n
-        std = math.sqrt(sum((r - mean) ** 2 for r in self.rewards) / n)
-        return {"eval/reward_mean": mean, "eval/reward_std": std, "eval/episodes": float(n),
-                "eval/step": float(self.step)}
-
-
-class EvalBook:
-    """Held-out evaluation rounds by step, until a committed training step reports them.
-
-    In memory only: a crash loses the rounds not yet reported, never anything of training."""
-
-    def __init__(self) -> None:
-        self._rounds: dict[int, EvalRound] = {}
-        self.waiting = 0  # eval claims waiting for a running step to end
-
-    @property
-    def live(self) -> int:
-        return sum(r.live for r in self._rounds.values())
-
-    def claimed(self, step: int) -> None:
-        self._rounds.setdefault(step, EvalRound(step)).live += 1
-
-    def ended(self, step: int, reward: float | None) -> EvalRound | None:
-        """An eval episode of ``step`` left CLAIMED; the round if that was its last live episode."""
-        round_ = self._rounds[step]
-        round_.live -= 1
-        if reward is not None:
-            round_.rewards.append(reward)
-        return round_ if round_.live == 0 else None
-
-    def take_finished(self) -> dict[str, float]:
-        """The oldest round with no live episode left, as metrics (and forgotten); ``{}`` if none.
-
-        One round per call: rounds are at most one per step, so a step reports each in turn. A round
-        whose every episode failed is forgotten without metrics."""
-        for step in sorted(self._rounds):
-            round_ = self._rounds[step]
-            if round_.live:
-                continue
-            del self._rounds[step]
-            if round_.rewards:
-                return round_.metrics()
-        return {}

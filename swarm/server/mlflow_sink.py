@@ -3,14 +3,21 @@
 What goes in: the process settings and the live config at start as params (``model``, ``engine``,
 ``trainer``, ``seed``, ``lr``, ``group_size``, …), every key of ``GET /api/v1/metrics`` for every step
 (read from the durable buffer, so what MLflow missed while unreachable goes out later, even after a
-restart), a tag per checkpoint (``checkpoint/step-<N>`` and ``checkpoint/latest``: the directory) and
-per live config change (``config/version-<V>``: the changed keys), and the end status: FINISHED on a
-stop, FAILED when the server sees itself die (it could not start, or its training loop crashed).
+restart; step 0 too when it holds a held-out evaluation of the untrained policy), a tag per
+checkpoint (``checkpoint/step-<N>`` and ``checkpoint/latest``: the directory) and per live config
+change (``config/version-<V>``: the changed keys), and the end status: FINISHED on a stop, FAILED
+when the server sees itself die (it could not start, or its training loop crashed).
 
 Which run: ``--mlflow-run-id`` (the researcher's child run); else the run recorded in
 ``<state>/mlflow.json`` when the URI and experiment match (a restarted server continues its run,
 status back to RUNNING); else a new run in ``--mlflow-experiment``. The delivery itself, its cursor
 and its retries are ``swarm.tracking.MlflowRunWriter``'s; nothing here waits on MLflow.
+
+Late rows: a held-out round that ends after its step's row went out adds ``eval/*`` to that row
+(``swarm.server.evaluation``), always the newest step's. Its ``eval.finished`` event rewinds the
+writer by that one step, so the row goes out again; a start rewinds by one step too, for a round
+that ended just before a crash or stop, before delivery. Resending a step costs one small batch,
+and MLflow keeps one copy of each point sent twice.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class ServerRun:
             params=server_params(settings, engine.config.model_dump(mode="json")),
             tags={"swarm.state_dir": str(settings.state_dir.resolve())},
             cursor_path=settings.state_dir / CURSOR_FILE, rewind_to=engine.step)
+        self._writer.rewind(self._writer.delivered_step - 1)  # the row at the cursor may have gained eval/*
         for checkpoint in engine.loop.checkpoints.all():  # kept ones, oldest first: saved while MLflow was away
             self._tag_checkpoint(checkpoint.step, checkpoint.path)
         engine.add_listener(self._on_event)
@@ -97,6 +105,8 @@ class ServerRun:
             return
         if type_ == "checkpoint.saved":
             self._tag_checkpoint(int(data["step"]), Path(str(data["path"])))
+        elif type_ == "eval.finished":  # the row of data["step"] gained eval/* (maybe after it went out)
+            self._writer.rewind(int(data["step"]) - 1)
         elif type_ == "config.changed":
             self._writer.set_tag(f"config/version-{data['version']}", json.dumps(data["values"], sort_keys=True))
 

@@ -52,8 +52,12 @@ async def status(request: Request, ctx: AppContext = Depends(app_context)) -> St
 
 
 @router.get(f"{API_PREFIX}/metrics", response_model=list[StepMetrics], dependencies=_CONTROL)
-async def metrics(request: Request, since_step: int = Query(0, ge=0),
+async def metrics(request: Request, since_step: int = Query(
+                      0, ge=0, description="the steps after this one; 0: every row, with row 0 (the held-out "
+                      "evaluation of the untrained policy) when there is one"),
                   ctx: AppContext = Depends(app_context)) -> list[StepMetrics]:
+    """Per-step metrics; a held-out round adds ``eval/*`` to the row of the step it evaluated when it
+    ends, which may be after that row was first read."""
     return ctx.engine.metrics_since(since_step)
 
 

@@ -19,9 +19,8 @@ their traceback and reported by ``report``: an ``error`` event with ``where``, a
 loop: the next steps train and commit, and the next checkpoint tries again.
 
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
-policy they were claimed under), and each commit adds the oldest finished eval round's ``eval/*``
-metrics (``Engine.evals``) to its own, so they reach ``/api/v1/metrics``, the buffer and MLflow with
-the training metrics.
+policy they were claimed under); a round that ends adds its ``eval/*`` metrics to the row of the
+step it evaluated (``add_metrics``, called by ``swarm.server.evaluation``).
 """
 
 from __future__ import annotations
@@ -93,11 +92,21 @@ class StepLoop:
         while engine.state not in (ServerState.stopping, ServerState.stopped):
             await self.wake.wait()
             self.wake.clear()
-            while engine.can_step():
+            while self.can_step():
                 stepped = await self.train_step()
                 every = engine.config.checkpoint_every
                 if stepped and every and self.step % every == 0:
                     await self._periodic_checkpoint()
+
+    def can_step(self) -> bool:
+        """A step may start now: not paused or stopping, a batch is ready, no eval round is live or
+        arriving (a round evaluates one policy) and, in sync mode, no episode is in flight (the drain)."""
+        engine = self.engine
+        if engine.paused or engine.state in (ServerState.stopping, ServerState.stopped):
+            return False
+        if not engine.batch_ready() or engine.evals.live or engine.evals.waiting:
+            return False
+        return engine.config.mode == "async" or engine.in_flight == 0
 
     async def train_step(self) -> bool:
         """One step. ``True`` if the policy changed."""
@@ -110,12 +119,14 @@ class StepLoop:
             self.idle.clear()
             self.engine.state = ServerState.training
             try:
-                groups = self.engine.take_batch()                                    # collect
+                groups = self.engine.groups.take_batch(config.batch_mode, config.batch_groups,
+                                                       config.group_size)                     # collect
                 return await self._step(groups, config, started)
             finally:
                 self.training = False
                 self.idle.set()
-                self.engine.settle_state()
+                if self.engine.state is ServerState.training:  # back to serving, unless stopping
+                    self.engine.state = ServerState.paused if self.engine.paused else ServerState.running
                 self.wake.set()  # sync-mode claims may resume; another batch may be ready
 
     async def _step(self, groups: list[Group], config: ServerConfig, started: float) -> bool:
@@ -188,7 +199,6 @@ class StepLoop:
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
         metrics.update(engine.capacity.step_finished(metrics["perf/step_s"]))
-        metrics.update(engine.evals.take_finished())  # eval/* of the oldest finished held-out round
         record = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=metrics)
         dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
         try:
@@ -198,10 +208,30 @@ class StepLoop:
             log.exception("durable buffer: committing step %d failed", step)
         self.step = step
         self._last_step_at = now
-        engine.forget_trained(kept, stale)
+        engine.counts.trained += len(kept)
+        engine.counts.dropped += len(stale)
+        for episode in (*kept, *stale):  # they leave memory; the store keeps the durable copy
+            engine.episodes.evict(episode)
         self.metrics.append(record)
         engine.emit("step.finished", step=step, metrics=metrics)
         engine.emit("weights.updated", policy_version=engine.policy_version, step=step)
+
+    def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
+        """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
+        after its step committed), creating the row if there is none (step 0: the untrained policy),
+        and write the row to the buffer at once, so every reader sees it and a restart keeps it."""
+        engine = self.engine
+        index = next((i for i in range(len(self.metrics) - 1, -1, -1) if self.metrics[i].step <= step), -1)
+        if index >= 0 and self.metrics[index].step == step:
+            old = self.metrics[index]
+            row = old.model_copy(update={"metrics": {**old.metrics, **extra}})
+            self.metrics[index] = row
+        else:
+            row = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=extra)
+            self.metrics.insert(index + 1, row)
+        engine.store_safely(f"save the metrics of step {step}",
+                            lambda: engine.store.save_step_metrics(step, row.model_dump_json()))
+        return row
 
     async def checkpoint(self) -> Path:
         """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a

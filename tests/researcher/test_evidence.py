@@ -224,7 +224,9 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     layout = StudyLayout("pooled", settings.studies_root, settings.artifacts_root)
     layout.ensure()
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art")
-    ctx = StudyContext(settings, layout, OfflinePlanner(["letters"]), tracker, Launcher(settings.swarm_command))
+    events: list[tuple[str, dict]] = []
+    ctx = StudyContext(settings, layout, OfflinePlanner(["letters"]), tracker, Launcher(settings.swarm_command),
+                       emit=lambda event, data: events.append((event, data)))
     framing = {"answerable": True, "reason": "named", "question": "group size 2 vs 8", "task": "letters",
                "knob": "group_size", "metric": "train/reward_mean"}
     rng = random.Random(2)
@@ -254,6 +256,12 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     out = analyze.run(state, ctx)  # type: ignore[arg-type]
     study = out["iterations"][-1]["study"]
     assert sorted(len(r["aucs"]) for r in study["arms"]) == [6, 6] and study["noise_floor"]["episode"]["seeds"] == 12
+    # The progress lines are the whole study's on the verdict's axis and metric; the first is the "best" shown.
+    shown = next(data for event, data in events if event == "analyzed")
+    best = next(r for r in study["arms"] if r["name"] == shown["best"])
+    assert shown["lines"][0].startswith(f"{shown['best']} (group_size={best['value']}): AUC per episode consumed of "
+                                        f"`train/reward_mean` {best['axes']['episode']['mean']:.3f} ± ")
+    assert "(6/6 runs usable, iteration(s) 1, 2)" in shown["lines"][0]
     assert (layout.study_dir / "figures" / "axes.png").stat().st_size > 1000
 
     run = tracker.client.get_run(parent)
@@ -271,3 +279,100 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     assert "from 12 seeds in 2 configurations" in report and "figures/axes.png" in report
     review = (layout.study_dir / "review.md").read_text()
     assert "AUC/episode" in review and "AUC/second" in review
+
+
+def test_twins_are_named_in_the_verdict_and_never_make_a_plateau(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    first = [_exp("it1-a", lr=1e-3), _exp("it1-a-copy", lr=1e-3)]
+    # Identical configurations whose runs differ anyway (a false positive, or a difference outside the config).
+    trials1 = (_arm(tmp_path, "it1-a", range(3), 0.08, 0.005, rng)
+               + _arm(tmp_path, "it1-a-copy", range(3), 0.03, 0.005, rng))
+    s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.02, None)
+    answer, _ = analysis.verdict("q", [s1])
+    assert answer.startswith("Yes: it1-a learned faster than it1-a-copy per training step, though both run the "
+                             "identical configuration (lr=0.001)"), answer
+    assert "larger" not in answer
+    # A replicate iteration: the twins pool with their namesakes, and twins are never a "plateau" of the knob.
+    second = [_exp("it2-a", lr=1e-3), _exp("it2-a-copy", lr=1e-3)]
+    trials2 = (_arm(tmp_path, "it2-a", range(10, 13), 0.05, 0.002, rng)
+               + _arm(tmp_path, "it2-a-copy", range(10, 13), 0.05, 0.002, rng))
+    earlier = [{**t, "iteration": 1, "overrides": {"lr": 1e-3}} for t in trials1]
+    s2 = analysis.summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.02,
+                            {"name": "it1-a", "value": 1e-3}, earlier)
+    assert [(r["name"], len(r["aucs"])) for r in s2["study"]["arms"]] == [("it2-a", 6), ("it2-a-copy", 6)]
+    assert s2["plateau"] is None
+
+
+def _held_out_run(run_dir: Path, evals: dict[int, float]) -> None:
+    """A run whose held-out results name the step they evaluated (``eval/step``), one step later."""
+    run_dir.mkdir(parents=True)
+    items = [StepMetrics(step=s, policy_version=s, time=1_700_000_000.0 + s,
+                         metrics={"train/reward_mean": 0.1, "train/episodes": 32.0,
+                                  **({"eval/reward_mean": evals[s - 1], "eval/step": float(s - 1)} if s - 1 in evals
+                                     else {})}) for s in range(1, max(evals) + 2)]
+    runs.append_metrics(run_dir, items)
+
+
+def test_runs_evaluated_at_different_steps_compare_over_the_same_steps(tmp_path: Path) -> None:
+    """Held-out evaluation lands on different steps in different runs; a run with no point at the shared
+    horizon is interpolated there, not cut back to its untrained step-0 value."""
+    trials = []
+    pairs = [({0: 0.01, 6: 0.05}, {0: 0.01, 7: 0.09}), ({0: 0.01, 6: 0.06}, {0: 0.01, 7: 0.1})]
+    for seed, (early, late) in enumerate(pairs):
+        for name, evals in (("early", early), ("late", late)):
+            _held_out_run(tmp_path / f"{name}-{seed}", evals)
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(tmp_path / f"{name}-{seed}"),
+                           "status": "finished"})
+    experiments = [_exp("early", lr=1e-4), _exp("late", lr=1e-3)]
+    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert summary["metric"] == "eval/reward_mean" and summary["horizon"] == 6
+    late = next(r for r in summary["study"]["arms"] if r["name"] == "late")
+    # Step 6 of 0.01 -> 0.09 over steps 0..7 is 0.0786; of 0.01 -> 0.1 it is 0.0871: mean heights over 0..6.
+    assert late["aucs"] == pytest.approx([(0.01 + 0.01 + 0.08 * 6 / 7) / 2, (0.01 + 0.01 + 0.09 * 6 / 7) / 2])
+    assert summary["best"] == "late"
+
+
+def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(tmp_path: Path) -> None:
+    """A state written before pooled evidence existed: its iteration summaries have no "study", which
+    used to read "No answer". The report recomputes the evidence from the runs on disk."""
+    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
+                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
+    layout = StudyLayout("old", settings.studies_root, settings.artifacts_root)
+    layout.ensure()
+    ctx = StudyContext(settings, layout, OfflinePlanner(["letters"]),
+                       Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
+                       Launcher(settings.swarm_command))
+    rng = random.Random(4)
+    history = []
+    for iteration in (1, 2):
+        slopes = {f"it{iteration}-lr-3e-4": (3e-4, 0.02), f"it{iteration}-lr-3e-3": (3e-3, 0.08)}
+        for index, (name, seed) in enumerate((n, s) for n in slopes for s in range(3)):
+            run_dir = layout.run_dir(iteration, index)
+            _write_run(run_dir, _ramp(slopes[name][1], 0.01, rng))
+            runs.save(run_dir, runs.RunRecord(key=f"old/{iteration}/{index}", study_id="old", iteration=iteration,
+                                              trial=index, experiment=name, seed=seed, config={}, client="c.py",
+                                              target_step=STEPS, episodes=64, group_size=8, status="finished",
+                                              last_step=STEPS, launches=1))
+        # The summary as analysis wrote it then: this iteration's table, no pooled "study".
+        history.append({"iteration": iteration, "knob": "lr", "metric": "train/reward_mean", "horizon": STEPS,
+                        "experiments": [{"name": n, "value": v, "overrides": {"lr": v}, "statuses": ["finished"] * 3,
+                                         "aucs": [0.3] * 3, "finals": [0.4] * 3,
+                                         "auc": {"mean": 0.3, "hw": 0.0, "n": 3},
+                                         "final": {"mean": 0.4, "hw": 0.0, "n": 3}} for n, (v, _) in slopes.items()],
+                        "best": f"it{iteration}-lr-3e-3", "best_value": 3e-3, "plateau": None,
+                        "comparison": {"better": f"it{iteration}-lr-3e-3", "worse": f"it{iteration}-lr-3e-4",
+                                       "diff": 0.2, "hw": 0.05, "clear": True}})
+    assert analysis.verdict("q", history)[0].startswith("No answer")  # what such a state read as before
+    now = time.time()
+    state = {"study_id": "old", "topic": "Does lr 3e-3 beat 3e-4 on letters?", "iteration": 2, "phase": "reporting",
+             "framing": {"answerable": True, "reason": "named", "question": "lr 3e-3 vs 3e-4", "task": "letters",
+                         "knob": "lr", "metric": "train/reward_mean"},
+             "iterations": history, "options": StudyOptions(seeds=3, max_runs=12).model_dump(), "llm": new_usage(),
+             "budget": budget.make_budget(now, now + 3600, max_runs=12, max_iterations=3, max_repairs=3,
+                                          max_llm_tokens=0, max_llm_cost_usd=0.0)}
+    write_report.run(state, ctx)  # type: ignore[arg-type]
+    report = layout.report_md.read_text()
+    answer = report.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer
+    assert "seeds lr=0.003: 6, lr=0.0003: 6" in answer  # both iterations' runs, pooled
+    assert "## Evidence (whole study)" in report and "pooled over iterations 1, 2" in report

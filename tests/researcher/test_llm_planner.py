@@ -1,6 +1,6 @@
 """The LLM planner path end to end against a real OpenAI-protocol server on loopback.
 
-The server (FastAPI + uvicorn, in this test) returns scripted planner answers: it rejects
+The server (``scripted_llm.ScriptedLLM``: FastAPI + uvicorn) returns scripted planner answers: it rejects
 structured outputs with a 400 (as some servers do), answers the framing step once with invalid
 JSON (the planner's repair round must fix it), and writes a client with a runtime bug that the
 validate step's smoke run against a real swarm server must catch and the repair step must fix.
@@ -9,17 +9,12 @@ validate step's smoke run against a real swarm server must catch and the repair 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from scripted_llm import ScriptedLLM
 
 from researcher import runs
 from researcher.layout import StudyLayout
@@ -41,85 +36,34 @@ PLAN = {"rationale": "scripted controlled comparison",
                         "expected_effect": "higher AUC for group_size=4"}],
         "experiments": [{"name": "it1-gs-2", "hypothesis": "h1", "overrides": {"group_size": 2, "batch_groups": 2}},
                         {"name": "it1-gs-4", "hypothesis": "h1", "overrides": {"group_size": 4, "batch_groups": 2}}]}
-USAGE = {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}
 
 
-class Script:
-    """Scripted answers keyed by the prompt's step heading; records every request."""
-
-    def __init__(self, structured: bool) -> None:
-        self.structured = structured
-        self.requests: list[dict[str, Any]] = []
-        self.framed_badly = False
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        self.requests.append(body)
-        if body.get("response_format") and not self.structured:
-            return 400, {"error": {"message": "response_format json_schema is not supported",
-                                   "type": "invalid_request_error", "code": None, "param": "response_format"}}
-        prompt, last = body["messages"][1]["content"], body["messages"][-1]["content"]
-        if "# Step: frame the research topic" in prompt:
-            if not self.framed_badly and not self.structured:
-                self.framed_badly = True
-                text = "Sure! Here is the framing: {answerable: true, task: letters"  # invalid JSON
-            else:
-                text = json.dumps(FRAMING)
-        elif "# Step: plan the experiments" in prompt:
-            text = json.dumps(PLAN)
-        elif "# Step: write the swarm client" in prompt:
-            text = json.dumps({"code": BUGGY, "notes": "adds a length bonus"})
-        elif "# Step: repair the client" in prompt:
-            text = json.dumps({"code": EXAMPLE, "notes": "removed the undefined bonus_for_length"})
-        elif "# Step: decide" in prompt:
-            text = json.dumps({"action": "conclude", "reason": "scripted: the comparison answers the question"})
-        elif "# Step: write the study's conclusion" in prompt:
-            text = json.dumps({"answer": "SCRIPTED ANSWER from the LLM planner.", "discussion": "scripted caveats"})
-        else:
-            return 400, {"error": {"message": f"unexpected prompt: {last[:200]}", "type": "invalid_request_error"}}
-        return 200, {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
-                     "model": body.get("model", "scripted"), "usage": USAGE,
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": text}}]}
-
-
-def _serve(script: Script) -> Iterator[str]:
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        status, body = script.answer(await request.json())
-        return JSONResponse(body, status_code=status)
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+def _script() -> dict[str, list[Any]]:
+    """The planner's answers by step; the framing's first answer is invalid JSON (the repair round fixes it)."""
+    return {"frame the research topic": ["Sure! Here is the framing: {answerable: true, task: letters", FRAMING],
+            "plan the experiments": [PLAN],
+            "write the swarm client": [{"code": BUGGY, "notes": "adds a length bonus"}],
+            "repair the client": [{"code": EXAMPLE, "notes": "removed the undefined bonus_for_length"}],
+            "decide": [{"action": "conclude", "reason": "scripted: the comparison answers the question"}],
+            "write the study's conclusion": [{"answer": "SCRIPTED ANSWER from the LLM planner.",
+                                              "discussion": "scripted caveats"}]}
 
 
 @pytest.fixture
-def scripted() -> Iterator[tuple[Script, str]]:
-    script = Script(structured=False)
-    for url in _serve(script):
-        yield script, url
+def scripted() -> Iterator[tuple[ScriptedLLM, str]]:
+    """Refuses structured outputs with a 400 and answers the framing once with invalid JSON."""
+    with ScriptedLLM(_script(), structured=False) as llm:
+        yield llm, llm.url
 
 
 @pytest.fixture
-def structured() -> Iterator[tuple[Script, str]]:
-    script = Script(structured=True)
-    for url in _serve(script):
-        yield script, url
+def structured() -> Iterator[tuple[ScriptedLLM, str]]:
+    """Accepts structured outputs and frames right the first time."""
+    with ScriptedLLM({**_script(), "frame the research topic": [FRAMING]}) as llm:
+        yield llm, llm.url
 
 
-def test_structured_outputs_path_needs_one_call(structured: tuple[Script, str]) -> None:
+def test_structured_outputs_path_needs_one_call(structured: tuple[ScriptedLLM, str]) -> None:
     script, url = structured
     traces: list[dict[str, Any]] = []
     planner = LLMPlanner(LLMSettings(base_url=url, model="scripted", price_in_per_mtok=1.0, price_out_per_mtok=2.0),
@@ -131,7 +75,7 @@ def test_structured_outputs_path_needs_one_call(structured: tuple[Script, str]) 
     assert traces[0]["step"] == "frame_topic" and traces[0]["mode"] == "structured"
 
 
-def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[Script, str], tmp_path: Path,
+def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[ScriptedLLM, str], tmp_path: Path,
                                                          free_port: int, monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     script, url = structured
@@ -145,7 +89,7 @@ def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[Scri
     assert "could not write the planner call frame_topic as an MLflow trace" in caplog.text
 
 
-def test_invalid_json_gets_one_repair_round_then_fails_clearly(scripted: tuple[Script, str]) -> None:
+def test_invalid_json_gets_one_repair_round_then_fails_clearly(scripted: tuple[ScriptedLLM, str]) -> None:
     script, url = scripted
     planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
     reply = planner.frame("group size on letters?", "catalog")
@@ -154,16 +98,13 @@ def test_invalid_json_gets_one_repair_round_then_fails_clearly(scripted: tuple[S
     assert "That answer is invalid" in script.requests[-1]["messages"][-1]["content"]
     assert reply.value.task == "letters" and reply.usage["calls"] == 2
 
-    script.framed_badly = False
-    script.answer = lambda body, original=script.answer: (  # type: ignore[method-assign]
-        (200, {**original(body)[1], "choices": [{"index": 0, "finish_reason": "stop",
-                                                  "message": {"role": "assistant", "content": "not json"}}]}))
+    script.answer("frame the research topic", "not json")
     with pytest.raises(PlannerError, match="after a repair round"):
         planner.frame("group size on letters?", "catalog")
 
 
 @pytest.mark.slow
-def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[Script, str], swarm_server: tuple[str, str],
+def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[ScriptedLLM, str], swarm_server: tuple[str, str],
                                                      no_leftover_servers) -> None:
     script, url = scripted
     server_url, token = swarm_server  # an existing server (--server): smoke runs and runs need no server start

@@ -14,8 +14,8 @@ PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
 PASSED = {
     "frame_topic": {"topic", "catalog"},
     "plan_experiments": {"framing", "context"},
-    "write_client": {"framing", "example", "experiments"},
-    "repair_client": {"code", "error", "example"},
+    "write_client": {"framing", "example", "experiments", "context"},
+    "repair_client": {"code", "error", "example", "context"},
     "decide": {"framing", "context"},
     "write_report": {"framing", "context"},
 }

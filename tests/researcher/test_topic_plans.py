@@ -9,14 +9,13 @@ the LLM) to show that a plan refused twice fails the study before anything is wr
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from scripted_llm import ScriptedLLM
 
 from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
@@ -80,6 +79,14 @@ PHRASINGS = [
      "comparison", None),
     ("Does a learning rate of 5 beat 1e-3 on sudoku?", "letters", "lr", [0.1, 1e-3], "comparison",
      "outside the range the researcher runs"),
+    # A/A checks: one configuration twice (the knob is the one named, else lr as the task configures it).
+    ("A/A check: do two identical configurations of letters learn at different speeds?", "letters", "lr",
+     [1e-3, 1e-3], "comparison", "an A/A check names no knob"),
+    ("Do identical arms on digits learn at the same speed?", "digits", "lr", [3e-4, 3e-4], "comparison",
+     "both arms run lr=0.0003, the task's configured value"),
+    ("Run the same configuration twice on letters: does one learn faster?", "letters", "lr", [1e-3, 1e-3],
+     "comparison", "reported under lr"),
+    ("An A/A test at group size 4 on the calculator", "calculator", "group_size", [4, 4], "comparison", None),
 ]
 
 
@@ -100,6 +107,41 @@ def test_topic_runs_exactly_the_named_arms(text: str, task: str, knob: str, valu
         assert assumed in notes, notes
     # The plan node's check accepts what the offline planner runs.
     assert topic.plan_complaint(question, framing.knob, [e.overrides for e in plan.experiments]) is None
+
+
+AA_TOPIC = "A/A check: do two identical configurations of letters learn at different speeds?"
+
+
+def test_an_a_a_topic_runs_one_configuration_twice_and_only_an_identical_plan_passes() -> None:
+    framing, plan, question = _offline_plan(AA_TOPIC)
+    assert question.identical and "A/A check" in framing.question
+    assert [(e.name, e.overrides) for e in plan.experiments] == [("it1-a", {"lr": 1e-3}), ("it1-a-copy", {"lr": 1e-3})]
+    # Unresolved: both arms again, under fresh names, on the same identical configuration.
+    unresolved = {"iteration": 1, "best": "it1-a", "best_value": 1e-3, "plateau": None,
+                  "values": {"it1-a": 1e-3, "it1-a-copy": 1e-3},
+                  "comparison": {"better": "it1-a", "worse": "it1-a-copy", "diff": 0.01, "hw": 0.05, "clear": False}}
+    _, again, _ = _offline_plan(AA_TOPIC, 2, best_value=1e-3, tested_values=[1e-3, 1e-3], history=[unresolved])
+    assert again.stage == "replicate"
+    assert [(e.name, e.overrides) for e in again.experiments] == [("it2-a", {"lr": 1e-3}), ("it2-a-copy", {"lr": 1e-3})]
+    planner = OfflinePlanner(TASKS)
+    decide = lambda c: planner.decide(framing, {"topic": AA_TOPIC, "tested_values": [1e-3], "min_effect": 0.02,  # noqa: E731
+                                                "last": {**unresolved, "comparison": c}}).value
+    assert decide(unresolved["comparison"]).action == "continue"
+    assert decide({**unresolved["comparison"], "diff": 0.001, "hw": 0.01}).action == "conclude"
+    clear = decide({**unresolved["comparison"], "diff": 0.1, "hw": 0.01, "clear": True})
+    assert clear.action == "conclude" and "identical configurations" in clear.reason
+    # The LLM plan check: two identical arms pass (whatever the knob is set to, or none); varying anything fails.
+    assert topic.plan_complaint(question, "lr", [{"lr": 3e-3}, {"lr": 3e-3}]) is None
+    assert topic.plan_complaint(question, "lr", [{}, {}]) is None
+    varied = topic.plan_complaint(question, "lr", [{"lr": 1e-3}, {"lr": 3e-3}])
+    assert varied and "the plan varies `lr`" in varied
+    extra = topic.plan_complaint(question, "lr", [{"lr": 1e-3}, {"lr": 1e-3, "kl_coef": 0.05}])
+    assert extra and "the plan varies `kl_coef`" in extra
+    assert "the plan has 1" in (topic.plan_complaint(question, "lr", [{"lr": 1e-3}]) or "")
+    pinned = topic.parse("An A/A test at group size 4 on the calculator")
+    assert topic.plan_complaint(pinned, "group_size", [{"group_size": 4}, {"group_size": 4}]) is None
+    off = topic.plan_complaint(pinned, "group_size", [{"group_size": 8}, {"group_size": 8}])
+    assert off and "the topic sets group_size = 4" in off
 
 
 def test_unknown_task_and_out_of_range_values_are_stated_as_assumptions() -> None:
@@ -172,50 +214,19 @@ def _plan_answer(*values: float) -> str:
                         for i, v in enumerate(values)]})
 
 
-class _Chat(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Any
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append(body)
-        text = self.server.answers[min(len(self.server.requests), len(self.server.answers)) - 1]
-        payload = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()),
-                              "model": "scripted", "usage": {"prompt_tokens": 10, "completion_tokens": 5,
-                                                             "total_tokens": 15},
-                              "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": text}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-
 @pytest.fixture
-def chat() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
-    server.requests, server.answers = [], []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+def chat() -> Iterator[ScriptedLLM]:
+    """A scripted OpenAI-protocol server; each test scripts the answers it needs."""
+    with ScriptedLLM({}) as llm:
+        yield llm
 
 
-def _llm(server: ThreadingHTTPServer) -> LLMPlanner:
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    return LLMPlanner(LLMSettings(base_url=url, model="scripted", max_retries=0), PromptLibrary(REPO / "prompts"))
+def _llm(server: ScriptedLLM) -> LLMPlanner:
+    return LLMPlanner(LLMSettings(base_url=server.url, model="scripted", max_retries=0), PromptLibrary(REPO / "prompts"))
 
 
-def test_llm_plan_dropping_a_named_value_is_repaired_with_the_precise_complaint(chat: Any) -> None:
-    chat.answers = [_plan_answer(0.05, 0.0), _plan_answer(0.05, 0.2)]
+def test_llm_plan_dropping_a_named_value_is_repaired_with_the_precise_complaint(chat: ScriptedLLM) -> None:
+    chat.answer("plan the experiments", _plan_answer(0.05, 0.0), _plan_answer(0.05, 0.2))
     context = {"iteration": 1, "topic": KL_TOPIC, "named": topic.parse(KL_TOPIC).summary(), "tested_values": [],
                "runs_left": 16, "seeds_per_experiment": 3}
     checked = plan_experiments.ask_checked(_llm(chat), KL_FRAMING, context, topic.parse(KL_TOPIC))

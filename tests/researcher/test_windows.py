@@ -46,7 +46,9 @@ import time
 from swarm.client import load_study, run_study_cli
 
 letters = load_study({example!r})
-GROUP_SIZE, CONCURRENCY, tasks = letters.GROUP_SIZE, letters.CONCURRENCY, letters.tasks
+GROUP_SIZE, CONCURRENCY, tasks, heldout = letters.GROUP_SIZE, letters.CONCURRENCY, letters.tasks, letters.heldout
+REWARD_RANGE = (0.0, 1.0)
+EVAL_EVERY = 0  # no held-out rounds: the windows' pacing counts training steps only
 
 
 def workflow(ep, task):

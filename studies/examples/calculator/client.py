@@ -49,6 +49,7 @@ WARMUP_BATCH = 16
 WARMUP_LR = 3e-3
 EVAL_EVERY = 5  # steps between held-out evaluations
 HELDOUT_SIZE = 16  # each is 4-6 calls: as many episodes as one training step
+REWARD_RANGE = (0.0, 1.0)  # 0.6 calls + 0.1 well-formed + 0.3 answer, each a fraction or 0/1
 
 _CALL = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.DOTALL)
 _EXPR = re.compile(r"^(-?\d+)([+*-])(\d+)$")

@@ -29,6 +29,7 @@ WARMUP_LR = 3e-3
 WARMUP_EXAMPLES = 512
 EVAL_EVERY = 5  # steps between held-out evaluations
 HELDOUT_SIZE = 32
+REWARD_RANGE = (0.0, 1.0)  # digits in place (at most all), less a length penalty, floored at 0
 
 
 def _prompt(number: str) -> list[dict]:

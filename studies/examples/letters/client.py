@@ -21,6 +21,7 @@ from swarm.client import EpisodeHandle, run_study_cli
 GROUP_SIZE = 8  # samples per prompt: GRPO compares them with each other
 CONCURRENCY = 32  # four groups in flight, so the server batches them into one forward pass
 COMPLETION_TOKENS = 16
+REWARD_RANGE = (0.0, 1.0)  # the fraction of 'a': a byte-level token holds at most one
 EVAL_EVERY = 5  # steps between held-out evaluations
 HELDOUT_SIZE = 32
 

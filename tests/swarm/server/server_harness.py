@@ -47,12 +47,14 @@ def _free_port() -> int:
 
 
 def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "test-token",
-           max_context: int | None = None, trainer: Any = None, **config: Any) -> RunningServer:
-    """``trainer``: compose the server from the loaded backend as generator and this trainer."""
+           max_context: int | None = None, trainer: Any = None, mlflow_uri: str | None = None,
+           **config: Any) -> RunningServer:
+    """``trainer``: compose the server from the loaded backend as generator and this trainer;
+    ``mlflow_uri``: the server writes its MLflow run there (``swarm serve --mlflow-uri``)."""
     from swarm.backends import load_backend
 
     settings = ServerSettings(model=str(model), host="127.0.0.1", port=_free_port(), state_dir=state_dir,
-                              token=token, seed=seed, max_context=max_context,
+                              token=token, seed=seed, max_context=max_context, mlflow_uri=mlflow_uri,
                               config=ServerConfig().patched(config) if config else ServerConfig())
     backend = load_backend(settings.model, settings.config, seed=seed)
     app = create_app(settings, backend, trainer=trainer)

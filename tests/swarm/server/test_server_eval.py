@@ -1,14 +1,19 @@
 """Held-out evaluation (issue #16): eval episodes through a real server and a real ``SwarmClient.run``.
 
 An eval episode (``purpose="eval"``) is served with a fixed seed per call, never recorded, grouped,
-stored, counted or trained; a training step waits for the live eval round, and the next committed
-step reports the round as ``eval/*`` metrics on every metric path (``/api/v1/metrics`` and the
-durable buffer the MLflow writer reads). The pure parts (the round book, the seed) are tested here too.
+stored, counted or trained; a training step waits for the live eval round, and the round's ``eval/*``
+metrics join the row of the step it evaluated the moment it ends (row 0: the untrained policy), on
+every metric path: ``/api/v1/metrics``, the durable buffer (so a restart keeps them) and the server's
+MLflow run, also when the round ends after the run's last step. The pure parts (the round book, the
+seed) are tested here too.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -18,7 +23,7 @@ from server_harness import RunningServer, wait_for
 from swarm.client import EpisodeHandle, SwarmClient
 from swarm.protocol import ClaimRequest
 from swarm.server.completions import eval_seed
-from swarm.server.episodes import EvalBook
+from swarm.server.evaluation import EvalBook
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 
@@ -48,12 +53,12 @@ def _status(server: RunningServer) -> dict:
         return http.get("/api/v1/status").json()
 
 
-def _metrics(server: RunningServer) -> list[dict]:
+def _metrics(server: RunningServer, since_step: int = 0) -> list[dict]:
     with server.client() as http:
-        return http.get("/api/v1/metrics").json()
+        return http.get("/api/v1/metrics", params={"since_step": since_step}).json()
 
 
-def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_with_the_next_step(
+def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_their_round_ends(
         start_server) -> None:
     server = start_server(group_size=2, min_group_size=2, batch_groups=1)
     engine = server.engine
@@ -76,7 +81,7 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_with_t
     for ep, reward in ((a, 0.0), (b, 1.0)):
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
     # The group is ready, but a step waits while the eval round is live: it evaluates one policy.
-    assert engine.groups.ready and not engine.can_step() and engine.step == 0
+    assert engine.groups.ready and not engine.loop.can_step() and engine.step == 0
 
     for ep, reward in ((first, 0.25), (second, 0.25), (other, 1.0)):
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
@@ -85,21 +90,25 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_with_t
     wait_for(lambda: engine.evals.live == 0)  # the short-leased one expires without a reward
     wait_for(lambda: engine.step == 1)
 
-    [step] = _metrics(server)
-    m = step["metrics"]
+    # The round evaluated the untrained policy: row 0, eval/* only; the step's row has no eval/*.
+    baseline, step = _metrics(server)
+    m = baseline["metrics"]
+    assert baseline["step"] == 0 and set(m) == {"eval/reward_mean", "eval/reward_std", "eval/episodes", "eval/step"}
     assert m["eval/step"] == 0 and m["eval/episodes"] == 3
     assert m["eval/reward_mean"] == pytest.approx(0.5) and m["eval/reward_std"] == pytest.approx(0.3535534)
-    assert m["train/episodes"] == 2 and m["train/reward_mean"] == 0.5  # evals neither trained nor mixed in
-    # The durable buffer (what the MLflow writer logs) holds the same step metrics; no eval episode.
-    [stored] = [json.loads(body) for body in engine.store.step_metrics()]
-    assert stored["metrics"]["eval/reward_mean"] == pytest.approx(0.5)
+    assert step["step"] == 1 and not any(key.startswith("eval/") for key in step["metrics"])
+    assert step["metrics"]["train/episodes"] == 2 and step["metrics"]["train/reward_mean"] == 0.5
+    assert [s["step"] for s in _metrics(server, since_step=1)] == []  # since a step: the steps after it
+    # The durable buffer (what the MLflow writer logs) holds the same rows; no eval episode.
+    stored = [json.loads(body) for body in engine.store.step_metrics(-1)]
+    assert [s["metrics"] for s in stored] == [baseline["metrics"], step["metrics"]]
     assert all(engine.store.get(ep["episode_id"]) is None for ep in (first, second, other, lost))
     assert engine.store.get(a["episode_id"]) is not None
     counts = _status(server)["episodes"]  # the buffer counts are training's only
     assert counts["claimed"] == 2 and counts["finished"] == 2 and counts["trained"] == 2
     assert counts["expired"] == 0 and counts["aborted"] == 0
 
-    # An eval claimed now evaluates the step-1 policy; the next step reports nothing without one.
+    # An eval claimed now evaluates the step-1 policy; a round with no reward publishes nothing.
     later = _claim(server, "h0", purpose="eval")
     assert later["step"] == 1 and later["policy_version"] == 1
     assert _end(server, later, "abort", {"reason": "test"}).status_code == 200
@@ -135,30 +144,102 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
     assert sum(purpose == "eval" for purpose, _ in seen) == 3 * summary.eval_rounds
     evals = [m.metrics for m in metrics if "eval/step" in m.metrics]
     steps = [int(m["eval/step"]) for m in evals]
-    assert steps[0] == 0 and steps == sorted(set(steps)) and len(steps) >= 2
+    assert steps[0] == 0 and steps == sorted(set(steps)) and len(steps) == summary.eval_rounds >= 2
+    assert all(int(m.metrics["eval/step"]) == m.step for m in metrics if "eval/step" in m.metrics)
     assert all(m["eval/episodes"] == 3 and m["eval/reward_mean"] == 0.5 for m in evals)
-    assert all(m.metrics["train/episodes"] == 2 for m in metrics)
+    assert [m.step for m in metrics] == list(range(9))  # row 0: the untrained policy's evaluation
+    assert all(m.metrics["train/episodes"] == 2 for m in metrics[1:])
     assert server.engine.counts.finished == 16 and server.engine.evals.live == 0
 
     with pytest.raises(ValueError, match="appears twice"):
         client.run(iter([]), workflow, group_size=2, concurrency=1, heldout=heldout + heldout[:1], eval_every=1)
 
 
-def test_eval_book_reports_finished_rounds_oldest_first() -> None:
+def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(start_server, tmp_path: Path) -> None:
+    """The run stops at its last step and its final round ends after it: the round's eval/* join that
+    step's row in /api/v1/metrics and the buffer at once, reach the MLflow run and the researcher's
+    metrics.jsonl although the row went out to both before, and a restarted server still reports them."""
+    from mlflow.tracking import MlflowClient
+
+    from researcher.analysis import read_axes
+    from researcher.launcher import Launcher
+    from researcher.nodes import monitor
+    from researcher.runs import METRICS_FILE, RunRecord
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    server = start_server(group_size=2, min_group_size=2, batch_groups=1, checkpoint_every=1, mlflow_uri=uri)
+    a, b = _claim(server, "t1"), _claim(server, "t1")
+    for ep, reward in ((a, 0.0), (b, 1.0)):
+        _chat(server, ep)
+        assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
+    wait_for(lambda: server.engine.step == 1)  # the last training step
+    cursor = server.state_dir / "mlflow.json"  # the step's row went out to MLflow before the round
+    wait_for(lambda: cursor.is_file() and json.loads(cursor.read_text())["delivered_step"] == 1, timeout=120)
+    # The researcher's monitor polls the run (a real Launcher on the server as an external one).
+    run_dir, record = tmp_path / "run", RunRecord(
+        key="s/1/0", study_id="s", iteration=1, trial=0, experiment="e", seed=0, config={}, client="client.py",
+        target_step=1, episodes=2, group_size=2, status="running", external=True, url=server.url)
+    run_dir.mkdir()
+    ctx = SimpleNamespace(launcher=Launcher(["swarm"], external_token=server.token), say=lambda *_, **__: None)
+    state = {"framing": {"metric": "train/reward_mean"}, "options": {}}
+
+    def poll() -> list[str]:
+        seen = monitor.Poll(ctx, state, run_dir, record, time.time(), server_alive=True)  # type: ignore[arg-type]
+        monitor._fetch(seen)
+        return (run_dir / METRICS_FILE).read_text().splitlines()
+
+    assert len(poll()) == 1 and record.logged_step == 1  # step 1's row, before its round
+
+    evals = [_claim(server, f"held-{i}", purpose="eval") for i in range(2)]
+    assert [ep["step"] for ep in evals] == [1, 1]
+    for ep, reward in zip(evals, (0.25, 0.75), strict=True):
+        _chat(server, ep)
+        assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
+    expected = {"eval/reward_mean": 0.5, "eval/reward_std": 0.25, "eval/episodes": 2.0, "eval/step": 1.0}
+    [row] = _metrics(server)  # at once: the finish that ended the round has answered
+    assert row["step"] == 1 and row["metrics"]["train/reward_mean"] == 0.5
+    assert {k: v for k, v in row["metrics"].items() if k.startswith("eval/")} == expected
+    with SwarmClient(server.url, token=server.token) as client:  # what `swarm metrics` shows
+        assert client.metrics()[0].metrics == row["metrics"]
+    assert [json.loads(body)["metrics"] for body in server.engine.store.step_metrics(-1)] == [row["metrics"]]
+    lines = poll()  # the monitor re-reads the logged step's row: its eval/* as a line of their own, once
+    assert len(lines) == 2 and json.loads(lines[1])["metrics"] == expected and len(poll()) == 2
+    curve = read_axes(run_dir, "eval/reward_mean")
+    assert curve.steps == [1] and curve.values == [0.5]
+
+    run_id = json.loads(cursor.read_text())["run_id"]
+    mlflow = MlflowClient(tracking_uri=uri)
+    deadline = time.monotonic() + 60
+    while not mlflow.get_metric_history(run_id, "eval/reward_mean"):
+        assert time.monotonic() < deadline, "the late eval row never reached MLflow"
+        time.sleep(0.2)
+    for key, value in expected.items():
+        assert [(m.step, m.value) for m in mlflow.get_metric_history(run_id, key)] == [(1, value)]
+    assert [m.step for m in mlflow.get_metric_history(run_id, "train/reward_mean")] == [1]  # sent twice, kept once
+
+    server.stop()
+    restarted = start_server(state_dir=server.state_dir, group_size=2, min_group_size=2, batch_groups=1)
+    assert restarted.engine.step == 1 and _metrics(restarted) == [row]
+
+
+def test_eval_book_ends_rounds_and_pools_a_step_s_later_rounds() -> None:
     book = EvalBook()
-    for step in (0, 0, 5):
+    for step in (0, 0):
         book.claimed(step)
-    assert book.ended(0, 1.0) is None and book.live == 2
-    assert book.take_finished() == {}  # round 0 still has a live episode
-    finished = book.ended(0, None)  # an aborted episode leaves no reward
-    assert finished is not None and finished.rewards == [1.0]
-    assert book.ended(5, 0.0) is not None
-    assert book.take_finished() == {"eval/reward_mean": 1.0, "eval/reward_std": 0.0, "eval/episodes": 1.0,
-                                    "eval/step": 0.0}
-    assert book.take_finished()["eval/step"] == 5.0 and book.take_finished() == {}
+    assert book.ended(0, 1.0) is None and book.live == 1  # round 0 still has a live episode
+    ended = book.ended(0, None)  # an aborted episode leaves no reward
+    assert ended is not None and ended.rewards == [1.0] and book.live == 0
+    assert ended.metrics() == {"eval/reward_mean": 1.0, "eval/reward_std": 0.0, "eval/episodes": 1.0,
+                               "eval/step": 0.0}
+    book.claimed(0)  # a later round of the same policy pools with the first
+    pooled = book.ended(0, 0.0)
+    assert pooled is not None and pooled.rewards == [1.0, 0.0] and pooled.metrics()["eval/reward_mean"] == 0.5
+    book.claimed(5)  # a newer step's round starts afresh; round 0 is forgotten
+    assert book.ended(5, 0.25).rewards == [0.25]  # type: ignore[union-attr]
+    with pytest.raises(KeyError):
+        book.ended(0, 1.0)
     book.claimed(7)
-    book.ended(7, None)
-    assert book.take_finished() == {}  # a round whose every episode failed reports nothing
+    assert book.ended(7, None).rewards == []  # type: ignore[union-attr]  # every episode failed: nothing to report
 
 
 def test_eval_seed_is_fixed_per_task_and_call_and_fits_int64_with_n() -> None:

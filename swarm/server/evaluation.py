@@ -1,0 +1,137 @@
+"""Held-out evaluation: eval episodes, their rounds, and the ``eval/*`` metrics a round publishes.
+
+An eval episode (``ClaimRequest.purpose="eval"``) is served like any other but joins no group, is
+neither throttled nor counted in the buffer counts, and is never recorded, stored or trained. Its
+reward goes to the round of the step it was claimed at. So that a round evaluates exactly one
+policy, an eval claim arriving while a step trains waits for that step to end (and no new step
+starts meanwhile), and a step waits for the live eval episodes (in both modes; sync mode admits
+eval claims while a batch waits for its drain, since the drain waits for them).
+
+Publication: the moment a round's last live episode ends, its ``eval/*`` metrics are merged into
+the metrics row of the step whose policy it evaluated (``StepLoop.add_metrics``): that is the newest
+committed step, since no step starts while a round is live, and row 0 for the untrained policy.
+The row is written to the durable buffer at once, so ``/api/v1/metrics``, the MLflow writer and a
+restarted server all see it, also when it ends after the run's last training step; an
+``eval.finished`` event tells the readers that keep a per-step cursor (the MLflow writer) to send
+that row again. A later round of the same step pools with it (more samples of the same policy).
+
+What a crash loses: the rounds still live (their episodes are in memory only), never a published
+one, and nothing of training.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from swarm.protocol import ClaimRequest, EpisodeState
+from swarm.server.episodes import EpisodeRecord
+from swarm.server.errors import RetryLater
+from swarm.server.timeline import EpisodeTrace
+
+if TYPE_CHECKING:
+    from swarm.server.engine import Engine
+
+__all__ = ["EvalBook", "EvalRound", "Evaluation"]
+
+
+@dataclass
+class EvalRound:
+    """The held-out episodes claimed while the server was at ``step``: how many are still live, and
+    the rewards of those that finished (aborted and expired ones leave no reward)."""
+
+    step: int
+    live: int = 0
+    rewards: list[float] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """``eval/*`` metrics of a round with rewards; ``eval/step`` names the policy evaluated."""
+        n = len(self.rewards)
+        mean = sum(self.rewards) / n
+        std = math.sqrt(sum((r - mean) ** 2 for r in self.rewards) / n)
+        return {"eval/reward_mean": mean, "eval/reward_std": std, "eval/episodes": float(n),
+                "eval/step": float(self.step)}
+
+
+class EvalBook:
+    """Held-out rounds by step: which are live, and which just ended.
+
+    A round of a step stays here after it ends, so a later round of the same step pools with it;
+    rounds of older steps are forgotten when a newer step's round begins. In memory only."""
+
+    def __init__(self) -> None:
+        self._rounds: dict[int, EvalRound] = {}
+
+    @property
+    def live(self) -> int:
+        return sum(r.live for r in self._rounds.values())
+
+    def claimed(self, step: int) -> None:
+        for old in [s for s, r in self._rounds.items() if s < step and not r.live]:
+            del self._rounds[old]
+        self._rounds.setdefault(step, EvalRound(step)).live += 1
+
+    def ended(self, step: int, reward: float | None) -> EvalRound | None:
+        """An eval episode of ``step`` left CLAIMED; the round if that was its last live episode."""
+        round_ = self._rounds[step]
+        round_.live -= 1
+        if reward is not None:
+            round_.rewards.append(reward)
+        return round_ if round_.live == 0 else None
+
+
+class Evaluation:
+    """The engine's held-out side: eval claims, their rounds, and the rounds' publication."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.book = EvalBook()
+        self.waiting = 0  # eval claims waiting for a running step to end
+
+    @property
+    def live(self) -> int:
+        """Eval episodes still CLAIMED (a step waits for them)."""
+        return self.book.live
+
+    async def between_steps(self) -> None:
+        """Hold an eval claim that arrives while a step trains until the step ends; no new step
+        starts while one waits, so eval claims are never starved by back-to-back steps."""
+        loop = self._engine.loop
+        self.waiting += 1
+        try:
+            while loop.training:
+                await loop.idle.wait()
+        finally:
+            self.waiting -= 1
+            loop.wake.set()
+
+    def claim(self, request: ClaimRequest) -> EpisodeRecord:
+        """A held-out eval episode of the current step's policy."""
+        engine = self._engine
+        if engine.loop.training:
+            raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
+        engine.claims.admit(evaluating=True)
+        lease_s = request.lease_s or engine.config.lease_s
+        episode = EpisodeRecord(
+            episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key="", group_id=request.task_id,
+            category=request.category, client_id=request.client_id, lease_s=lease_s,
+            lease_expires_at=engine.clock() + lease_s, trace=EpisodeTrace(merge=engine.config.merge_timelines),
+            claimed_version=engine.policy_version, purpose="eval", claimed_step=engine.step,
+        )
+        engine.episodes.add_claimed(episode, None, request.request_id)
+        self.book.claimed(episode.claimed_step)
+        engine.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
+                    category=request.category, client_id=request.client_id, purpose="eval",
+                    step=episode.claimed_step)
+        return episode
+
+    def ended(self, episode: EpisodeRecord, state: EpisodeState) -> None:
+        """An eval episode left CLAIMED (its reward counts if it finished); the round it completed,
+        if any, is published. A round whose every episode failed publishes nothing."""
+        round_ = self.book.ended(episode.claimed_step, episode.reward if state is EpisodeState.finished else None)
+        if round_ is not None and round_.rewards:
+            metrics = round_.metrics()
+            self._engine.loop.add_metrics(round_.step, metrics)
+            self._engine.emit("eval.finished", step=round_.step, metrics=metrics)

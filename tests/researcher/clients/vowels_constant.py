@@ -1,0 +1,96 @@
+"""Vowels with an all-or-nothing reward: ``vowels.py`` except that only a reply that is exactly the
+count (``2``) earns 1, anything else 0.
+
+A fixture for the check before training: the untrained tiny model never answers with exactly the
+count, so every episode of every group scores 0, GRPO's advantages are all zero and it learns
+nothing. The check must catch that and the repair step adapt the reward (``vowels.py``'s partial
+credit is the repair). Run it with::
+
+    swarm serve --model tiny --config studies/examples/letters/config.toml
+    swarm run vowels_constant.py --server http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections.abc import Iterator
+
+from swarm.client import EpisodeHandle, run_study_cli
+
+FACTORS = {"tool": True}  # the researcher rewrites this line with each experiment's levels
+REWARD_RANGE = (0.0, 1.0)
+GROUP_SIZE = 8
+CONCURRENCY = 16
+MAX_TURNS = 4
+MAX_TOKENS = 8
+EVAL_EVERY = 5
+HELDOUT_SIZE = 32
+VOWELS = "aeiou"
+CONSONANTS = "".join(c for c in string.ascii_lowercase if c not in VOWELS)
+_DIGIT = re.compile(r"[0-9]")
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(VOWELS if rng.random() < 0.4 else CONSONANTS) for _ in range(rng.randint(4, 6)))
+
+
+def heldout() -> list[dict]:
+    """The fixed held-out words: their own RNG stream (a string seed, never an int ``tasks`` seed)."""
+    rng = random.Random("vowels-heldout")
+    return [{"task_id": f"vowels-heldout-{i}", "word": _word(rng)} for i in range(HELDOUT_SIZE)]
+
+
+def tasks(seed: int) -> Iterator[dict]:
+    """An endless, seed-determined stream of words, none of them held out."""
+    rng = random.Random(seed)
+    held = {task["word"] for task in heldout()}
+    index = 0
+    while True:
+        word = _word(rng)
+        if word not in held:
+            yield {"task_id": f"vowels-{seed}-{index}", "word": word}
+            index += 1
+
+
+def lookup(word: str) -> str:
+    """The tool: the word's vowels, in order."""
+    return "".join(c for c in word if c in VOWELS)
+
+
+def guess(text: str) -> int | None:
+    """The answer in a reply: its first digit, or ``None`` (the reply is a tool call)."""
+    match = _DIGIT.search(text)
+    return None if match is None else int(match[0])
+
+
+def reward(answer: str | None, word: str) -> float:
+    """Exact match only: 1 if the final reply is the count and nothing else, else 0."""
+    return float(answer is not None and answer.strip() == str(len(lookup(word))))
+
+
+def workflow(ep: EpisodeHandle, task: dict) -> float:
+    llm = ep.openai()
+    messages = [{"role": "user", "content": f"vowels in {task['word']}?"}]
+    answer, calls = None, 0
+    for _ in range(MAX_TURNS):
+        reply = llm.chat.completions.create(model="policy", messages=messages, max_tokens=MAX_TOKENS,
+                                            temperature=1.0)
+        text = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})  # verbatim: one timeline per episode
+        if guess(text) is not None:
+            answer = text
+            break
+        calls += 1
+        if FACTORS["tool"]:
+            messages.append({"role": "tool", "content": "=" + lookup(task["word"])})
+        else:
+            messages.append({"role": "user", "content": "a number?"})
+    score = reward(answer, task["word"])
+    ep.finish(score, metrics={"tool_calls": float(calls), "answered": float(answer is not None)})
+    return score
+
+
+if __name__ == "__main__":
+    run_study_cli(__file__)

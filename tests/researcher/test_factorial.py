@@ -1,0 +1,164 @@
+"""Factorial designs: client factor levels written into client.py, old plans and states still load, the
+plan checks of a factorial, and main effects and interactions recovered with their intervals from
+hand-made learning curves (real metrics.jsonl files scored by ``researcher.analysis``)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from researcher import analysis, catalog, factorial, runs, stats, studyfiles
+from researcher.planner.schema import Experiment, Factor, Framing, Plan
+from swarm.protocol import StepMetrics
+from swarm.server.settings import ENGINE_KEYS, ServerConfig
+
+CLIENT = '''"""A client with factors."""
+GREETING = "héllo"  # non-ASCII before the assignment: offsets are bytes
+FACTORS: dict = {"tool": True, "prompt": "plain",
+                 "reward": "partial"}  # the defaults
+
+
+def workflow(ep, task):
+    return 1.0 if FACTORS["tool"] else 0.0
+'''
+STEPS = 10
+OFFSETS = (-0.02, -0.01, 0.01, 0.02)  # per-seed shifts, mean 0: the estimates are exact
+FACTORS = [Factor(name="lr", where="server", levels=[1e-3, 3e-3]),
+           Factor(name="tool", where="client", levels=[False, True])]
+
+
+def test_set_factors_rewrites_only_the_factors_assignment() -> None:
+    out = studyfiles.set_factors(CLIENT, {"tool": False, "prompt": "hint ü"})
+    assert out == CLIENT.replace('{"tool": True, "prompt": "plain",\n                 "reward": "partial"}',
+                                 "{'tool': False, 'prompt': 'hint ü', 'reward': 'partial'}")
+    namespace: dict = {}
+    exec(compile(out, "client.py", "exec"), namespace)  # the rewritten file runs, with the new levels
+    assert namespace["FACTORS"] == {"tool": False, "prompt": "hint ü", "reward": "partial"}
+    assert namespace["workflow"](None, None) == 0.0
+    assert studyfiles.set_factors(CLIENT, {}) is CLIENT  # no levels: the file as is
+    assert studyfiles.set_factors("x = 1\n", {}) == "x = 1\n"  # a client without factors needs none
+
+    with pytest.raises(ValueError, match=r"sets client factor\(s\) tool, but the client has no top-level `FACTORS"):
+        studyfiles.set_factors("def workflow(ep, task):\n    FACTORS = {'tool': 1}\n", {"tool": True})
+    with pytest.raises(ValueError, match=r"client factor\(s\) scratchpad that the client's FACTORS does not declare "
+                                         r"\(it declares: tool, prompt, reward\)"):
+        studyfiles.set_factors(CLIENT, {"scratchpad": True})
+    with pytest.raises(ValueError, match="is not a dict literal"):
+        studyfiles.set_factors("FACTORS = dict(tool=True)\n", {"tool": False})
+    with pytest.raises(ValueError, match="assigns FACTORS 2 times"):
+        studyfiles.set_factors("FACTORS = {'a': 1}\nFACTORS = {'a': 2}\n", {"a": 3})
+
+
+def test_old_plans_and_states_load_with_defaults_and_new_fields_are_validated() -> None:
+    old_framing = {"answerable": True, "reason": "r", "question": "q", "task": "letters", "knob": "lr",
+                   "metric": "train/reward_mean"}
+    framing = Framing.model_validate(old_framing)
+    assert (framing.base, framing.factors, framing.example) == ("", [], "letters")
+    old_plan = {"rationale": "r", "hypotheses": [{"id": "h1", "statement": "s", "metric": "m", "expected_effect": "e"}],
+                "experiments": [{"name": "it1-a", "hypothesis": "h1", "overrides": {"lr": 1e-3}}]}
+    plan = Plan.model_validate(old_plan)
+    assert (plan.shape, plan.code_change, plan.experiments[0].factors) == ("comparison", "", {})
+    new = Framing.model_validate({**old_framing, "task": "vowels", "base": "letters", "knob": "tool",
+                                  "factors": [{"name": "tool", "where": "client", "levels": [False, True]}]})
+    assert new.example == "letters" and list(new.client_factors()) == ["tool"]
+    with pytest.raises(ValueError, match="at least 2 items"):
+        Factor(name="tool", where="client", levels=[True])
+    with pytest.raises(ValueError, match="should match pattern"):
+        Factor(name="no spaces", where="client", levels=[1, 2])
+    # The static list of config keys the planner is shown is the server's own.
+    assert set(catalog.CONFIG_KEYS) == set(ServerConfig.model_fields) | set(ENGINE_KEYS)
+
+
+def _plan(*experiments: Experiment, shape: str = "factorial") -> Plan:
+    return Plan(rationale="r", shape=shape, experiments=list(experiments),
+                hypotheses=[{"id": "h1", "statement": "s", "metric": "m", "expected_effect": "e"}])
+
+
+def _exp(name: str, lr: float, tool: object) -> Experiment:
+    return Experiment(name=name, hypothesis="h1", overrides={"lr": lr}, factors={"tool": tool})
+
+
+def test_a_factorial_plan_must_run_the_framed_design() -> None:
+    framing = Framing(answerable=True, reason="r", question="q", task="letters", knob="lr", factors=FACTORS)
+    full = [_exp("a", 1e-3, False), _exp("b", 3e-3, False), _exp("c", 1e-3, True), _exp("d", 3e-3, True)]
+    assert factorial.design_complaint(framing, _plan(*full)) is None
+    wrong = factorial.design_complaint(framing, _plan(
+        _exp("a", 1e-3, False), _exp("b", 1e-3, False), _exp("c", 0.01, False),
+        Experiment(name="d", hypothesis="h1", overrides={"lr": 3e-3, "tool": True})))
+    assert wrong is not None
+    assert "experiments a and b run the same combination of levels" in wrong
+    assert "experiment c sets lr = 0.01, not one of its framed levels [0.001, 0.003]" in wrong
+    assert "experiment d sets client factor(s) tool in `overrides`" in wrong
+    assert "experiment d does not set factor(s) tool" in wrong
+    assert "factor tool never runs at level(s) [True]" in wrong
+    one = Framing(answerable=True, reason="r", question="q", task="letters", knob="lr", factors=FACTORS[:1])
+    assert "needs a framing with two or more factors" in (factorial.design_complaint(one, _plan(*full)) or "")
+    assert factorial.design_complaint(one, _plan(*full, shape="comparison")) is None
+
+
+def _trials(tmp: Path, cells: dict[tuple[float, bool], float], seeds: int = len(OFFSETS)) -> list[dict]:
+    """Flat reward curves (AUC = their height) at ``cells[(lr, tool)]`` plus each seed's offset."""
+    trials = []
+    for (lr, tool), height in cells.items():
+        name = f"lr{lr:g}-tool{tool}"
+        for seed, offset in enumerate(OFFSETS[:seeds]):
+            run_dir = tmp / f"{name}-{seed}"
+            run_dir.mkdir(parents=True)
+            runs.append_metrics(run_dir, [StepMetrics(step=s, policy_version=s, time=1_700_000_000 + s, metrics={
+                "train/reward_mean": height + offset, "train/episodes": 32.0}) for s in range(1, STEPS + 1)])
+            exp = {"name": name, "overrides": {"lr": lr}, "factors": {"tool": tool}}
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished",
+                           "iteration": 1, "overrides": factorial.arm_settings(exp)})
+    return trials
+
+
+def test_main_effects_and_interaction_are_recovered_with_welch_satterthwaite_intervals(tmp_path: Path) -> None:
+    # lr main effect (0.40+0.70)/2 − (0.20+0.30)/2 = 0.30; tool (0.30+0.70)/2 − (0.20+0.40)/2 = 0.20;
+    # interaction (0.20+0.70)/2 − (0.40+0.30)/2 = 0.10.
+    cells = {(1e-3, False): 0.20, (3e-3, False): 0.40, (1e-3, True): 0.30, (3e-3, True): 0.70}
+    study = analysis.evidence("lr", "train/reward_mean", STEPS, _trials(tmp_path / "a", cells), 0.02, "factorial")
+    study["effects"] = factorial.effects(study, [f.model_dump() for f in FACTORS])
+    got = {e["name"]: e for e in study["effects"]}
+    assert [e["kind"] for e in study["effects"]] == ["main", "main", "interaction"]
+    # By hand: each arm's s² = var(OFFSETS), n = 4, weights ±1/2: var = 4 · ¼ · s²/4, df = 12.
+    s2 = sum(o * o for o in OFFSETS) / 3
+    hw = stats.t975(12) * math.sqrt(s2 / 4)
+    for name, truth in (("lr", 0.30), ("tool", 0.20), ("lr×tool", 0.10)):
+        assert got[name]["estimate"] == pytest.approx(truth, abs=1e-9)
+        assert got[name]["hw"] == pytest.approx(hw, rel=1e-6) and got[name]["df"] == pytest.approx(12)
+        assert got[name]["resolved"] and got[name]["aliases"] == [] and got[name]["arms"] == 4
+    assert study["axis"] == "step"
+
+    section = "\n".join(factorial.effects_section(study))
+    assert "## Effects" in section and "| effect | estimate | 95% CI | resolved? |" in section
+    assert f"| tool (False → True) | +0.200 | [{0.2 - hw:+.3f}, {0.2 + hw:+.3f}] | yes: the CI excludes 0 |" in section
+    assert "| lr×tool (interaction) | +0.100 |" in section
+    values = factorial.mlflow_values(study)
+    assert values["analysis/effect/lr"] == pytest.approx(0.30) and values["analysis/effect/lr_x_tool"] == pytest.approx(0.1)
+    assert values["analysis/effect_ci/tool"] == pytest.approx(hw)
+
+    # No interaction: the estimate is 0 and its interval says so (not resolved); one seed: no interval.
+    additive = {(1e-3, False): 0.20, (3e-3, False): 0.40, (1e-3, True): 0.30, (3e-3, True): 0.50}
+    study = analysis.evidence("lr", "train/reward_mean", STEPS, _trials(tmp_path / "b", additive), 0.02, "factorial")
+    inter = factorial.effects(study, FACTORS)[2]
+    assert inter["estimate"] == pytest.approx(0.0, abs=1e-9) and inter["low"] < 0 < inter["high"]
+    assert not inter["resolved"]
+    single = analysis.evidence("lr", "train/reward_mean", STEPS, _trials(tmp_path / "c", cells, seeds=1), 0.02)
+    study = {**single, "effects": factorial.effects(single, FACTORS)}
+    assert study["effects"][0]["hw"] is None and study["effects"][0]["estimate"] == pytest.approx(0.30)
+    assert "n/a (needs ≥ 2 seeds per arm)" in "\n".join(factorial.effects_section(study))
+    assert "analysis/effect_ci/lr" not in factorial.mlflow_values(study)
+
+
+def test_a_half_fraction_reports_its_aliases() -> None:
+    """2^(3-1) with C = A·B: each main effect shares its contrast with the other two factors' interaction."""
+    design = [Factor(name=n, where="client", levels=[0, 1]) for n in ("a", "b", "c")]
+    arms = [{"overrides": {"a": a, "b": b, "c": int(a == b)}, "scores": {"step": [v, v + 0.01]}}
+            for (a, b), v in {(0, 0): 0.1, (1, 0): 0.3, (0, 1): 0.2, (1, 1): 0.6}.items()]
+    got = {e["name"]: e for e in factorial.effects({"axis": "step", "arms": arms}, design)}
+    assert got["a"]["aliases"] == ["b×c"] and got["c"]["aliases"] == ["a×b"] and got["a×b"]["aliases"] == ["c"]
+    assert got["a"]["estimate"] == pytest.approx((0.3 + 0.6) / 2 - (0.1 + 0.2) / 2)
+    assert ast.literal_eval(repr(got["a"]["levels"])) == [[0, 1]]
