@@ -58,8 +58,8 @@ class Curve(NamedTuple):
 def read_axes(run_dir: Path, metric: str, horizon: int | None = None) -> Curve:
     """One metric of one run on all three axes; a step logged twice (a crash between writes) counts once.
 
-    Held-out ``eval/*`` values arrive with a later training step; ``eval/step`` names the policy they
-    evaluated, so they are placed at that step (step 0, the untrained policy: no episodes, 0 s)."""
+    Held-out ``eval/*`` values are placed at ``eval/step``, the policy they evaluated (the server
+    merges a finished round into that step's row; step 0, the untrained policy: no episodes, 0 s)."""
     file = run_dir / runs.METRICS_FILE
     if not file.is_file():
         return Curve([], [], [], [])
@@ -223,7 +223,7 @@ def evidence(knob: str, metric: str, horizon: int, trials: list[dict[str, Any]],
     out: dict[str, Any] = {"knob": knob, "metric": metric, "metric_note": metric_note, "axis": axis, "axis_why": why,
                            "budgets": budgets, "measured": measured, "horizon": int(budgets["step"]),
                            "min_effect": min_effect, "noise_floor": noise, "arms": rows, "best": None, "best_value": None, "comparison": None,
-                           "axes_compared": {}, "sweep": shape == "sweep" or len(rows) >= SWEEP_MIN}
+                           "axes_compared": {}, "sweep": shape == "sweep" or (shape != "factorial" and len(rows) >= SWEEP_MIN)}
     if scored:
         out["best"], out["best_value"] = scored[0]["name"], scored[0]["value"]
     if len(scored) > 1:
@@ -365,6 +365,18 @@ def _refinement_sentence(summaries: list[dict[str, Any]]) -> str:
     return f"How refinement changed the picture: {then}; {now}{changed}."
 
 
+def _effects_answer(study: dict[str, Any]) -> str:
+    """A factorial study's answer: its resolved effects first, then every effect with its interval."""
+    effects = [e for e in study["effects"] if e["estimate"] is not None]
+    shown = [f"{e['name']} {e['estimate']:+.3f}" + (f" (95% CI {e['low']:+.3f} to {e['high']:+.3f})" if e["hw"] is not None
+                                                    else " (no interval)") for e in effects]
+    resolved = [e["name"] for e in effects if e["resolved"]]
+    lead = (f"Resolved: {', '.join(resolved)} (their 95% CIs exclude 0)" if resolved
+            else "Inconclusive: no main effect or interaction is resolved (every 95% CI includes 0)")
+    return (f"{lead} — factorial effects on the area under the `{study['metric']}` curve "
+            f"{AXIS_TEXT[study['axis']]}: {'; '.join(shown)}.")
+
+
 def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
     """(answer, caveats) worded from the whole study's pooled evidence, on the knob's primary axis."""
     scored = [s for s in summaries if s.get("best") and s.get("study")]  # "study": summaries since issue #16
@@ -383,6 +395,8 @@ def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
         return (f"Inconclusive: only {rows[0]['label']} produced usable runs "
                 f"(AUC {_est(rows[0]['axes'][axis])}).",
                 " ".join([*caveats, "A comparison needs at least two configurations with results."]))
+    if study.get("effects"):
+        return _effects_answer(study), " ".join(caveats)
     c = study["comparison"]
     unit = f"{study['budgets'][axis]:.0f} {AXIS_UNIT[axis]}" if axis != "step" else f"{study['horizon']} steps"
     seeds = ", ".join(f"{r['label']}: {len(r['aucs'])}" for r in rows)

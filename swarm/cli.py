@@ -32,6 +32,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from swarm.client import SwarmClient, SwarmError, load_study, probe_study, run_study
+from swarm.client._study import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,7 @@ def run(
         log.exception("importing %s failed", client_file)
         _fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
+    stop_on_sigterm()
     with _client(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
         try:
             summary = run_study(module, client, seed=seed, episodes=episodes, concurrency=concurrency,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -172,6 +173,18 @@ def _run(module: ModuleType, client: SwarmClient, workflow: Workflow, *, seed: i
                       episodes=episodes, progress=progress, heldout=heldout, eval_every=every if heldout else 0)
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a run the way Ctrl-C does: the runner claims nothing more, finishes the
+    episodes in flight and aborts the held-out episodes it queued. Without this a terminated client
+    leaves its claims to expire with their leases, and a held-out round left live holds the server's
+    next training step that long (the next client on that server trains nothing meanwhile)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_study_cli(file: str, argv: list[str] | None = None) -> None:
     """``if __name__ == "__main__": run_study_cli(__file__)`` makes a study runnable with ``python``."""
     parser = argparse.ArgumentParser(prog=Path(file).name, description="Run this study against a swarm server.")
@@ -202,6 +215,7 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
     if not args.server:
         parser.error("--server is required (unless --probe)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop_on_sigterm()
     try:
         module = load_study(file)
         with SwarmClient(args.server, token=args.token, token_file=args.state_dir / "token",
@@ -212,5 +226,8 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
     except (ValueError, SwarmError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
+    except KeyboardInterrupt:
+        print("interrupted; the episodes in flight were finished or aborted", file=sys.stderr)
+        raise SystemExit(130) from None
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     print(f"finished={summary.finished} aborted={summary.aborted} mean_reward={mean} seconds={summary.seconds:.1f}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tiny_swarm import tiny_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,31 +67,6 @@ def no_leftover_servers() -> Callable[[Path], None]:
 @pytest.fixture
 def swarm_server(tmp_path: Path, free_port: int) -> Iterator[tuple[str, str]]:
     """A real `swarm serve --model tiny` on loopback (an "existing server" for --server); (url, token)."""
-    import httpx
-
     token = "test-control-token"
-    log = open(tmp_path / "swarm-server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-c", "from swarm.cli import main; main()", "serve", "--model", "tiny",
-                             "--port", str(free_port), "--state-dir", str(tmp_path / "swarm-state"), "--token", token,
-                             "--config", str(REPO / "studies" / "examples" / "letters" / "config.toml"),
-                             "--threads", "1"], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{free_port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "swarm-server.log").read_text()
-            time.sleep(0.3)
+    with tiny_server(tmp_path, free_port, REPO / "studies" / "examples" / "letters" / "config.toml", token) as url:
         yield url, token
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()

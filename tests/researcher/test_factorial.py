@@ -136,6 +136,11 @@ def test_main_effects_and_interaction_are_recovered_with_welch_satterthwaite_int
     assert "## Effects" in section and "| effect | estimate | 95% CI | resolved? |" in section
     assert f"| tool (False → True) | +0.200 | [{0.2 - hw:+.3f}, {0.2 + hw:+.3f}] | yes: the CI excludes 0 |" in section
     assert "| lr×tool (interaction) | +0.100 |" in section
+    # A factorial is not a dose-response curve; its answer is its effects, resolved ones first.
+    assert not study["sweep"]
+    answer, _ = analysis.verdict("q", [{"iteration": 1, "best": study["best"], "study": study}])
+    assert answer.startswith("Resolved: lr, tool, lr×tool (their 95% CIs exclude 0) — factorial effects on the "
+                             "area under the `train/reward_mean` curve per training step: lr +0.300 (95% CI "), answer
     values = factorial.mlflow_values(study)
     assert values["analysis/effect/lr"] == pytest.approx(0.30) and values["analysis/effect/lr_x_tool"] == pytest.approx(0.1)
     assert values["analysis/effect_ci/tool"] == pytest.approx(hw)

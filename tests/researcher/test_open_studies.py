@@ -11,21 +11,29 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from scripted_llm import ScriptedLLM
+from tiny_swarm import tiny_server
 
 from researcher import runs
 
 CLIENTS = Path(__file__).parent / "clients"
 
 
-def _code(name: str, notes: str) -> dict[str, str]:
-    return {"code": (CLIENTS / f"{name}.py").read_text(), "notes": notes}
+PARTIAL_CREDIT = "    return 0.2 + 0.8 * max(0.0, 1.0 - abs(number - len(lookup(word))) / 4)"
+PERCENT = "    return 100 * (0.2 + 0.8 * max(0.0, 1.0 - abs(number - len(lookup(word))) / 4))"
+
+
+def _code(name: str, notes: str, reward_line: str | None = None) -> dict[str, str]:
+    """A client the scripted planner writes: a fixture, optionally with its last reward line replaced."""
+    code = (CLIENTS / f"{name}.py").read_text()
+    if reward_line is not None:
+        assert code.count(PARTIAL_CREDIT) == 1
+        code = code.replace(PARTIAL_CREDIT, reward_line)
+    return {"code": code, "notes": notes}
 
 
 def _start(cli: Any, llm: ScriptedLLM, sid: str, topic: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -56,12 +64,14 @@ VOWELS_PLAN = {
 
 
 @pytest.mark.slow
-def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by_hand(cli, tmp_path: Path, free_port: int,
-                                                                                      no_leftover_servers) -> None:
+def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by_hand(
+        cli, tmp_path: Path, free_port: int, no_leftover_servers) -> None:
     script = {"frame the research topic": [VOWELS_FRAMING], "plan the experiments": [VOWELS_PLAN],
-              # First a reward that is constant on the untrained model, then one outside its declared range.
-              "write the swarm client": [_code("vowels_constant", "all-or-nothing reward")],
-              "repair the client": [_code("vowels_out_of_range", "scaled the reward"),
+              # First a reward that is constant on the untrained model (it never answers exactly the count: 0
+              # everywhere), then one outside its declared range (a percentage), then the partial credit.
+              "write the swarm client": [_code("vowels", "exact-match reward",
+                                               "    return float(answer.strip() == str(len(lookup(word))))")],
+              "repair the client": [_code("vowels", "reward as a percentage", PERCENT),
                                     _code("vowels", "partial credit inside (0, 1)")],
               "decide": [{"action": "conclude", "reason": "scripted: one comparison answers it"}],
               "write the study's conclusion": [{"answer": "SCRIPTED: see the evidence.", "discussion": "scripted"}]}
@@ -100,34 +110,15 @@ def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by
 
 def _reproduce_by_hand(folder: Path, tmp_path: Path, port: int) -> None:
     """`swarm serve --config <folder>/config.toml` + `swarm run <folder>/client.py --server URL`."""
-    swarm = [sys.executable, "-c", "from swarm.cli import main; main()"]
-    state = tmp_path / "by-hand"
-    with open(tmp_path / "by-hand.log", "wb") as log:
-        server = subprocess.Popen([*swarm, "serve", "--model", "tiny", "--port", str(port), "--state-dir", str(state),
-                                   "--config", str(folder / "config.toml"), "--threads", "1"],
-                                  cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "by-hand.log").read_text()
-            time.sleep(0.3)
-        done = subprocess.run([*swarm, "run", str(folder / "client.py"), "--server", url, "--episodes", "16",
-                               "--state-dir", str(state)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "finished=16 aborted=0" in done.stdout
-    finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    home = tmp_path / "by-hand"
+    home.mkdir()
+    with tiny_server(home, port, folder / "config.toml") as url:
+        done = subprocess.run([sys.executable, "-c", "from swarm.cli import main; main()", "run",
+                               str(folder / "client.py"), "--server", url, "--episodes", "16",
+                               "--state-dir", str(home / "swarm-state")],
+                              cwd=home, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "finished=16 aborted=0" in done.stdout
 
 
 FACTORIAL_FRAMING = {
@@ -170,6 +161,7 @@ def test_a_factorial_plan_with_an_unknown_config_key_is_repaired_then_reports_ef
     records = runs.all_records(cli.artifacts / sid / "runs")
     assert len(records) == 8 and all(r.status == "finished" for r in records), [(r.key, r.status) for r in records]
     report = (study / "report.md").read_text()
+    assert "Dose-response" not in report  # four arms of a 2x2 design, not a curve of one knob
     effects = report[report.index("## Effects"):]
     for name in ("| lr (", "| prompt (", "(interaction)"):
         row = next(line for line in effects.splitlines() if line.startswith("|") and name in line)

@@ -2,9 +2,10 @@
 clients: they pass the import check and the data probe, declare their reward range, and take the
 factor levels the researcher writes into each experiment's copy.
 
-What their rewards do on the untrained model (``vowels`` varies within a group, ``vowels_constant``
-is constant at 0, ``vowels_out_of_range`` leaves its declared range, ``lowercase`` varies) is what
-the end-to-end studies in ``test_open_studies.py`` check through the researcher's own checks.
+What their rewards do on the untrained model (``vowels`` and ``lowercase`` vary within a group;
+``vowels`` with an exact-match reward is constant at 0, with a percentage it leaves its declared
+range) is what the end-to-end studies in ``test_open_studies.py`` check through the researcher's
+own checks.
 """
 
 from __future__ import annotations

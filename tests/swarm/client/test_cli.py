@@ -89,3 +89,62 @@ def test_a_study_runs_as_a_plain_python_script(server: ServeProcess) -> None:
                             cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "finished=8 aborted=0" in result.stdout
+
+
+SLOW_STUDY = '''"""Letters whose every episode takes a second (an agent waiting on a tool), with its held-out set."""
+import time
+
+from swarm.client import load_study
+
+letters = load_study({letters!r})
+GROUP_SIZE, CONCURRENCY, EVAL_EVERY = 4, 8, 5
+tasks, heldout = letters.tasks, letters.heldout
+
+
+def workflow(ep, task):
+    time.sleep(1.0)
+    return letters.workflow(ep, task)
+'''
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(server: ServeProcess, tmp_path: Path) -> None:
+    """A terminated `swarm run` releases its claims at once: the held-out episodes it queued are aborted
+    and the ones in flight finished. Before, they stayed claimed until their 60 s leases expired, and
+    the live held-out round held the server's next training step that long: the next client on the
+    server trained nothing meanwhile."""
+    import os
+    import signal
+    import time
+
+    from swarm.client import SwarmClient
+
+    client_py = tmp_path / "slow.py"
+    client_py.write_text(SLOW_STUDY.format(letters=str(ROOT / "studies/examples/letters/client.py")))
+    env = {k: v for k, v in os.environ.items() if k != "SWARM_TOKEN"}
+    with SwarmClient(server.url, token=server.token) as client:
+        before = client.status()
+        run = subprocess.Popen([*SWARM, "run", str(client_py), "--server", server.url, "--state-dir",
+                                str(server.state_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            # The first claim (at step 0) claims the held-out round too, before its own episode runs.
+            while client.status().episodes.claimed < before.episodes.claimed + 8:
+                assert run.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            run.send_signal(signal.SIGTERM)
+            output, _ = run.communicate(timeout=30)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        assert run.returncode == 130 and "interrupted" in output, output[-2000:]
+        assert "held-out evaluation of step" in output  # a round was claimed, then released
+
+        # The next client trains at once: no held-out round of the stopped one is left live.
+        started = time.monotonic()
+        done = swarm("run", str(ROOT / "studies/examples/letters/client.py"), "--server", server.url, "--episodes",
+                     "32", "--group-size", "4", "--concurrency", "16", "--eval-every", "0", "--state-dir",
+                     str(server.state_dir))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert client.status().step > before.step, f"no step in {time.monotonic() - started:.0f} s"
