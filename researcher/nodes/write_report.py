@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from researcher import analysis, factorial, run_table, runs, studyfiles
+from researcher import analysis, factorial, run_table, runs, studyfiles, verdicts
 from researcher.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing, PlannerError
@@ -25,7 +25,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     if framing is None:
         answer, caveats = "No answer: the topic could not be framed.", state.get("error") or ""
     else:
-        answer, caveats = analysis.verdict(framing["question"], history)
+        answer, caveats = verdicts.verdict(framing["question"], history)
         if final_phase == "failed" and not history:
             answer = f"No answer: the study failed before any comparison. {(state.get('error') or '')[:500]}"
         elif history:
@@ -148,7 +148,7 @@ def evidence_section(study: dict[str, Any]) -> list[str]:
     if c:
         verdict = ("resolved: the 95% CI excludes 0" if c["clear"] else
                    f"no meaningful difference: the whole CI lies within ±{study['min_effect']}" if c["equivalent"] else
-                   f"unresolved: the 95% CI includes 0; {analysis.seeds_text(c, study['noise_floor'][axis])}")
+                   f"unresolved: the 95% CI includes 0; {verdicts.seeds_text(c, study['noise_floor'][axis])}")
         hw = f" ± {c['hw']:.3f}" if c["hw"] is not None else " (no interval)"
         out += ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c['better_label']} − {c['worse_label']} = "
                     f"{c['diff']:+.3f}{hw} ({verdict})."]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, runs, study
+from researcher import analysis, runs, study, verdicts
 from researcher.cli import parse_duration
 from researcher.layout import StudyLayout
 from swarm.protocol import StepMetrics
@@ -40,7 +40,7 @@ def test_clear_difference_gives_a_yes_with_numbers(tmp_path: Path) -> None:
     summary = analysis.summarize(1, "group_size", "train/reward_mean", 4, EXPERIMENTS, trials, 0.02, None)
     assert summary["best"] == "large" and summary["best_value"] == 8
     assert summary["comparison"]["clear"] is True
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes") and "group_size=8" in answer and "95% CI" in answer
     assert "per training step" in caveats
 
@@ -51,7 +51,7 @@ def test_overlapping_results_are_inconclusive_and_crashes_are_excluded(tmp_path:
     trials.append({"trial": 9, "key": "s/1/9", "experiment": "large", "seed": 3, "run_dir": str(tmp_path / "none"),
                    "status": "crashed"})
     summary = analysis.summarize(1, "group_size", "train/reward_mean", 3, EXPERIMENTS, trials, 0.02, None)
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Inconclusive")
     assert "1 run(s) did not finish cleanly (crashed)" in caveats
     large = next(r for r in summary["experiments"] if r["name"] == "large")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, budget, catalog, plots, runs, studyfiles
+from researcher import analysis, budget, catalog, plots, runs, studyfiles, verdicts
 from researcher.context import StudyContext
 from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
@@ -63,7 +63,7 @@ def test_an_a_a_pair_never_ends_yes(tmp_path: Path) -> None:
     summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     study = summary["study"]
     assert [len(r["aucs"]) for r in study["arms"]] == [4, 4]  # the twins stay two arms
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith(("No meaningful difference", "Inconclusive")), answer
     noise = study["noise_floor"]["step"]
     assert noise["seeds"] == 8 and 0 < noise["sd"] < 0.1
@@ -77,13 +77,13 @@ def test_a_large_effect_ends_yes_or_no_with_the_right_direction(tmp_path: Path) 
     experiments = [_exp("slow", lr=3e-5), _exp("fast", lr=3e-3)]
     trials = _arm(tmp_path, "slow", range(3), 0.005, 0.02, rng) + _arm(tmp_path, "fast", range(3), 0.08, 0.02, rng)
     summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer
     assert summary["comparison"]["clear"] and summary["best_value"] == 3e-3
     assert "Verdicts use `train/reward_mean`" in caveats and "One iteration ran" in caveats
     # The same runs with the arms' values swapped: the larger value is now the slower one.
     swapped = [_exp("slow", lr=3e-3), _exp("fast", lr=3e-5)]
-    answer, _ = analysis.verdict("q", [analysis.summarize(1, "lr", "train/reward_mean", STEPS, swapped, trials, 0.02,
+    answer, _ = verdicts.verdict("q", [analysis.summarize(1, "lr", "train/reward_mean", STEPS, swapped, trials, 0.02,
                                                           None)])
     assert answer.startswith("No: the larger lr (0.003) learned slower per training step"), answer
 
@@ -94,7 +94,7 @@ def test_a_replicate_iteration_pools_seeds_and_resolves_the_pair(tmp_path: Path)
     trials1 = (_arm(tmp_path, "it1-lr-1e-3", range(2), 0.04, 0.05, rng)
                + _arm(tmp_path, "it1-lr-3e-3", range(2), 0.055, 0.05, rng))
     s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.01, None)
-    answer1, _ = analysis.verdict("q", [s1])
+    answer1, _ = verdicts.verdict("q", [s1])
     assert answer1.startswith("Inconclusive") and "seeds per arm would resolve it" in answer1, answer1
     assert s1["comparison"]["seeds"] == 2 and s1["comparison"]["seeds_needed"] > 2
     # The offline planner reads this summary (as plan_experiments hands it over) and re-runs the same pair.
@@ -117,7 +117,7 @@ def test_a_replicate_iteration_pools_seeds_and_resolves_the_pair(tmp_path: Path)
     assert {r["name"] for r in study["arms"]} == {"it2-lr-3e-3", "it2-lr-1e-3"}  # named after the latest run
     assert [r["iterations"] for r in study["arms"]] == [[1, 2], [1, 2]]
     assert s2["comparison"]["clear"] and s2["comparison"]["seeds"] == 12
-    answer, caveats = analysis.verdict("q", [s1, s2])
+    answer, caveats = verdicts.verdict("q", [s1, s2])
     assert answer.startswith("Yes: the larger lr (0.003)"), answer
     assert "How refinement changed the picture: iteration 1 alone had" in caveats
     assert "pooling 24 usable runs over 2 iterations" in caveats
@@ -132,7 +132,7 @@ def test_a_sweep_gives_a_curve_with_the_best_value_and_its_interval(tmp_path: Pa
                                  shape="sweep")
     study = summary["study"]
     assert study["sweep"] and study["best_value"] == 0.05 and study["comparison"]["worse_value"] == 0.01
-    answer, _ = analysis.verdict("q", [summary])
+    answer, _ = verdicts.verdict("q", [summary])
     assert answer.startswith("Best kl_coef=0.05 (resolved against the runner-up)"), answer
     png = plots.dose_response(study, tmp_path / "figures" / "dose-response.png", "sweep")
     assert png.stat().st_size > 1000
@@ -158,7 +158,7 @@ def test_axes_disagreeing_is_stated_and_group_size_is_judged_per_episode(tmp_pat
     # Every axis compares the verdict axis' leader (group_size=2) minus the runner-up (group_size=8).
     assert compared["episode"]["better_value"] == 2 and compared["episode"]["clear"]
     assert compared["step"]["diff"] + compared["step"]["hw"] < 0  # per step, group_size=8 is clearly ahead
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("No: the larger group_size (8) learned slower per episode consumed"), answer
     assert "The axes disagree: per training step group_size=8 leads" in caveats
     assert "per episode consumed group_size=2 leads" in caveats and "a larger group sees more samples" in caveats
@@ -183,7 +183,7 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
             trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
     summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     assert summary["metric"] == "eval/reward_mean" and summary["best"] == "high"
-    answer, caveats = analysis.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes: the larger lr (0.001)") and "`eval/reward_mean`" in answer
     assert "Verdicts use `eval/reward_mean` (held-out evaluation" in caveats
     # One run without the held-out metric: the verdict falls back to the training reward, and says so.
@@ -193,7 +193,7 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
     _write_run(_write_run_dir, [0.6] * STEPS)
     fallback = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     assert fallback["metric"] == "train/reward_mean"
-    assert "not every run holds a held-out `eval/reward_mean`" in analysis.verdict("q", [fallback])[1]
+    assert "not every run holds a held-out `eval/reward_mean`" in verdicts.verdict("q", [fallback])[1]
 
 
 def test_read_axes_counts_episodes_and_seconds_from_the_first_step(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_twins_are_named_in_the_verdict_and_never_make_a_plateau(tmp_path: Path)
     trials1 = (_arm(tmp_path, "it1-a", range(3), 0.08, 0.005, rng)
                + _arm(tmp_path, "it1-a-copy", range(3), 0.03, 0.005, rng))
     s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.02, None)
-    answer, _ = analysis.verdict("q", [s1])
+    answer, _ = verdicts.verdict("q", [s1])
     assert answer.startswith("Yes: it1-a learned faster than it1-a-copy per training step, though both run the "
                              "identical configuration (lr=0.001)"), answer
     assert "larger" not in answer
@@ -362,7 +362,7 @@ def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(t
                         "best": f"it{iteration}-lr-3e-3", "best_value": 3e-3, "plateau": None,
                         "comparison": {"better": f"it{iteration}-lr-3e-3", "worse": f"it{iteration}-lr-3e-4",
                                        "diff": 0.2, "hw": 0.05, "clear": True}})
-    assert analysis.verdict("q", history)[0].startswith("No answer")  # what such a state read as before
+    assert verdicts.verdict("q", history)[0].startswith("No answer")  # what such a state read as before
     now = time.time()
     state = {"study_id": "old", "topic": "Does lr 3e-3 beat 3e-4 on letters?", "iteration": 2, "phase": "reporting",
              "framing": {"answerable": True, "reason": "named", "question": "lr 3e-3 vs 3e-4", "task": "letters",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, catalog, factorial, runs, stats, studyfiles
+from researcher import analysis, catalog, factorial, runs, stats, studyfiles, verdicts
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from swarm.protocol import StepMetrics
 from swarm.server.settings import ENGINE_KEYS, ServerConfig
@@ -138,7 +138,7 @@ def test_main_effects_and_interaction_are_recovered_with_welch_satterthwaite_int
     assert "| lr×tool (interaction) | +0.100 |" in section
     # A factorial is not a dose-response curve; its answer is its effects, resolved ones first.
     assert not study["sweep"]
-    answer, _ = analysis.verdict("q", [{"iteration": 1, "best": study["best"], "study": study}])
+    answer, _ = verdicts.verdict("q", [{"iteration": 1, "best": study["best"], "study": study}])
     assert answer.startswith("Resolved: lr, tool, lr×tool (their 95% CIs exclude 0) — factorial effects on the "
                              "area under the `train/reward_mean` curve per training step: lr +0.300 (95% CI "), answer
     values = factorial.mlflow_values(study)
