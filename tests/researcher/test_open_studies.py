@@ -139,6 +139,8 @@ def _factorial_plan(lr_key: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.study  # 8 training runs, about 2 minutes: run with `pytest -m study` (its parts run by default in
+# test_factorial.py and test_open_framing.py: effects, FACTORS per folder, the unknown-key repair)
 def test_a_factorial_plan_with_an_unknown_config_key_is_repaired_then_reports_effects(cli) -> None:
     script = {"frame the research topic": [FACTORIAL_FRAMING],
               # The first plan names a key the server does not have; the repaired one uses `lr`.
