@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog, preflight, studyfiles
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
@@ -91,13 +91,15 @@ def _context(state: StudyState, framing: Framing, plan: dict[str, Any], validati
     """What the client writer and the repair step need beyond the code: the change asked for, the client
     factors and the budget left (repair rounds, runs, time, the smoke run's size)."""
     options = state["options"]
+    episodes, group = preflight.smoke_size(options["smoke_episodes"])  # what validate's smoke run really runs
     return {"iteration": state["iteration"], "task": framing.task, "base_example": framing.example,
             "new_task": framing.task != framing.example,
             "starting_code": "the previous iteration's client" if continued else f"the {framing.example} example",
             "code_change": plan.get("code_change", ""),
-            "client_factors": {f.name: f.levels for f in framing.factors if f.where == "client"},
+            "client_factors": {name: f.levels for name, f in framing.client_factors().items()},
             "budget": {"repair_rounds_left": max(state["budget"]["max_repairs"] - validation.get("attempts", 0), 0),
                        "runs_left": budget.runs_left(state), "time_left_s": round(budget.time_left(state, now)),
                        "steps_per_run": options["steps_per_run"],
                        "seeds_per_experiment": options["seeds"],
-                       "smoke_run": {"episodes": options["smoke_episodes"], "timeout_s": options["smoke_timeout_s"]}}}
+                       "smoke_run": {"episodes": episodes, "group_size": group,
+                                     "timeout_s": options["smoke_timeout_s"]}}}
