@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, flags, overview, run_table, scheduler, studystore
+from researcher import catalog, datatask, flags, overview, run_table, scheduler, studystore
 from researcher.context import StudyContext
 from researcher.flags import parse_duration
 from researcher.launcher import Launcher
@@ -192,8 +192,22 @@ def start(
     max_iterations: Annotated[int | None, typer.Option(min=1)] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
     max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
-    model: Annotated[str | None, typer.Option(help="what every run's `swarm serve --model` loads")] = None,
+    model: Annotated[str | None, typer.Option(help=(
+        "what every run's `swarm serve --model` loads (default: each experiment's config.toml `model`, else tiny)"))] = None,
     window: Annotated[str | None, typer.Option(help="end this session after this long (park; resume later)")] = None,
+    data: Annotated[Path | None, typer.Option(help=(
+        "study your own data file (jsonl or parquet, verl's RL rows or {prompt, answer}) instead of the examples"),
+        rich_help_panel="Your data")] = None,
+    reward: Annotated[str, typer.Option(help="with --data: verl, exact, a verl data_source, or PATH:FUNC",
+                                        rich_help_panel="Your data")] = "verl",
+    heldout: Annotated[Path | None, typer.Option(help=(
+        "with --data: the held-out file (default: 10% of the rows by a stable hash)"), rich_help_panel="Your data")] = None,
+    warmup_steps: Annotated[int, typer.Option(min=0, help=(
+        "with --data: supervised warm-up steps on the rows' answers on each fresh server"),
+        rich_help_panel="Your data")] = 0,
+    data_config: Annotated[Path | None, typer.Option(help=(
+        "with --data: the task's server config (default: studies/examples/arith/config.toml)"),
+        rich_help_panel="Your data")] = None,
     studies_dir: StudiesDir = Path("studies"),
     artifacts_dir: ArtifactsDir = Path("artifacts"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -208,10 +222,18 @@ def start(
         options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
                                        "parallel_runs": parallel, "max_iterations": max_iterations,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": model}, server)
+                                       "model": str(Path(model).resolve()) if model and Path(model).is_dir() else model},
+                                      server)  # a model folder as an absolute path: runs start in their own dirs
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
-    except ValueError as exc:
+        if data is not None:
+            options = options.model_copy(update=datatask.options_for(data, heldout, reward, warmup_steps))
+            layout = StudyLayout(sid, settings.studies_root, settings.artifacts_root)
+            if layout.study_toml.is_file():
+                raise ValueError(f"study {sid} already exists; use `researcher resume {sid}` or pick another --study-id")
+            base = data_config or _default_dir("studies/examples/arith") / "config.toml"
+            settings = settings.model_copy(update={"examples_root": datatask.write_task(options, layout.study_dir, base)})
+    except (ValueError, OSError) as exc:
         _fail(str(exc), 2)
     ctx = build_context(settings, sid, options, window_s=window_s)
     if isinstance(ctx.planner, OfflinePlanner):
@@ -238,6 +260,9 @@ def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
     state = studystore.read_state(layout) or {}
     options = StudyOptions(**state["options"]) if state.get("options") else None
+    if options is not None and options.data is not None:  # the same data, or no resume
+        datatask.check_unchanged(options)
+        settings = settings.model_copy(update={"examples_root": datatask.root(layout.study_dir)})
     ctx = build_context(settings, study_id, options, verbose=verbose, window_s=window_s)
     return study.resume(ctx)
 

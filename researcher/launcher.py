@@ -51,12 +51,12 @@ class LaunchError(RuntimeError):
 
 
 class Launcher:
-    def __init__(self, swarm_command: Sequence[str], *, model: str = "tiny", threads: int = 1,
+    def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 120.0, external_token: str | None = None,
                  mlflow_uri: str | None = None) -> None:
         self.swarm_command = list(swarm_command)
         self.mlflow_uri = mlflow_uri  # handed to our servers, so each run's metrics have one writer
-        self.model = model
+        self.model = model  # None: the run's config.toml names the model (its `model` key), else swarm's default
         self.threads = threads
         self.ready_timeout_s = ready_timeout_s
         self.external_token = external_token
@@ -111,7 +111,9 @@ class Launcher:
         writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
         MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
         state_dir = runs.private_dir(run_dir / STATE_DIR)
-        argv = self.swarm_command + ["serve", "--model", self.model, "--host", "127.0.0.1", "--port", str(record.port),
+        # The user's `researcher start --model` beats the config's `model`; without it the config decides.
+        model = ["--model", self.model] if self.model is not None else []
+        argv = self.swarm_command + ["serve", *model, "--host", "127.0.0.1", "--port", str(record.port),
                                      "--state-dir", str(state_dir), "--config", str(config),
                                      "--seed", str(record.seed), "--threads", str(self.threads)]
         env = self._server_env()

@@ -41,7 +41,7 @@ from researcher import procs
 
 # Importable by study code: these packages with their submodules, and the standard-library modules
 # below exactly (no processes, sockets, files, native code or import machinery among them).
-ALLOWED_PACKAGES = ("swarm.client", "openai", "httpx")
+ALLOWED_PACKAGES = ("swarm.client", "swarm.data", "openai", "httpx")  # swarm.data: a data task's generated client
 ALLOWED_STDLIB = frozenset({
     "__future__", "abc", "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections",
     "collections.abc", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "enum",

@@ -53,8 +53,16 @@ class StudyOptions(BaseModel):
     client_stuck_s: float = Field(600.0, gt=0, description="no finished episode for this long while the server "
                                   "waits = a hung client (restarted)")
     min_free_disk_mb: float = Field(500.0, ge=0, description="park the study when the artifacts disk has less free")
-    model: str = Field("tiny", description="what `swarm serve --model` loads for every run")
+    model: str | None = Field(None, description="what `swarm serve --model` loads for every run; None: each "
+                              "experiment's config.toml decides (its `model` key, else the server's default, tiny)")
     min_effect: float = Field(0.02, ge=0, description="AUC gain below this counts as a plateau")
+    # The user's data task (`researcher start --data`): studied instead of the example tasks.
+    data: str | None = Field(None, description="absolute path of the training data file (jsonl or parquet)")
+    data_sha256: str | None = Field(None, description="sha256 of the data file's content when the study started")
+    heldout: str | None = Field(None, description="absolute path of the held-out file; None: a fixed fraction")
+    heldout_sha256: str | None = None
+    reward: str = Field("verl", description="what `swarm run --reward` takes: verl, exact, a data_source, PATH:FUNC")
+    warmup_steps: int = Field(0, ge=0, description="supervised warm-up steps on the rows' answers, per fresh server")
 
 
 class ResearcherSettings(BaseModel):

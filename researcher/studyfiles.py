@@ -175,7 +175,7 @@ def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dic
                      deadline: float) -> None:
     data = {"study": {"id": layout.study_id, "topic": topic, "planner": planner,
                       "created": _now(), "deadline": _iso(deadline)},
-            "options": options}
+            "options": {k: v for k, v in options.items() if v is not None}}  # TOML has no null: unset is absent
     write_atomic(layout.study_toml, dumps_toml(data, "Written by `researcher start`; the plan and results are "
                                                      "in plan.json, LOG.md and report.md."))
 

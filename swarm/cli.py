@@ -111,7 +111,9 @@ def _print_json(model: Any) -> None:
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option(help="'tiny' or a local Hugging Face model folder")] = "tiny",
+    model: Annotated[str | None, typer.Option(help=(
+        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think) or a local Hugging Face model folder "
+        "(default: the --config file's `model`, else tiny)"), show_default=False)] = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -134,9 +136,20 @@ def serve(
     vllm_url: Annotated[str | None, typer.Option(help="vllm engine: attach to a running vLLM server")] = None,
     vllm_python: Annotated[str | None, typer.Option(envvar="SWARM_VLLM_PYTHON", show_envvar=True,
                                                     help="vllm engine: Python of the vLLM environment")] = None,
+    weight_transfer: Annotated[str | None, typer.Option(
+        help="vllm engine: auto (default: nccl only where it can work, else disk), disk or nccl")] = None,
+    generator_gpus: Annotated[str | None, typer.Option(help="GPUs reserved for the vLLM child, e.g. 3 or 2,3")] = None,
+    trainer_gpus: Annotated[str | None, typer.Option(help="GPUs for verl's Ray workers, e.g. 0,1,2")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="vllm engine: share of each GPU vLLM takes (default 0.9; 0.4 on a GPU shared with the trainer)")] = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+    tool_call_parser: Annotated[str | None, typer.Option(help=(
+        "how replies become message.tool_calls (vLLM's names): hermes, llama3_json, none, or auto "
+        "(by the chat template; the default); config key tool_call_parser"))] = None,
+    reasoning_parser: Annotated[str | None, typer.Option(help=(
+        "qwen3 or deepseek_r1: <think> text goes to message.reasoning_content; config key reasoning_parser"))] = None,
     check: Annotated[bool, typer.Option("--check", help=(
         "only validate each --config file with these flags as serve would: print '<file>: ok' or "
         "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
@@ -152,13 +165,20 @@ def serve(
 
     def settings_for(path: Path | None) -> ServerSettings:
         server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
+        parsers = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        if any(v is not None for v in parsers.values()):  # flags override the file
+            server_config = server_config.patched({k: v for k, v in parsers.items() if v is not None})
         chosen = engine_choice(path) if path is not None else {}  # flags override the file
         if backend is not None:
             chosen.update(engine=backend, trainer=backend)
-        flags = {"engine": engine, "trainer": trainer, "workers": workers, "ray_address": ray_address}
+        flags = {"engine": engine, "trainer": trainer, "workers": workers, "ray_address": ray_address,
+                 "weight_transfer": weight_transfer, "generator_gpus": generator_gpus, "trainer_gpus": trainer_gpus,
+                 "gpu_memory_utilization": gpu_memory_utilization}
         chosen.update({k: v for k, v in flags.items() if v is not None})
+        if model is not None:
+            chosen["model"] = model
         client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
-        return ServerSettings(model=model, host=host, port=port, state_dir=state_dir, token=token,
+        return ServerSettings(host=host, port=port, state_dir=state_dir, token=token,
                               client_token=client_token, seed=seed, mlflow_uri=mlflow_uri,
                               mlflow_run_id=mlflow_run_id, mlflow_experiment=mlflow_experiment,
                               max_context=max_context,
@@ -187,7 +207,9 @@ def serve(
         private_dir(state_dir)  # holds the secret and the tokens: owner only
     except OSError as exc:
         _fail(f"cannot create the state dir {state_dir}: {exc}", 2)
-    if threads is None and model == "tiny":
+    from swarm.backends.torch.presets import is_preset
+
+    if threads is None and is_preset(settings.model):
         # The tiny model's ops are too small to gain from intra-op threads, and on a busy machine
         # two threads per op made training steps 5x slower than one (measured, see the letters README).
         threads = 1
@@ -216,7 +238,8 @@ def _one_line(exc: ValueError) -> str:
 
 @app.command()
 def run(
-    client_file: Annotated[Path, typer.Argument(metavar="CLIENT.py", help="a study client module")],
+    client_file: Annotated[Path | None, typer.Argument(
+        metavar="[CLIENT.py]", help="a study client module (or --data FILE instead)", show_default=False)] = None,
     server: Annotated[str | None, typer.Option(help="server URL (default: <state-dir>/server.json)")] = None,
     episodes: Annotated[int | None, typer.Option(min=1, help="stop after this many episodes")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="parallel episodes (default: the study's)")] = None,
@@ -235,22 +258,51 @@ def run(
     probe: Annotated[bool, typer.Option(
         "--probe", help="check tasks(seed) and heldout() without a server (deterministic per seed, seeds differ, "
                         "held-out set disjoint); print one JSON line, exit 1 on a problem")] = False,
+    data: Annotated[Path | None, typer.Option(
+        help="train on a data file instead of CLIENT.py: jsonl or parquet, verl's RL rows (prompt messages, "
+             "data_source, reward_model.ground_truth, extra_info) or {prompt, answer} rows", rich_help_panel="Data")] = None,
+    reward: Annotated[str, typer.Option(
+        help="verl (verl's default_compute_score by data_source), exact, a verl data_source name, or PATH:FUNC "
+             "(FUNC(text, row) -> float)", rich_help_panel="Data")] = "verl",
+    heldout: Annotated[Path | None, typer.Option(help="held-out file, evaluated and never trained",
+                                                 rich_help_panel="Data")] = None,
+    heldout_fraction: Annotated[float | None, typer.Option(
+        help="hold out this fraction of --data by a stable hash of each row", rich_help_panel="Data")] = None,
+    heldout_size: Annotated[int, typer.Option(
+        min=0, help="evaluate at most this many held-out rows (0: all)", rich_help_panel="Data")] = 64,
+    epochs: Annotated[int, typer.Option(min=1, help="passes over --data, each shuffled by --seed",
+                                        rich_help_panel="Data")] = 1,
+    workflow: Annotated[str | None, typer.Option(
+        help="PATH:FUNC, your agent FUNC(ep, task) -> final text (scored by --reward) or reward",
+        rich_help_panel="Data")] = None,
+    warmup_steps: Annotated[int, typer.Option(
+        min=0, help="supervised warm-up on the rows' answers (answer or extra_info.answer) on a fresh server",
+        rich_help_panel="Data")] = 0,
+    warmup_lr: Annotated[float, typer.Option(help="learning rate of the warm-up", rich_help_panel="Data")] = 3e-3,
 ) -> None:
     """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
 
     Claims use the client token: ``$SWARM_CLIENT_TOKEN``, else ``--token``, else
     ``<state-dir>/client_token``, else the control token."""
-    if probe:
+    if (client_file is None) == (data is None):
+        _fail("give a study CLIENT.py or --data FILE (one of them)", 2)
+    if data is not None:
+        module: Any = _data_study(data, reward, heldout, heldout_fraction, heldout_size, epochs, workflow,
+                                  warmup_steps, warmup_lr, group_size, concurrency)
+        if probe:
+            _fail("--probe checks a CLIENT.py; --data is checked every time it loads", 2)
+    elif probe:
         report = probe_study(client_file)
         typer.echo(report.model_dump_json())
         raise typer.Exit(0 if report.ok else 1)
-    try:
-        module = load_study(client_file)
-    except ValueError as exc:
-        _fail(str(exc), 2)
-    except Exception as exc:  # the study's own import failed: show it plainly, it is the user's code
-        log.exception("importing %s failed", client_file)
-        _fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
+    else:
+        try:
+            module = load_study(client_file)
+        except ValueError as exc:
+            _fail(str(exc), 2)
+        except Exception as exc:  # the study's own import failed: show it plainly, it is the user's code
+            log.exception("importing %s failed", client_file)
+            _fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
     stop_on_sigterm()
     with _client(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
@@ -266,6 +318,24 @@ def run(
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     out.print(f"finished={summary.finished} aborted={summary.aborted} mean_reward={mean} "
               f"seconds={summary.seconds:.1f} policy_version={summary.policy_version}", highlight=False)
+
+
+def _data_study(data: Path, reward: str, heldout: Path | None, heldout_fraction: float | None, heldout_size: int,
+                epochs: int, workflow: str | None, warmup_steps: int, warmup_lr: float, group_size: int | None,
+                concurrency: int | None) -> Any:
+    """The data file as a study (``swarm.data``, imported here only: parquet and verl are heavy);
+    a bad file or reward stops here, before the server is contacted."""
+    from swarm.data import DataOptions, build_study
+
+    options = DataOptions(data=data, reward=reward, heldout=heldout, heldout_fraction=heldout_fraction,
+                          heldout_size=heldout_size, epochs=epochs, workflow=workflow, warmup_steps=warmup_steps,
+                          warmup_lr=warmup_lr, group_size=group_size or 8, concurrency=concurrency or 16)
+    try:
+        study = build_study(options)
+    except ValueError as exc:  # DataError is a ValueError: file, row and reason
+        _fail(str(exc), 2)
+    log.info("data %s: %d training rows, %d held-out rows, reward %s", data, len(study.train), len(study.held), reward)
+    return study
 
 
 # --------------------------------------------------------------------------- observe

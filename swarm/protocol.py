@@ -66,10 +66,18 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``. Unknown OpenAI options are accepted and ignored."""
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
+# Fields OpenAI defines that change nothing about what is sampled: accepted and passed over.
+PASS_THROUGH_FIELDS = ("user", "metadata", "store", "service_tier")
 
-    model_config = ConfigDict(extra="allow")
+
+class ChatCompletionRequest(_Wire):
+    """``POST /v1/chat/completions``: OpenAI's fields plus vLLM's sampling extensions.
+
+    Every field either works or is refused: an unknown field is a 400 naming it (as OpenAI answers),
+    except the documented pass-through ones (``PASS_THROUGH_FIELDS``), which cannot change a sample.
+    A silently ignored option would make a rollout differ from the experiment that asked for it.
+    """
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -82,10 +90,27 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 65, description="int64; choice i uses seed + i")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (engines that report them)")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = Field(None, description='only {"type": "text"}')
+    # vLLM's sampling extensions (vLLM's names and meanings).
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
+    # Pass-through (PASS_THROUGH_FIELDS).
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -96,6 +121,35 @@ class ChatCompletionRequest(BaseModel):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes at most 4 non-empty strings")
         return stops
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError('only {"type": "text"} is served: structured output would constrain sampling, '
+                             "and the policy's own samples are what trains")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_served(cls, value: ToolChoice | None) -> ToolChoice | None:
+        if isinstance(value, dict) or value == "required":
+            raise ValueError(
+                "tool_choice 'required' and a named function need guided decoding (vLLM forces the call's "
+                "JSON that way); the swarm does not constrain sampling, because the policy's own samples are "
+                "what it trains on: send 'auto' (or leave it out) and reward the calls you want")
+        return value
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object, serialised")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class TokenLogprob(BaseModel):
@@ -112,12 +166,14 @@ class ChoiceLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = Field(None, description="the reasoning parser's split (vLLM's name)")
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: ChoiceLogprobs | None = None
     token_ids: list[int] = Field(default_factory=list, description="generated ids (vLLM's name)")
 

@@ -21,3 +21,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def bpe_model(tmp_path_factory: pytest.TempPathFactory):
+    """The ``tiny-bpe`` preset (Qwen's real BPE on a tiny random model), built once per session."""
+    from swarm.backends.torch import resolve_model_folder
+
+    return resolve_model_folder("tiny-bpe", seed=0, cache_dir=tmp_path_factory.mktemp("models") / "tiny-bpe-0")

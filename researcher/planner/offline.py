@@ -69,6 +69,8 @@ class OfflinePlanner:
                 "the letters task learn faster?\", or configure an LLM planner (RESEARCHER_LLM_BASE_URL, "
                 "RESEARCHER_LLM_MODEL).\n" + catalog_text)
         knob, task = catalog.knob(question.knob), question.task
+        if not question.task_named and catalog.DATA_TASK in self.available_tasks:
+            task = catalog.DATA_TASK  # a study on the user's data: a topic naming no example task is about it
         if task not in self.available_tasks:
             raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
                                    f"(found: {self.available_tasks}).\n" + catalog_text)

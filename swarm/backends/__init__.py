@@ -5,7 +5,7 @@ Heavy libraries (torch, transformers, verl, ray) are imported only inside ``swar
 server's settings name (``--engine torch|vllm``, ``--trainer torch|verl``), importing each lazily.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarm.backends.base import (
     Backend,
@@ -20,6 +20,7 @@ from swarm.backends.base import (
 )
 
 if TYPE_CHECKING:
+    from swarm.backends.devices import GpuSplit
     from swarm.server.settings import ServerSettings
 
 __all__ = [
@@ -52,27 +53,43 @@ def load_engines(settings: "ServerSettings") -> tuple[Backend | None, Generator 
     backend = None
     if settings.engine == "torch" or settings.trainer == "torch":
         backend = load_backend(settings.model, settings.config, seed=settings.seed)
-    generator = None
-    if settings.engine == "vllm":
-        generator = _vllm_generator(settings)
+    from swarm.backends.devices import split_for
+
+    # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers.
+    split = split_for(vllm=settings.engine == "vllm" and not settings.vllm_url, verl=settings.trainer == "verl",
+                      generator=settings.generator_gpus, trainer=settings.trainer_gpus)
     trainer = None
     if settings.trainer == "verl":
         from swarm.backends.verl import VerlTrainer
 
         trainer = VerlTrainer(settings.model, settings.config, workers=settings.workers,
-                              ray_address=settings.ray_address, seed=settings.seed)
+                              ray_address=settings.ray_address, seed=settings.seed, gpus=split.trainer or None)
+    generator = None
+    if settings.engine == "vllm":  # after the trainer: the weight transfer depends on where it runs
+        try:
+            generator = _vllm_generator(settings, trainer or backend, split)
+        except BaseException:
+            if trainer is not None:  # e.g. an explicit --weight-transfer nccl that cannot work
+                trainer.close()
+            raise
     return backend, generator, trainer
 
 
-def _vllm_generator(settings: "ServerSettings") -> Generator:
-    """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``."""
+def _vllm_generator(settings: "ServerSettings", trainer: Any, split: "GpuSplit") -> Generator:
+    """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``; its GPUs
+    and its weight transfer (``swarm.backends.vllm.wiring``) follow the settings."""
     from swarm.backends.torch import resolve_model_folder
+    from swarm.backends.torch.presets import is_preset
     from swarm.backends.vllm import VllmGenerator
+    from swarm.backends.vllm.wiring import transfer_options
 
     folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
-    options = {"model_name": "tiny" if settings.model == "tiny" else None, "mode": settings.config.mode,
-               "max_context": settings.max_context}
+    options = {"model_name": settings.model if is_preset(settings.model) else None, "mode": settings.config.mode,
+               "max_context": settings.max_context,
+               **transfer_options(settings.weight_transfer, trainer, split, attached=bool(settings.vllm_url))}
     if settings.vllm_url:
         return VllmGenerator.attach(settings.vllm_url, folder, settings.state_dir, **options)
     return VllmGenerator.launch(folder, settings.state_dir, python=settings.vllm_python,
-                                max_model_len=settings.max_context, **options)
+                                max_model_len=settings.max_context, gpus=split.generator,
+                                gpu_memory_utilization=split.gpu_memory_utilization(settings.gpu_memory_utilization),
+                                **options)

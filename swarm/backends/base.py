@@ -22,21 +22,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# Called from the generation thread once per sampled token: (row index, token id, log-prob).
-TokenCallback = Callable[[int, int, float], None]
-# Called on the event loop once per sampled token of a streamed request: (choice index, token id, log-prob).
-TokenSink = Callable[[int, int, float], None]
+if TYPE_CHECKING:
+    from swarm.backends.text import ChatText
+
+# A sampled token's most likely alternatives, most likely first: (token id, log-prob) pairs.
+TopAlternatives = list[tuple[int, float]]
+# Called once per sampled token: (row index, token id, log-prob, its top alternatives or None when the
+# row asked for none). The torch sampler calls it on the generation thread; a streamed request's sink
+# is called with the same arguments on the event loop (row = choice index).
+TokenCallback = Callable[[int, int, float, "TopAlternatives | None"], None]
+TokenSink = TokenCallback
 # A full state dict on the CPU, Hugging Face parameter names -> torch tensors (typed loosely: no torch here).
 Weights = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings for one prompt row (one row per returned choice)."""
+    """Sampling settings for one prompt row (one row per returned choice).
+
+    The fields after ``top_logprobs`` are vLLM's sampling extensions with vLLM's meaning: ``top_k``
+    (0: off), ``min_p`` (0: off), ``repetition_penalty`` (1: off; over prompt and output),
+    ``presence_penalty``/``frequency_penalty`` (0: off; over output tokens), ``min_tokens`` (no
+    end-of-turn or stop token before that many), ``ignore_eos`` (run to ``max_tokens``) and
+    ``stop_token_ids`` (extra ids that end the row, kept in its ids like the end-of-turn token).
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -44,6 +57,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0  # alternatives to report per sampled token (0: none)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,9 +72,14 @@ class Generation:
     """One sampled continuation.
 
     ``token_ids`` decode to exactly the text returned to the client: on a stop string the ids are
-    cut before the token where the stop string begins. ``logprobs[i]`` is
-    ``log_softmax(logits / temperature)[token_ids[i]]`` (no top-p renormalisation; greedy rows use
-    temperature 1): the same quantity verl recomputes at training time, so the two can be compared.
+    cut before the token where the stop string begins. ``logprobs[i]`` is the log-probability the
+    token was drawn with: ``log_softmax`` of the logits after the penalties (repetition, presence,
+    frequency) and ``/ temperature``, with ``min_p``/``top_k``/``top_p`` applied and the kept ids
+    renormalised (vLLM's ``processed_logprobs``, on both engines). Greedy rows record it at
+    temperature 1 (penalties applied, no truncation). ``top_logprobs`` come from the same
+    distribution. Without penalties or truncation this is ``log_softmax(logits / temperature)``,
+    exactly what the trainer recomputes; the trainer knows nothing of penalties or truncation, so rows
+    that use them differ from its recomputation and ``TrainConfig.rollout_is`` corrects for it.
     """
 
     token_ids: list[int]
@@ -190,6 +216,7 @@ class Backend(Protocol):
     model_name: str
     max_context: int
     eos_token_id: int  # the end-of-turn token a finished assistant message ends with
+    text: ChatText  # the tokenizer's text rules (rendering, drift-repair splices, token bytes)
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Apply the chat template (with the generation prompt) and return prompt token ids."""
@@ -258,6 +285,7 @@ class Generator(Protocol):
     max_context: int
     eos_token_id: int
     reports_top_logprobs: bool  # fills ``Generation.top_logprobs`` when asked
+    text: ChatText  # the tokenizer's text rules (rendering, drift-repair splices, token bytes)
 
     @property
     def policy_version(self) -> int:

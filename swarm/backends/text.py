@@ -16,7 +16,8 @@ from typing import Any
 
 from swarm.backends.base import SamplingParams
 
-__all__ = ["decode", "encode", "find_stop", "load_tokenizer", "render_chat", "safe_prefix_chars", "validate_requests"]
+__all__ = ["ChatText", "decode", "encode", "find_stop", "load_tokenizer", "prepare_messages", "render_chat",
+           "safe_prefix_chars", "validate_requests"]
 
 # Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
 # AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
@@ -38,22 +39,129 @@ def load_tokenizer(folder: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Apply the chat template with the generation prompt; ``ValueError`` if it cannot render them."""
+    return list(tokenizer.encode(_render_text(tokenizer, messages, tools, template_kwargs), add_special_tokens=False))
+
+
+def _render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                 template_kwargs: dict[str, Any] | None) -> str:
     from jinja2 import TemplateError
 
     if not messages:
         raise ValueError("messages must not be empty")
+    reserved = {"messages", "tools", "add_generation_prompt", "tokenize"} & set(template_kwargs or {})
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
     try:
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             [dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
             add_generation_prompt=True,
             tokenize=False,
+            **(template_kwargs or {}),
         )
     except (TemplateError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
-    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def prepare_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as vLLM hands them to a chat template: an assistant's ``tool_calls[].function.arguments``
+    sent as a JSON string (OpenAI's wire form) is parsed to a dict, so templates that apply ``tojson``
+    render the object, not a double-encoded string. ``ValueError`` for arguments that are not JSON."""
+    prepared = []
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and calls:
+            message = {**message, "tool_calls": [_parsed_call(i, k, call) for k, call in enumerate(calls)]}
+        prepared.append(message)
+    return prepared
+
+
+def _parsed_call(message_index: int, call_index: int, call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"]) if function["arguments"].strip() else {}
+    except ValueError as exc:
+        raise ValueError(f"messages[{message_index}].tool_calls[{call_index}].function.arguments is not valid "
+                         f"JSON: {exc}") from None
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+# Stands for an assistant message's body when the server splices in the ids it sampled for it
+# (private-use characters: no real conversation contains them).
+SPLICE_MARK = "\ue000swarm-reply\ue001"
+
+
+class ChatText:
+    """A model folder's tokenizer with every text rule the server needs: rendering (plain, or with a
+    reply's sampled ids spliced in), encoding, decoding and per-token bytes. One object per model,
+    shared by whatever generator serves it."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._bytes: dict[int, list[int]] = {}
+        self._byte_of_char = {char: byte for byte, char in enumerate(byte_level_alphabet())}
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Prompt ids of the conversation with the generation prompt (``ValueError`` if the template fails)."""
+        return render_chat(self.tokenizer, messages, tools, template_kwargs)
+
+    def render_tail(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                    template_kwargs: dict[str, Any] | None, index: int) -> list[int] | None:
+        """Ids of everything the template renders *after* the body of ``messages[index]`` (an
+        assistant message): its end-of-turn token, the later messages, the generation prompt. None
+        when the template does not render that message's body exactly once (it drops or repeats it),
+        so no splice is possible."""
+        marked = [*messages[:index], {"role": "assistant", "content": SPLICE_MARK}, *messages[index + 1:]]
+        text = _render_text(self.tokenizer, marked, tools, template_kwargs)
+        if text.count(SPLICE_MARK) != 1:
+            return None
+        return self.encode(text.split(SPLICE_MARK, 1)[1])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return decode(self.tokenizer, token_ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``; special-token text such as ``<|im_end|>`` becomes its one id."""
+        return encode(self.tokenizer, text)
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes (OpenAI's ``bytes``): what lets a client rebuild a character split
+        across tokens that each decode to U+FFFD. Byte-level vocabularies map exactly; others fall
+        back to the UTF-8 of the token's text."""
+        cached = self._bytes.get(token_id)
+        if cached is None:
+            piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
+            if isinstance(piece, str) and piece and all(ch in self._byte_of_char for ch in piece):
+                cached = [self._byte_of_char[ch] for ch in piece]
+            else:
+                cached = list(self.decode([token_id]).encode())
+            self._bytes[token_id] = cached
+        return cached
+
+
+def byte_level_alphabet() -> list[str]:
+    """One printable character per byte value, the GPT-2 byte-level convention (byte ``b`` is
+    character ``[b]``): how byte-level BPE vocabularies (Qwen, Llama 3, the tiny preset) spell bytes.
+    The ``tokenizers`` ByteLevel pre-tokenizer maps raw bytes to exactly these characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars: dict[int, int] = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return [chr(chars[b]) for b in range(256)]
 
 
 def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
@@ -62,13 +170,14 @@ def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Ids of plain text, no special tokens added (supervised targets)."""
+    """Ids of text, no special tokens added (supervised targets); special-token text maps to its id."""
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def find_stop(text: str, stops: Sequence[str]) -> int:
-    """Earliest index where any stop string occurs in ``text``, or -1."""
-    hits = [pos for pos in (text.find(s) for s in stops) if pos >= 0]
+def find_stop(text: str, stops: Sequence[str], after: int = 0) -> int:
+    """Earliest index where any stop string occurs in ``text`` ending past its first ``after``
+    characters (``min_tokens``: vLLM ignores stop strings within the first tokens' text), or -1."""
+    hits = [pos for pos in (text.find(s, max(0, after - len(s) + 1)) for s in stops) if pos >= 0]
     return min(hits) if hits else -1
 
 
@@ -107,6 +216,7 @@ def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[Samplin
             raise ValueError(f"prompt {i}: stop strings must not be empty")
         if not (0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"prompt {i}: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs}")
+        _validate_extensions(i, p, vocab_size)
         if len(prompt) + p.max_tokens > max_context:
             raise ValueError(
                 f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "
@@ -114,3 +224,21 @@ def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[Samplin
             )
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab_size})")
+
+
+def _validate_extensions(i: int, p: SamplingParams, vocab_size: int) -> None:
+    """vLLM's sampling extensions, with vLLM's ranges (``top_k`` -1 is mapped to 0 at the protocol)."""
+    if p.top_k < 0:
+        raise ValueError(f"prompt {i}: top_k must be >= 0 (0: off), got {p.top_k}")
+    if not (0.0 <= p.min_p <= 1.0):
+        raise ValueError(f"prompt {i}: min_p must be in [0, 1], got {p.min_p}")
+    if not (0.0 < p.repetition_penalty < math.inf):
+        raise ValueError(f"prompt {i}: repetition_penalty must be a finite number > 0, got {p.repetition_penalty}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if not (-2.0 <= value <= 2.0):
+            raise ValueError(f"prompt {i}: {name} must be in [-2, 2], got {value}")
+    if not (0 <= p.min_tokens <= p.max_tokens):
+        raise ValueError(f"prompt {i}: min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
+    if any(not (0 <= t < vocab_size) for t in p.stop_token_ids):
+        raise ValueError(f"prompt {i}: stop_token_ids must lie in [0, {vocab_size})")

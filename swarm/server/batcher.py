@@ -29,14 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Backend, Generation, Sampled, SamplingParams
+from swarm.backends.base import Backend, Generation, Sampled, SamplingParams, TokenSink, TopAlternatives
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# (row within the request, token id, log-prob), delivered on the event loop.
-StreamSink = Callable[[int, int, float], None]
+# (row within the request, token id, log-prob, top alternatives or None), delivered on the event loop.
+StreamSink = TokenSink
 
 
 Batch = Sampled  # what one generation request got back (its rows and their policy version)
@@ -271,10 +271,10 @@ class _JobFeed:
         owner, _ = self.owners[row]
         return owner.future.done()
 
-    def on_token(self, row: int, token: int, logprob: float) -> None:
+    def on_token(self, row: int, token: int, logprob: float, top: TopAlternatives | None) -> None:
         owner, local = self.owners[row]
         if owner.sink is not None and not owner.future.done():
-            owner.loop.call_soon_threadsafe(owner.sink, local, token, logprob)
+            owner.loop.call_soon_threadsafe(owner.sink, local, token, logprob, top)
 
     def finished(self, row: int, generation: Generation) -> None:
         self.running -= 1

@@ -18,6 +18,12 @@ calls may still add, stay within ``max_episode_tokens``.
 A held-out eval episode's calls are served and never recorded (so they reserve no episode tokens).
 A call that sends no ``seed`` gets a fixed one, derived from the task id and the call's index in
 the episode, so an eval is reproducible for a given policy (up to the batch's floating-point noise).
+
+Rendering follows vLLM's chat route (string tool-call arguments parsed to dicts, ``chat_template_kwargs``
+from the server's defaults and the request) and, inside an episode, drift repair: a conversation that
+re-sends replies this server produced continues the ids it sampled for them (``swarm.server.replies``).
+Every reply is parsed once, as vLLM's ``--tool-call-parser``/``--reasoning-parser`` would
+(``swarm.backends.parsers``), into the ``Answer`` both the JSON and the streaming routes shape.
 """
 
 from __future__ import annotations
@@ -30,23 +36,58 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
+from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
+from swarm.backends.text import prepare_messages
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.batcher import QueueFull
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.replies import conversation_keys
 from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
 from swarm.server.throttle import InFlight
 
 if TYPE_CHECKING:
     from swarm.server.engine import Engine
+    from swarm.server.episodes import EpisodeRecord
+
+
+@dataclass(frozen=True)
+class Parsing:
+    """How a call's replies are parsed: vLLM's parser names (None: that parser is off for this call)."""
+
+    tool_parser: str | None
+    reasoning_parser: str | None
+    parallel_tool_calls: bool = True
+
+    def parse(self, text: str) -> ParsedReply:
+        return parse_reply(text, tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser,
+                           parallel_tool_calls=self.parallel_tool_calls)
+
+
+@dataclass
+class Answer:
+    """A finished generation and each choice's reply as parsed (content, reasoning, tool calls)."""
+
+    sampled: Sampled
+    replies: list[ParsedReply]
+
+
+@dataclass
+class Rendered:
+    """A call's prompt ids; ``repaired`` when drift repair made them differ from a plain rendering."""
+
+    prompt: list[int]
+    conversation_key: bytes | None = None
+    repaired: bool = False
 
 
 @dataclass
 class ChatCall:
-    """A started chat call: its prompt ids, its sampling params and the running generation."""
+    """A started chat call: its prompt ids, sampling params, reply parsing and the running generation."""
 
     prompt: list[int]
     params: list[SamplingParams]
-    result: asyncio.Future[Sampled]
+    parsing: Parsing
+    result: asyncio.Future[Answer]
 
 
 class Completions:
@@ -72,7 +113,8 @@ class Completions:
         releases = [self.in_flight.enter(key, request.n, per_key=config.max_inflight_per_key,
                                          max_rows=config.max_batch_rows + config.max_queued_rows)]
         try:
-            prompt = await asyncio.to_thread(self._render, request)
+            rendered = await asyncio.to_thread(self._render, request, episode)
+            prompt = rendered.prompt
             seed = request.seed
             if episode is not None and episode.is_eval and seed is None:
                 seed = eval_seed(episode.task_id, episode.calls_started)
@@ -84,9 +126,10 @@ class Completions:
         except BaseException:
             _release_all(releases)
             raise
-        result = asyncio.ensure_future(self._generate(episode_id, prompt, params, sink))
+        parsing = self._parsing(request)
+        result = asyncio.ensure_future(self._generate(episode_id, rendered, params, parsing, sink))
         result.add_done_callback(lambda _: _release_all(releases))
-        return ChatCall(prompt=prompt, params=params, result=result)
+        return ChatCall(prompt=prompt, params=params, parsing=parsing, result=result)
 
     def _check_size(self, request: ChatCompletionRequest) -> None:
         """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
@@ -121,8 +164,9 @@ class Completions:
 
         return release
 
-    async def _generate(self, episode_id: str | None, prompt: list[int], params: list[SamplingParams],
-                        sink: TokenSink | None) -> Sampled:
+    async def _generate(self, episode_id: str | None, rendered: Rendered, params: list[SamplingParams],
+                        parsing: Parsing, sink: TokenSink | None) -> Answer:
+        prompt = rendered.prompt
         try:
             sampled = await self.generator.generate([prompt] * len(params), params, sink)
         except ValueError as exc:  # params or prompt the generator cannot serve: the caller's input
@@ -131,16 +175,41 @@ class Completions:
             raise _unavailable(exc) from None
         except QueueFull as exc:
             raise RetryLater(f"{exc}; retry shortly", retry_after=exc.retry_after) from None
+        replies = [parsing.parse(self.generator.text.decode(g.token_ids)) for g in sampled.generations]
         if episode_id is not None:
-            self.engine.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature)
-        return sampled
+            self.engine.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature,
+                               replies=replies, conversation_key=rendered.conversation_key,
+                               repaired=rendered.repaired)
+        return Answer(sampled=sampled, replies=replies)
 
-    def _render(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    def _render(self, request: ChatCompletionRequest, episode: EpisodeRecord | None) -> Rendered:
+        """The call's prompt ids: the template's rendering, or inside an episode the ids of the
+        longest known reply it re-sends plus the template's rendering of what follows it."""
+        text = self.generator.text
+        kwargs = {**self.engine.config.chat_template_kwargs, **(request.chat_template_kwargs or {})}
         try:
-            return list(self.generator.render_prompt(messages, request.tools))
-        except Exception as exc:  # the template rejected these messages: the caller's input
+            messages = prepare_messages([m.model_dump(exclude_none=True) for m in request.messages])
+            plain = text.render(messages, request.tools, kwargs)
+            if episode is None:
+                return Rendered(prompt=plain)
+            keys = conversation_keys(messages, request.tools, kwargs)
+            splice = episode.replies.longest(messages, keys)
+            tail = text.render_tail(messages, request.tools, kwargs, splice.index) if splice is not None else None
+        except ValueError as exc:  # the template rejected these messages: the caller's input
             raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
+        if splice is None or tail is None:
+            return Rendered(prompt=plain, conversation_key=keys[-1])
+        if tail and splice.tokens and tail[0] == splice.tokens[-1]:
+            tail = tail[1:]  # the reply's own end-of-turn token, sampled already
+        prompt = splice.tokens + tail
+        return Rendered(prompt=prompt, conversation_key=keys[-1], repaired=prompt != plain)
+
+    def _parsing(self, request: ChatCompletionRequest) -> Parsing:
+        config = self.engine.config
+        calls = bool(request.tools) and request.tool_choice != "none"
+        tool_parser = resolve_tool_parser(config.tool_call_parser, self.generator.text.chat_template) if calls else None
+        return Parsing(tool_parser=tool_parser, reasoning_parser=config.reasoning_parser,
+                       parallel_tool_calls=request.parallel_tool_calls)
 
     def _sampling(self, request: ChatCompletionRequest, prompt_len: int, seed: int | None) -> list[SamplingParams]:
         config = self.engine.config
@@ -160,10 +229,26 @@ class Completions:
         temperature = config.temperature if request.temperature is None else request.temperature
         top_p = config.top_p if request.top_p is None else request.top_p
         stops = tuple(request.stop or ())
+        extensions = _extensions(request)
         # n > 1 with a seed: distinct but reproducible choices.
         return [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stops,
-                               seed=None if seed is None else seed + i, top_logprobs=top)
+                               seed=None if seed is None else seed + i, top_logprobs=top, **extensions)
                 for i in range(request.n)]
+
+
+def _extensions(request: ChatCompletionRequest) -> dict[str, Any]:
+    """vLLM's sampling extensions a request set, as ``SamplingParams`` fields (vLLM's -1 top_k is 0: off)."""
+    values: dict[str, Any] = {
+        "top_k": max(request.top_k, 0) if request.top_k is not None else None,
+        "min_p": request.min_p,
+        "repetition_penalty": request.repetition_penalty,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "min_tokens": request.min_tokens,
+        "stop_token_ids": tuple(request.stop_token_ids) if request.stop_token_ids else None,
+        "ignore_eos": request.ignore_eos or None,
+    }
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def eval_seed(task_id: str, call_index: int) -> int:

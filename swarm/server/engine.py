@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from swarm.backends.base import Generation, Generator, TokenSink, Trainer
+from swarm.backends.parsers import ParsedReply
 from swarm.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -215,17 +216,22 @@ class Engine:
         return await self.completions.start(key, episode_id, request, sink)
 
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
-               temperature: float) -> None:
-        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored);
-        an eval episode's calls are never recorded, only its lease is renewed."""
+               temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
+               repaired: bool = False) -> None:
+        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
+        its replies to the episode's reply book (drift repair of the next call); an eval episode's
+        calls are never recorded, only its lease is renewed and its replies kept for repair."""
         episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
             return
+        episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
+        if conversation_key is not None:
+            for reply, generation in zip(replies, generations, strict=True):
+                episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))
         if episode.is_eval:
-            episode.lease_expires_at = self.clock() + episode.lease_s
             return
         episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
-        episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
+        episode.trace.note_replies(replies, repaired=repaired)
 
     def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest, Purpose
+from swarm.server.replies import ReplyBook
 from swarm.server.timeline import EpisodeTrace
 
 
@@ -40,6 +41,7 @@ class EpisodeRecord:
     purpose: Purpose = "train"
     claimed_step: int = 0
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
+    replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
 
     @property
     def is_eval(self) -> bool:

@@ -129,6 +129,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     detail = _validation_detail(exc)
     if any(d["type"] == "json_invalid" for d in detail):
         return error_response(400, ErrorCode.bad_request, "request body is not valid JSON", detail=detail)
+    unknown = [".".join(str(p) for p in d["loc"] if p != "body") for d in detail if d["type"] == "extra_forbidden"]
+    if unknown:  # OpenAI's answer to an option it does not know: 400, naming it
+        return error_response(400, ErrorCode.bad_request,
+                              f"unrecognized request argument supplied: {', '.join(unknown)}", detail=detail)
     first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
     return error_response(422, ErrorCode.bad_request, f"invalid request: {where}: {first['msg']}", detail=detail)

@@ -24,6 +24,7 @@ class LocalGenerator:
     def __init__(self, backend: Backend, worker: DeviceWorker) -> None:
         self.backend = backend
         self.worker = worker
+        self.text = backend.text
         self.model_name = backend.model_name
         self.max_context = backend.max_context
         self.eos_token_id = backend.eos_token_id

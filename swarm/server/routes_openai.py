@@ -19,7 +19,9 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from swarm.backends.base import Generation, Sampled
+from swarm.backends.base import Generation, TopAlternatives
+from swarm.backends.parsers import ParsedReply, ReplyStream
+from swarm.backends.text import ChatText
 from swarm.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -28,11 +30,12 @@ from swarm.protocol import (
     ChoiceLogprobs,
     ModelCard,
     ModelList,
-    TokenLogprob,
     Usage,
 )
+from swarm.server.completions import Answer
 from swarm.server.context import AppContext, app_context
-from swarm.server.streaming import ChunkWriter, Decode, RowStream, stream_completion
+from swarm.server.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.server.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
 
 router = APIRouter()
 
@@ -57,15 +60,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     call = await ctx.engine.complete(key, episode_id, body)
     if not await _answered_before_disconnect(request, call.result):
         return Response(status_code=CLIENT_CLOSED)
-    sampled = call.result.result()
+    answer = call.result.result()
     # Serialised by pydantic directly: FastAPI's generic encoder costs ~0.2 ms a response.
-    return Response(_completion(ctx, body, call.prompt, sampled).model_dump_json(by_alias=True),
+    return Response(_completion(ctx, body, call.prompt, answer).model_dump_json(by_alias=True),
                     media_type="application/json")
 
 
-def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], sampled: Sampled) -> ChatCompletion:
-    decode = ctx.engine.generator.decode
-    choices = [_choice(decode, i, gen, body.logprobs) for i, gen in enumerate(sampled.generations)]
+def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], answer: Answer) -> ChatCompletion:
+    text = ctx.engine.generator.text
+    sampled = answer.sampled
+    choices = [_choice(text, i, gen, reply, body.logprobs)
+               for i, (gen, reply) in enumerate(zip(sampled.generations, answer.replies, strict=True))]
     completion_tokens = sum(len(g.token_ids) for g in sampled.generations)
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=ctx.engine.generator.model_name,
@@ -75,24 +80,17 @@ def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int],
     )
 
 
-def _choice(decode: Decode, index: int, gen: Generation, with_logprobs: bool) -> Choice:
+def _choice(text: ChatText, index: int, gen: Generation, reply: ParsedReply, with_logprobs: bool) -> Choice:
     logprobs = None
     if with_logprobs:
-        logprobs = ChoiceLogprobs(content=token_logprobs(decode, gen.token_ids, gen.logprobs, gen.top_logprobs))
-    return Choice(index=index, message=AssistantMessage(content=decode(gen.token_ids)),
-                  finish_reason=gen.finish_reason, logprobs=logprobs, token_ids=list(gen.token_ids))
+        logprobs = ChoiceLogprobs(content=token_logprobs(text, gen.token_ids, gen.logprobs, gen.top_logprobs))
+    message = AssistantMessage(content=reply.content, reasoning_content=reply.reasoning,
+                               tool_calls=[wire_tool_call(c) for c in reply.tool_calls])
+    return Choice(index=index, message=message, finish_reason=finish_reason(gen, reply), logprobs=logprobs,
+                  token_ids=list(gen.token_ids))
 
 
-def token_logprobs(decode: Decode, ids: list[int], logprobs: list[float],
-                   top: list[list[tuple[int, float]]] | None) -> list[TokenLogprob]:
-    """OpenAI's per-token log-prob entries, with the top alternatives when the generator gave them."""
-    return [TokenLogprob(token=decode([t]), logprob=lp,
-                         top_logprobs=[{"token": decode([a]), "logprob": alp, "bytes": None}
-                                       for a, alp in (top[i] if top else [])])
-            for i, (t, lp) in enumerate(zip(ids, logprobs, strict=True))]
-
-
-async def _answered_before_disconnect(request: Request, result: asyncio.Future[Sampled]) -> bool:
+async def _answered_before_disconnect(request: Request, result: asyncio.Future[Answer]) -> bool:
     """Wait for ``result``; if the client disconnects first (or this request is cancelled), cancel
     it so its rows stop, and say so."""
     gone = asyncio.ensure_future(_disconnected(request))
@@ -114,18 +112,21 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
-    tokens: asyncio.Queue[tuple[int, int, float] | None] = asyncio.Queue()
+    tokens: asyncio.Queue[StreamedToken | None] = asyncio.Queue()
 
-    def sink(row: int, token: int, logprob: float) -> None:
-        tokens.put_nowait((row, token, logprob))
+    def sink(row: int, token: int, logprob: float, top: TopAlternatives | None) -> None:
+        tokens.put_nowait((row, token, logprob, top))
 
     call = await ctx.engine.complete(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
     call.result.add_done_callback(lambda _: tokens.put_nowait(None))
     generator = ctx.engine.generator
     writer = ChunkWriter(completion_id=f"chatcmpl-{uuid.uuid4().hex}", model=generator.model_name,
-                         policy_version=generator.policy_version, decode=generator.decode,
+                         policy_version=generator.policy_version, text=generator.text,
                          with_logprobs=body.logprobs)
-    rows = [RowStream(decode=generator.decode, stops=list(body.stop or ())) for _ in call.params]
+    rows = [RowStream(decode=generator.text.decode, stops=list(body.stop or ()),
+                      reply=ReplyStream(tool_parser=call.parsing.tool_parser,
+                                        reasoning_parser=call.parsing.reasoning_parser))
+            for _ in call.params]
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     frames = stream_completion(writer, rows, tokens, call.result, len(call.prompt), include_usage)
     return StreamingResponse(frames, media_type="text/event-stream",

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
+from swarm.backends.parsers import check_parser_names
 
 # Real text averages about four characters a token, so at this many per context token the default
 # ``max_prompt_chars`` turns away only prompts that would not fit anyway, before paying to tokenise them.
@@ -38,6 +39,12 @@ class ServerConfig(TrainConfig):
     max_tokens: int = Field(64, ge=1, description="default completion length")
     # Context tracking.
     merge_timelines: bool = True
+    # The agent protocol (vLLM's parser names): how replies become tool_calls and reasoning_content.
+    tool_call_parser: str = Field("auto", description="hermes, llama3_json, none, or auto (by the chat template)")
+    reasoning_parser: str | None = Field(None, description="qwen3 or deepseek_r1: <think> text to "
+                                         "reasoning_content; unset: none")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="chat-template variables "
+                                                 "every call gets (a request's own override them)")
     # Async serving trains on samples up to ``max_staleness`` versions old: correct for that by default.
     rollout_is: RolloutIS = Field("token", description=ROLLOUT_IS_HELP)
     # Episodes.
@@ -60,6 +67,9 @@ class ServerConfig(TrainConfig):
                                        "streams; more get 429 + Retry-After")
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
+    # Weight publication: one that takes longer is an error event and the generator restarts on the weights.
+    publish_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a weight publication to "
+                                     "the generator may take before it counts as failed")
 
     @classmethod
     def training_fields(cls) -> dict[str, Any]:
@@ -74,6 +84,11 @@ class ServerConfig(TrainConfig):
         if value and sum(value.values()) <= 0:
             raise ValueError("category ratios must not all be zero")
         return value
+
+    @model_validator(mode="after")
+    def _parsers_known(self) -> ServerConfig:
+        check_parser_names(self.tool_call_parser, self.reasoning_parser)
+        return self
 
     @model_validator(mode="after")
     def _group_sizes_consistent(self) -> ServerConfig:
@@ -100,12 +115,15 @@ class ServerConfig(TrainConfig):
 
 
 # Keys a config file may set that choose engines for the process's life (not live-patchable):
-# ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine.
-ENGINE_KEYS = ("engine", "trainer", "workers", "ray_address")
+# ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine, and
+# ``model = "tiny-bpe"`` is how an example names the model it is written for.
+ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_transfer", "generator_gpus",
+               "trainer_gpus", "gpu_memory_utilization")
 
 
 def engine_choice(path: str | Path) -> dict[str, Any]:
-    """The ``ENGINE_KEYS`` a config file sets (command-line flags override them)."""
+    """The ``ENGINE_KEYS`` a config file sets (command-line flags override them: ``--model`` given >
+    the file's ``model`` > ``ServerSettings``' default, ``tiny``)."""
     return {k: v for k, v in _read_toml(path).items() if k in ENGINE_KEYS}
 
 
@@ -122,13 +140,21 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "tiny"
+    model: str = Field("tiny", min_length=1, description="a preset (tiny, tiny-bpe, ...) or a local model folder")
     engine: Literal["torch", "vllm"] = Field("torch", description="the generator: who samples tokens")
     trainer: Literal["torch", "verl"] = Field("torch", description="the trainer: who runs policy updates")
     workers: int = Field(1, ge=1, le=1024, description="verl trainer: FSDP2 workers in the Ray group")
     ray_address: str | None = Field(None, description="verl trainer: an existing Ray cluster (default: start one)")
     vllm_url: str | None = Field(None, description="vllm engine: attach to this running vLLM server")
     vllm_python: str | None = Field(None, description="vllm engine: the Python of the vLLM environment")
+    weight_transfer: Literal["auto", "disk", "nccl"] = Field(
+        "auto", description="vllm engine: how weights reach vLLM; auto = nccl only where it can work, else disk")
+    generator_gpus: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="GPUs (e.g. '3' or '2,3') "
+                                       "reserved for the vLLM child; default: the last one")
+    trainer_gpus: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="GPUs for verl's Ray workers; "
+                                     "default: the ones the generator does not use")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vllm engine: share of each of "
+                                                 "its GPUs vLLM takes; default 0.9, or 0.4 on a shared GPU")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Path("artifacts/swarm")

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from swarm.backends.base import Generator, TrainConfig, Trainer, TrainSample
+from swarm.backends.text import prepare_messages
 from swarm.protocol import SftExample, SftRequest
 
 
@@ -18,8 +19,8 @@ def sft_samples(generator: Generator, examples: Sequence[SftExample]) -> list[Tr
     """The generator renders (it owns the chat template), so targets match what sampling sees."""
     samples = []
     for example in examples:
-        prompt = list(generator.render_prompt([m.model_dump(exclude_none=True) for m in example.messages],
-                                              example.tools))
+        messages = prepare_messages([m.model_dump(exclude_none=True) for m in example.messages])
+        prompt = generator.text.render(messages, example.tools)
         completion = generator.encode(example.completion) + [generator.eos_token_id]
         samples.append(TrainSample(
             tokens=prompt + completion,

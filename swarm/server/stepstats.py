@@ -32,6 +32,9 @@ def step_metrics(episodes: Sequence[EpisodeRecord], groups: int, samples: Sequen
         "context/tokens_trained": float(sum(len(s.tokens) for s in samples)),
         "context/generated_tokens": float(sum(sum(s.loss_mask) for s in samples)),
         "context/drift_forks": float(sum(e.trace.drift_forks for e in episodes)),
+        "context/drift_repaired": float(sum(e.trace.drift_repaired for e in episodes)),
+        "rollout/tool_calls": float(sum(e.trace.tool_calls for e in episodes)),
+        "rollout/tool_parse_errors": float(sum(e.trace.tool_parse_errors for e in episodes)),
         "context/merge": 1.0 if merge else 0.0,
     }
     posted: dict[str, list[float]] = {}

@@ -4,7 +4,10 @@ Tokens arrive from the device thread as they are sampled. Text is sent only once
 an incomplete UTF-8 sequence, or a tail that could still grow into a stop string, is held back
 (the backend cuts a stop string out of the final ids, so streamed text must never show it). The
 last chunk of each choice sends whatever the final ids add, so the streamed text always equals the
-decode of the returned token ids. A stream closed early (the client went away) cancels its
+decode of the returned token ids. With a tool-call or reasoning parser, each choice's text is split
+as it streams into ``reasoning_content`` and ``content`` deltas (``parsers.ReplyStream``); text from a
+tool-call marker on is held back, and the parsed calls are sent whole in one ``tool_calls`` delta
+before the last chunk, so the deltas reassemble to exactly the non-streamed message. A stream closed early (the client went away) cancels its
 generation, so its rows stop in the generator instead of running to ``max_tokens`` for nobody.
 """
 
@@ -18,9 +21,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.backends.base import Sampled
+from swarm.backends.base import Generation, TopAlternatives
+from swarm.backends.parsers import ParsedReply, ReplyStream
+from swarm.backends.text import ChatText
 from swarm.protocol import ErrorCode
+from swarm.server.completions import Answer
 from swarm.server.errors import ApiError, dumps_error
+from swarm.server.replyshape import finish_reason, token_logprobs, wire_tool_call
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +50,29 @@ def stable_length(text: str, stops: Sequence[str]) -> int:
     return cut
 
 
+# One streamed token as the sink queues it: (choice index, token id, log-prob, top alternatives or None).
+StreamedToken = tuple[int, int, float, "TopAlternatives | None"]
+
+
 @dataclass
 class RowStream:
-    """One choice's progress: ids received, and how many ids/characters were already sent."""
+    """One choice's progress: ids received, how many ids/characters were already sent, and the reply
+    view that splits the sent text into reasoning and content (holding tool-call text back)."""
 
     decode: Decode
     stops: Sequence[str]
+    reply: ReplyStream
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[TopAlternatives | None] = field(default_factory=list)
     sent_ids: int = 0
     sent_text: str = ""
 
-    def push(self, token: int, logprob: float) -> tuple[str, int, int] | None:
-        """Add a token; return (new text, first id, end id) once some text became final."""
+    def push(self, token: int, logprob: float, top: TopAlternatives | None) -> Delta | None:
+        """Add a token; return what became final, if anything."""
         self.ids.append(token)
         self.logprobs.append(logprob)
+        self.top.append(top)
         cut = stable_length(self.decode(self.ids), self.stops)
         end = len(self.ids)
         while end > self.sent_ids and len(self.decode(self.ids[:end])) > cut:
@@ -66,18 +81,43 @@ class RowStream:
             return None
         return self._advance(self.decode(self.ids[:end]), end)
 
-    def close(self, final_ids: list[int], final_logprobs: list[float]) -> tuple[str, int, int]:
-        """The remainder up to the final ids (which the backend may have cut at a stop string)."""
-        self.ids, self.logprobs = list(final_ids), list(final_logprobs)
-        return self._advance(self.decode(final_ids), len(final_ids))
+    def close(self, gen: Generation, parsed: ParsedReply) -> Delta:
+        """The remainder up to the final ids (which the generator may have cut at a stop string),
+        split by the final parse."""
+        self.ids, self.logprobs = list(gen.token_ids), list(gen.logprobs)
+        self.top = list(gen.top_logprobs) if gen.top_logprobs else [None] * len(self.ids)
+        delta = self._advance(self.decode(self.ids), len(self.ids), parsed)
+        return delta
 
-    def _advance(self, text: str, end: int) -> tuple[str, int, int]:
+    def _advance(self, text: str, end: int, parsed: ParsedReply | None = None) -> Delta:
         if not text.startswith(self.sent_text):
             log.warning("streamed text diverged from the final decode; sending the remainder only")
-        delta = text[len(self.sent_text):]
         start = min(self.sent_ids, end)
         self.sent_text, self.sent_ids = text, end
-        return delta, start, end
+        reasoning, content = self.reply.push(text) if parsed is None else self.reply.finish(parsed)
+        return Delta(reasoning=reasoning, content=content, start=start, end=end)
+
+
+@dataclass
+class Delta:
+    """What one chunk of a choice carries: new reasoning and content text, and the ids ``[start, end)``."""
+
+    reasoning: str
+    content: str
+    start: int
+    end: int
+
+    def fields(self) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if self.reasoning:
+            delta["reasoning_content"] = self.reasoning
+        if self.content:
+            delta["content"] = self.content
+        return delta
+
+    @property
+    def empty(self) -> bool:
+        return not (self.reasoning or self.content or self.end > self.start)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -92,20 +132,19 @@ class ChunkWriter:
     completion_id: str
     model: str
     policy_version: int
-    decode: Decode
+    text: ChatText
     with_logprobs: bool
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chunk(self, index: int, delta: dict[str, Any], *, finish: str | None = None,
-              ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> dict[str, Any]:
+              row: RowStream | None = None, span: Delta | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-        if ids:
-            choice["token_ids"] = list(ids)
+        if row is not None and span is not None and span.end > span.start:
+            ids = row.ids[span.start:span.end]
+            choice["token_ids"] = ids
             if self.with_logprobs:
-                choice["logprobs"] = {"content": [
-                    {"token": self.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(ids, logprobs, strict=True)
-                ]}
+                entries = token_logprobs(self.text, ids, row.logprobs[span.start:span.end], row.top[span.start:span.end])
+                choice["logprobs"] = {"content": [e.model_dump() for e in entries]}
         return {"id": self.completion_id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "choices": [choice], "policy_version": self.policy_version}
 
@@ -113,8 +152,8 @@ class ChunkWriter:
 async def stream_completion(
     writer: ChunkWriter,
     rows: list[RowStream],
-    tokens: asyncio.Queue[tuple[int, int, float] | None],
-    generation: asyncio.Future[Sampled],
+    tokens: asyncio.Queue[StreamedToken | None],
+    generation: asyncio.Future[Answer],
     prompt_tokens: int,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
@@ -124,18 +163,15 @@ async def stream_completion(
         for index in range(len(rows)):
             yield sse(writer.chunk(index, {"role": "assistant", "content": ""}))
         while (item := await tokens.get()) is not None:
-            index, token, logprob = item
-            advanced = rows[index].push(token, logprob)
-            if advanced is not None:
-                text, start, end = advanced
-                row = rows[index]
-                yield sse(writer.chunk(index, {"content": text}, ids=row.ids[start:end],
-                                       logprobs=row.logprobs[start:end]))
+            index, token, logprob, top = item
+            delta = rows[index].push(token, logprob, top)
+            if delta is not None and not delta.empty:
+                yield sse(writer.chunk(index, delta.fields(), row=rows[index], span=delta))
     finally:
         if not generation.done():
             generation.cancel()
     try:
-        batch = generation.result()
+        answer = generation.result()
     except ApiError as exc:  # the caller's side (a full queue while it waited): its code and message
         yield sse(dumps_error(exc.code, exc.message))
         yield sse("[DONE]")
@@ -146,13 +182,15 @@ async def stream_completion(
         yield sse("[DONE]")
         return
     completion_tokens = 0
-    for index, (row, gen) in enumerate(zip(rows, batch.generations, strict=True)):
-        text, start, end = row.close(gen.token_ids, gen.logprobs)
+    for index, (row, gen, reply) in enumerate(zip(rows, answer.sampled.generations, answer.replies, strict=True)):
+        delta = row.close(gen, reply)
         completion_tokens += len(gen.token_ids)
-        if text or end > start:
-            yield sse(writer.chunk(index, {"content": text}, ids=gen.token_ids[start:end],
-                                   logprobs=gen.logprobs[start:end]))
-        yield sse(writer.chunk(index, {}, finish=gen.finish_reason))
+        if not delta.empty:
+            yield sse(writer.chunk(index, delta.fields(), row=row, span=delta))
+        if reply.tool_calls:
+            calls = [{"index": k, **wire_tool_call(call).model_dump()} for k, call in enumerate(reply.tool_calls)]
+            yield sse(writer.chunk(index, {"tool_calls": calls}))
+        yield sse(writer.chunk(index, {}, finish=finish_reason(gen, reply)))
     if include_usage:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}

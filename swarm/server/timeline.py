@@ -6,7 +6,9 @@ history quadratically, and re-tokenising generated text corrupts log-probs. A tr
 log-probs exactly as sampled. A call whose prompt starts with a timeline's tokens continues that
 timeline (new prompt tokens get loss mask 0, the completion mask 1); a call that extends none
 (history rewritten, memory summarised, a template that drops earlier reasoning) forks a new
-timeline and is counted as drift. With ``merge=False`` every completion is its own sample, which
+timeline and is counted as drift (``drift_forks``). Replies re-sent as text are first mapped back to
+the ids that were sampled for them (``swarm.server.replies``), so re-tokenisation alone never forks;
+``drift_repaired`` counts the calls where that made a difference. With ``merge=False`` every completion is its own sample, which
 is what merging is measured against.
 
 Under ``token-mean`` loss aggregation both modes train on the same generated tokens with the same
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from swarm.backends.base import TrainSample
+from swarm.backends.parsers import ParsedReply
 
 
 @dataclass
@@ -72,7 +75,17 @@ class EpisodeTrace:
     merge: bool = True
     timelines: list[Timeline] = field(default_factory=list)
     calls: int = 0
-    drift_forks: int = 0
+    drift_forks: int = 0  # calls that continued no timeline: the history really changed
+    # Live counters of the agent protocol (not stored: a restored episode reports 0 for them).
+    drift_repaired: int = 0  # calls whose plain re-rendering would differ from the ids the model saw
+    tool_calls: int = 0  # tool calls parsed out of replies
+    tool_parse_errors: int = 0  # replies that looked like a tool call but did not parse
+
+    def note_replies(self, replies: Sequence[ParsedReply], *, repaired: bool) -> None:
+        """Count one call's agent-protocol outcomes (see the fields)."""
+        self.drift_repaired += int(repaired)
+        self.tool_calls += sum(len(r.tool_calls) for r in replies)
+        self.tool_parse_errors += sum(r.parse_error is not None for r in replies)
 
     def record(
         self,

@@ -18,6 +18,14 @@ their traceback and reported by ``report``: an ``error`` event with ``where``, a
 ``GET /api/v1/status``. A failed periodic checkpoint (a full disk, ``ulimit -f``) never ends the
 loop: the next steps train and commit, and the next checkpoint tries again.
 
+Publication: any failure of ``generator.load_weights`` (or ``load_streamed``, when the trainer
+streams its own weights), or one that takes longer than ``publish_timeout_s``, is reported
+(``where=publish``) and the generator is restarted on the new weights before training goes on
+(``generator.recover``; a generator without it, the in-process torch one, loads them again). If
+that fails too, it is reported as well and the next step publishes again. Each step records
+``perf/generator_lag``: policy versions the generator is behind the trainer after the publication
+(0 when it serves the new weights). The generator is never left silently behind.
+
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
 policy they were claimed under); a round that ends adds its ``eval/*`` metrics to the row of the
 step it evaluated (``add_metrics``, called by ``swarm.server.evaluation``).
@@ -33,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from swarm.backends.base import Generator, GeneratorUnavailable, Trainer, TrainSample
+from swarm.backends.base import Generator, Trainer, TrainSample
 from swarm.protocol import LastError, ServerState, SftRequest, SftResult, StepMetrics
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group
@@ -150,11 +158,8 @@ class StepLoop:
             engine.drop([e for e in episodes if engine.episodes.held(e.episode_id)], f"training step failed: {exc}")
             self.report("train_step", exc)
             return False
-        try:
-            update["perf/weight_sync_s"] = await self.publish()                                 # publish
-        except Exception as exc:  # the update happened: it is committed; the generator lags a version
-            log.exception("publishing policy version %d failed", self.trainer.policy_version)
-            self.report("publish", exc)
+        update["perf/weight_sync_s"] = await self.publish()                                     # publish
+        update["perf/generator_lag"] = float(self.trainer.policy_version - self.generator.policy_version)
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True
 
@@ -176,19 +181,49 @@ class StepLoop:
 
     async def publish(self) -> float:
         """Hand the trainer's current weights to the generator as its new version; seconds taken.
-        The generator serves new requests with them; completions carry the version that made them."""
+        The generator serves new requests with them; completions carry the version that made them.
+        A failure or a timeout is reported and the generator restarted on them (module docstring)."""
         started = time.perf_counter()
         version = self.trainer.policy_version
         if hasattr(self.generator, "mode"):  # an engine that pauses around updates in sync mode (vLLM)
             self.generator.mode = self.engine.config.mode
-        weights = await self.run_blocking(self.trainer.export_weights)
+        timeout = self.engine.config.publish_timeout_s
         try:
-            await self.generator.load_weights(version, weights)
-        except GeneratorUnavailable as exc:  # it restarts on these weights; training goes on meanwhile
-            log.warning("publishing version %d: %s (the generator adopts it when it is back)", version, exc)
+            await asyncio.wait_for(self._send(version), timeout)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the generator must not stay behind
+            await self._recover(version, _publish_failure(version, exc, timeout))
         seconds = time.perf_counter() - started
-        self.engine.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds)
+        self.engine.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds,
+                         generator_version=self.generator.policy_version)
         return seconds
+
+    async def _send(self, version: int) -> None:
+        generator = self.generator
+        if getattr(generator, "streams_weights", False):  # the trainer streams them (NCCL): no state dict here
+            await generator.load_streamed(version)  # type: ignore[attr-defined]
+            return
+        weights = await self.run_blocking(self.trainer.export_weights)
+        await generator.load_weights(version, weights)
+
+    async def _recover(self, version: int, failure: Exception) -> None:
+        """Report a failed publication and restart the generator on ``version``'s weights."""
+        log.error("%s", failure, exc_info=failure.__cause__)
+        self.report("publish", failure)
+        generator = self.generator
+        recover = getattr(generator, "recover", None)  # a generator with a process to restart (vLLM)
+        budget = self.engine.config.publish_timeout_s + float(getattr(generator, "start_timeout", 0.0))
+        try:
+            weights = await asyncio.wait_for(self.run_blocking(self.trainer.export_weights), budget)
+            restart = recover(version, weights) if recover is not None else generator.load_weights(version, weights)
+            await asyncio.wait_for(restart, budget)
+        except Exception as exc:  # noqa: BLE001 - reported; the next step publishes again
+            log.exception("restarting the generator on policy version %d failed", version)
+            self.report("publish", RuntimeError(f"restarting the generator on policy version {version} failed: "
+                                                f"{type(exc).__name__}: {exc}; it serves version "
+                                                f"{generator.policy_version}; the next step publishes again"))
+            return
+        self.engine.emit("generator.recovered", policy_version=version, step=self.step,
+                         generator_version=generator.policy_version, restarted=recover is not None)
 
     def _commit(self, groups: int, kept: list[EpisodeRecord], stale: list[EpisodeRecord], samples: list[TrainSample],
                 update: dict[str, float], started: float, config: ServerConfig) -> None:
@@ -282,3 +317,15 @@ class StepLoop:
         engine.emit("weights.updated", policy_version=engine.policy_version, step=self.step, sft_steps=request.steps)
         return SftResult(steps=request.steps, loss_first=losses[0], loss_last=losses[-1],
                          policy_version=engine.policy_version)
+
+
+def _publish_failure(version: int, exc: Exception, timeout: float) -> Exception:
+    """The error to report for a failed publication of ``version`` (``exc`` kept as its cause)."""
+    if isinstance(exc, TimeoutError):
+        failure: Exception = TimeoutError(f"publishing policy version {version} took longer than "
+                                          f"publish_timeout_s={timeout:g} s; restarting the generator on it")
+    else:
+        failure = RuntimeError(f"publishing policy version {version} failed ({type(exc).__name__}: {exc}); "
+                               "restarting the generator on it")
+    failure.__cause__ = exc
+    return failure

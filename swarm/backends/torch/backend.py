@@ -21,12 +21,10 @@ import torch
 
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback, TrainConfig, TrainSample
 from swarm.backends.folders import atomic_folder
-from swarm.backends.text import decode as decode_ids
-from swarm.backends.text import encode as encode_text
-from swarm.backends.text import load_tokenizer, render_chat
+from swarm.backends.text import ChatText, load_tokenizer
 from swarm.backends.torch import algorithms, training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
-from swarm.backends.torch.tiny import build_tiny, is_current_tiny
+from swarm.backends.torch.presets import PRESETS, build_preset, is_current_preset, is_preset
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +35,8 @@ _OPTIMIZER_FILE = "optimizer.pt"
 _REFERENCE_FILE = "reference.pt"
 
 
-def _build_tiny_once(folder: Path, seed: int) -> None:
-    """Build the tiny preset into ``folder`` under a file lock (servers may start side by side).
+def _build_preset_once(name: str, folder: Path, seed: int) -> None:
+    """Build preset ``name`` into ``folder`` under a file lock (servers may start side by side).
 
     The build goes to a staging folder that is renamed into place, so a killed build never
     leaves a half-written folder behind.
@@ -47,22 +45,23 @@ def _build_tiny_once(folder: Path, seed: int) -> None:
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder.parent / f".{folder.name}.lock")):
-        if is_current_tiny(folder, seed):  # another process finished it while we waited
+        if is_current_preset(name, folder, seed):  # another process finished it while we waited
             return
         with atomic_folder(folder) as staging:  # replaces a stale build of an older format
-            build_tiny(staging, seed=seed)
+            build_preset(name, staging, seed=seed)
 
 
 def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
-    """The local folder for ``model``: build the tiny preset if needed, else an existing folder."""
-    if model == "tiny":
-        folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"tiny-{seed}"
-        if not is_current_tiny(folder, seed):
-            _build_tiny_once(folder, seed)
+    """The local folder for ``model``: a preset (see ``presets``), built if needed, else an existing folder."""
+    if is_preset(model):
+        folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"{model}-{seed}"
+        if not is_current_preset(model, folder, seed):
+            _build_preset_once(model, folder, seed)
         return folder
     folder = Path(model)
     if not folder.is_dir():
-        raise ValueError(f"model {model!r} is neither 'tiny' nor an existing local folder (nothing is downloaded)")
+        raise ValueError(f"model {model!r} is neither 'tiny' nor an existing local folder (nothing is downloaded); "
+                         f"presets: {', '.join(PRESETS)}")
     if not (folder / "config.json").is_file():
         raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
     return folder
@@ -105,6 +104,7 @@ class TorchBackend:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.text = ChatText(tokenizer)
         self.model_name = model_name
         self.policy_version = 0
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
@@ -133,7 +133,7 @@ class TorchBackend:
         cache_dir: str | Path | None = None,
         device: str = "cpu",
     ) -> TorchBackend:
-        """Load ``model`` ("tiny" or a local Hugging Face causal-LM folder).
+        """Load ``model`` (a preset such as "tiny" or a local Hugging Face causal-LM folder).
 
         A reference copy for the KL penalty is made now when ``config.kl_coef > 0`` (otherwise on
         the first update that asks for one).
@@ -141,7 +141,7 @@ class TorchBackend:
         folder = resolve_model_folder(model, seed=seed, cache_dir=cache_dir)
         tokenizer = load_tokenizer(folder)
         loaded = _load_model(folder, device)
-        name = "tiny" if model == "tiny" else folder.resolve().name
+        name = model if is_preset(model) else folder.resolve().name
         wants_reference = config is not None and config.kl_coef > 0
         logger.info("loaded %s from %s", name, folder)
         return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference)
@@ -150,15 +150,15 @@ class TorchBackend:
 
     def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Apply the chat template with the generation prompt and return prompt token ids."""
-        return render_chat(self.tokenizer, messages, tools)
+        return self.text.render(messages, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Decode ids to text, skipping special tokens."""
-        return decode_ids(self.tokenizer, token_ids)
+        return self.text.decode(token_ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens."""
-        return encode_text(self.tokenizer, text)
+        return self.text.encode(text)
 
     @property
     def eos_token_id(self) -> int:

@@ -12,14 +12,30 @@ alone (same seed, same tokens; log-probs equal up to float rounding).
 
 Only ids the tokenizer knows are sampled (models pad their embedding past the tokenizer; the
 trainer slices the logits the same way, so the recorded and recomputed log-probs agree).
-The recorded log-prob is ``log_softmax(logits / T)[token]`` without top-p renormalisation, which
-is what the trainer recomputes (verl does the same), so the first update's ratio is exactly 1 on
-fresh samples. ``T == 0`` samples greedily and records the log-prob under ``T = 1``.
 
-``top_logprobs = k`` reports, per sampled token, the k largest entries of that same distribution
-(``log_softmax(logits / T)`` before top-p, as vLLM's processed log-probs): when the chosen token is
-the argmax it is the first alternative with the identical log-prob. Rows that ask for none cost
-nothing: the ``topk`` runs only while some row in the batch asks for alternatives.
+Every row follows vLLM's sampling rules (``logits``: ``min_tokens`` masking, repetition, frequency
+and presence penalties, temperature, ``min_p``, ``top_k``, ``top_p``, in that order). The recorded
+log-prob is that of the distribution the token was actually drawn from: ``log_softmax`` of the
+penalised logits over ``T``, with ``min_p``/``top_k``/``top_p`` applied and the kept ids
+renormalised (vLLM's ``processed_logprobs``, so the torch and vLLM engines record the same number).
+``T == 0`` samples the argmax of the penalised logits and records ``log_softmax`` of them at
+``T = 1``. With none of these extensions (no truncation, no penalties) the recorded log-prob is
+``log_softmax(logits / T)``, exactly what the trainer recomputes, so the first update's ratio is 1
+on fresh samples. The trainer's recomputation knows nothing of truncation or penalties: rows that use
+them record log-probs that differ from the trainer's, and ``TrainConfig.rollout_is`` weights the
+loss by that ratio.
+
+``top_logprobs = k`` reports, per sampled token, the k largest entries of that same processed
+distribution (ids truncation dropped carry ``logits.LOGPROB_FLOOR``, as in vLLM's answers): when the
+chosen token is the argmax it is the first alternative with the identical log-prob. Alternatives go
+to ``on_token`` with their token. Rows that ask for none cost nothing: the ``topk`` runs only while
+some row in the batch asks for alternatives.
+
+End of a row: an end-of-turn id (unless ``ignore_eos``: then it is kept and sampling goes on) or
+one of the row's ``stop_token_ids`` (kept in the ids, finish "stop"), ``max_tokens`` ("length") or
+a stop string. Before ``min_tokens`` tokens the end-of-turn and stop ids cannot be sampled, and a
+stop string counts only if it ends past the text of the first ``min_tokens`` tokens (vLLM's
+detokenizer rule).
 
 Each row with a ``seed`` draws from its own ``torch.Generator``, so its output does not depend on
 which other rows share the batch (up to float rounding of the batched matmuls).
@@ -35,6 +51,7 @@ import torch
 
 from swarm.backends import text
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback
+from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -71,96 +88,44 @@ def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[Samplin
     text.validate_requests(prompts, params, max_context=setup.max_context, vocab_size=setup.vocab_size)
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero the tail outside each row's nucleus (the most likely token always stays)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(before >= top_p.unsqueeze(-1), 0.0)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-
-@dataclass
-class _Plan:
-    """Per-row sampling settings as tensors, built once per batch and sliced when rows finish."""
-
-    temperature: torch.Tensor  # (B,), 0 replaced by 1 (greedy rows record log-probs at T = 1)
-    greedy: torch.Tensor  # (B,) bool
-    top_p: torch.Tensor  # (B,)
-    top_k: torch.Tensor  # (B,) long, alternatives each row reports (0: none)
-    max_top_k: int  # the largest of ``top_k``: 0 skips the topk altogether
-    any_greedy: bool
-    any_top_p: bool
-    any_seed: bool
-
-    @classmethod
-    def of(cls, rows: Sequence[_Row]) -> _Plan:
-        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
-        greedy = temps == 0
-        top_k = torch.tensor([r.params.top_logprobs for r in rows], dtype=torch.long)
-        return cls(
-            temperature=torch.where(greedy, torch.ones_like(temps), temps),
-            greedy=greedy,
-            top_p=torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
-            top_k=top_k,
-            max_top_k=int(top_k.max()) if len(rows) else 0,
-            any_greedy=bool(greedy.any()),
-            any_top_p=any(r.params.top_p < 1 for r in rows),
-            any_seed=any(r.generator is not None for r in rows),
-        )
-
-    def select(self, keep: torch.Tensor) -> _Plan:
-        top_k = self.top_k[keep]
-        max_top_k = int(top_k.max()) if self.max_top_k and len(top_k) else 0
-        return _Plan(self.temperature[keep], self.greedy[keep], self.top_p[keep], top_k, max_top_k,
-                     self.any_greedy, self.any_top_p, self.any_seed)
-
-    def cat(self, other: _Plan) -> _Plan:
-        return _Plan(
-            torch.cat([self.temperature, other.temperature]),
-            torch.cat([self.greedy, other.greedy]),
-            torch.cat([self.top_p, other.top_p]),
-            torch.cat([self.top_k, other.top_k]),
-            max(self.max_top_k, other.max_top_k),
-            self.any_greedy or other.any_greedy,
-            self.any_top_p or other.any_top_p,
-            self.any_seed or other.any_seed,
-        )
-
-
 @dataclass
 class _Picked:
     """One decode step's choice for every row of the batch, in batch order."""
 
     tokens: list[int]
-    logprobs: list[float]  # under ``logits / T`` (see the module docstring)
-    top: list[list[tuple[int, float]]] | None  # per row its ``top_k`` alternatives; None when no row asks
+    logprobs: list[float]  # under the processed distribution (see the module docstring)
+    top: list[list[tuple[int, float]]] | None  # per row its ``top_logprobs`` alternatives; None when no row asks
 
 
-def _alternatives(logp: torch.Tensor, plan: _Plan) -> list[list[tuple[int, float]]]:
-    """Each row's ``top_k`` most likely (id, log-prob), most likely first, from the batch's widest topk."""
-    values, indices = logp.topk(plan.max_top_k, dim=-1)
-    return [list(zip(ids[:k], lps[:k])) for ids, lps, k in zip(indices.tolist(), values.tolist(), plan.top_k.tolist())]
+def _alternatives(logp: torch.Tensor, plan: SamplingPlan) -> list[list[tuple[int, float]]]:
+    """Each row's most likely (id, log-prob), most likely first, from the batch's widest topk."""
+    values, indices = logp.topk(plan.max_alternatives, dim=-1)
+    values = values.clamp(min=LOGPROB_FLOOR)
+    return [list(zip(ids[:k], lps[:k]))
+            for ids, lps, k in zip(indices.tolist(), values.tolist(), plan.alternatives.tolist())]
 
 
-def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: _Plan, default: torch.Generator) -> _Picked:
-    """Choose one token per row; return the tokens, their log-probs under ``logits / T`` and any alternatives."""
-    logp = torch.log_softmax(logits / plan.temperature.unsqueeze(-1), dim=-1)
+def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: SamplingPlan, default: torch.Generator,
+                 end_ids: frozenset[int]) -> _Picked:
+    """Choose one token per row; return the tokens, their processed log-probs and any alternatives."""
+    apply_row_rules(logits, rows, plan, end_ids)
+    logp = processed_logprobs(logits, plan)
     probs = logp.exp()
-    if plan.any_top_p:
-        probs = _top_p_filter(probs, plan.top_p)
     # Inverse-CDF draws: one uniform per row, from the row's own generator when it has a seed.
     uniforms = torch.rand(len(rows), generator=default, dtype=torch.float64)
-    if plan.any_seed:
+    if plan.uses.seed:
         for k, row in enumerate(rows):
             if row.generator is not None:
                 uniforms[k] = torch.rand(1, generator=row.generator, dtype=torch.float64)[0]
     cdf = probs.double().cumsum(dim=-1)
     chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True).flatten()
     chosen = chosen.clamp_(max=logits.shape[-1] - 1)  # u * total can round up to total
-    if plan.any_greedy:
+    if plan.uses.masking:  # ... and the last id may have probability 0: take the top one then
+        chosen = torch.where(probs.gather(-1, chosen.unsqueeze(-1)).flatten() > 0, chosen, probs.argmax(dim=-1))
+    if plan.uses.greedy:
         chosen = torch.where(plan.greedy, logits.argmax(dim=-1), chosen)
     token_logp = logp.gather(-1, chosen.unsqueeze(-1)).flatten()
-    top = _alternatives(logp, plan) if plan.max_top_k else None
+    top = _alternatives(logp, plan) if plan.max_alternatives else None
     return _Picked(chosen.tolist(), token_logp.tolist(), top)
 
 
@@ -171,8 +136,15 @@ class _StopWatcher:
         self.decode = decode
 
     def check(self, row: _Row) -> bool:
-        """After a new token: cut the row at a stop string if one appeared; True if it did."""
-        start = text.find_stop(self.decode(row.ids), row.params.stop)
+        """After a new token: cut the row at a stop string if one appeared; True if it did.
+
+        Before ``min_tokens`` tokens nothing is checked, and then only stop strings that end past the
+        text of the first ``min_tokens`` tokens count (vLLM's rule)."""
+        floor = row.params.min_tokens
+        if len(row.ids) <= floor:
+            return False
+        after = len(self.decode(row.ids[:floor])) if floor else 0
+        start = text.find_stop(self.decode(row.ids), row.params.stop, after=after)
         if start < 0:
             return False
         keep = len(row.ids) - 1
@@ -196,7 +168,7 @@ class _StopWatcher:
 def _emit(row: _Row, index: int, upto: int, on_token: TokenCallback | None) -> None:
     if on_token is not None:
         for k in range(row.emitted, upto):
-            on_token(index, row.ids[k], row.logprobs[k])
+            on_token(index, row.ids[k], row.logprobs[k], row.top[k] if row.params.top_logprobs else None)
     row.emitted = max(row.emitted, upto)
 
 
@@ -233,7 +205,7 @@ class _Loop:
     def run(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Generation]:
         initial = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
         results = {i: self.rows[i] for i in initial}  # kept to the end: these are returned
-        running: RunningBatch[_Plan] | None = None
+        running: RunningBatch[SamplingPlan] | None = None
         pending = initial
         with torch.inference_mode():
             while True:
@@ -256,7 +228,7 @@ class _Loop:
         self.rows[index] = _Row(prompt=prompt, params=params, generator=generator)
         return index
 
-    def _admit(self, running: RunningBatch[_Plan] | None) -> list[int]:
+    def _admit(self, running: RunningBatch[SamplingPlan] | None) -> list[int]:
         """Rows the feed offers now (none while a cache that cannot be merged is still running)."""
         if self.feed is None or (running is not None and not running.can_merge):
             return []
@@ -272,14 +244,16 @@ class _Loop:
             admitted.append(self._add(prompt, params))
         return admitted
 
-    def _prefill(self, indices: list[int]) -> RunningBatch[_Plan]:
+    def _prefill(self, indices: list[int]) -> RunningBatch[SamplingPlan]:
         rows = [self.rows[i] for i in indices]
-        return RunningBatch.prefill(self.model, [r.prompt for r in rows], self.setup.pad_id, indices, _Plan.of(rows))
+        return RunningBatch.prefill(self.model, [r.prompt for r in rows], self.setup.pad_id, indices,
+                                    SamplingPlan.of([r.params for r in rows], [r.generator is not None for r in rows]))
 
-    def _step(self, batch: RunningBatch[_Plan]) -> RunningBatch[_Plan] | None:
+    def _step(self, batch: RunningBatch[SamplingPlan]) -> RunningBatch[SamplingPlan] | None:
         """One forward and one sampled token per row; finished rows leave. None once all left."""
         logits = batch.forward(self.model, self.setup.vocab_size)
-        picked = _pick_tokens(logits, [self.rows[i] for i in batch.active], batch.plan, self.default)
+        rows = [self.rows[i] for i in batch.active]
+        picked = _pick_tokens(logits, rows, batch.plan, self.default, self.setup.eos_ids)
         tokens = picked.tokens
         keep_slots: list[int] = []
         for slot, (index, token, logp) in enumerate(zip(batch.active, tokens, picked.logprobs)):
@@ -288,7 +262,9 @@ class _Loop:
             row.logprobs.append(logp)
             if picked.top is not None and row.params.top_logprobs:
                 row.top.append(picked.top[slot])
-            if token in self.setup.eos_ids:
+            if token in self.setup.eos_ids and not row.params.ignore_eos:
+                row.finish = "stop"
+            elif row.params.stop_token_ids and token in row.params.stop_token_ids:
                 row.finish = "stop"
             elif row.params.stop and self.watcher.check(row):
                 pass

@@ -22,6 +22,8 @@ import json
 import logging
 from pathlib import Path
 
+from swarm.backends.text import byte_level_alphabet
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_FORMAT", "TINY_SHAPE", "build_tiny", "is_current_tiny"]
@@ -86,27 +88,11 @@ CHAT_TEMPLATE = r"""
 """
 
 
-def _byte_alphabet() -> list[str]:
-    """One printable unicode character per byte value (the GPT-2 byte-level convention).
-
-    The ``tokenizers`` ByteLevel pre-tokenizer maps raw bytes to exactly these characters, so a
-    vocabulary keyed by them gives byte ``b`` the token id ``b``.
-    """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    chars: dict[int, int] = {b: b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = 256 + extra
-            extra += 1
-    return [chr(chars[b]) for b in range(256)]
-
-
 def _build_tokenizer():  # -> PreTrainedTokenizerFast
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {char: byte for byte, char in enumerate(_byte_alphabet())}
+    vocab = {char: byte for byte, char in enumerate(byte_level_alphabet())}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()

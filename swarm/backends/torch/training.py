@@ -20,6 +20,7 @@ import torch
 
 from swarm.backends.base import TrainConfig, TrainSample, validate_samples
 from swarm.backends.torch import algorithms
+from swarm.backends.torch.logprobs import token_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -96,20 +97,12 @@ def sequence_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``tokens[:, 1:]`` under ``logits / T`` (shape ``(n, L - 1)``) and optionally entropy.
 
-    Logits are cut to the first ``vocab_size`` ids (those the tokenizer knows), as in sampling.
+    Logits are cut to the first ``vocab_size`` ids (those the tokenizer knows), as in sampling, and
+    computed chunk by chunk in bounded memory (``logprobs.token_logprobs``), on a large vocabulary only
+    where ``batch.mask`` is 1 (0 elsewhere: every caller masks). No top-k/top-p/min-p or
+    penalties enter here: rows sampled with them recorded other log-probs (see ``sampling``).
     """
-    device = next(model.parameters()).device
-    # Right padding only ever follows the real tokens, so a plain causal mask already hides it from
-    # every real position; skipping the padding mask lets SDPA take its fused causal kernel.
-    logits = model(input_ids=batch.tokens.to(device), attention_mask=None).logits
-    logits = logits[:, :-1, :vocab_size].float() / batch.temperatures.to(device).view(-1, 1, 1)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.tokens[:, 1:].to(device).unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return token_logprobs(model, batch.tokens, batch.temperatures, vocab_size, with_entropy, only=batch.mask)
 
 
 def _global_info(batch: Batch) -> dict[str, float | int]:

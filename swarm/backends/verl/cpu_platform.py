@@ -10,10 +10,9 @@ rather than edits to verl:
 2. a plain ``gloo`` process group, created before verl's ``TrainingWorker`` would build its
    ``"cpu:gloo,{device}:{backend}"`` string (a duplicate ``cpu`` entry torch refuses);
 3. ``VERL_ENGINE_DEVICE=cuda``, which only picks the FSDP engine class (registered for cuda/npu);
-4. verl seeing trl as unavailable: with trl >= 1.x installed, verl's model patching imports the
-   removed ``AutoModelForCausalLMWithValueHead`` and fails;
+4. verl seeing trl as unavailable (``compat.hide_trl``; needed on every device);
 5. model settings that run on CPU: ``attn_implementation="sdpa"`` and fp32 (see
-   ``MODEL_OVERRIDES`` / ``MIXED_PRECISION``, passed by the trainer in its configs).
+   ``MODEL_OVERRIDES`` / ``MIXED_PRECISION``; ``compat`` resolves them per device).
 
 Inside the Ray worker processes the platform must exist before verl code first asks for it (some
 verl modules read it at import), so ``worker_env()`` names ``swarm.backends.verl._cpu_plugin`` in
@@ -28,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 from types import SimpleNamespace
 from typing import Any
+
+from swarm.backends.verl.compat import TRL_USERS as _TRL_USERS  # noqa: F401 - named by the platform tests
+from swarm.backends.verl.compat import hide_trl
 
 __all__ = [
     "MIXED_PRECISION",
@@ -49,8 +50,6 @@ PLUGIN_MODULE = "swarm.backends.verl._cpu_plugin"
 # Model and precision settings that run on CPU (flash-attention and bf16 autocast do not).
 MODEL_OVERRIDES = {"attn_implementation": "sdpa"}
 MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-# Modules that bound verl's ``is_trl_available`` by name at import time.
-_TRL_USERS = ("verl.models.transformers.monkey_patch", "verl.utils.model")
 
 
 def check_verl_version() -> None:
@@ -203,10 +202,6 @@ def _platform_class() -> type:
     return PlatformCPU
 
 
-def _trl_unavailable() -> bool:
-    return False
-
-
 def activate() -> None:
     """Register the ``cpu`` platform, make it verl's current platform, and hide trl from verl.
 
@@ -214,20 +209,13 @@ def activate() -> None:
     """
     check_verl_version()
     from verl.plugin.platform import PlatformRegistry, platform_manager, set_platform
-    from verl.utils import import_utils
 
     cls = _platform_class()
     if PlatformRegistry.get(PLATFORM_NAME) is not cls:
         PlatformRegistry.register(PLATFORM_NAME)(cls)
     if not isinstance(platform_manager._current_platform, cls):
         set_platform(cls())
-    # verl modules bind ``is_trl_available`` by name when they are imported: replace the source
-    # (for modules imported later) and any binding already made.
-    import_utils.is_trl_available = _trl_unavailable
-    for name in _TRL_USERS:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "is_trl_available"):
-            module.is_trl_available = _trl_unavailable
+    hide_trl()  # device-independent (``compat``); in CPU workers this plugin path is the one that runs
 
 
 def init_process_group() -> None:

@@ -20,15 +20,20 @@ temperature          per sample, from ``TrainSample.temperature`` (0 read as 1)
 
 A field added to ``TrainConfig`` later is refused by ``check_supported`` when set to anything but
 its default, until this module maps it: a knob is never silently ignored.
+
+``worker_config`` is the whole worker configuration for a device, resolved without starting
+anything (so a CUDA configuration can be checked on a CPU machine): SDPA attention unless
+flash-attn imports, fp32 on CPU and bf16 compute parameters on GPU (``compat``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from swarm.backends.base import TrainConfig
 
-__all__ = ["HONOURED", "actor_config", "check_supported", "loss_scale", "optimizer_settings"]
+__all__ = ["HONOURED", "actor_config", "check_supported", "loss_scale", "optimizer_settings", "worker_config"]
 
 HONOURED = frozenset({
     "lr", "weight_decay", "grad_clip", "adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode",
@@ -89,4 +94,30 @@ def actor_config(config: TrainConfig, scale: int | None) -> Any:
         kl_loss_coef=config.kl_coef,
         kl_loss_type=config.kl_penalty,
         use_torch_compile=False,
+    )
+
+
+def worker_config(folder: Path, config: TrainConfig, *, device: str, seed: int = 0) -> Any:
+    """verl's ``TrainingWorkerConfig`` for the model in ``folder`` on ``device`` ("cpu" or "cuda")."""
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+    from swarm.backends.verl import compat
+
+    return TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=HFModelConfig(path=str(folder), load_tokenizer=False, override_config=compat.model_overrides(device),
+                                   enable_gradient_checkpointing=False, use_remove_padding=True),
+        engine_config=FSDPEngineConfig(
+            strategy="fsdp2",
+            forward_only=False,
+            use_dynamic_bsz=True,
+            max_token_len_per_gpu=config.micro_batch_tokens,
+            infer_max_token_len_per_gpu=config.micro_batch_tokens,
+            mixed_precision=compat.mixed_precision(device),
+            use_torch_compile=False,
+            seed=seed,
+        ),
+        optimizer_config=FSDPOptimizerConfig(lr=config.lr, weight_decay=config.weight_decay,
+                                             clip_grad=config.grad_clip, lr_scheduler_type="constant"),
+        checkpoint_config=None,
     )

@@ -18,7 +18,13 @@ processes once the server is gone.
 
 With an address (``--ray-address``) the trainer only connects: the cluster is not ours to stop,
 and its worker actors are ours to kill on ``close()`` (they die with the driver's job anyway, since
-they are not detached).
+they are not detached). The ``swarm`` package is shipped to that cluster with the job
+(``runtime_env`` ``py_modules``): remote nodes import the worker class and verl plugin from it, and
+need only a Python with the project's dependencies (torch, verl 0.9.1), not a checkout.
+
+GPUs: a local cluster declares only the trainer's GPUs (``num_gpus`` and ``CUDA_VISIBLE_DEVICES``
+in the job's environment, which Ray maps its GPU slots onto), so the vLLM generator's devices are
+never handed to a verl worker. An existing cluster keeps its own GPUs.
 """
 
 from __future__ import annotations
@@ -33,16 +39,34 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LocalRay"]
+__all__ = ["LocalRay", "runtime_env"]
+
+
+def runtime_env(address: str | None, env_vars: dict[str, str]) -> dict | None:
+    """The job's ``runtime_env``: ``env_vars`` for every worker, and on a cluster we attach to, this
+    ``swarm`` package (``py_modules``) so its nodes can import our worker code."""
+    env: dict = {}
+    if env_vars:
+        env["env_vars"] = dict(env_vars)
+    if address:
+        import swarm
+
+        env["py_modules"] = [str(Path(swarm.__file__).resolve().parent)]
+    return env or None
 
 
 class LocalRay:
     """A Ray connection owned by one trainer: ``start()`` it, ``close()`` it."""
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, env_vars: dict[str, str] | None = None):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, env_vars: dict[str, str] | None = None,
+                 gpus: tuple[str, ...] | None = None):
+        """``gpus``: physical GPU ids a local cluster may use (None: whatever Ray detects)."""
         self.address = address
         self.num_cpus = num_cpus
         self.env_vars = dict(env_vars or {})
+        self.num_gpus = None if gpus is None or address else len(gpus)
+        if gpus is not None and not address:
+            self.env_vars["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         self.started = False  # True when we started a local cluster (not when attached or reused)
         self.startup_s = 0.0
         self._stop = threading.Event()
@@ -79,17 +103,17 @@ class LocalRay:
         """Body of the owner thread: init Ray, then stay alive (fate-sharing is per thread)."""
         import ray
 
-        runtime_env = {"env_vars": self.env_vars} if self.env_vars else None
+        env = runtime_env(self.address, self.env_vars)
         try:
             if self.address:
-                ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(address=self.address, runtime_env=env, log_to_driver=False, configure_logging=False)
             else:
                 ray.init(
                     num_cpus=self.num_cpus,
+                    num_gpus=self.num_gpus,
                     include_dashboard=False,
                     _node_ip_address="127.0.0.1",
-                    runtime_env=runtime_env,
+                    runtime_env=env,
                     log_to_driver=False,
                     configure_logging=False,
                 )

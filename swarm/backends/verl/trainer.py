@@ -36,6 +36,7 @@ import torch
 
 from swarm.backends.base import TrainConfig, TrainSample, Weights
 from swarm.backends.verl import batch as batching
+from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
@@ -62,20 +63,25 @@ class VerlTrainer:
 
     ``model``: "tiny" or a local Hugging Face causal-LM folder. ``workers``: FSDP2 ranks (one Ray
     actor each, one CPU or one GPU). ``ray_address``: join that cluster instead of starting a local
-    one. ``device``: "cpu" (gloo, the project's CPU platform, fp32, SDPA) or "cuda" (verl's defaults:
-    NCCL, bf16 mixed precision, flash-attention 2; not run on this project's CPU machines); default
-    "cuda" when torch sees a GPU. ``num_cpus``: CPUs a local cluster declares (default: ``workers``).
+    one. ``device``: "cpu" (gloo, the project's CPU platform, fp32, SDPA) or "cuda" (NCCL, bf16 compute
+    parameters, SDPA unless flash-attn imports: ``compat``; not run on this project's CPU machines);
+    default "cuda" when torch sees a GPU. ``num_cpus``: CPUs a local cluster declares (default:
+    ``workers``). ``gpus``: physical GPU ids a local cluster may give the workers (the rest, e.g. the
+    vLLM generator's, stay out of Ray); workers are placed one placement group per node
+    (``placement``).
     """
 
     def __init__(self, model: str, config: TrainConfig, *, workers: int = 1, ray_address: str | None = None,
-                 device: str | None = None, seed: int = 0, num_cpus: int | None = None) -> None:
+                 device: str | None = None, seed: int = 0, num_cpus: int | None = None,
+                 gpus: Sequence[str] | None = None) -> None:
         from swarm.backends.torch import resolve_model_folder
+        from swarm.backends.torch.presets import is_preset
 
         check_supported(config)
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.folder = resolve_model_folder(model, seed=seed)
-        self.model_name = "tiny" if model == "tiny" else self.folder.resolve().name
+        self.model_name = model if is_preset(model) else self.folder.resolve().name
         self.workers = workers
         self.policy_version = 0
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -86,7 +92,8 @@ class VerlTrainer:
         self.vocab_size, self._pad_id = _vocab_and_pad(self.folder, int(hf_config["vocab_size"]))
         self._optimizer = optimizer_settings(config)
         # A local cluster declares as many CPUs as workers need (each CPU worker takes one bundle).
-        self._ray = LocalRay(address=ray_address, num_cpus=num_cpus or (workers if self._cpu else None))
+        self._ray = LocalRay(address=ray_address, num_cpus=num_cpus or (workers if self._cpu else None),
+                             gpus=None if self._cpu or gpus is None else tuple(gpus))
         self._group: Any = None
         self._pool: Any = None
         self._has_reference = False
@@ -100,62 +107,38 @@ class VerlTrainer:
     # -- start-up ---------------------------------------------------------------------------------
 
     def _start(self, config: TrainConfig, seed: int) -> None:
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-        from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 
-        from swarm.backends.verl import cpu_platform
+        from swarm.backends.verl import compat, placement
 
-        worker_env: dict[str, str] = {}
-        model_overrides: dict[str, Any] = {}
-        if self._cpu:
-            cpu_platform.activate()
-            worker_env = cpu_platform.worker_env()
-            model_overrides = dict(cpu_platform.MODEL_OVERRIDES)
+        compat.prepare(self.device)  # trl hidden on every device; the CPU platform on CPU
+        worker_config = knobs.worker_config(self.folder, config, device=self.device, seed=seed)
         begin = time.perf_counter()
         self._ray.start()
         self.ray_startup_s = self._ray.startup_s
-        from swarm.backends.verl.worker import SwarmTrainingWorker
-
-        worker_config = TrainingWorkerConfig(
-            model_type="language_model",
-            model_config=HFModelConfig(path=str(self.folder), load_tokenizer=False, override_config=model_overrides,
-                                       enable_gradient_checkpointing=False, use_remove_padding=True),
-            engine_config=FSDPEngineConfig(
-                strategy="fsdp2",
-                forward_only=False,
-                use_dynamic_bsz=True,
-                max_token_len_per_gpu=config.micro_batch_tokens,
-                infer_max_token_len_per_gpu=config.micro_batch_tokens,
-                mixed_precision=dict(cpu_platform.MIXED_PRECISION) if self._cpu else None,
-                use_torch_compile=False,
-                seed=seed,
-            ),
-            optimizer_config=FSDPOptimizerConfig(lr=config.lr, weight_decay=config.weight_decay,
-                                                 clip_grad=config.grad_clip, lr_scheduler_type="constant"),
-            checkpoint_config=None,
-        )
         import ray
+
+        from swarm.backends.verl.worker import SwarmTrainingWorker
 
         resource = "CPU" if self._cpu else "GPU"
         free = ray.available_resources().get(resource, 0.0)
         if free < self.workers:  # verl would otherwise wait for the placement group forever
             raise RuntimeError(f"Ray has {free:g} {resource} free but {self.workers} verl workers need one each")
-        self._pool = RayResourcePool(process_on_nodes=[self.workers], use_gpu=not self._cpu, max_colocate_count=1)
-        self._group = RayWorkerGroup(
-            resource_pool=self._pool,
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(SwarmTrainingWorker), config=worker_config,
-                                                   cpu=self._cpu),
-            worker_env=worker_env,
-            device_name=self.device,
-        )
+        plan = placement.plan_nodes(self.workers, placement.free_per_node(resource))
+        self._pool = placement.resource_pool(plan, use_gpu=not self._cpu)
+        worker_cls = RayClassWithInitArgs(cls=ray.remote(SwarmTrainingWorker), config=worker_config, cpu=self._cpu)
+        if not self._cpu:  # a second slot: abort_vllm can reach a worker whose NCCL send is stuck
+            worker_cls.update_options({"max_concurrency": 2})
+        self._group = RayWorkerGroup(resource_pool=self._pool, ray_cls_with_init=worker_cls,
+                                     worker_env=compat.worker_env(self.device), device_name=self.device)
         self._group.reset()
         self._group.restrict_vocab(self.vocab_size)
         if config.kl_coef > 0:
             self._group.snapshot_reference()
             self._has_reference = True
         self.startup_s = time.perf_counter() - begin
-        logger.info("verl trainer: %d FSDP2 worker(s) on %s ready in %.1f s (Ray %.1f s)", self.workers,
-                    self.device, self.startup_s, self.ray_startup_s)
+        logger.info("verl trainer: %d FSDP2 worker(s) on %s (placement groups %s) ready in %.1f s (Ray %.1f s)",
+                    self.workers, self.device, plan, self.startup_s, self.ray_startup_s)
 
     def check_config(self, config: TrainConfig) -> None:
         """``ValueError`` naming a knob verl cannot honour (``knobs.check_supported``)."""
@@ -287,8 +270,23 @@ class VerlTrainer:
         }
 
     def export_weights(self) -> Weights:
-        """The full weights on the CPU with Hugging Face names (gathered from the FSDP shards)."""
-        return self._full_state(with_optimizer=False)["weights"]
+        """The full weights on the CPU with Hugging Face names (gathered from the FSDP shards). On GPU
+        they are gathered one parameter at a time and cast to bf16 on the device first."""
+        if self._cpu:
+            return self._full_state(with_optimizer=False)["weights"]
+        return self._group.export_weights("bfloat16")[0]
+
+    # -- streaming into vLLM (GPU) ----------------------------------------------------------------
+
+    def nccl_sender(self, timeout: float = 600.0) -> Any:
+        """A ``WeightSender``: the workers stream their parameters into vLLM over NCCL (``sender``)."""
+        from swarm.backends.verl.sender import VerlNcclSender
+
+        return VerlNcclSender(self, timeout)
+
+    def worker_call(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer to ``method`` called on every worker (the ``sender``'s calls)."""
+        return getattr(self._group, method)(*args)[0]
 
     def _full_state(self, with_optimizer: bool) -> dict[str, Any]:
         return self._group.full_state(with_optimizer)[0]

@@ -11,7 +11,13 @@ verl's ``TrainingWorker`` offers is used as is (``reset``, ``set_loss_fn``, ``in
   sent from the driver, so a checkpoint saved with N workers loads with M;
 - ``snapshot_reference`` / ``reference_log_probs`` (+ ``reference_state`` / ``load_reference`` for
   checkpoints): a frozen copy of this rank's parameter shards for the KL penalty, swapped in for
-  one forward pass (no second model or worker group).
+  one forward pass (no second model or worker group);
+- ``export_weights``: the weights for a generator, gathered one parameter at a time and cast on the
+  device (bf16 on GPU), collected on the CPU by rank 0 only;
+- ``probe_weight_sender`` / ``connect_vllm`` / ``send_to_vllm`` / ``abort_vllm``: streaming the
+  parameters into vLLM over NCCL from here (``swarm.backends.vllm.nccl``; GPU only, not run on this
+  project's CPU machines). On GPU the actor runs two calls at a time, so ``abort_vllm`` can tear
+  down a group whose ``send_to_vllm`` is stuck.
 
 On CPU the worker first creates a plain gloo process group (``cpu_platform.init_process_group``).
 """
@@ -55,6 +61,7 @@ class SwarmTrainingWorker(TrainingWorker):
         super().__init__(config)
         self._reference: list[torch.Tensor] | None = None
         self._vocab_hook = None
+        self._vllm = None  # the NCCL link into vLLM (swarm.backends.vllm.nccl.NcclLink)
 
     def _params(self) -> list[torch.Tensor]:
         return [p for p in self.engine.module.parameters()]
@@ -118,6 +125,51 @@ class SwarmTrainingWorker(TrainingWorker):
         set_model_state_dict(module, weights, options=options)
         if optimizer is not None:
             set_optimizer_state_dict(module, self.engine.optimizer, optimizer, options=options)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_weights(self, dtype: str) -> dict | None:
+        """Full weights (HF names) cast to ``dtype`` on the device, on rank 0's CPU; one parameter is
+        gathered at a time (a collective: every rank takes part), never a whole state dict."""
+        from swarm.backends.vllm.nccl import ParamStream
+
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in ParamStream(self.engine.module.named_parameters, dtype=getattr(torch, dtype)):
+            if self.rank == 0:
+                out[name] = tensor.to("cpu")
+        return out if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def probe_weight_sender(self) -> dict:
+        """Whether this worker can stream into vLLM: CUDA, and vLLM's NCCL engine importable here."""
+        from dataclasses import asdict
+
+        from swarm.backends.vllm.nccl import probe_here
+
+        return asdict(probe_here("the verl workers"))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def connect_vllm(self, url: str, timeout: float) -> None:
+        """Join vLLM's weight-transfer group (rank 0 opens it; the other ranks only gather)."""
+        from swarm.backends.vllm.nccl import NcclLink, ParamStream
+
+        self.abort_vllm()
+        link = NcclLink(url, ParamStream(self.engine.module.named_parameters), rank=self.rank, timeout=timeout)
+        link.connect()
+        self._vllm = link
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_to_vllm(self) -> None:
+        """Stream the current parameters into vLLM (bf16, per parameter, packed buckets)."""
+        if self._vllm is None:
+            raise RuntimeError("connect_vllm first")
+        self._vllm.send()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_vllm(self) -> None:
+        """Tear the weight-transfer group down (unblocks a stuck send); connect again before sending."""
+        link, self._vllm = self._vllm, None
+        if link is not None:
+            link.abort()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def snapshot_reference(self) -> None:

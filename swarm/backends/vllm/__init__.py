@@ -3,10 +3,11 @@
 ``VllmGenerator.launch(model_dir, state_dir)`` owns a vLLM child process (found through
 ``--vllm-python``, ``$SWARM_VLLM_PYTHON`` or ``<project>/.venv-vllm``; ``bash .ci/setup-vllm``
 builds that on CPU); ``VllmGenerator.attach(url, model_dir, state_dir)`` uses a running server.
+How weights reach it (a folder, or NCCL from where they are) is ``transfer``, chosen by ``wiring``.
 Importing this package imports neither torch nor vLLM.
 """
 
-from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
+from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError, WeightSyncError
 from swarm.backends.vllm.generator import VllmGenerator, VllmStatus
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess, find_vllm_python
 
@@ -17,5 +18,6 @@ __all__ = [
     "VllmProcess",
     "VllmStartError",
     "VllmStatus",
+    "WeightSyncError",
     "find_vllm_python",
 ]

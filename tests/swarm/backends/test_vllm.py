@@ -23,8 +23,10 @@ from swarm.backends.vllm import (
     VllmGenerator,
     VllmProcess,
     VllmStartError,
+    WeightSyncError,
     find_vllm_python,
 )
+from swarm.backends.vllm.transfer import DiskTransfer
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -125,7 +127,7 @@ def test_stop_string_cuts_ids_and_stream(runner, generator, prompt) -> None:
     stop = text[4:6]
     streamed: list[int] = []
     out = runner.run(generator.generate(
-        [prompt], [SamplingParams(max_tokens=40, seed=4, stop=(stop,))], sink=lambda row, t, lp: streamed.append(t)
+        [prompt], [SamplingParams(max_tokens=40, seed=4, stop=(stop,))], sink=lambda row, t, lp, top: streamed.append(t)
     )).generations[0]
     cut_text = generator.decode(out.token_ids)
     assert out.finish_reason == "stop"
@@ -138,12 +140,13 @@ def test_stop_string_cuts_ids_and_stream(runner, generator, prompt) -> None:
 def test_top_logprobs_and_streaming(runner, generator, reference, prompt) -> None:
     import torch
 
-    streamed: list[tuple[int, int, float]] = []
+    streamed: list[tuple[int, int, float, list[tuple[int, float]] | None]] = []
     params = [SamplingParams(max_tokens=12, temperature=0.8, seed=s, top_logprobs=2) for s in (5, 6)]
     out = runner.run(generator.generate([prompt, prompt], params, sink=lambda *item: streamed.append(item)))
     for row, g in enumerate(out.generations):
-        assert [(t, lp) for r, t, lp in streamed if r == row] == list(zip(g.token_ids, g.logprobs))
+        assert [(t, lp) for r, t, lp, _ in streamed if r == row] == list(zip(g.token_ids, g.logprobs))
         assert g.top_logprobs is not None and len(g.top_logprobs) == len(g.token_ids)
+        assert [top for r, _, _, top in streamed if r == row] == g.top_logprobs
         tokens = torch.tensor([prompt + g.token_ids])
         with torch.no_grad():
             logits = reference.model(tokens).logits[0, len(prompt) - 1 : -1, : reference.vocab_size]
@@ -151,6 +154,31 @@ def test_top_logprobs_and_streaming(runner, generator, reference, prompt) -> Non
         for pos, alternatives in enumerate(g.top_logprobs):
             assert [t for t, _ in alternatives] == expected.indices[pos].tolist()
             assert [lp for _, lp in alternatives] == pytest.approx(expected.values[pos].tolist(), abs=TOLERANCE)
+
+
+def test_sampling_extensions_match_the_torch_rules(runner, generator, reference, prompt) -> None:
+    """ignore_eos runs to max_tokens, top_k=1 is greedy with log-prob 0, and a top-k + repetition
+    penalty row records the log-prob of the distribution it was drawn from (processed_logprobs)."""
+    import torch
+
+    params = [SamplingParams(max_tokens=32, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=16, temperature=0.0),
+              SamplingParams(max_tokens=16, temperature=1.3, top_k=1, seed=2),
+              SamplingParams(max_tokens=12, temperature=0.9, top_k=5, repetition_penalty=1.3, seed=3)]
+    ignoring, greedy, top1, penalised = runner.run(generator.generate([prompt] * 4, params)).generations
+    assert len(ignoring.token_ids) == 32 and ignoring.finish_reason == "length"
+    assert top1.token_ids == greedy.token_ids[: len(top1.token_ids)]
+    assert top1.logprobs == pytest.approx([0.0] * len(top1.token_ids), abs=1e-6)
+    ids = penalised.token_ids
+    with torch.no_grad():
+        logits = reference.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1, : reference.vocab_size]
+    for step, (token, logprob) in enumerate(zip(ids, penalised.logprobs)):
+        x = logits[step].float().clone()
+        seen = torch.tensor(sorted(set(prompt) | set(ids[:step])))
+        x[seen] = torch.where(x[seen] > 0, x[seen] / 1.3, x[seen] * 1.3)
+        x = x / 0.9
+        x[x < x.topk(5).values[-1]] = float("-inf")
+        assert logprob == pytest.approx(float(torch.log_softmax(x, dim=-1)[token]), abs=TOLERANCE)
 
 
 def test_bad_requests_raise_value_error(runner, generator, prompt) -> None:
@@ -227,6 +255,58 @@ def test_async_update_lets_running_requests_finish_on_old_weights(runner, genera
     finally:
         reference.model.load_state_dict(new_state)
     assert mean_old < TOLERANCE  # every token of the running request came from the old weights
+
+
+class _BrokenTransfer(DiskTransfer):
+    """The disk transfer with an apply that raises, or never returns (a send stuck in NCCL)."""
+
+    def __init__(self, base: DiskTransfer, failure: str) -> None:
+        super().__init__(base.model_dir, base.root)
+        self.failure = failure
+
+    async def apply(self, url, client, staged, weights) -> None:  # type: ignore[no-untyped-def]
+        if self.failure == "raise":
+            raise RuntimeError("injected: the broadcast failed")
+        await asyncio.Event().wait()
+
+
+def test_failed_and_hung_publications_then_recover_serves_the_new_version(runner, generator, reference, prompt,
+                                                                          tmp_path) -> None:
+    """Through an injected transfer, on a second generator attached to the module's vLLM (its restart
+    is a health check and a reload: no new child): a raising publication is a ``WeightSyncError``, a
+    hung one is cancelled by the caller's timeout with the gate reopened; the old version keeps
+    serving; ``recover`` then serves the new weights as the new version."""
+    attached = VllmGenerator.attach(generator.server.url, generator.model_dir, tmp_path,
+                                    policy_version=generator.policy_version)
+    runner.run(attached.start())
+    version = generator.policy_version + 1
+    params = [SamplingParams(max_tokens=16, seed=8)]
+    try:
+        _train_one_step(reference, prompt)
+        weights = reference.model.state_dict()
+
+        async def scenario():
+            default = attached.transfer
+            attached.transfer = _BrokenTransfer(default, "raise")
+            with pytest.raises(WeightSyncError, match="injected"):
+                await attached.load_weights(version, weights)
+            attached.transfer = _BrokenTransfer(default, "hang")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(attached.load_weights(version, weights), 1.0)
+            assert not attached.updating  # requests are let through again
+            stale = await attached.generate([prompt], params)
+            attached.transfer = default
+            await attached.recover(version, weights)
+            return stale, await attached.generate([prompt], params)
+
+        stale, fresh = runner.run(scenario())
+        assert (stale.policy_version, fresh.policy_version) == (version - 1, version)
+        mean, _ = mismatch(reference, prompt, fresh.generations, 1.0)
+        assert mean < TOLERANCE  # the new weights serve
+        assert attached.status().restarts == 1 and attached.status().last_error is None
+    finally:
+        runner.run(attached.close())
+    runner.run(generator.load_weights(version, reference.model.state_dict()))  # the module's generator catches up
 
 
 def test_sigkill_restarts_on_latest_weights(runner, generator, reference, prompt) -> None:

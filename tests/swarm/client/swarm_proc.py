@@ -20,13 +20,15 @@ SWARM = [sys.executable, "-m", "swarm.cli"]
 
 @dataclass
 class ServeProcess:
-    """One ``swarm serve --model tiny`` process; ``url``, its ``state_dir`` and log file."""
+    """One ``swarm serve --model tiny`` process; ``url``, its ``state_dir`` and log file. ``model=None``
+    passes no ``--model``: the config file's ``model`` decides (else swarm's default)."""
 
     port: int
     state_dir: Path
     config: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     extra_args: tuple[str, ...] = ()
+    model: str | None = "tiny"
 
     @property
     def url(self) -> str:
@@ -38,7 +40,9 @@ class ServeProcess:
 
     def start(self, timeout_s: float = 90.0) -> ServeProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        args = [*SWARM, "serve", "--model", "tiny", "--port", str(self.port), "--state-dir", str(self.state_dir)]
+        args = [*SWARM, "serve", "--port", str(self.port), "--state-dir", str(self.state_dir)]
+        if self.model is not None:
+            args += ["--model", self.model]
         if self.config is not None:
             args += ["--config", str(self.config)]
         args += list(self.extra_args)

@@ -148,3 +148,15 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(server:
                      str(server.state_dir))
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert client.status().step > before.step, f"no step in {time.monotonic() - started:.0f} s"
+
+
+def test_serve_takes_the_model_from_the_config_file_unless_the_flag_names_one(tmp_path: Path) -> None:
+    # Both models are missing folders, so serve stops before loading anything; its error names the one chosen.
+    config = tmp_path / "model.toml"
+    config.write_text('model = "/nonexistent/from-config"\nlr = 1e-3\n')
+    assert swarm("serve", "--config", str(config), "--check").returncode == 0  # `model` is a key a file may set
+    from_file = swarm("serve", "--config", str(config), "--state-dir", str(tmp_path / "s1"), "--port", "0")
+    assert from_file.returncode == 2 and "/nonexistent/from-config" in from_file.stderr, from_file.stderr
+    flag = swarm("serve", "--config", str(config), "--model", "/nonexistent/from-flag",
+                 "--state-dir", str(tmp_path / "s2"), "--port", "0")
+    assert flag.returncode == 2 and "/nonexistent/from-flag" in flag.stderr, flag.stderr

@@ -174,6 +174,7 @@ def test_trainer_and_vllm_agree_after_every_weight_sync(vllm_server: ServeProces
     for step in metrics:
         assert step.metrics["rollout/logprob_diff_mean"] < 1e-3, step.metrics
         assert step.metrics["perf/weight_sync_s"] > 0
+        assert step.metrics["perf/generator_lag"] == 0.0
 
 
 def test_a_burst_of_long_seeded_prompts_is_served(vllm_server: ServeProcess) -> None:
@@ -203,6 +204,9 @@ def test_sigkill_of_the_vllm_child_recovers_and_loses_no_episode(vllm_server: Se
     with _client(vllm_server) as client:
         status = client.status()
         assert status.generator["engine"] == "vllm" and status.generator["alive"]
+        # No CUDA here: auto chose the disk path and says why.
+        assert (status.generator["weight_transfer"], status.generator["weight_transfer_reason"]) == (
+            "disk", "auto: no CUDA in the server process")
         port = status.generator["url"].rsplit(":", 1)[1]
         before = client.claim("crash", group_id="crash")
         llm = openai.OpenAI(base_url=before.base_url, api_key=before.api_key, max_retries=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,3 +40,7 @@ def start_server(tiny_model: Path, tmp_path: Path) -> Iterator[Callable[..., Run
         running.stop()
 
 
+
+
+# Helpers shared with the process-level tests (tool_loop) live beside swarm_proc.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))

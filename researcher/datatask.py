@@ -1,0 +1,115 @@
+"""The user's data task: ``researcher start --data FILE`` studies a data file instead of the examples.
+
+The task becomes one generated example study, ``studies/<id>/task/data/`` (``client.py`` +
+``config.toml``), and the study's examples root points there, so everything downstream is unchanged:
+the planners frame and plan on task ``data`` with the catalog's knobs, each experiment gets that
+client and config, and the pre-training checks (import check, data probe, smoke run with the study's
+``setup``) run on it as on any client. The generated client is four lines over ``swarm.data``'s
+``build_study``: it reads the file, checks every row and probes the reward when it loads, so a bad
+file fails the data probe with its file, row and reason before anything trains.
+
+Why a generated client and not ``swarm run --data`` from the launcher: the launcher, the monitor's
+client restarts, the sandbox and the preflight all work on a client file; a generated one keeps them
+all meaningful (the probe really reads the data, the smoke run really scores it) with no second path.
+
+The study records the data in study.toml (``[options]``: ``data``, ``data_sha256``, ``heldout``,
+``heldout_sha256``, ``reward``, ``model``); ``check_unchanged`` refuses to resume a study whose data
+file changed since it started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from researcher import catalog
+from researcher.settings import StudyOptions
+from researcher.studyfiles import dumps_toml, write_atomic
+
+HELDOUT_FRACTION = 0.1  # without --heldout: this share of the rows, by a stable hash, is never trained
+REWARD_RANGE = (-1.0, 1.0)  # verl's rule-based scorers (gsm8k, MATH: 0/1; DAPO: -1/1)
+EPOCHS = 1000  # a run stops at its episode budget, not at the end of the file
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def options_for(data: Path, heldout: Path | None, reward: str, warmup_steps: int) -> dict[str, Any]:
+    """The StudyOptions fields of a data task (absolute paths, content hashes); ``ValueError`` on a missing file."""
+    for path in (data, heldout):
+        if path is not None and not path.is_file():
+            raise ValueError(f"no data file at {path}")
+    return {"data": str(data.resolve()), "data_sha256": sha256(data),
+            "heldout": str(heldout.resolve()) if heldout else None,
+            "heldout_sha256": sha256(heldout) if heldout else None, "reward": reward, "warmup_steps": warmup_steps}
+
+
+def check_unchanged(options: StudyOptions) -> None:
+    """``ValueError`` when the study's data files are gone or their content changed since it started."""
+    for path, digest in ((options.data, options.data_sha256), (options.heldout, options.heldout_sha256)):
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise ValueError(f"the study's data file {path} is gone (study.toml records sha256 {digest})")
+        if digest and sha256(Path(path)) != digest:
+            raise ValueError(f"the study's data file {path} changed since the study started (sha256 {digest} "
+                             "in study.toml): restore it, or start a new study on the new data")
+
+
+def root(study_dir: Path) -> Path:
+    """The examples root of a data study: it holds the one task, ``data``."""
+    return study_dir / "task"
+
+
+def write_task(options: StudyOptions, study_dir: Path, base_config: Path) -> Path:
+    """Write the data task's client.py and config.toml (the server keys of ``base_config``); its examples root."""
+    folder = root(study_dir) / catalog.DATA_TASK
+    write_atomic(folder / "client.py", client_source(options))
+    config = tomllib.loads(base_config.read_text())
+    write_atomic(folder / "config.toml", dumps_toml(config.get("server", config),
+                                                    f"server keys of the data task (from {base_config})"))
+    write_atomic(folder / "README.md", f"# data: {Path(options.data or '').name}\n\nThe user's data task: "
+                                       f"{options.data} (sha256 {options.data_sha256}), reward `{options.reward}`, "
+                                       f"held-out {options.heldout or f'{HELDOUT_FRACTION:g} of the rows by hash'}.\n")
+    return root(study_dir)
+
+
+def client_source(options: StudyOptions) -> str:
+    """A study client that trains on the data file (``swarm.data``), for ``swarm run`` and the preflight."""
+    if options.data is None:
+        raise ValueError("not a data study: no data file")
+    heldout = (f"heldout={json.dumps(options.heldout)}" if options.heldout
+               else f"heldout_fraction={HELDOUT_FRACTION!r}")
+    return f'''"""The data task of this study: {Path(options.data).name}, generated by `researcher start --data`.
+
+Data {options.data} (sha256 {options.data_sha256}); reward {options.reward!r}; held out: {options.heldout or
+f"{HELDOUT_FRACTION:g} of the rows by a stable hash"}.
+"""
+
+from swarm.client import run_study_cli
+from swarm.data import DataOptions, build_study
+
+GROUP_SIZE = 8
+CONCURRENCY = 16
+EVAL_EVERY = 5
+REWARD_RANGE = {REWARD_RANGE!r}
+
+_study = build_study(DataOptions(data={json.dumps(options.data)}, {heldout}, reward={json.dumps(options.reward)},
+                                 epochs={EPOCHS}, warmup_steps={options.warmup_steps}, group_size=GROUP_SIZE,
+                                 concurrency=CONCURRENCY, eval_every=EVAL_EVERY))
+tasks = _study.tasks
+heldout = _study.heldout
+workflow = _study.workflow
+setup = _study.setup
+
+if __name__ == "__main__":
+    run_study_cli(__file__)
+'''

@@ -1,0 +1,59 @@
+"""``researcher start --data``: the user's data file becomes the study's one task (``data``), recorded
+with its sha256 in study.toml; the offline planner maps a topic that names no example onto it; the
+generated client passes the sandbox's import check. The whole study on the arith data is ``-m study``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from researcher import catalog, datatask, sandbox
+from researcher.planner.offline import OfflinePlanner
+from researcher.settings import StudyOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+ARITH = ROOT / "studies" / "examples" / "arith"
+TOPIC = "Is a learning rate of 1e-3 better than 3e-4 on my data?"
+
+
+def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
+    options = StudyOptions(**datatask.options_for(ARITH / "train.parquet", ARITH / "test.parquet", "verl", 100))
+    root = datatask.write_task(options, tmp_path / "study", ARITH / "config.toml")
+    found = catalog.examples(root)
+    assert list(found) == [catalog.DATA_TASK]
+    source = found["data"].client.read_text()
+    assert sandbox.check_client(source) is None
+    assert options.data_sha256 == datatask.sha256(ARITH / "train.parquet") and str(ARITH / "train.parquet") in source
+    assert tomllib.loads(found["data"].config.read_text())["max_tokens"] == 8
+    framing = OfflinePlanner(sorted(found)).frame(TOPIC, catalog.describe(root)).value
+    assert (framing.task, framing.knob) == ("data", "lr")
+    changed = tmp_path / "copy.parquet"
+    changed.write_bytes((ARITH / "train.parquet").read_bytes())
+    moved = options.model_copy(update={"data": str(changed)})
+    datatask.check_unchanged(moved)
+    changed.write_bytes(changed.read_bytes() + b"\0")
+    with pytest.raises(ValueError, match="changed since the study started"):
+        datatask.check_unchanged(moved)
+
+
+@pytest.mark.study
+def test_researcher_studies_the_users_model_and_data(tmp_path: Path) -> None:
+    """Acceptance: a saved model folder as --model, the arith data as --data; the study ends with a
+    report about the data task and study.toml holds the data's hash (about 2.5 minutes on 2 cores)."""
+    from swarm.backends.torch.presets import build_preset
+
+    model = build_preset("tiny", tmp_path / "my-model")
+    argv = [sys.executable, "-c", "from researcher.cli import main; main()", "start", "--topic", TOPIC,
+            "--data", str(ARITH / "train.parquet"), "--heldout", str(ARITH / "test.parquet"), "--warmup-steps", "100",
+            "--model", str(model), "--budget", "8m", "--seeds", "2", "--steps-per-run", "15", "--max-iterations", "1",
+            "--study-id", "mydata", "--studies-dir", str(tmp_path / "studies"), "--artifacts-dir", str(tmp_path / "art")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    study = tomllib.loads((tmp_path / "studies" / "mydata" / "study.toml").read_text())["options"]
+    assert study["data_sha256"] == datatask.sha256(ARITH / "train.parquet") and study["model"] == str(model)
+    report = (tmp_path / "studies" / "mydata" / "report.md").read_text()
+    assert "data task" in report and "lr" in report
