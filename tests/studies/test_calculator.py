@@ -30,6 +30,7 @@ def _rise(rewards: list[float]) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUDGET_S + 120)  # the budget ends the test, with its message, not pytest's timeout
 def test_calculator_trains_multi_turn_with_reward_rising(new_server: Callable[..., ServeProcess],
                                                           tmp_path: Path) -> None:
     server = new_server(config=CALCULATOR / "config.toml")

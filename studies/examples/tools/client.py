@@ -8,16 +8,20 @@ message and re-sends the assistant message exactly as it was returned (content a
 with their JSON-string arguments), so the server continues the token ids it sampled and trains the
 whole loop — call, tool result, answer — as one merged sample (``context/samples_per_episode`` 1.0).
 
-What is learned: ``setup`` runs a short supervised warm-up on correct loops *with the tool chosen
-at random*. It teaches the format (a parseable call, arguments copied from the question, a final
-answer that repeats the tool's result) but not which tool an operator needs: after it the policy
-picks ``add`` or ``multiply`` about half the time whatever the question says. Choosing the tool by
-the operator is what GRPO learns.
+What is learned: ``setup`` runs a short supervised warm-up in which half the answers are guesses
+made without a tool and half are correct loops (the call its operator needs, the arguments copied
+from the question, an answer that repeats the tool's result). After it the policy guesses about half
+the time, and the tiny model has not learned which tool an operator needs nor to copy the operands
+(it is 9.8M parameters, almost all of them the embedding). What GRPO learns is to use the tools
+rather than guess: a guess scores 0 whether or not it is right, a call earns partial credit.
 
 Reward (partial credit, each skill scored on its own, so GRPO has signal from the first step):
-0.5 × the first call names the operator's tool + 0.2 × the first call's arguments (0.1 for ``a``,
-0.1 for ``b``) + 0.3 × a final answer that repeats the last tool result. ``heldout()`` is 16 fixed
-problems from their own RNG stream, which neither ``tasks`` nor the warm-up ever yields. Run it with::
+0.1 × a parsed call + 0.4 × the first call names the operator's tool + 0.2 × the first call's
+arguments (0.1 for ``a``, 0.1 for ``b``) + 0.3 × a final answer that repeats the last tool result.
+Measured (seed 0, lr 3e-4, a loaded 2-core machine): held-out reward 0.07 at step 0, 0.24-0.28 from
+step 20 to 35, the share of episodes that call a tool 0.45 -> 0.8; every episode one merged sample.
+``heldout()`` is 16 fixed problems from their own RNG stream, which neither ``tasks`` nor the warm-up
+ever yields. Run it with::
 
     swarm serve --config studies/examples/tools/config.toml      # config.toml says model = "tiny-bpe"
     swarm run studies/examples/tools/client.py --server http://127.0.0.1:8000
@@ -41,7 +45,8 @@ MAX_TURNS = 3  # model calls per episode: a tool call, its answer, and one spare
 MAX_TOKENS = 40  # a call is 24 tokens of Qwen's BPE; an answer 1-3
 LOW, HIGH = 1, 9  # operands: single digits (one BPE token each)
 WARMUP_TRAJECTORIES = 256
-WARMUP_STEPS = 80
+WARMUP_STEPS = 300
+WARMUP_GUESSES = 0.5  # share of warm-up questions answered by a guess, without a tool
 WARMUP_BATCH = 8
 WARMUP_LR = 3e-3
 EVAL_EVERY = 5  # steps between held-out evaluations
@@ -189,18 +194,22 @@ def workflow(ep: EpisodeHandle, task: dict) -> float:
 
 
 def warmup_examples(rng: random.Random, trajectories: int) -> list[dict]:
-    """Two supervised examples per loop, the tool chosen at random: question -> the call, and
-    question + call + result -> the result as the answer. The format is taught, the tool choice is not."""
+    """Per question, either a guess (question -> a number, no tool) or a correct loop as two examples:
+    question -> the call, and question + call + result -> the result as the answer. Both formats are
+    taught; which one earns reward is left to GRPO."""
     examples = []
     problems = _problems(rng)
     for index in range(trajectories):
-        a, _, b = next(problems)  # the operator is kept, the tool is not chosen by it
-        task = {"a": a, "op": _, "b": b}
-        name = rng.choice(sorted(FUNCTIONS))
+        a, op, b = next(problems)
+        task = {"a": a, "op": op, "b": b}
+        asked = [{"role": "user", "content": question(task)}]
+        if rng.random() < WARMUP_GUESSES:
+            examples.append({"messages": asked, "tools": TOOLS, "completion": str(rng.randint(LOW + LOW, HIGH * HIGH))})
+            continue
+        name = OPERATORS[op]
         arguments = json.dumps({"a": a, "b": b})
         call = {"id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
         result = str(FUNCTIONS[name](a, b))
-        asked = [{"role": "user", "content": question(task)}]
         examples.append({"messages": asked, "tools": TOOLS,
                          "completion": f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'})
         examples.append({"messages": [*asked, {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -210,7 +219,7 @@ def warmup_examples(rng: random.Random, trajectories: int) -> list[dict]:
 
 
 def setup(client: SwarmClient) -> None:
-    """Teach the loop's format once per server (skipped when the server has trained already)."""
+    """Teach both formats once per server (skipped when the server has trained already)."""
     if client.status().policy_version > 0:
         log.info("server already trained (policy version > 0): skipping the warm-up")
         return

@@ -114,33 +114,34 @@ def build_tiny(directory: str | Path, seed: int = 0) -> Path:
     Weights are drawn from ``seed`` without touching the global torch RNG, so the same seed always
     gives the same folder contents.
     """
+    marker = {"preset": "tiny", "format": TINY_FORMAT, "seed": seed, **TINY_SHAPE}
+    return write_qwen2_folder(directory, _build_tokenizer(), TINY_SHAPE, seed, "tiny.json", marker)
+
+
+def write_qwen2_folder(directory: str | Path, tokenizer, shape: dict, seed: int, marker_file: str,
+                       marker: dict) -> Path:
+    """A random Qwen2 model of ``shape`` (tied embeddings, ChatML ends of turn) with ``tokenizer``,
+    saved as a Hugging Face folder; ``marker`` goes to ``marker_file`` last, so a folder with a marker
+    is complete. Every preset is built this way."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    if len(tokenizer) > TINY_SHAPE["vocab_size"]:
+    if len(tokenizer) > shape["vocab_size"]:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary")
-    config = Qwen2Config(
-        **TINY_SHAPE,
-        tie_word_embeddings=True,
-        bos_token_id=pad,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        rope_theta=10000.0,
-    )
+    config = Qwen2Config(**shape, tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+                         rope_theta=10000.0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    marker = {"preset": "tiny", "format": TINY_FORMAT, "seed": seed, **TINY_SHAPE}
-    (target / "tiny.json").write_text(json.dumps(marker, indent=2))
-    logger.info("built tiny model (seed %d) in %s", seed, target)
+    (target / marker_file).write_text(json.dumps(marker, indent=2))
+    logger.info("built %s model (seed %d) in %s", marker["preset"], seed, target)
     return target
 
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import logging
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from swarm.backends.torch.tiny import write_qwen2_folder
 
 __all__ = [
     "ADDED_TOKENS",
@@ -302,36 +301,10 @@ def build_tiny_bpe(directory: str | Path, preset: str = "tiny-bpe", seed: int = 
     Weights are drawn from ``seed`` without touching the global torch RNG, so the same seed always
     gives the same weights.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     if preset not in _TEMPLATES:
         raise ValueError(f"unknown preset {preset!r}; expected one of {BPE_PRESETS}")
-    target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(_TEMPLATES[preset])
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    if len(tokenizer) > BPE_SHAPE["vocab_size"]:
-        raise RuntimeError(f"tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary")
-    config = Qwen2Config(
-        **BPE_SHAPE,
-        tie_word_embeddings=True,
-        bos_token_id=pad,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        rope_theta=10000.0,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
     marker = {"preset": preset, "format": BPE_FORMAT, "seed": seed, **BPE_SHAPE}
-    (target / MARKER).write_text(json.dumps(marker, indent=2))
-    logger.info("built %s model (seed %d) in %s", preset, seed, target)
-    return target
+    return write_qwen2_folder(directory, _build_tokenizer(_TEMPLATES[preset]), BPE_SHAPE, seed, MARKER, marker)
 
 
 def is_current_tiny_bpe(directory: str | Path, preset: str, seed: int) -> bool:
