@@ -54,5 +54,3 @@ class StudyState(TypedDict, total=False):
     stop_requested: bool
     parked: dict[str, Any] | None    # {phase, reason, at, runs}: where a parked study re-enters
 
-
-TERMINAL_TRIAL = frozenset({"finished", "crashed", "stalled", "diverged", "cut", "stopped"})

@@ -49,10 +49,6 @@ class Principal:
     episode_id: str | None = None
     role: Role = Role.control
 
-    @property
-    def is_control(self) -> bool:
-        return self.role is Role.control
-
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable by the owner only (created 0600, never world-readable)."""

@@ -178,10 +178,6 @@ class SwarmTrainingWorker(TrainingWorker):
             self._reference = [_local(p).clone() for p in self._params()]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def has_reference(self) -> bool:
-        return self._reference is not None
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def reference_state(self) -> dict | None:
         """Full reference weights (HF names) on rank 0, or None without a reference (collective)."""
         if self._reference is None:

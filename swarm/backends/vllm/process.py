@@ -320,14 +320,6 @@ class VllmProcess:
             logger.warning("vLLM group %s ignored %s", proc.pid, sig.name)
         proc.poll()
 
-    def kill_now(self) -> None:
-        """SIGKILL the group without waiting (for interpreter exit and emergencies)."""
-        if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
 
 def _group_alive(pgid: int) -> bool:
     try:
