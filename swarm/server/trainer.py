@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Cumulative per-step metrics (see StepLoop._totals).
+TOTAL_EPISODES = "train/episodes_total"
+TOTAL_SAMPLES = "train/samples_total"
+
 RunBlocking = Callable[[Callable[[], T]], Awaitable[T]]
 
 
@@ -231,6 +236,7 @@ class StepLoop:
         step = self.step + 1
         now = time.monotonic()
         metrics = step_metrics(kept, groups, samples, update, merge=config.merge_timelines)
+        metrics.update(self._totals(step, len(kept), len(samples)))
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
         metrics.update(engine.capacity.step_finished(metrics["perf/step_s"]))
@@ -250,6 +256,14 @@ class StepLoop:
         self.metrics.append(record)
         engine.emit("step.finished", step=step, metrics=metrics)
         engine.emit("weights.updated", policy_version=engine.policy_version, step=step)
+
+    def _totals(self, step: int, episodes: int, samples: int) -> dict[str, float]:
+        """Cumulative counts through ``step``: the x-axis for judging learning per episode consumed
+        (MLflow plots against step or time only). They continue the last committed row before
+        ``step``, so a restart that retrains steps after its checkpoint counts them once."""
+        before = next((m.metrics for m in reversed(self.metrics) if m.step < step and TOTAL_EPISODES in m.metrics), {})
+        return {TOTAL_EPISODES: before.get(TOTAL_EPISODES, 0.0) + episodes,
+                TOTAL_SAMPLES: before.get(TOTAL_SAMPLES, 0.0) + samples}
 
     def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
         """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 from server_harness import RunningServer, launch
 
+# Helpers shared with the process-level tests (tool_loop) live beside swarm_proc.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -38,9 +41,3 @@ def start_server(tiny_model: Path, tmp_path: Path) -> Iterator[Callable[..., Run
     yield start
     for running in servers:
         running.stop()
-
-
-
-
-# Helpers shared with the process-level tests (tool_loop) live beside swarm_proc.py.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))

@@ -149,6 +149,7 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
     assert all(m["eval/episodes"] == 3 and m["eval/reward_mean"] == 0.5 for m in evals)
     assert [m.step for m in metrics] == list(range(9))  # row 0: the untrained policy's evaluation
     assert all(m.metrics["train/episodes"] == 2 for m in metrics[1:])
+    assert [m.metrics["train/episodes_total"] for m in metrics[1:]] == [2.0 * s for s in range(1, 9)]
     assert server.engine.counts.finished == 16 and server.engine.evals.live == 0
 
     with pytest.raises(ValueError, match="appears twice"):

@@ -71,6 +71,11 @@ def test_restart_resumes_checkpoint_config_and_pending_episodes(start_server, tm
     third = _episode(server, "d")
     _finish(server, third, 0.0)
     wait_for(lambda: _status(server)["step"] == 2)  # the two restored episodes and the new one train together
+    with server.client() as http:  # cumulative counts continue step 1's row: the lost step counts once
+        rows = {m["step"]: m["metrics"] for m in http.get("/api/v1/metrics").json()}
+    assert rows[1]["train/episodes_total"] == 1 and rows[2]["train/episodes_total"] == 1 + 3
+    assert rows[2]["train/samples_total"] == rows[1]["train/samples_total"] + rows[2]["train/episodes"] * \
+        rows[2]["context/samples_per_episode"]
     server.stop()
     with EpisodeStore(state / "buffer.db") as store:
         trained = store.trained_counts()
