@@ -29,6 +29,7 @@ from researcher.spool import Spool
 log = logging.getLogger(__name__)
 _BATCH = 1000  # MLflow's per-request metric limit
 _REPLAY_EVERY_S = 30.0
+DESCRIPTION = "mlflow.note.content"  # the tag MLflow's UI shows as a run's or experiment's description
 CREDENTIAL_FILES = frozenset({"token", "client_token", "secret"})  # what `swarm serve` keeps in its state dir
 _CALLER_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
                   "INVALID_STATE"}
@@ -155,24 +156,28 @@ class Tracker:
             path = self.artifact_root / study_id
             path.mkdir(parents=True, exist_ok=True)
             location = path.as_uri()
-        return self.client.create_experiment(study_id, artifact_location=location)
+        # A training experiment, so MLflow 3's UI opens it on its runs, not on the GenAI traces overview.
+        return self.client.create_experiment(study_id, artifact_location=location,
+                                             tags={"mlflow.experimentKind": "custom_model_development"})
 
-    def _create(self, study_id: str, name: str, tags: dict[str, str]) -> str:
+    def _create(self, study_id: str, name: str, tags: dict[str, str], description: str | None = None) -> str:
+        if description:  # the run's description in MLflow's UI
+            tags = {**tags, DESCRIPTION: description[:5000]}
         local = Spool.new_local_id() if self.spool else None
         run_id = self._deliver("create_run", {"study_id": study_id, "name": name, "tags": tags, "local_id": local})
         return run_id or local  # type: ignore[return-value]
 
-    def start_parent(self, study_id: str, iteration: int, tags: dict[str, str]) -> str:
+    def start_parent(self, study_id: str, iteration: int, tags: dict[str, str], description: str | None = None) -> str:
         return self._create(study_id, f"iteration-{iteration}",
                             {"researcher.study_id": study_id, "researcher.iteration": str(iteration),
-                             "researcher.kind": "iteration", **tags})
+                             "researcher.kind": "iteration", **tags}, description)
 
     def start_child(self, study_id: str, parent_run_id: str | None, name: str, params: dict[str, Any],
-                    tags: dict[str, str]) -> str:
+                    tags: dict[str, str], description: str | None = None) -> str:
         all_tags = {"researcher.study_id": study_id, "researcher.kind": "training-run", **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run_id = self._create(study_id, name, all_tags)
+        run_id = self._create(study_id, name, all_tags, description)
         self.log_params(run_id, params)
         return run_id
 

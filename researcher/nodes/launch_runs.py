@@ -120,7 +120,9 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                                     {"researcher.run_key": trial["key"], "researcher.experiment": trial["experiment"],
                                      "researcher.iteration": str(state["iteration"]),
                                      "researcher.hypothesis_id": _hypothesis_of(ctx, state["iteration"],
-                                                                                trial["experiment"])})
+                                                                                trial["experiment"])},
+                                    description=f"Training run: arm {trial['experiment']}, seed {trial['seed']}, "
+                                                f"{steps} steps (iteration {state['iteration']}, run {trial['key']}).")
     record = RunRecord(key=trial["key"], study_id=state["study_id"], iteration=state["iteration"], trial=trial["trial"],
                        experiment=trial["experiment"], seed=trial["seed"], config=config,
                        client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,

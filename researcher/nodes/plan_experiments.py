@@ -180,8 +180,11 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                                + (" Assumed: " + "; ".join(assumptions) + "." if assumptions else ""))
     if plan.code_change:
         studyfiles.log(ctx.layout, f"Iteration {iteration} changes the client code: {plan.code_change}")
+    note = (f"Iteration {iteration} of a study of: {framing.question}\n\nHypotheses: {hypotheses}\n\n"
+            f"Experiments ({seeds} seeds each): " + ", ".join(_show(e) for e in experiments))
     parent = ctx.tracker.start_parent(state["study_id"], iteration, {"researcher.knob": framing.knob,
-                                                                     "researcher.task": framing.task})
+                                                                     "researcher.task": framing.task},
+                                      description=note)
     ctx.tracker.log_params(parent, {"knob": framing.knob, "task": framing.task, "metric": framing.metric,
                                     "seeds": seeds, "steps_per_run": options["steps_per_run"],
                                     "shape": plan.shape, "stage": plan.stage,

@@ -97,3 +97,13 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "train/reward_mean")]
         assert len(steps) == len(set(steps)), f"duplicate metric history in {child.info.run_id}: {sorted(steps)}"
     assert live_children[0].data.params["group_size"] in ("2", "8")
+    # Reviewable in the UI: a training experiment (opens on its runs), runs that say what they are,
+    # and the per-episode axis as a cumulative metric of every child.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    [parent] = [r for r in found if r.info.run_id in parents]
+    assert parent.data.tags["mlflow.note.content"].startswith("Iteration 1 of a study of: ")
+    for child in live_children:
+        assert child.data.tags["mlflow.note.content"].startswith(f"Training run: arm {child.data.tags['researcher.experiment']}")
+        totals = [m.value for m in sorted(client.get_metric_history(child.info.run_id, "train/episodes_total"),
+                                          key=lambda m: m.step)]
+        assert totals and totals == sorted(totals) and totals[0] > 0
