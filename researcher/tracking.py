@@ -110,6 +110,9 @@ class Tracker:
             if local and self.spool:
                 self.spool.map_id(local, run_id)
             return run_id
+        if op == "describe":
+            self.client.set_experiment_tag(self.experiment_id(args["study_id"]), DESCRIPTION, args["text"][:5000])
+            return None
         run_id = self._run(args["run_id"])
         if op == "params":
             items = [Param(k, v) for k, v in args["params"]]
@@ -166,6 +169,10 @@ class Tracker:
         local = Spool.new_local_id() if self.spool else None
         run_id = self._deliver("create_run", {"study_id": study_id, "name": name, "tags": tags, "local_id": local})
         return run_id or local  # type: ignore[return-value]
+
+    def describe_study(self, study_id: str, text: str) -> None:
+        """The experiment's description in MLflow's UI: what the study asks and, once known, its answer."""
+        self._deliver("describe", {"study_id": study_id, "text": text})
 
     def start_parent(self, study_id: str, iteration: int, tags: dict[str, str], description: str | None = None) -> str:
         return self._create(study_id, f"iteration-{iteration}",

@@ -70,6 +70,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                                f"the topic: {question.shape}"
                                + (f" of {question.knob} = {', '.join(map(str, question.values))}" if question.values else "")
                                + ".")
+    ctx.tracker.describe_study(state["study_id"], f"Topic: {state['topic']}\n\nQuestion: {framing.question}\n\n"
+                                                  "Answer: not yet (the study is running).")
     ctx.say("framed", question=framing.question, task=framing.task, knob=framing.knob)
     return {"framing": framing.model_dump(), "phase": "planning", "llm": usage}
 

@@ -44,6 +44,10 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
     review = run_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
     run_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
+    question = f"Question: {framing['question']}\n\n" if framing else ""
+    ctx.tracker.describe_study(state["study_id"], f"Topic: {state['topic']}\n\n{question}Answer ({final_phase}): "
+                                                  f"{answer}\n\nReport: the report/ artifacts of the last iteration run, "
+                                                  f"and {ctx.layout.report_md}")
     parent = state.get("mlflow_parent_run")
     if parent:
         ctx.tracker.log_files(parent, [ctx.layout.report_md, ctx.layout.log_md], "report")

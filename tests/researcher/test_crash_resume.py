@@ -100,6 +100,8 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     # Reviewable in the UI: a training experiment (opens on its runs), runs that say what they are,
     # and the per-episode axis as a cumulative metric of every child.
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    description = experiment.tags["mlflow.note.content"]
+    assert description.startswith("Topic: ") and "Question: " in description and "Answer (done): " in description
     [parent] = [r for r in found if r.info.run_id in parents]
     assert parent.data.tags["mlflow.note.content"].startswith("Iteration 1 of a study of: ")
     for child in live_children:
