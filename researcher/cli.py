@@ -413,11 +413,23 @@ def stop(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir
 
 
 @app.command()
-def ui(port: int = 5000, artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
-    """Start the MLflow UI on the studies' tracking store (Ctrl-C to quit)."""
+def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to this study's experiment")] = None,
+       port: int = 5000, artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Start the MLflow UI on the studies' tracking store (Ctrl-C to quit).
+
+    The link opens MLflow's model-training view (``workflowType=machine_learning``): without it MLflow
+    3.17 opens every experiment on its GenAI traces overview, where a study's runs and curves are not."""
     settings = build_settings(Path("studies"), artifacts_dir)
     uri = settings.mlflow_uri()
-    out.print(f"MLflow UI on http://127.0.0.1:{port} (store {uri})")
+    page = "experiments"
+    if study_id is not None:
+        from mlflow import MlflowClient
+
+        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(study_id)
+        if found is None:
+            _fail(f"no MLflow experiment for study {study_id!r} in {uri}", 2)
+        page += f"/{found.experiment_id}"
+    out.print(f"MLflow UI on http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning (store {uri})")
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1"]
     if uri.startswith("sqlite:"):

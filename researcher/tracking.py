@@ -159,9 +159,7 @@ class Tracker:
             path = self.artifact_root / study_id
             path.mkdir(parents=True, exist_ok=True)
             location = path.as_uri()
-        # A training experiment, so MLflow 3's UI opens it on its runs, not on the GenAI traces overview.
-        return self.client.create_experiment(study_id, artifact_location=location,
-                                             tags={"mlflow.experimentKind": "custom_model_development"})
+        return self.client.create_experiment(study_id, artifact_location=location)
 
     def _create(self, study_id: str, name: str, tags: dict[str, str], description: str | None = None) -> str:
         if description:  # the run's description in MLflow's UI

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,9 +98,8 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "train/reward_mean")]
         assert len(steps) == len(set(steps)), f"duplicate metric history in {child.info.run_id}: {sorted(steps)}"
     assert live_children[0].data.params["group_size"] in ("2", "8")
-    # Reviewable in the UI: a training experiment (opens on its runs), runs that say what they are,
-    # and the per-episode axis as a cumulative metric of every child.
-    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # Reviewable in the UI: an experiment and runs that say what they are, and the per-episode axis as
+    # a cumulative metric of every child.
     description = experiment.tags["mlflow.note.content"]
     assert description.startswith("Topic: ") and "Question: " in description and "Answer (done): " in description
     [parent] = [r for r in found if r.info.run_id in parents]
@@ -109,3 +109,16 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
         totals = [m.value for m in sorted(client.get_metric_history(child.info.run_id, "train/episodes_total"),
                                           key=lambda m: m.step)]
         assert totals and totals == sorted(totals) and totals[0] > 0
+
+    # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view); an
+    # unknown study is refused before any server starts.
+    ui = subprocess.Popen(cli.argv("ui", sid, "--port", "5999", "--artifacts-dir", str(cli.artifacts)), env=cli.env,
+                          cwd=cli.cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        link = ui.stdout.readline()
+    finally:
+        os.killpg(ui.pid, signal.SIGKILL)
+        ui.wait()
+    assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning" in link, link
+    unknown = cli.run("ui", "no-such-study", "--artifacts-dir", str(cli.artifacts))
+    assert unknown.returncode == 2 and "no MLflow experiment for study 'no-such-study'" in unknown.stderr + unknown.stdout
