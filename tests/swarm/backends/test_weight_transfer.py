@@ -148,7 +148,6 @@ print(json.dumps({"chunks": chunks, "params": len(received), "expected": len(met
 """
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (bash .ci/setup-vllm)")
 def test_vllm_packs_and_unpacks_the_stream_exactly() -> None:
     """vLLM 0.32's trainer engine accepts the stream (names, dtypes, shapes agree with metadata) and the
     packed buckets it would broadcast unpack, on the receiver's metadata-derived cuts, to the bf16 weights."""
