@@ -21,6 +21,7 @@ import re
 from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
+from researcher.analysis import AXIS_TEXT, primary_axis
 from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
                                        ReportText, TopicNotMappable, free)
 from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
@@ -74,7 +75,9 @@ class OfflinePlanner:
         if task not in self.available_tasks:
             raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
                                    f"(found: {self.available_tasks}).\n" + catalog_text)
-        measure = "measured as the area under the reward curve per training step"
+        # The axis the verdict is judged on (per episode consumed for group and batch sizes), so the
+        # question printed above the answer asks what the answer answers.
+        measure = f"measured as the area under the reward curve {AXIS_TEXT[primary_axis(knob.key)[0]]}"
         values = [_show(v) for v in question.values]
         named = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
         if question.identical:
