@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, datatask, flags, overview, run_table, scheduler, studystore
+from researcher import catalog, datatask, events, flags, overview, run_table, scheduler, studystore
 from researcher.context import StudyContext
 from researcher.flags import parse_duration
 from researcher.launcher import Launcher
@@ -41,6 +41,7 @@ from researcher.tracking import Tracker
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
                   add_completion=False)
 log = logging.getLogger(__name__)
+DAEMON_PORT = 8787  # the daemon's study events server; a busy port falls back to a free one (daemon.json)
 _PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
 
 
@@ -103,10 +104,14 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
     launcher = Launcher(settings.swarm_command, model=options.model, threads=threads,
                         external_token=settings.server_token, mlflow_uri=settings.mlflow_uri())
     tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
-    return StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
-                        emit=_printer() if verbose else (lambda event, data: None),
-                        window_end=None if window_s is None else time.time() + window_s,
-                        min_free_disk_mb=options.min_free_disk_mb)
+    ctx = StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
+                       emit=events.recorder(layout, _printer() if verbose else None),
+                       window_end=None if window_s is None else time.time() + window_s,
+                       min_free_disk_mb=options.min_free_disk_mb)
+    add_listener = getattr(planner, "add_listener", None)
+    if add_listener is not None:  # the LLM planner: a short event per call for `researcher watch`
+        add_listener(events.llm_call_listener(ctx.say))
+    return ctx
 
 
 def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
@@ -141,6 +146,9 @@ def _printer() -> Any:
                       f"whole study: {data['best']}", highlight=False)
             for line in data["lines"]:
                 out.print(f"    {line}", highlight=False)
+        elif event == "planned":
+            out.print(f"[dim]{stamp}[/dim] [cyan]planned[/cyan] iteration {data['iteration']}: "
+                      f"{', '.join(data['experiments'])}; {data['seeds']} seed(s) each", highlight=False)
         elif event == "report":
             out.print(f"[dim]{stamp}[/dim] [bold green]report[/bold green] {data['path']}\n{data['answer']}",
                       highlight=False)
@@ -387,13 +395,49 @@ def unschedule(study_id: str, studies_dir: StudiesDir = Path("studies"),
 @app.command()
 def daemon(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
            poll: Annotated[float, typer.Option(min=0.5, help="seconds between syncs with the schedule files")] = 30.0,
+           port: Annotated[int, typer.Option(min=0, max=65535, help=(
+               "loopback port of the study events server (SSE); 0 picks a free one (both written to daemon.json)"))]
+           = DAEMON_PORT,
            verbose: Annotated[bool, typer.Option("--verbose", "-v")] = True) -> None:
-    """Run the scheduler in the foreground: resume scheduled studies in their windows (Ctrl-C to quit)."""
+    """Run the scheduler in the foreground: resume scheduled studies in their windows (Ctrl-C to quit).
+
+    Also serves each study's events as Server-Sent Events on loopback: GET /studies/STUDY/events with
+    the bearer token in ARTIFACTS/daemon.token."""
     from researcher.daemon import run_daemon
 
     _setup_logging(verbose)
     out.print(f"researcher daemon: store {scheduler.store_url(artifacts_dir)}; studies {studies_dir.resolve()}")
-    run_daemon(studies_dir, artifacts_dir, poll_s=poll)
+    run_daemon(studies_dir, artifacts_dir, poll_s=poll, port=port,
+               announce=lambda line: out.print(line, highlight=False))
+
+
+@app.command()
+def watch(study_id: Annotated[str | None, typer.Argument(help=(
+              "the study (default: the one a researcher runs now, else the last active)"))] = None,
+          once: Annotated[bool, typer.Option("--once", help="print the current view and exit")] = False,
+          tail: Annotated[int, typer.Option(min=0, help="not a terminal: earlier events printed before new ones")] = 20,
+          studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
+    """Watch a study live: current node, the planner's decisions, live runs with reward curves, recent events.
+
+    Reads the study's event log only (a study run by another process, across restarts). Into a pipe:
+    one line per event as it comes."""
+    from researcher import watch as watching
+
+    studies_root, artifacts_root = studies_dir.resolve(), artifacts_dir.resolve()
+    if study_id is None:
+        study_id = watching.pick_study(studies_root, artifacts_root)
+        if study_id is None:
+            _fail(f"no study under {studies_dir} / {artifacts_dir}", 2)
+    try:
+        layout = StudyLayout(check_study_id(study_id), studies_root, artifacts_root)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if not (layout.study_toml.is_file() or layout.graph_db.is_file() or events.events_path(layout).is_file()):
+        _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
+    try:
+        watching.watch(layout, Console(), once=once, tail=tail)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 @app.command()

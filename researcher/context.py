@@ -49,6 +49,8 @@ class StudyContext:
         return self.layout.stop_file.exists()
 
     def park(self, reason: str) -> None:
+        if not self.park_reason:
+            self.say("watchdog", name="park", reason=reason)
         self.park_reason = self.park_reason or reason
 
     def should_park(self) -> str | None:
@@ -61,7 +63,7 @@ class StudyContext:
             return "the session window ended"
         low = disk_low(self.layout.artifacts_root, self.min_free_disk_mb)
         if low:
-            self.park_reason = low
+            self.park(low)
         return self.park_reason
 
     def say(self, event: str, **data: Any) -> None:

@@ -5,6 +5,10 @@ files: a job missing from the store is added, a job whose study lost its schedul
 and a stored job with an unchanged spec is left alone (so its stored next run time survives a
 restart, and a run missed while the daemon was down runs once, coalesced). The periodic sync also
 makes the daemon notice jobs that ``researcher schedule`` added from another process.
+
+Beside the scheduler, on a thread, the daemon serves every study's event log as Server-Sent Events
+on loopback (``GET /studies/{id}/events``, bearer token in ``<artifacts>/daemon.token``; see
+``researcher.events_http``), unless ``port`` is None.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +68,9 @@ def _history_writer(artifacts_root: Path) -> Any:
     return on_event
 
 
-def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0) -> None:
-    """Block running the scheduler until SIGINT/SIGTERM."""
+def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, port: int | None = None,
+               announce: Callable[[str], None] = log.info) -> None:
+    """Block running the scheduler (and the events server on ``port``, 0 = a free one) until SIGINT/SIGTERM."""
     from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.jobstores.memory import MemoryJobStore
@@ -81,10 +87,19 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0) -
     scheduler.add_listener(_history_writer(artifacts_root), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
     scheduler.add_job(sync_jobs, "interval", seconds=poll_s, id="sync", jobstore="internal",
                       args=[scheduler, studies_root, artifacts_root], misfire_grace_time=None, coalesce=True)
+    server = None
+    if port is not None:
+        from researcher.events_http import EventServer
+
+        server = EventServer(studies_root, artifacts_root, port)
+        server.start()
+        announce(f"study events: {server.url}/studies/<study>/events (SSE; bearer token in {server.token_file})")
 
     def stop(signum: int, frame: Any) -> None:
         log.info("signal %d: shutting the scheduler down (running sessions continue on their own)", signum)
         scheduler.shutdown(wait=False)
+        if server is not None:
+            server.stop(timeout_s=0)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -95,4 +110,8 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0) -
         for job in paused.get_jobs():
             log.info("job %s next run %s", job.id, job.next_run_time)
     log.info("daemon running (store %s, sync every %.0f s)", sched.store_url(artifacts_root), poll_s)
-    scheduler.start()  # blocks until shutdown
+    try:
+        scheduler.start()  # blocks until shutdown
+    finally:
+        if server is not None:
+            server.stop()

@@ -19,6 +19,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
 from researcher.context import StudyContext
+from researcher.events import NODE_DOING
 from researcher.nodes import (analyze, decide, frame_topic, launch_runs, monitor, park, plan_experiments, validate,
                               write_client, write_report)
 from researcher.state import StudyState
@@ -40,14 +41,18 @@ ENTRY = {"framing": "frame_topic", "planning": "plan_experiments", "writing": "w
 NO_PARK = ("reporting", "done", "failed", "stopped")
 
 
-def _bind(node: Callable[[StudyState, StudyContext], dict[str, Any]], ctx: StudyContext) -> Callable[[StudyState], dict[str, Any]]:
+def _bind(name: str, node: Callable[[StudyState, StudyContext], dict[str, Any]],
+          ctx: StudyContext) -> Callable[[StudyState], dict[str, Any]]:
     def bound(state: StudyState) -> dict[str, Any]:
+        ctx.say("node", action="enter", node=name, doing=NODE_DOING.get(name, name), phase=state.get("phase"))
         try:
-            return node(state, ctx)
+            result = node(state, ctx)
         except ParkStudy as exc:
             # E.g. out of LLM credit: change nothing, park; the next window re-runs this node.
             ctx.park(str(exc))
-            return {}
+            result = {}
+        ctx.say("node", action="leave", node=name, phase=result.get("phase", state.get("phase")))
+        return result
 
     return bound
 
@@ -58,7 +63,7 @@ def build(ctx: StudyContext) -> StateGraph:
                          ("write_client", write_client), ("validate", validate), ("launch_runs", launch_runs),
                          ("monitor", monitor), ("analyze", analyze), ("decide", decide), ("park", park),
                          ("write_report", write_report)):
-        g.add_node(name, _bind(module.run, ctx), retry_policy=RETRY)
+        g.add_node(name, _bind(name, module.run, ctx), retry_policy=RETRY)
 
     def parkable(route: Callable[[StudyState], str]) -> Callable[[StudyState], str]:
         def checked(state: StudyState) -> str:

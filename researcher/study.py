@@ -10,6 +10,7 @@ and are re-exported here.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from researcher import budget, runs, studyfiles
@@ -44,6 +45,7 @@ def start(ctx: StudyContext, topic: str, options: StudyOptions, deadline: float)
     layout.ensure()
     with study_lock(layout):
         studyfiles.write_study_toml(layout, topic, ctx.planner.name, options.model_dump(), deadline)
+        ctx.say("session", action="start", pid=os.getpid(), planner=ctx.planner.name)
         state = initial_state(layout.study_id, topic, options, deadline, ctx.clock())
         return _invoke(ctx, state)
 
@@ -54,6 +56,7 @@ def resume(ctx: StudyContext) -> StudyState:
         raise StudyNotFound(f"no study {layout.study_id!r} under {layout.artifacts_root}")
     with study_lock(layout):
         layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
+        ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
         state = read_state(layout)
         if state is not None:
             keep = {r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if not r.ended and r.mlflow_run_id}

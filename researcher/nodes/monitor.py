@@ -210,7 +210,8 @@ def _fetch(poll: Poll) -> None:
         record.last_step, record.last_progress_at = step, poll.now
         reward = poll.new[-1].metrics.get(poll.state["framing"]["metric"]) if poll.new else None
         ctx.say("progress", key=record.key, experiment=record.experiment, seed=record.seed, step=step,
-                target=record.target_step - record.base_step, reward=reward)
+                target=record.target_step - record.base_step, reward=reward,
+                train_reward=poll.new[-1].metrics.get("train/reward_mean") if poll.new else None)
 
 
 def _late_eval(run_dir: Path, row: StepMetrics | None) -> StepMetrics | None:
@@ -253,6 +254,7 @@ def _restart_hung_client(poll: Poll) -> None:
             and procs.alive(record.client_pid, record.client_started):
         studyfiles.log(ctx.layout, f"Run {record.key}: no episode finished for {limit:.0f} s while the server "
                                    "waited; the client looks hung, restarting it.")
+        ctx.say("watchdog", name="client_stuck", key=record.key, step=record.last_step, limit_s=limit)
         procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
         record.finished_seen_at = now  # the restarted client gets a full period
     if finished > record.finished_seen or not waiting:
@@ -288,4 +290,5 @@ def _close(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
     ctx.tracker.end(record.mlflow_run_id, _MLFLOW_STATUS.get(record.status, "FAILED"))
     studyfiles.log(ctx.layout, f"Run {record.key} ({record.experiment}, seed {record.seed}) ended {record.status}: "
                                f"{record.reason.strip().splitlines()[0] if record.reason.strip() else ''}")
-    ctx.say("ended", key=record.key, status=record.status, step=record.last_step)
+    ctx.say("ended", key=record.key, status=record.status, step=record.last_step,
+            reason=(record.reason.strip().splitlines() or [""])[0][:200])

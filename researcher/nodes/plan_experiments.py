@@ -194,7 +194,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                                        else {}),
                                     **({"code_change": plan.code_change[:500]} if plan.code_change else {})})
     ctx.tracker.log_files(parent, [ctx.layout.plan_json])
-    ctx.say("planned", iteration=iteration, experiments=[e.name for e in experiments], seeds=seeds)
+    ctx.say("planned", iteration=iteration, experiments=[e.name for e in experiments], seeds=seeds,
+            rationale=plan.rationale, hypotheses=[h.statement for h in plan.hypotheses])
     return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
             "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
             "phase": "writing", "llm": usage}

@@ -1,0 +1,197 @@
+"""The live view of a study: its event log, `researcher watch` and the daemon's SSE endpoint.
+
+Real processes: writers racing on one log; then one short offline study on the tiny model, watched by
+`researcher watch` (a pipe) and streamed by `researcher daemon`, SIGKILLed mid-study and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from researcher import runs
+from researcher.events import EventLog, Follower, llm_call_listener, read_events, recorder
+from researcher.layout import StudyLayout
+
+TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
+_WRITER = """
+import sys
+from pathlib import Path
+from researcher.events import EventLog
+log = EventLog(Path(sys.argv[1]))
+for i in range(int(sys.argv[3])):
+    log.append("tick", writer=sys.argv[2], n=i, pad="x" * 3000)
+"""
+
+
+def test_two_processes_append_whole_lines_with_increasing_ids(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), name, "150"]) for name in ("a", "b")]
+    assert [w.wait(60) for w in writers] == [0, 0]
+    lines = path.read_text().splitlines()
+    events = [json.loads(line) for line in lines]  # every line whole: no two writes interleaved
+    assert [e["id"] for e in events] == list(range(1, 301))
+    assert sorted(e["n"] for e in events if e["writer"] == "a") == list(range(150))
+
+
+def test_a_torn_last_line_is_never_read_and_ids_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    for n in range(3):
+        log.append("tick", n=n)
+    follower = Follower(path)
+    assert [e["id"] for e in follower.poll()] == [1, 2, 3]
+    with open(path, "a") as out:
+        out.write('{"id": 4, "ts": 1.0, "kind": "tic')  # a writer SIGKILLed mid-line
+    assert follower.poll() == [] and read_events(path) == read_events(path, 0)[:3]
+    assert EventLog(path).append("tick", n=3)["id"] == 4  # a new process (a restart) goes on from the last whole id
+    assert [e["id"] for e in follower.poll()] == [4]
+    assert [e["id"] for e in read_events(path)] == [1, 2, 3, 4] and [e["id"] for e in read_events(path, 2)] == [3, 4]
+
+
+def test_llm_calls_become_short_events(tmp_path: Path) -> None:
+    layout = StudyLayout("s", tmp_path / "studies", tmp_path / "artifacts")
+    printed: list[str] = []
+    emit = recorder(layout, lambda kind, data: printed.append(kind))
+    listen = llm_call_listener(lambda kind, **data: emit(kind, data))
+    listen({"step": "decide", "model": "m", "answer": '{"action": "conclude", "reason": "' + "r" * 400 + '"}',
+            "error": None, "usage": {"prompt_tokens": 120, "completion_tokens": 30}, "seconds": 1.5})
+    emit("decided", {"action": "conclude", "reason": "resolved"})
+    call, decided = read_events(layout.artifacts_dir / "events.jsonl")
+    assert call["kind"] == "llm_call" and call["step"] == "decide" and call["tokens"] == 150
+    assert call["summary"].startswith('{"action": "conclude"') and len(call["summary"]) <= 241
+    assert decided["reason"] == "resolved" and printed == ["decided"]  # the terminal printer is not flooded
+
+
+def _sse(response: httpx.Response) -> Iterator[dict]:
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line == "":
+            if "data" in fields:
+                event = json.loads(fields["data"])
+                assert int(fields["id"]) == event["id"]
+                yield event
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.lstrip(" ")
+
+
+def _wait(check: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        assert proc is None or proc.poll() is None, f"exited before {what}"
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
+                                                       no_leftover_servers: Callable[[Path], None]) -> None:
+    sid = "live-study"
+    events_file = cli.artifacts / sid / "events.jsonl"
+    procs: list[subprocess.Popen] = []
+    daemon = cli.popen("daemon", "--port", "0", "--poll", "600", *cli.dirs, log=tmp_path / "daemon.log")
+    procs.append(daemon)
+    try:
+        study = cli.popen("start", "--topic", TOPIC, "--budget", "5m", "--study-id", sid, "--steps-per-run", "4",
+                          "--seeds", "1", "--parallel", "2", "--max-iterations", "1", *cli.dirs,
+                          log=tmp_path / "start.log")
+        procs.append(study)
+        _wait(events_file.exists, 60, "the study's first event", study)
+        watcher = subprocess.Popen(cli.argv("watch", sid, *cli.dirs), env=cli.env, cwd=cli.cwd, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(watcher)
+        seen: list[tuple[float, str]] = []
+        threading.Thread(target=lambda: seen.extend((time.time(), line) for line in watcher.stdout),
+                         daemon=True).start()
+
+        # The daemon's SSE: token from its 0600 file, address from daemon.json.
+        address = cli.artifacts / "daemon.json"
+        _wait(address.exists, 60, "the daemon's events server", daemon)
+        url = json.loads(address.read_text())["url"]
+        token_file = cli.artifacts / "daemon.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        assert httpx.get(f"{url}/studies/{sid}/events", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{url}/studies/{sid}/events").status_code == 401
+        assert httpx.get(f"{url}/studies/no-such-study/events", headers=auth).status_code == 404
+        first: list[dict] = []
+        with httpx.stream("GET", f"{url}/studies/{sid}/events", headers=auth, timeout=60) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+            for event in _sse(response):
+                first.append(event)
+                if len(first) == 8:
+                    break  # disconnect mid-study
+
+        # A run's launch shows in `researcher watch` within 5 s of its server being started.
+        launched = _wait(lambda: [(t, line) for t, line in seen if " launched " in line], 120, "a launched run", study)
+        for t_seen, line in launched:
+            key = line.split("key=")[1].split()[0]
+            _, iteration, trial = key.split("/")
+            record = runs.load(cli.artifacts / sid / "runs" / f"{int(iteration):02d}-{int(trial):02d}")
+            assert t_seen - record.started_at < 5, (t_seen - record.started_at, line)
+
+        # SIGKILL the researcher while its runs train, then resume it to the end.
+        _wait(lambda: any(e["kind"] == "progress" for e in read_events(events_file)), 120, "a training step", study)
+        os.kill(study.pid, signal.SIGKILL)
+        study.wait()
+        before = read_events(events_file)[-1]["id"]
+        resumed = cli.run("resume", sid, *cli.dirs, timeout=300)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        events = read_events(events_file)
+        ids = [e["id"] for e in events]
+        assert ids == list(range(1, len(ids) + 1))  # increasing across the restart, no gap
+        [restart] = [e for e in events if e["kind"] == "session" and e["action"] == "resume"]
+        assert restart["id"] > before and events[-1]["kind"] == "node" and events[-1]["phase"] == "done"
+
+        # Resume the stream after the last event received: the rest, without gaps or repeats.
+        rest: list[dict] = []
+        with httpx.stream("GET", f"{url}/studies/{sid}/events", timeout=30,
+                          headers={**auth, "Last-Event-ID": str(first[-1]["id"])}) as response:
+            for event in _sse(response):
+                rest.append(event)
+                if event["id"] == ids[-1]:
+                    break
+        assert [e["id"] for e in first + rest] == ids
+        assert first + rest == events
+        if shutil.which("curl"):
+            middle = ids[len(ids) // 2]
+            curl = subprocess.run(["curl", "-sN", "--max-time", "3", "-H", f"Authorization: {auth['Authorization']}",
+                                   "-H", f"Last-Event-ID: {middle}", f"{url}/studies/{sid}/events"],
+                                  capture_output=True, text=True)
+            got = [int(line[3:]) for line in curl.stdout.splitlines() if line.startswith("id:")]
+            assert got == ids[ids.index(middle) + 1:], curl.stdout[-2000:]
+
+        # The watcher, started before the kill, saw the resumed session too; `--once` draws the view
+        # (the study picked by default: the only one).
+        _wait(lambda: any("session action=resume" in line for _, line in seen), 10, "the resumed session in watch")
+        view = cli.run("watch", "--once", *cli.dirs, timeout=60)
+        assert view.returncode == 0, view.stdout + view.stderr
+        assert sid in view.stdout and f"{sid}/1/0" in view.stdout and "finished" in view.stdout
+        assert "decided to conclude" in view.stdout
+        no_leftover_servers(cli.artifacts / sid / "runs")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    assert daemon.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]
