@@ -37,6 +37,8 @@ _BARS = "▁▂▃▄▅▆▇█"
 _DECISIONS = ("framed", "planned", "decided", "llm_call", "validated", "client")
 _NOTABLE = ("session", "launched", "ended", "client_restart", "unparked", "watchdog", "parked", "report")
 _LIVE = ("running", "starting")
+_CURVE = 200       # reward points kept per run (the sparkline shows the last few dozen)
+_ENDED_SHOWN = 6   # ended runs kept in the table beside the live ones
 
 
 def sparkline(values: list[float], width: int = 24) -> str:
@@ -85,7 +87,7 @@ class WatchState:
             if event.get("action") == "enter":
                 self.node, self.doing, self.node_since = event.get("node"), event.get("doing"), event.get("ts")
             elif event.get("node") == self.node:
-                self.doing = f"left {self.node} (phase {self.phase})"
+                self.doing, self.node_since = f"done (phase now {self.phase})", event.get("ts")
         elif kind == "session":
             self.node, self.doing, self.node_since = None, f"session {event.get('action')} (pid {event.get('pid')})", event.get("ts")
         repair = (kind == "client" and event.get("repaired")) or (kind == "validated" and not event.get("ok"))
@@ -93,6 +95,10 @@ class WatchState:
             self.decisions.append(event)
         if kind in _NOTABLE or repair:
             self.recent.append(event)
+        if kind == "parked":  # the session checkpointed and stopped every live run
+            for run in self.runs.values():
+                if run.status in _LIVE:
+                    run.status = "parked"
         self._apply_run(kind, event)
 
     def _apply_run(self, kind: str | None, event: dict[str, Any]) -> None:
@@ -111,7 +117,7 @@ class WatchState:
                 reward = event.get("reward")
             if reward is not None:
                 run.reward = reward
-                run.rewards.append(reward)
+                run.rewards = [*run.rewards[-(_CURVE - 1):], reward]
         elif kind == "ended":
             run.status, run.step = event.get("status", "ended"), event.get("step", run.step)
         elif kind == "unparked":
@@ -157,6 +163,24 @@ def _describe(event: dict[str, Any]) -> str:
         return f"validation attempt {event.get('attempt')} {verdict}"
     if kind == "client":
         return f"{'repaired' if event.get('repaired') else 'wrote'} the client of iteration {event.get('iteration')}"
+    if kind == "session":
+        return f"researcher session {event.get('action')} (pid {event.get('pid')}, {event.get('planner')} planner)"
+    if kind == "launched":
+        return f"launched {event.get('key')} ({event.get('experiment')}, seed {event.get('seed')})"
+    if kind == "ended":
+        return f"{event.get('key')} ended {event.get('status')} at step {event.get('step')}: {event.get('reason') or ''}"
+    if kind == "client_restart":
+        return f"{event.get('key')}: client restarted at step {event.get('step')}"
+    if kind == "unparked":
+        return f"{event.get('key')} resumed from its checkpoint at step {event.get('step')}"
+    if kind == "watchdog":
+        what = event.get("key") or event.get("reason") or ""
+        return f"watchdog {event.get('name')}: {what}"
+    if kind == "parked":
+        return f"parked in phase {event.get('phase')} ({event.get('runs')} run(s) checkpointed): {event.get('reason')}"
+    if kind == "report":
+        answer = str(event.get("answer") or "")
+        return f"report ({event.get('phase')}): {answer[:200]}{'…' if len(answer) > 200 else ''}"
     return f"{kind} {_fields(event)}"
 
 
@@ -175,7 +199,8 @@ def render(state: WatchState, now: float | None = None) -> RenderableType:
         decisions.add_row(Text(f"{_clock(event.get('ts'))} {_describe(event)}", overflow="fold"))
 
     runs = Table("run", "arm", "seed", "status", "step", "reward", "curve", expand=False)
-    for run in state.runs.values():
+    ended = [run for run in state.runs.values() if run.status not in _LIVE]
+    for run in ended[-_ENDED_SHOWN:] + [run for run in state.runs.values() if run.status in _LIVE]:
         style = "green" if run.status in _LIVE else ("dim" if run.status == "finished" else "yellow")
         step = f"{run.step}/{run.target}" if run.target else str(run.step)
         reward = "-" if run.reward is None else f"{run.reward:.3f}"

@@ -74,6 +74,32 @@ def test_llm_calls_become_short_events(tmp_path: Path) -> None:
     assert decided["reason"] == "resolved" and printed == ["decided"]  # the terminal printer is not flooded
 
 
+def test_the_view_folds_events_into_node_decisions_runs_and_recent() -> None:
+    from rich.console import Console
+
+    from researcher.watch import WatchState, render, sparkline
+
+    state = WatchState("s")
+    for n, (kind, fields) in enumerate([
+            ("node", {"action": "enter", "node": "monitor", "doing": "polling live runs", "phase": "running"}),
+            ("decided", {"action": "continue", "reason": "the difference is not resolved"}),
+            ("launched", {"key": "s/1/0", "experiment": "arm-a", "seed": 1000}),
+            ("progress", {"key": "s/1/0", "step": 1, "target": 4, "reward": None, "train_reward": 0.1}),
+            ("progress", {"key": "s/1/0", "step": 2, "target": 4, "reward": 0.3, "train_reward": 0.3}),
+            ("watchdog", {"name": "client_stuck", "key": "s/1/0", "step": 2}),
+            ("parked", {"reason": "the session window ended", "phase": "running", "runs": 1})], start=1):
+        state.apply({"id": n, "ts": 1000.0 + n, "kind": kind, **fields})
+    assert state.node == "monitor" and state.runs["s/1/0"].rewards == [0.1, 0.3]
+    assert state.runs["s/1/0"].status == "parked"
+    console = Console(record=True, width=160)
+    console.print(render(state, now=1010.0))
+    text = console.export_text()
+    for expected in ("monitor for 9 s", "polling live runs", "decided to continue: the difference is not resolved",
+                     "s/1/0", "2/4", "0.300", "watchdog client_stuck: s/1/0", "parked in phase running"):
+        assert expected in text, expected
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▄█" and sparkline([]) == ""
+
+
 def _sse(response: httpx.Response) -> Iterator[dict]:
     fields: dict[str, str] = {}
     for line in response.iter_lines():
