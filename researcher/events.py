@@ -15,7 +15,8 @@ graph's node entries and exits and the LLM planner's calls (``llm_call_listener`
 
 Event kinds (fields besides id, ts, kind):
 - ``session``: a researcher process took the study (action start | resume, pid).
-- ``node``: action enter | leave, node, doing (what the node does, in words), phase (on leave).
+- ``node``: action enter | leave | fail, node, doing (what the node does, in words; on enter), phase,
+  error (on fail: the exception; the graph's retry policy may enter the node again).
 - ``framed``: question, task, knob. ``planned``: iteration, experiments, seeds, rationale.
   ``decided``: action (continue | conclude), reason. ``llm_call``: step, model, seconds, tokens,
   error, summary (the start of the answer) — the planner's decisions and their reasons.

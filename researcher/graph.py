@@ -51,6 +51,9 @@ def _bind(name: str, node: Callable[[StudyState, StudyContext], dict[str, Any]],
             # E.g. out of LLM credit: change nothing, park; the next window re-runs this node.
             ctx.park(str(exc))
             result = {}
+        except Exception as exc:
+            ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
         ctx.say("node", action="leave", node=name, phase=result.get("phase", state.get("phase")))
         return result
 

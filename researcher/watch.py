@@ -86,6 +86,8 @@ class WatchState:
             self.phase = event.get("phase") or self.phase
             if event.get("action") == "enter":
                 self.node, self.doing, self.node_since = event.get("node"), event.get("doing"), event.get("ts")
+            elif event.get("action") == "fail":
+                self.doing, self.node_since = f"failed: {event.get('error')}", event.get("ts")
             elif event.get("node") == self.node:
                 self.doing, self.node_since = f"done (phase now {self.phase})", event.get("ts")
         elif kind == "session":

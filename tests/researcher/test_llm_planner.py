@@ -17,6 +17,7 @@ import pytest
 from scripted_llm import ScriptedLLM
 
 from researcher import runs
+from researcher.events import read_events
 from researcher.layout import StudyLayout
 from researcher.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.planner.llm import LLMPlanner
@@ -140,6 +141,11 @@ def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[Script
     assert len(traces) == len(script.requests)
     assert any("That answer is invalid" in json.dumps(json.loads(t.read_text())["messages"]) for t in traces)
     _assert_traced_in_mlflow(cli.artifacts / "mlflow.db", sid, [json.loads(t.read_text()) for t in traces])
+    events = read_events(cli.artifacts / sid / "events.jsonl")  # the live view's log: a short event per call
+    calls = [e for e in events if e["kind"] == "llm_call"]
+    assert [c["step"] for c in calls] == [json.loads(t.read_text())["step"] for t in traces]
+    assert all(c["tokens"] == 150 and c["summary"] for c in calls if not c["error"])
+    assert any(e["kind"] == "client" and e["repaired"] for e in events)
     records = runs.all_records(cli.artifacts / sid / "runs")
     assert [(r.experiment, r.status, r.launches) for r in records] == [("it1-gs-2", "finished", 1),
                                                                        ("it1-gs-4", "finished", 1)]
