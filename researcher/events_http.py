@@ -65,7 +65,9 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 def create_app(studies_root: Path, artifacts_root: Path, token: str, *, poll_s: float = 0.25,
-               ping_s: float = 15.0) -> FastAPI:
+               ping_s: float = 15.0, closing: threading.Event | None = None) -> FastAPI:
+    """The app; streams end when ``closing`` is set (the daemon shutting down), so none is cut mid-event."""
+    closing = closing or threading.Event()
     app = FastAPI(title="researcher daemon", docs_url=None, redoc_url=None)
 
     @app.get("/healthz")
@@ -89,16 +91,18 @@ def create_app(studies_root: Path, artifacts_root: Path, token: str, *, poll_s: 
         last = request.headers.get("last-event-id", "").strip() or "0"
         if not last.isdigit():
             return _error(400, "bad_request", f"Last-Event-ID must be an event id, got {last!r}")
-        return StreamingResponse(_stream(Follower(path, int(last)), poll_s, ping_s), media_type="text/event-stream",
+        return StreamingResponse(_stream(request, Follower(path, int(last)), poll_s, ping_s, closing),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
 
 
-async def _stream(follower: Follower, poll_s: float, ping_s: float) -> AsyncIterator[str]:
+async def _stream(request: Request, follower: Follower, poll_s: float, ping_s: float,
+                  closing: threading.Event) -> AsyncIterator[str]:
     yield "retry: 2000\n\n"
     quiet_since = time.monotonic()
-    while True:
+    while not closing.is_set() and not await request.is_disconnected():
         batch = follower.poll()
         for event in batch:
             yield f"id: {event['id']}\ndata: {json.dumps(event, default=str, ensure_ascii=False)}\n\n"
@@ -121,8 +125,10 @@ class EventServer:
         self.socket = _bind(port, fallback)
         self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(studies_root, artifacts_root, self.token)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self._closing = threading.Event()
+        app = create_app(studies_root, artifacts_root, self.token, closing=self._closing)
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                                    timeout_graceful_shutdown=1))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.socket]},
                                         name="events-http", daemon=True)
         self.address_file = artifacts_root / ADDRESS_FILE
@@ -134,6 +140,7 @@ class EventServer:
                                                  "token_file": str(self.token_file)}) + "\n")
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._closing.set()
         self._server.should_exit = True
         self._thread.join(timeout_s)
 
