@@ -161,3 +161,34 @@ def test_four_fake_gpus_one_run_each_queue_and_survive_a_restart(cli, tmp_path: 
     assert all(len(r.devices) == 1 for r in records)
     no_leftover_servers(runs_dir)
     assert (cli.studies / sid / "report.md").is_file()
+
+
+def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> None:
+    """Refused when a node is another machine and the artifacts or MLflow are this machine's only."""
+    from researcher.ray_launcher import ClusterNotShared, RayLauncher
+
+    class TwoMachines(RayLauncher):
+        def __init__(self, ips: list[str]) -> None:
+            super().__init__("http://127.0.0.1:8265", ["swarm"])
+            self.ips = ips
+
+        def nodes(self) -> list[dict]:
+            return [{"node_id": str(i), "node_ip": ip, "resources": {}} for i, ip in enumerate(self.ips)]
+
+    TwoMachines(["127.0.0.1"]).check_shared(tmp_path, "sqlite:///x.db")  # every node is this machine
+    with pytest.raises(ClusterNotShared) as refused:
+        TwoMachines(["127.0.0.1", "198.51.100.7"]).check_shared(tmp_path, "sqlite:///x.db")
+    assert "--artifacts-dir" in str(refused.value) and "MLFLOW_TRACKING_URI" in str(refused.value)
+
+
+def test_a_server_bound_off_loopback_gets_a_private_token(tmp_path: Path) -> None:
+    from researcher import ray_entry
+
+    state = tmp_path / "server"
+    ray_entry._ensure_token("127.0.0.1", ["swarm", "serve", "--state-dir", str(state)])
+    assert not (state / "token").exists()  # on loopback the server makes its own
+    ray_entry._ensure_token("192.0.2.10", ["swarm", "serve", "--state-dir", str(state)])
+    token = (state / "token").read_text()
+    assert len(token) >= 24 and (state / "token").stat().st_mode & 0o777 == 0o600
+    ray_entry._ensure_token("192.0.2.10", ["swarm", "serve", "--state-dir", str(state)])
+    assert (state / "token").read_text() == token  # kept across restarts
