@@ -7,7 +7,7 @@ Why Ray Jobs (``JobSubmissionClient``) rather than actors:
   "record" is refused by Ray instead of starting a run twice (we adopt the job that exists);
 - the server stays the same ``swarm serve`` process (with its vLLM child or verl workers, which
   join the same cluster), with its resource request (``entrypoint_num_cpus/gpus/resources``); Ray
-  queues a job until a node has what it asks for, and sets its ``CUDA_VISIBLE_DEVICES``;
+  queues a job until a node has what it asks for (GPU requests are written, not run here: no GPU);
 - logs come back through the Jobs API (``get_job_logs``) into the run dir;
 - an actor would tie the server's lifetime to a driver (ours), or need a detached actor plus our
   own log shipping and process supervision inside it.
@@ -229,9 +229,10 @@ class RayLauncher(Launcher):
         if found.get("submission_id") != server:
             return
         record.url = f"http://{found['host']}:{found['port']}"
-        if record.queued_at is not None:
+        if record.queued_at is not None:  # Ray started the job: the server's ready timeout counts from now
             record.queued_s += time.time() - record.queued_at
             record.queued_at = None
+            record.resumed_at = time.time()
         try:
             record.node = self.jobs.get_job_info(server).driver_node_id or found["host"]
         except RuntimeError:
@@ -274,7 +275,12 @@ class RayLauncher(Launcher):
 
     def _stop_server(self, record: RunRecord, checkpoint_first: bool) -> None:
         server = self._server_job(record)
-        if server is None or self._status(server) not in _LIVE:
+        status = self._status(server)
+        if server is None or status not in _LIVE:
+            return
+        if status == "PENDING":  # never started: nothing to checkpoint
+            self.jobs.stop_job(server)
+            _wait(lambda: self._status(server) not in _LIVE, 15.0)
             return
         try:
             with self.client_for(record, timeout=30.0) as client:

@@ -7,9 +7,12 @@ those sessions, then any process whose command line names the cluster's temp dir
 job drivers), and checks none is left. It never runs ``ray stop``: that would stop every Ray
 process of this user on the machine, other people's clusters included.
 
-Where Ray binds beyond 127.0.0.1: the GCS, raylets, dashboard and agents take ``--node-ip-address``
-/ ``--dashboard-host`` 127.0.0.1; Ray's worker processes' gRPC servers and the object manager bind
-the node IP given, so 127.0.0.1 here as well (checked with ``ss -ltnp`` while the cluster runs).
+Where Ray binds beyond 127.0.0.1 (``ss -ltnp`` while the cluster ran, Ray 2.60): the dashboard's
+HTTP port binds 127.0.0.1 (``--dashboard-host``) and the runs' swarm servers bind 127.0.0.1
+(``RESEARCHER_BIND_HOST``); the GCS and each raylet's node-manager and object-manager gRPC ports
+listen on all interfaces (``*``) and the dashboard/autoscaler metrics ports on 0.0.0.0, whatever
+``--node-ip-address`` says — Ray offers no flag to bind those to loopback. Every port is chosen free
+per test, so nothing collides with other clusters on the machine.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Cluster:
     dashboard: str
     env: dict[str, str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    also: list[Path] = field(default_factory=list)  # folders whose processes die with the cluster (jobs' run dirs)
 
     def start_node(self, name: str, resources: dict[str, float], head: bool = False, cpus: int = 1) -> None:
         argv = [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
@@ -107,7 +111,10 @@ class Cluster:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.root.glob("*.log"))
 
     def left(self) -> list[tuple[int, str]]:
-        return [(pid, cmd) for pid, cmd in _processes() if str(self.root) in cmd]
+        """Processes of this cluster: Ray's (they name its temp dir) and its jobs' (they name a run dir
+        under ``also``); a job's process may outlive a SIGKILLed raylet."""
+        marks = [str(self.root), *(str(p) for p in self.also)]
+        return [(pid, cmd) for pid, cmd in _processes() if any(m in cmd for m in marks) and pid != os.getpid()]
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -144,13 +151,13 @@ def _processes() -> list[tuple[int, str]]:
 
 
 @contextlib.contextmanager
-def two_node_cluster(env: dict[str, str]) -> Iterator[Cluster]:
+def two_node_cluster(env: dict[str, str], also: list[Path] | None = None) -> Iterator[Cluster]:
     """Head (node_a) + a second node (node_b), one CPU each; torn down and checked empty at the end."""
     root = Path(tempfile.mkdtemp(prefix="rw", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     # RESEARCHER_BIND_HOST: the runs' servers listen on loopback (inside a job Ray reports this machine's
     # eth0 address as the node's IP, whatever --node-ip-address says).
     env = {**env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RESEARCHER_BIND_HOST": "127.0.0.1"}
-    cluster = Cluster(root, f"127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}", env)
+    cluster = Cluster(root, f"127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}", env, also=also or [])
     try:
         cluster.start_node("a", {"node_a": 1}, head=True)
         cluster.wait_nodes(1)

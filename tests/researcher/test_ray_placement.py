@@ -26,7 +26,7 @@ TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 
 @pytest.fixture
 def cluster(cli) -> Iterator[Cluster]:
-    with two_node_cluster(cli.env) as found:
+    with two_node_cluster(cli.env, also=[cli.artifacts, cli.studies]) as found:
         yield found
 
 
@@ -94,7 +94,7 @@ def test_node_death_and_researcher_sigkill_on_ray(cli, cluster: Cluster, tmp_pat
     sid = "ray-faults"
     runs_dir = cli.artifacts / sid / "runs"
     names = cluster.node_names()
-    proc = cli.popen("start", "--topic", TOPIC, "--budget", "15m", "--study-id", sid, "--steps-per-run", "150",
+    proc = cli.popen("start", "--topic", TOPIC, "--budget", "15m", "--study-id", sid, "--steps-per-run", "60",
                      "--seeds", "2", "--parallel", "2", "--max-iterations", "1", "--ray-address", cluster.dashboard,
                      *cli.dirs, log=tmp_path / "start.log")
     try:
