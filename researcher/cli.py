@@ -4,7 +4,8 @@ settings, and wires planner, tracker and launcher into a study context.
 Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner; without
 them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
 accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
-SWARM_TOKEN (control token of existing servers given with --server).
+SWARM_TOKEN (control token of existing servers given with --server), RESEARCHER_RAY_ADDRESS (place runs
+on a Ray cluster, like --ray-address), CUDA_VISIBLE_DEVICES / nvidia-smi (the GPUs local runs share out).
 
 Only the verbs that run a study (start, resume) import ``researcher.study`` and with it the graph;
 status, list, stop and the scheduler verbs read the study's files through ``studystore``.
@@ -27,7 +28,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, datatask, events, flags, overview, run_table, scheduler, studystore
+from researcher import catalog, datatask, events, flags, overview, resources, run_table, scheduler, studystore
 from researcher.context import StudyContext
 from researcher.flags import parse_duration
 from researcher.launcher import Launcher
@@ -101,8 +102,7 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
         planner = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
     options = options or StudyOptions()
     threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
-    launcher = Launcher(settings.swarm_command, model=options.model, threads=threads,
-                        external_token=settings.server_token, mlflow_uri=settings.mlflow_uri())
+    launcher = _launcher(settings, options, threads)
     tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
     ctx = StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
                        emit=events.recorder(layout, _printer() if verbose else None),
@@ -112,6 +112,32 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
     if add_listener is not None:  # the LLM planner: a short event per call for `researcher watch`
         add_listener(events.llm_call_listener(ctx.say))
     return ctx
+
+
+def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int) -> Launcher:
+    """The study's placement: Ray when it names a cluster, else local processes sharing this machine's GPUs."""
+    if options.ray_address and not settings.servers:
+        from researcher.ray_launcher import RayLauncher
+
+        return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
+                           mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
+    return Launcher(settings.swarm_command, model=options.model, threads=threads,
+                    external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
+                    gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root)
+
+
+def _check_cluster(ctx: StudyContext) -> None:
+    """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
+    if ctx.launcher.placement != "ray":
+        return
+    from researcher.ray_launcher import ClusterNotShared
+
+    try:
+        ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]
+    except ClusterNotShared as exc:
+        _fail(str(exc), 2)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        _fail(f"cannot reach the Ray cluster at {ctx.settings and ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
 
 
 def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
@@ -202,6 +228,14 @@ def start(
     max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
     model: Annotated[str | None, typer.Option(help=(
         "what every run's `swarm serve --model` loads (default: each experiment's config.toml `model`, else tiny)"))] = None,
+    gpus_per_run: Annotated[float | None, typer.Option(min=0, help=(
+        "GPUs each run gets (0.5: two runs share a device; default 1 where there are GPUs)"),
+        rich_help_panel="Placement")] = None,
+    run_resources: Annotated[str | None, typer.Option(help=(
+        "resources each run asks for, as JSON: '{\"GPU\": 1, \"node_b\": 1}'"), rich_help_panel="Placement")] = None,
+    ray_address: Annotated[str | None, typer.Option(help=(
+        "place runs on this Ray cluster: auto, ray://HOST:PORT or http://HOST:8265 (env RESEARCHER_RAY_ADDRESS)"),
+        rich_help_panel="Placement")] = None,
     window: Annotated[str | None, typer.Option(help="end this session after this long (park; resume later)")] = None,
     data: Annotated[Path | None, typer.Option(help=(
         "study your own data file (jsonl or parquet, verl's RL rows or {prompt, answer}) instead of the examples"),
@@ -230,7 +264,10 @@ def start(
         options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
                                        "parallel_runs": parallel, "max_iterations": max_iterations,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": str(Path(model).resolve()) if model and Path(model).is_dir() else model},
+                                       "model": str(Path(model).resolve()) if model and Path(model).is_dir() else model,
+                                       "gpus_per_run": gpus_per_run,
+                                       "run_resources": resources.parse_run_resources(run_resources) or None,
+                                       "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None},
                                       server)  # a model folder as an absolute path: runs start in their own dirs
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
@@ -244,6 +281,7 @@ def start(
     except (ValueError, OSError) as exc:
         _fail(str(exc), 2)
     ctx = build_context(settings, sid, options, window_s=window_s)
+    _check_cluster(ctx)
     if isinstance(ctx.planner, OfflinePlanner):
         try:  # refuse an unmappable topic before anything is written (the planner keeps this framing)
             ctx.planner.frame(topic, catalog.describe(settings.examples_root))
@@ -309,6 +347,13 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
         for key, text in overview.readable(row):
             table.add_row(key, text)
         out.print(table)
+        if row.get("placements"):
+            runs_table = Table("run", "status", "placement", "node", "resources", "gpus", "queued")
+            for place in row["placements"]:
+                runs_table.add_row(place["key"], place["status"], place["placement"], place["node"] or "-",
+                                   ", ".join(f"{k} {v:g}" for k, v in place["resources"].items()) or "-",
+                                   ",".join(place["devices"]) or "-", f"{place['queued_s']:.0f} s")
+            out.print(runs_table)
 
 
 @app.command("list")

@@ -88,14 +88,20 @@ def build(ctx: StudyContext) -> StateGraph:
             return "write_report"
         return "launch_runs" if state["validation"]["ok"] else "write_client"
 
-    def after_runs(state: StudyState) -> str:
-        statuses = [t["status"] for t in state["trials"]]
-        running = statuses.count("running")
-        # Fill a free slot first, so a finished run's core does not idle while others still train.
-        waiting = "pending" in statuses or "parked" in statuses
-        if waiting and running < state["options"]["parallel_runs"] and not ctx.stop_requested():
-            return "launch_runs"
-        return "monitor" if running else "analyze"
+    def routed_runs(after_monitor: bool) -> Callable[[StudyState], str]:
+        def route(state: StudyState) -> str:
+            statuses = [t["status"] for t in state["trials"]]
+            running = statuses.count("running")
+            # Fill a free slot first, so a finished run's core does not idle while others still train.
+            # Runs queued for resources are retried after the monitor returns (a run ended, or a poll
+            # passed with none running), never straight after launch_runs queued them.
+            waiting = "pending" in statuses or "parked" in statuses or (after_monitor and "queued" in statuses)
+            if waiting and running < state["options"]["parallel_runs"] and not ctx.stop_requested():
+                return "launch_runs"
+            if ctx.stop_requested() and "queued" in statuses and not running:
+                return "launch_runs"  # it ends the queued runs
+            return "monitor" if running or "queued" in statuses else "analyze"
+        return route
 
     g.add_conditional_edges(START, entry, sorted(set(ENTRY.values())))
     g.add_conditional_edges("frame_topic", parkable(ok_or_report("plan_experiments", "planning")),
@@ -104,8 +110,10 @@ def build(ctx: StudyContext) -> StateGraph:
                             ["write_client", "write_report", "park"])
     g.add_conditional_edges("write_client", parkable(lambda state: "validate"), ["validate", "park"])
     g.add_conditional_edges("validate", parkable(after_validate), ["launch_runs", "write_client", "write_report", "park"])
-    g.add_conditional_edges("launch_runs", parkable(after_runs), ["monitor", "launch_runs", "analyze", "park"])
-    g.add_conditional_edges("monitor", parkable(after_runs), ["monitor", "launch_runs", "analyze", "park"])
+    g.add_conditional_edges("launch_runs", parkable(routed_runs(after_monitor=False)),
+                            ["monitor", "launch_runs", "analyze", "park"])
+    g.add_conditional_edges("monitor", parkable(routed_runs(after_monitor=True)),
+                            ["monitor", "launch_runs", "analyze", "park"])
     g.add_conditional_edges("analyze", parkable(lambda state: "decide"), ["decide", "park"])
     g.add_conditional_edges("decide", parkable(ok_or_report("plan_experiments", "planning")),
                             ["plan_experiments", "write_report", "park"])

@@ -23,13 +23,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import procs, runs, sandbox
+from researcher import procs, resources, runs, sandbox
 from researcher.runs import RunRecord
 from researcher.spool import LOCAL_PREFIX
 
@@ -51,9 +52,18 @@ class LaunchError(RuntimeError):
 
 
 class Launcher:
+    """Local placement: runs are processes on this machine; GPUs (if any) are partitioned per run.
+
+    The Ray launcher (``researcher.ray_launcher``) keeps this interface and places the processes on a
+    cluster instead; the nodes never ask which one they have."""
+
+    placement = "local"
+
     def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 120.0, external_token: str | None = None,
-                 mlflow_uri: str | None = None) -> None:
+                 mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None) -> None:
+        self.gpus = list(gpus)  # this machine's GPU ids runs may use (``resources.discover_gpus``)
+        self.artifacts_root = artifacts_root  # where every study's run records are (who holds which GPU)
         self.swarm_command = list(swarm_command)
         self.mlflow_uri = mlflow_uri  # handed to our servers, so each run's metrics have one writer
         self.model = model  # None: the run's config.toml names the model (its `model` key), else swarm's default
@@ -84,8 +94,70 @@ class Launcher:
         record.status, record.reason, record.ended_at = status, reason, time.time()
         if record.parked_at:
             record.parked_s += record.ended_at - record.parked_at
+        if record.queued_at is not None:  # it waited for resources and never got them
+            record.queued_s += record.ended_at - record.queued_at
+            record.queued_at = None
         runs.save(run_dir, record)
         return record
+
+    # ------------------------------------------------------------------ resources
+
+    def never_fits(self, request: resources.Request) -> str | None:
+        """Why a run asking ``request`` can never start here (None: it can, perhaps after waiting)."""
+        return resources.never_fits(request, self.gpus)
+
+    def reserve(self, run_dir: Path, record: RunRecord) -> bool:
+        """Give the run the local devices it asks for, or mark it waiting (``queued_at``); True when it may
+        start now. The choice and its record are made under a machine-wide lock, so two researchers on
+        one machine never hand out the same device; it is saved in run.json, so it survives a restart."""
+        from filelock import FileLock
+
+        if record.external:
+            record.placement, record.node = "external", record.url
+            return True
+        now = time.time()
+        request = resources.Request(amounts=record.resources)
+        lock_dir = self.artifacts_root or run_dir.parent
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(lock_dir / ".gpus.lock")):
+            usage = resources.held(resources.live_records(self.artifacts_root) if self.artifacts_root
+                                   else runs.all_records(run_dir.parent), but=record.key)
+            devices = resources.assign(request, self.gpus, usage)
+            if devices is None:
+                if record.queued_at is None:
+                    record.queued_at = now
+                    runs.save(run_dir, record)
+                return False
+            record.devices, record.node, record.placement = devices, socket.gethostname(), self.placement
+            if record.queued_at is not None:
+                record.queued_s += now - record.queued_at
+                record.queued_at = None
+            runs.save(run_dir, record)
+        return True
+
+    def release(self, record: RunRecord) -> None:
+        """A run that stops its processes (parked, ended) gives its devices back."""
+        record.devices = []
+
+    # ------------------------------------------------------------------ liveness
+
+    def server_alive(self, record: RunRecord) -> bool:
+        return record.external or procs.alive(record.server_pid, record.server_started)
+
+    def client_alive(self, record: RunRecord) -> bool:
+        return procs.alive(record.client_pid, record.client_started)
+
+    def awaiting_client(self, record: RunRecord) -> bool:
+        """The run's server was (re)started and its client is not yet: the monitor starts it once the server answers."""
+        return record.client_pid is None
+
+    def stop_client(self, record: RunRecord) -> None:
+        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+
+    def revive(self, run_dir: Path, record: RunRecord) -> bool:
+        """Restart a run whose server died with its node (from its last checkpoint); True if it did.
+        A local server that died is a crash: nothing else took it down."""
+        return False
 
     # ------------------------------------------------------------------ logs
 
@@ -106,6 +178,13 @@ class Launcher:
         env["OMP_NUM_THREADS"] = str(self.threads)
         return env
 
+    def _placed_env(self, record: RunRecord) -> dict[str, str]:
+        env = self._server_env()
+        if self.gpus and record.resources:
+            # Its own devices only; "" hides every GPU from a run that asked for none.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(record.devices)
+        return env
+
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
         """Start the run's `swarm serve`. With a real MLflow run id the server is its run's one metrics
         writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
@@ -116,7 +195,7 @@ class Launcher:
         argv = self.swarm_command + ["serve", *model, "--host", "127.0.0.1", "--port", str(record.port),
                                      "--state-dir", str(state_dir), "--config", str(config),
                                      "--seed", str(record.seed), "--threads", str(self.threads)]
-        env = self._server_env()
+        env = self._placed_env(record)
         run_id = record.mlflow_run_id
         record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))
         if record.server_logs_mlflow:
@@ -261,6 +340,7 @@ class Launcher:
                                                                            30.0)):
                 procs.stop_group(record.server_pid, record.server_started)
         record.status, record.reason, record.parked_at = "parked", reason, time.time()
+        self.release(record)
         record.client_pid = record.client_started = None
         if not record.external:
             record.server_pid = record.server_started = None

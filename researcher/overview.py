@@ -8,6 +8,7 @@ people (``6 launched: 4 finished, 2 running``), never a Python dict."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,17 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         "parked": (state.get("parked") or {}).get("reason") if state.get("phase") == "parked" else None,
         "answer": answer,
         "report": str(layout.report_md) if layout.report_md.is_file() else None,
+        "placements": placements(records, time.time()),
     }
+
+
+def placements(records: list[runs.RunRecord], now: float) -> list[dict[str, Any]]:
+    """Where each run is: ``placement`` (local | ray | external), ``node``, the ``resources`` it asks for,
+    its local GPUs (``devices``) and ``queued_s``, the time it waited for them (still counting while it waits)."""
+    return [{"key": r.key, "status": "queued" if r.queued_at is not None and not r.ended else r.status,
+             "placement": r.placement, "node": r.node, "resources": r.resources, "devices": r.devices,
+             "queued_s": round(r.queued_s + (now - r.queued_at if r.queued_at is not None and not r.ended else 0.0), 1)}
+            for r in records]
 
 
 def study_ids(studies_root: Path, artifacts_root: Path) -> list[str]:

@@ -68,6 +68,14 @@ class RunRecord(BaseModel):
     resumed_at: float | None = None
     finished_seen: int = 0                # server's finished-episode count at the last poll (stuck-client watchdog)
     finished_seen_at: float = Field(default_factory=time.time)
+    # Where the run is placed (``researcher.resources``, ``researcher.ray_launcher``).
+    placement: str = "local"              # local | ray
+    node: str = ""                        # the host (local) or Ray node id its server runs on
+    resources: dict[str, float] = Field(default_factory=dict)  # what it asks for: {"CPU": 1, "GPU": 1, ...}
+    devices: list[str] = Field(default_factory=list)  # local GPUs it was given (its CUDA_VISIBLE_DEVICES)
+    queued_at: float | None = None        # waiting for resources since (None: not waiting)
+    queued_s: float = 0.0                 # time spent waiting for resources, over all its starts
+    jobs: list[str] = Field(default_factory=list)  # Ray job submission ids of its server and clients, in order
 
     @model_validator(mode="before")
     @classmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
 class LLMSettings(BaseModel):
@@ -44,7 +44,15 @@ class StudyOptions(BaseModel):
     # overlap their 15-30 s server start-ups. Configurations are compared per training step, and the
     # example studies train in sync mode (on-policy whatever the speed), so the contention that slows
     # each run's wall time does not bias the comparison.
-    parallel_runs: int = Field(2, ge=1, le=16, description="training runs alive at once")
+    parallel_runs: int = Field(2, ge=1, le=16, validation_alias=AliasChoices("parallel_runs", "max_parallel_runs"),
+                               description="at most this many training runs alive at once (max_parallel_runs): a "
+                               "cap; runs also wait until the machine or cluster has the resources they ask for")
+    gpus_per_run: float | None = Field(None, ge=0, description="GPUs each run asks for (0.5: two runs share one "
+                                       "device); None: 1 on a machine or cluster with GPUs, else 0")
+    run_resources: dict[str, float] | None = Field(None, description="resources each run asks for, Ray's "
+                                            "names ({\"GPU\": 1, \"node_b\": 1}); these win over the derived ones")
+    ray_address: str | None = Field(None, description="place runs on this Ray cluster (auto | ray://HOST:PORT | "
+                                    "http://HOST:8265); None: local processes")
     smoke_episodes: int = Field(4, ge=1, le=64)
     smoke_timeout_s: float = Field(60.0, gt=0)
     stall_timeout_s: float = Field(120.0, gt=0, description="no new training step for this long = stalled")

@@ -30,7 +30,7 @@ class Trial(TypedDict):
     experiment: str
     seed: int
     run_dir: str
-    status: str              # pending | running | parked | finished | crashed | stalled | diverged | cut | stopped
+    status: str              # pending | queued (waits for resources) | running | parked | finished | crashed | …
 
 
 class StudyState(TypedDict, total=False):

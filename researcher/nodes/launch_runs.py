@@ -1,5 +1,10 @@
 """launch_runs: start the servers of pending trials up to the parallelism, run and time budget.
 
+A run starts only when the launcher can give it the resources it asks for (its GPUs on this
+machine, or room on the Ray cluster); otherwise its trial is ``queued`` and retried whenever
+launch_runs runs again (after a run ends, or each poll while nothing runs). ``parallel_runs``
+(``max_parallel_runs``) is a cap on live runs, not the schedule.
+
 Idempotent: a trial whose run.json records a launch is re-attached to, never started twice (the
 crash test counts ``launches``). Each run gets an MLflow child run under the iteration's parent.
 """
@@ -10,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from researcher import budget, runs, studyfiles
+from researcher import budget, resources, runs, studyfiles
 from researcher.context import StudyContext
 from researcher.launcher import LaunchError
 from researcher.runs import RunRecord
@@ -37,24 +42,34 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
         if record is not None and (record.launches > 0 or record.ended):
             trial["status"] = record.status  # re-attach: the monitor keeps polling it (or it is done)
             continue
-        if trial["status"] != "pending":
+        if trial["status"] not in ("pending", "queued"):
             continue
         active = sum(1 for t in trials if t["status"] == "running")
         if active >= options["parallel_runs"]:
             break
         if ctx.stop_requested():
             trial["status"] = "stopped"
+            _end_queued(ctx, run_dir, record, "stopped", "stop requested while waiting for resources")
             continue
         if state["budget"]["max_runs"] - launched_total <= 0:
             trial["status"] = "skipped"
+            _end_queued(ctx, run_dir, record, "stopped", "the study's run budget was spent while it waited")
             continue
         left = budget.time_left(state, ctx.clock())
         if left <= 0 or (state.get("run_seconds") and left < 0.6 * budget.run_estimate_s(state)):
             trial["status"] = "skipped"
+            _end_queued(ctx, run_dir, record, "cut", "too little time left while it waited for resources")
             studyfiles.log(ctx.layout, f"Skipped run {trial['key']}: {left:.0f} s left, a run takes about "
                                        f"{budget.run_estimate_s(state):.0f} s.")
             continue
         record = _new_record(state, ctx, trial, record)
+        unmet = ctx.launcher.never_fits(resources.Request(amounts=record.resources))
+        if unmet:
+            _fail(ctx, run_dir, record, trial, unmet)
+            continue
+        if not ctx.launcher.reserve(run_dir, record):
+            trial["status"] = "queued"  # retried on the next pass; the monitor wakes it
+            continue
         try:
             record = ctx.launcher.start_server(run_dir, record, _config_path(ctx, trial))
         except (LaunchError, OSError) as exc:
@@ -62,7 +77,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             continue
         launched_total += 1
         trial["status"] = record.status  # running: a trial's status is its record's once it has one
-        ctx.say("launched", key=trial["key"], experiment=trial["experiment"], seed=trial["seed"], url=record.url)
+        ctx.say("launched", key=trial["key"], experiment=trial["experiment"], seed=trial["seed"], url=record.url,
+                placement=record.placement, node=record.node, devices=",".join(record.devices) or "-")
     # Servers take a while to load; the monitor starts each client once its server answers, so
     # runs already training keep being watched (and stopped on target) meanwhile.
     return {"trials": trials, "runs_launched": launched_total, "phase": "running"}
@@ -78,6 +94,8 @@ def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: 
         ctx.launcher.end_parked(run_dir, record, "cut", f"deadline reached while parked at step {record.last_step}")
     elif sum(1 for t in trials if t["status"] == "running") >= state["options"]["parallel_runs"]:
         return "parked"
+    elif not ctx.launcher.reserve(run_dir, record):
+        return "queued"  # its record stays parked: the next pass tries again
     else:
         try:
             ctx.launcher.unpark(run_dir, record, _config_path(ctx, trial))
@@ -127,7 +145,9 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                        experiment=trial["experiment"], seed=trial["seed"], config=config,
                        client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,
                        concurrency=batch, threads=ctx.launcher.threads,
-                       external=external, url=url, mlflow_run_id=child)
+                       external=external, url=url, mlflow_run_id=child,
+                       resources={} if external else resources.request_for(state["options"], config,
+                                                                           len(ctx.launcher.gpus)).amounts)
     return ctx.launcher.register(Path(trial["run_dir"]), record)
 
 
@@ -141,6 +161,14 @@ def _free_server(ctx: StudyContext) -> str:
     busy = {r.url for r in runs.all_records(ctx.layout.runs_dir) if r.external and not r.ended}
     free = [url for url in ctx.settings.servers if url not in busy]
     return (free or ctx.settings.servers)[0]
+
+
+def _end_queued(ctx: StudyContext, run_dir: Path, record: RunRecord | None, status: str, reason: str) -> None:
+    """A run that waited for resources and will not start now ends (its MLflow run with it)."""
+    if record is None or record.ended or record.launches or record.queued_at is None:
+        return
+    ctx.launcher.end_parked(run_dir, record, status, reason)
+    ctx.tracker.end(record.mlflow_run_id, "KILLED")
 
 
 def _fail(ctx: StudyContext, run_dir: Path, record: RunRecord, trial: Trial, error: str) -> None:

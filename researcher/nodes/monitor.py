@@ -30,7 +30,7 @@ from typing import Any
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
-from researcher import budget, procs, runs, studyfiles, watchdogs
+from researcher import budget, runs, studyfiles, watchdogs
 from researcher.context import StudyContext
 from researcher.runs import RunRecord
 from researcher.state import StudyState, Trial
@@ -66,6 +66,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                 ended_now += 1
         running = [t for t in trials if t["status"] == "running"]
         if ended_now or not running:
+            if not running and not ended_now and any(t["status"] == "queued" for t in trials):
+                time.sleep(options["poll_interval_s"])  # all wait for resources held elsewhere: retry soon
             break
         time.sleep(options["poll_interval_s"])
     return {"trials": trials, "run_seconds": seconds, "phase": "running"}
@@ -136,7 +138,7 @@ def _server_exited(poll: Poll) -> Ending | None:
 def _client_gave_up(poll: Poll) -> Ending | None:
     """The client died more often than the run allows restarts."""
     record = poll.record
-    if procs.alive(record.client_pid, record.client_started) \
+    if poll.ctx.launcher.client_alive(record) \
             or record.client_starts <= poll.state["options"]["max_client_restarts"]:
         return None
     return "crashed", f"client exited {record.client_starts} times:\n{poll.ctx.launcher.client_log(poll.run_dir)}"
@@ -159,8 +161,13 @@ def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord
     ending = _first_ending(BEFORE_POLL, poll)
     if ending is not None:
         return launcher.stop(run_dir, record, *ending)
-    poll.server_alive = record.external or procs.alive(record.server_pid, record.server_started)
-    if record.client_pid is None:
+    poll.server_alive = launcher.server_alive(record)
+    if not poll.server_alive and launcher.revive(run_dir, record):
+        studyfiles.log(ctx.layout, f"Run {record.key}: its server's node went away at step {record.last_step}; "
+                                   f"resubmitted, resuming from its checkpoint (resume {record.resumes}).")
+        ctx.say("revived", key=record.key, step=record.last_step)
+        return record
+    if launcher.awaiting_client(record):
         return _start_client_when_ready(ctx, run_dir, record, poll.server_alive, poll.now)
     _fetch(poll)
     ending = _first_ending(AFTER_POLL, poll)
@@ -169,7 +176,7 @@ def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord
         ending = _first_ending(AFTER_WATCHDOG, poll)
     if ending is not None:
         return launcher.stop(run_dir, record, *ending)
-    if not procs.alive(record.client_pid, record.client_started):
+    if not launcher.client_alive(record):
         studyfiles.log(ctx.layout, f"Run {record.key}: the client exited at step {record.last_step}; restarting it "
                                    f"(start {record.client_starts + 1}).")
         ctx.say("client_restart", key=record.key, step=record.last_step)
@@ -251,11 +258,11 @@ def _restart_hung_client(poll: Poll) -> None:
     waiting = status.state.value == "running"  # serving, not training or paused: it needs episodes
     if watchdogs.client_stuck(finished_now=finished, finished_before=record.finished_seen,
                               since=record.finished_seen_at, now=now, server_waiting=waiting, limit_s=limit) \
-            and procs.alive(record.client_pid, record.client_started):
+            and ctx.launcher.client_alive(record):
         studyfiles.log(ctx.layout, f"Run {record.key}: no episode finished for {limit:.0f} s while the server "
                                    "waited; the client looks hung, restarting it.")
         ctx.say("watchdog", name="client_stuck", key=record.key, step=record.last_step, limit_s=limit)
-        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        ctx.launcher.stop_client(record)
         record.finished_seen_at = now  # the restarted client gets a full period
     if finished > record.finished_seen or not waiting:
         record.finished_seen, record.finished_seen_at = finished, now
@@ -271,7 +278,8 @@ def _start_client_when_ready(ctx: StudyContext, run_dir: Path, record: RunRecord
     if not server_alive:
         return ctx.launcher.stop(run_dir, record, "crashed",
                                  f"server exited while starting:\n{ctx.launcher.server_log(run_dir)}")
-    if now - max(record.started_at, record.resumed_at or 0.0) > ctx.launcher.ready_timeout_s:
+    waited = now - max(record.started_at, record.resumed_at or 0.0)
+    if record.queued_at is None and waited > ctx.launcher.ready_timeout_s:  # queued: its wait is not start-up
         return ctx.launcher.stop(run_dir, record, "crashed",
                                  f"server not ready after {ctx.launcher.ready_timeout_s:.0f} s:\n"
                                  f"{ctx.launcher.server_log(run_dir)}")
