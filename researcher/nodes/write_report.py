@@ -97,10 +97,10 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
             out += ["", f"![reward curves, iteration {it}]({summary['plot']})"]
         out.append("")
     out += ["## Discussion", "", caveats, "", "## Runs", "",
-            "| run key | experiment | seed | status | steps | client starts |", "|---|---|---|---|---|---|"]
-    for r in records:
+            "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
+    for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
         out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
-                   f"| {r.client_starts} |")
+                   f"| {r.client_restarts} |")
     decision = state.get("decision") or {}
     out += ["", "## Budget", "",
             f"- Runs launched: {sum(1 for r in records if r.launches)} (max {state['budget']['max_runs']})",

@@ -8,7 +8,9 @@ window, bad token, invalid request) stops the run, because every later claim wou
 Held-out evaluation (``heldout`` tasks, ``eval_every`` > 0): every claim answers with the server's
 training step; the first claim to see step 0, and then the first to see each multiple of
 ``eval_every`` or later (once the previous round has ended), claims one eval episode per held-out task at once (``purpose="eval"``: the
-server holds its next step until they end, so the round evaluates one policy). Workers run queued
+server holds its next step until they end, so the round evaluates one policy; the claims carry
+``eval_every``, so the server also holds the step after each multiple until its round is claimed,
+and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
 eval episodes before claiming more training ones. A failed eval claim turns evaluation off for the
 rest of the run (logged), since training need not stop for it.
 """
@@ -251,7 +253,7 @@ def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
     claimed: list[EpisodeHandle] = []
     try:
         for task in state.heldout:
-            claimed.append(client.claim(task["task_id"], purpose="eval"))
+            claimed.append(client.claim(task["task_id"], purpose="eval", eval_every=state.eval_every))
     except SwarmError as exc:
         log.error("claiming a held-out eval episode failed; evaluation is off for the rest of this run: %s", exc)
         with state.lock:
