@@ -58,8 +58,9 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     question = f"Question: {framing['question']}\n\n" if framing else ""
     shown = list(((history[-1].get("study") or {}).get("plots") or {}).values()) if history else []
     report = ctx.tracker.report_markdown(state["study_id"], parent, "report.md", shown) if parent else ""
-    ctx.tracker.describe_study(state["study_id"], f"Topic: {state['topic']}\n\n{question}Answer ({final_phase}): "
-                                                  f"{answer}\n\n{report or f'Report: {ctx.layout.report_md}'}")
+    # The answer first: MLflow shows a description's first line above the runs, the rest on expanding it.
+    ctx.tracker.describe_study(state["study_id"], f"Answer ({final_phase}): {answer}\n\n{question}Topic: {state['topic']}"
+                                                  f"\n\n{report or f'Report: {ctx.layout.report_md}'}")
     ctx.say("report", path=str(ctx.layout.report_md), answer=answer, phase=final_phase)
     return {"phase": final_phase, "llm": usage}
 
