@@ -307,8 +307,10 @@ def _close(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
     folder = Path(record.client).parent
     ctx.tracker.log_files(record.mlflow_run_id,
                           [folder / "client.py", folder / "config.toml", *ctx.launcher.log_files(run_dir)], "run")
-    ctx.tracker.log_values(record.mlflow_run_id, {"run/last_step": record.last_step,
-                                                  "run/client_starts": record.client_starts})
+    # Tags, not one-point metrics (each would be a chart of its own in MLflow's run view).
+    ctx.tracker.set_tags(record.mlflow_run_id, {"researcher.last_step": str(record.last_step),
+                                                "researcher.client_starts": str(record.client_starts),
+                                                "researcher.client_restarts": str(record.client_restarts)})
     ctx.tracker.end(record.mlflow_run_id, _MLFLOW_STATUS.get(record.status, "FAILED"))
     studyfiles.log(ctx.layout, f"Run {record.key} ({record.experiment}, seed {record.seed}) ended {record.status}: "
                                f"{record.reason.strip().splitlines()[0] if record.reason.strip() else ''}")

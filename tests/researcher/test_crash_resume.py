@@ -119,6 +119,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     for rec in records:
         history = client.get_metric_history(rec.mlflow_run_id, "train/reward_mean")
         assert max(m.step for m in history) == rec.last_step == 8, (rec.key, rec.last_step)
+        assert client.get_run(rec.mlflow_run_id).data.tags["researcher.last_step"] == "8"
         assert f"| finished | {rec.last_step}/8 | {rec.client_restarts} |" in rows[rec.key]
         assert rec.client_restarts == 0  # healthy runs: a topped-up client is no restart
         eval_steps.add(tuple(sorted(m.step for m in client.get_metric_history(rec.mlflow_run_id, "eval/reward_mean"))))
