@@ -157,7 +157,7 @@ class Launcher:
             with self.client_for(record) as client:
                 record.base_step = client.status().step
                 record.target_step += record.base_step
-                client.patch_config(**record.config, max_steps=record.target_step)
+                client.patch_config(**{**record.config, "max_steps": record.target_step})
             record.launches += 1
             record.status = "running"
             runs.save(run_dir, record)
