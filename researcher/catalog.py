@@ -114,6 +114,8 @@ CONFIG_KEYS: dict[str, str] = {
     "max_batch_rows": "int 1-4096", "max_prompt_chars": "int >= 1", "max_queued_rows": "int 0-65536",
     "max_inflight_per_key": "int 1-4096", "max_episode_tokens": "int >= 1", "max_event_subscribers": "int 1-4096",
     "checkpoint_every": "int >= 0",
+    "max_steps": "int >= 0, no training step past it (set by the researcher to each run's step budget)",
+    "eval_hold_s": "float >= 0, seconds a step waits for the held-out round of an evaluated step",
     "engine": "torch | vllm (rollout engine, set for the run's life)",
     "trainer": "torch | verl (training engine, set for the run's life)",
     "workers": "int >= 1 (verl trainer)", "ray_address": "str (verl trainer)",

@@ -186,7 +186,8 @@ class Launcher:
         return env
 
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
-        """Start the run's `swarm serve`. With a real MLflow run id the server is its run's one metrics
+        """Start the run's `swarm serve`, training no step past the run's target (``--max-steps``: the
+        steps in MLflow, run.json and the report are the same number). With a real MLflow run id the server is its run's one metrics
         writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
         MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
         state_dir = runs.private_dir(run_dir / STATE_DIR)
@@ -195,6 +196,8 @@ class Launcher:
         argv = self.swarm_command + ["serve", *model, "--host", "127.0.0.1", "--port", str(record.port),
                                      "--state-dir", str(state_dir), "--config", str(config),
                                      "--seed", str(record.seed), "--threads", str(self.threads)]
+        if record.target_step:  # the server trains no step past the one the run is recorded to end at
+            argv += ["--max-steps", str(record.target_step)]
         env = self._placed_env(record)
         run_id = record.mlflow_run_id
         record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))
@@ -231,9 +234,9 @@ class Launcher:
         """Spawn (or adopt) the run's server; idempotent on run.json."""
         if record.external:
             with self.client_for(record) as client:
-                client.patch_config(**record.config)
                 record.base_step = client.status().step
-            record.target_step += record.base_step
+                record.target_step += record.base_step
+                client.patch_config(**{**record.config, "max_steps": record.target_step})
             record.launches += 1
             record.status = "running"
             runs.save(run_dir, record)
@@ -280,11 +283,24 @@ class Launcher:
                                      "--concurrency", str(record.concurrency), "--retry-for", "30"]
         env = sandbox.study_env(run_dir, client_token=self.client_token(record), threads=self.threads)
         limits = sandbox.Limits.for_episodes(record.episodes)
+        record.client_log_offset = log_size(run_dir / CLIENT_LOG)
         pid, started = procs.spawn(argv, log_path=run_dir / CLIENT_LOG, env=env, cwd=run_dir, preexec=limits.apply)
         record.client_pid, record.client_started = pid, started
         record.client_starts += 1
         runs.save(run_dir, record)
         return record
+
+    def client_used_up(self, run_dir: Path, record: RunRecord) -> bool:
+        """Whether the run's last client exited having run all its episodes (`swarm run` printed its
+        summary line): it needs a top-up, not a restart. Read from its log, so it holds across a
+        researcher restart (the exit status is only known to the process that spawned it)."""
+        try:
+            with open(run_dir / CLIENT_LOG, "rb") as log_file:
+                log_file.seek(record.client_log_offset)
+                output = log_file.read().decode(errors="replace")
+        except OSError:
+            return False
+        return _SUMMARY.search(output) is not None
 
     # ------------------------------------------------------------------ stopping
 
@@ -422,6 +438,14 @@ class Launcher:
 def _last_line(output: str) -> str:
     lines = [line for line in output.splitlines() if line.strip()]
     return lines[-1].strip()[:300] if lines else "(no output)"
+
+
+def log_size(path: Path) -> int:
+    """A log's size in bytes (0 if it does not exist yet): where the next process's output starts."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _read_token(path: Path) -> str | None:

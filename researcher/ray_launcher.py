@@ -38,7 +38,7 @@ from typing import Any
 from swarm.client import SwarmClient, SwarmError
 
 from researcher import resources, runs
-from researcher.launcher import STATE_DIR, Launcher
+from researcher.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
 from researcher.ray_entry import ADDRESS_FILE
 from researcher.runs import RunRecord
 
@@ -144,6 +144,8 @@ class RayLauncher(Launcher):
                                          and not run_id.startswith("local-"))
         if record.server_logs_mlflow:
             argv += ["--mlflow-run-id", str(run_id)]
+        if record.target_step:  # the server trains no step past the one the run is recorded to end at
+            argv += ["--max-steps", str(record.target_step)]
         sid = self._sid(record, "server", record.launches + record.resumes)
         if sid not in record.jobs:  # else: recorded before a crash, perhaps submitted: adopt, keep its address
             (run_dir / ADDRESS_FILE).unlink(missing_ok=True)
@@ -261,6 +263,7 @@ class RayLauncher(Launcher):
         sid = self._sid(record, "client", record.client_starts)
         if sid not in record.jobs:
             record.jobs.append(sid)
+        record.client_log_offset = log_size(run_dir / CLIENT_LOG)
         record.client_starts += 1
         runs.save(run_dir, record)
         self._submit(run_dir, record, sid, ["client", str(run_dir), str(self.threads), str(record.episodes),

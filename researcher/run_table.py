@@ -183,7 +183,8 @@ def log_to_mlflow(tracker: Tracker, layout: StudyLayout, written: dict[str, Any]
     for run in candidates:
         iteration = run.data.tags.get("researcher.iteration", "")
         mine = [r for r in rows if str(r["iteration"]) == iteration]
-        tracker.log_files(run.info.run_id, [written["md"], written["csv"], written["png"]], "review")
+        tracker.log_files(run.info.run_id, [written["md"], written["csv"]], "review")
+        tracker.log_files(run.info.run_id, [written["png"]], "review/figures")  # where review.md points
         tracker.set_tags(run.info.run_id, {
             "researcher.hypothesis_ids": ",".join(sorted({r["hypothesis_id"] for r in mine if r["hypothesis_id"]})),
             "researcher.kept": ",".join(sorted({r["experiment"] for r in mine if r["verdict"] == "keep"}))})

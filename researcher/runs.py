@@ -52,7 +52,9 @@ class RunRecord(BaseModel):
     base_step: int = 0                    # external servers: step when the run began
     launches: int = 0                     # server launches; > 1 would mean a run launched twice
     resumes: int = 0                      # server restarts after a park (from the run's checkpoint)
-    client_starts: int = 0
+    client_starts: int = 0                # client processes started: the first, top-ups and restarts
+    client_restarts: int = 0              # of those, restarts after a client failed (a top-up is not one)
+    client_log_offset: int = 0            # client.log's size when the current client started
     status: str = "pending"               # pending|running|parked|finished|crashed|stalled|diverged|cut|stopped
     reason: str = ""
     ending: str | None = None             # the end status decided before stopping the processes

@@ -133,6 +133,8 @@ class Tracker:
                     self._log_folder(run_id, path, args["artifact_path"] or path.name)
         elif op == "text":
             self.client.log_text(run_id, args["text"], args["name"])
+        elif op == "table":
+            self.client.log_table(data=args["data"], artifact_file=args["name"], run_id=run_id)
         elif op == "end":
             self.client.set_terminated(run_id, args["status"])
         else:
@@ -171,6 +173,26 @@ class Tracker:
     def describe_study(self, study_id: str, text: str) -> None:
         """The experiment's description in MLflow's UI: what the study asks and, once known, its answer."""
         self._deliver("describe", {"study_id": study_id, "text": text})
+
+    def report_markdown(self, study_id: str, run_id: str, report: str, figures: Sequence[str]) -> str:
+        """Markdown for the experiment's description: a link to the run's ``report`` artifact and its
+        ``figures`` (artifact paths) shown inline, as URLs relative to the MLflow UI's root (the UI
+        renders descriptions as Markdown); "" while the store is unreachable or the run not created."""
+        from urllib.parse import quote
+
+        try:
+            real = self.real_id(run_id)
+            found = self.client.get_experiment_by_name(study_id) if real else None
+        except Exception as exc:  # noqa: BLE001
+            if unreachable(exc):
+                return ""
+            raise
+        if found is None:
+            return ""
+        page = f"#/experiments/{found.experiment_id}/runs/{real}/artifactPath/{report}"
+        lines = [f"**Report** with its figures: [{report}]({page}) (artifacts of run `{real}`)."]
+        lines += [f"![{path}](get-artifact?path={quote(path, safe='')}&run_uuid={real})" for path in figures]
+        return "\n\n".join(lines)
 
     def start_parent(self, study_id: str, iteration: int, tags: dict[str, str], description: str | None = None) -> str:
         return self._create(study_id, f"iteration-{iteration}",
@@ -211,6 +233,10 @@ class Tracker:
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self._deliver("text", {"run_id": run_id, "text": text, "name": name})
+
+    def log_table(self, run_id: str, data: dict[str, list[Any]], name: str) -> None:
+        """One table artifact (columns of equal length; MLflow's table view renders it)."""
+        self._deliver("table", {"run_id": run_id, "data": data, "name": name})
 
     def end(self, run_id: str | None, status: str = "FINISHED") -> None:
         """Close a run (FINISHED, FAILED or KILLED); closing a closed run again is harmless."""

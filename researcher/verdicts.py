@@ -5,9 +5,10 @@ a factorial's effects), so the report, ``researcher status`` and the offline pla
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from researcher.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key
+from researcher.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
 
 
 def _est(cell: dict[str, Any] | None) -> str:
@@ -163,3 +164,37 @@ def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
         caveats.append(f"{len(bad)} run(s) did not finish cleanly ({', '.join(sorted(set(bad)))}); they are "
                        "excluded from the statistics.")
     return answer, " ".join(c for c in caveats if c)
+
+
+_AXIS_WORDS = {"step": re.compile(r"\bper (training )?step"), "episode": re.compile(r"\bper episode"),
+               "second": re.compile(r"\bper (wall-clock )?second|\bwall-clock")}
+
+
+def asked_axes(question: str) -> list[str]:
+    """The axes a question mentions ("per step", "per episode consumed", …), in AXES order."""
+    return [a for a, words in _AXIS_WORDS.items() if words.search(question)]
+
+
+def question_with_axis(question: str, knob: str) -> str:
+    """``question`` stating the axis its verdict will be judged on (the knob's primary axis), so the
+    report's Question line asks what its Answer answers, whoever framed it (an LLM planner too): a
+    question silent on the axis gets it appended; one naming another axis gets the verdict's, and why."""
+    axis, why = primary_axis(knob)
+    if AXIS_TEXT[axis] in question:
+        return question
+    if asked_axes(question):
+        return f"{question.rstrip()} (The verdict is {why}.)"
+    return f"{question.rstrip().rstrip('?').rstrip()}, judged {AXIS_TEXT[axis]}?"
+
+
+def answer_naming_axes(question: str, study: dict[str, Any] | None, answer: str) -> str:
+    """``answer``, opened by a sentence naming both axes when the question does not state the
+    verdict's axis (it names another, or none): the headline never silently answers another question."""
+    if not study or not study.get("axis"):
+        return answer
+    axis = study["axis"]
+    if AXIS_TEXT[axis] in question or (not asked_axes(question) and AXIS_TEXT[axis] in answer.split(". ")[0]):
+        return answer
+    said = " and ".join(AXIS_TEXT[a] for a in asked_axes(question)) or "no axis"
+    return (f"Judged {AXIS_TEXT[axis]}, while the question says {said} (learning speed is {study['axis_why']}). "
+            f"{answer}")

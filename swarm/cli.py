@@ -150,6 +150,8 @@ def serve(
         "(by the chat template; the default); config key tool_call_parser"))] = None,
     reasoning_parser: Annotated[str | None, typer.Option(help=(
         "qwen3 or deepseek_r1: <think> text goes to message.reasoning_content; config key reasoning_parser"))] = None,
+    max_steps: Annotated[int | None, typer.Option(min=0, help=(
+        "train no step past this one (episodes are still served); config key max_steps"))] = None,
     check: Annotated[bool, typer.Option("--check", help=(
         "only validate each --config file with these flags as serve would: print '<file>: ok' or "
         "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
@@ -165,7 +167,7 @@ def serve(
 
     def settings_for(path: Path | None) -> ServerSettings:
         server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
-        parsers = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        parsers = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser, "max_steps": max_steps}
         if any(v is not None for v in parsers.values()):  # flags override the file
             server_config = server_config.patched({k: v for k, v in parsers.items() if v is not None})
         chosen = engine_choice(path) if path is not None else {}  # flags override the file

@@ -243,11 +243,15 @@ class ClaimRequest(_Wire):
     lease_s: float | None = Field(None, gt=0, le=3600)
     request_id: str | None = Field(None, max_length=128, description="makes the claim idempotent")
     purpose: Purpose = Field("train", description="train (the default) or eval: a held-out evaluation episode")
+    eval_every: int | None = Field(None, ge=1, le=1_000_000, description="eval claims: the client evaluates every "
+                                   "this many steps; the server then holds each such step's successor for its round")
 
     @model_validator(mode="after")
     def _eval_ungrouped(self) -> ClaimRequest:
         if self.purpose == "eval" and (self.group_id is not None or self.group_size is not None):
             raise ValueError("an eval episode is never grouped: send no group_id or group_size with purpose=eval")
+        if self.purpose != "eval" and self.eval_every is not None:
+            raise ValueError("eval_every goes with purpose=eval only")
         return self
 
 

@@ -84,18 +84,19 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
 
     parent = state.get("mlflow_parent_run")
     if parent:
-        metrics = {}
+        values = {}
         for row in summary["experiments"]:
             if "auc" in row:
-                metrics[f"analysis/auc_mean/{row['name']}"] = row["auc"]["mean"]
-                metrics[f"analysis/final_mean/{row['name']}"] = row["final"]["mean"]
-        metrics |= mlflow_values(study) | factorial.mlflow_values(study)
-        ctx.tracker.log_values(parent, metrics, step=iteration)
-        ctx.tracker.set_tags(parent, {"researcher.metric": study["metric"], "researcher.primary_axis": study["axis"],
-                                      "researcher.best": str(study["best"]),
-                                      "researcher.evidence": _kind(study["comparison"])})
+                values[f"analysis/auc_mean/{row['name']}"] = row["auc"]["mean"]
+                values[f"analysis/final_mean/{row['name']}"] = row["final"]["mean"]
+        values |= mlflow_values(study) | factorial.mlflow_values(study)
+        # One table artifact, not a one-point metric each (MLflow charted ~30 of them on the parent run).
+        ctx.tracker.log_table(parent, evidence_table(values), "analysis/evidence.json")
+        ctx.tracker.set_tags(parent, evidence_tags(study))
+        # Under figures/, as report.md (logged to the same run) references them, so MLflow renders them.
         figures = [ctx.layout.study_dir / p for p in [summary["plot"], *study["plots"].values()]]
-        ctx.tracker.log_files(parent, [analysis_file, *figures, ctx.layout.log_md], "analysis")
+        ctx.tracker.log_files(parent, figures, "figures")
+        ctx.tracker.log_files(parent, [analysis_file, ctx.layout.log_md], "analysis")
         if ctx.layout.llm_calls_dir.is_dir():
             ctx.tracker.log_files(parent, [ctx.layout.llm_calls_dir], "planner_calls")
         ctx.tracker.end(parent, "FINISHED")
@@ -133,6 +134,30 @@ def mlflow_values(study: dict[str, Any]) -> dict[str, float]:
         if c["hw"] is not None:
             values[f"analysis/diff_{axis}_ci"] = c["hw"]
     return values
+
+
+def evidence_table(values: dict[str, float]) -> dict[str, list[Any]]:
+    """``analysis/<quantity>/<subject>`` values as the columns of one table (quantity, subject, value)."""
+    table: dict[str, list[Any]] = {"quantity": [], "subject": [], "value": []}
+    for key, value in values.items():
+        quantity, _, subject = key.removeprefix("analysis/").partition("/")
+        table["quantity"].append(quantity)
+        table["subject"].append(subject)
+        table["value"].append(round(float(value), 6))
+    return table
+
+
+def evidence_tags(study: dict[str, Any]) -> dict[str, str]:
+    """The parent run's headline: the metric and axis the verdict used, and a best configuration
+    only where the evidence resolved one (else the leader, with what the evidence says)."""
+    kind = _kind(study["comparison"])
+    tags = {"researcher.metric": study["metric"], "researcher.primary_axis": study["axis"],
+            "researcher.evidence": kind, "researcher.leader": str(study["best"])}
+    if study.get("metric_note"):
+        tags["researcher.metric_note"] = study["metric_note"][:500]
+    tags["researcher.best"] = str(study["best"]) if kind == "resolved" else \
+        f"none ({'no comparison' if kind == 'none' else kind})"
+    return tags
 
 
 def _kind(c: dict[str, Any] | None) -> str:

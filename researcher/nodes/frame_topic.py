@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from researcher import catalog, studyfiles
+from researcher import catalog, studyfiles, verdicts
 from researcher.context import StudyContext
 from researcher.planner import topic
 from researcher.planner.schema import Framing, TopicNotMappable
@@ -62,6 +62,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                     f"{complaint}"
             return {"phase": "failed", "error": error, "llm": usage}
         asked = f"{state['topic']}\n\n(Your previous framing was refused: {complaint} Frame exactly this topic.)"
+    # The question states the axis the verdict is judged on (an LLM's wording may not).
+    framing = framing.model_copy(update={"question": verdicts.question_with_axis(framing.question, framing.knob)})
     task = f"new task `{framing.task}` adapted from `{framing.base}`" if framing.base else f"task `{framing.task}`"
     factors = ("; factors " + ", ".join(f"{f.name} ({f.where}) in {f.levels}" for f in framing.factors)
                if framing.factors else "")

@@ -1,8 +1,10 @@
 """monitor: poll running runs, log their metrics to MLflow in batches, and enforce the watchdog.
 
 One call polls until some run ends (so ``launch_runs`` can fill the slot) or all have ended:
-- a run reaching its step budget is stopped (control stop) and marked finished;
-- a dead server is a crash; a dead client with steps to go is restarted (bounded);
+- a run reaching its step budget (its server trains no step past it) is stopped (control stop) and
+  marked finished, once the held-out round of that step is logged (if its cadence has one there);
+- a dead server is a crash; a client that ran all its episodes is topped up, a failed one restarted
+  (bounded: ``max_client_restarts``);
 - no new step for ``stall_timeout_s`` is a stall; non-finite metrics are a divergence;
 - the deadline (minus the report reserve) cuts every run; a stop request stops them;
 - no finished episode for ``client_stuck_s`` while the server waits for episodes: the client is
@@ -30,7 +32,7 @@ from typing import Any
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
-from researcher import budget, runs, studyfiles, watchdogs
+from researcher import analysis, budget, runs, studyfiles, watchdogs
 from researcher.context import StudyContext
 from researcher.runs import RunRecord
 from researcher.state import StudyState, Trial
@@ -113,9 +115,25 @@ def _diverged(poll: Poll) -> Ending | None:
 
 
 def _reached_target(poll: Poll) -> Ending | None:
-    if poll.status is not None and poll.status.step >= poll.record.target_step:
-        return "finished", f"reached step {poll.status.step - poll.record.base_step}"
-    return None
+    """The server trained its last step (it trains none past it: ``--max-steps``), and the held-out
+    round of that step, when the run's cadence has one there, has been logged (or waited for enough)."""
+    if poll.status is None or poll.status.step < poll.record.target_step:
+        return None
+    if _final_round_due(poll) and poll.now - poll.record.last_progress_at < FINAL_ROUND_WAIT_S:
+        return None
+    return "finished", f"reached step {poll.status.step - poll.record.base_step}"
+
+
+FINAL_ROUND_WAIT_S = 30.0  # how long a run at its target step waits for that step's held-out round
+
+
+def _final_round_due(poll: Poll) -> bool:
+    """The run evaluates every k steps (its logged rounds say so), k divides the target step, and the
+    target's round is not logged yet: stopping now would leave some runs of a study without it."""
+    steps, _ = runs.read_curve(poll.run_dir, analysis.EVAL_METRIC)
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    target = poll.record.target_step
+    return bool(gaps) and target % min(gaps) == 0 and target not in steps
 
 
 def _deadline(poll: Poll) -> Ending | None:
@@ -136,12 +154,13 @@ def _server_exited(poll: Poll) -> Ending | None:
 
 
 def _client_gave_up(poll: Poll) -> Ending | None:
-    """The client died more often than the run allows restarts."""
-    record = poll.record
-    if poll.ctx.launcher.client_alive(record) \
-            or record.client_starts <= poll.state["options"]["max_client_restarts"]:
+    """The client failed again after as many restarts as the run allows (a client that used up its
+    episodes is topped up, which is no failure)."""
+    record, launcher = poll.record, poll.ctx.launcher
+    if launcher.client_alive(record) or launcher.client_used_up(poll.run_dir, record) \
+            or record.client_restarts < poll.state["options"]["max_client_restarts"]:
         return None
-    return "crashed", f"client exited {record.client_starts} times:\n{poll.ctx.launcher.client_log(poll.run_dir)}"
+    return "crashed", (f"client failed {record.client_restarts + 1} times:\n{launcher.client_log(poll.run_dir)}")
 
 
 # In order; the first ending found ends the run. Between the groups the poll acts on the run:
@@ -177,9 +196,14 @@ def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord
     if ending is not None:
         return launcher.stop(run_dir, record, *ending)
     if not launcher.client_alive(record):
-        studyfiles.log(ctx.layout, f"Run {record.key}: the client exited at step {record.last_step}; restarting it "
-                                   f"(start {record.client_starts + 1}).")
-        ctx.say("client_restart", key=record.key, step=record.last_step)
+        if launcher.client_used_up(run_dir, record):
+            studyfiles.log(ctx.layout, f"Run {record.key}: the client ran all its episodes at step {record.last_step}; "
+                                       "topping it up with another client.")
+        else:
+            record.client_restarts += 1
+            studyfiles.log(ctx.layout, f"Run {record.key}: the client failed at step {record.last_step}; restarting "
+                                       f"it (restart {record.client_restarts}).")
+            ctx.say("client_restart", key=record.key, step=record.last_step)
         return launcher.start_client(run_dir, record)
     return launcher.note_progress(run_dir, record)
 
@@ -293,8 +317,10 @@ def _close(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
     folder = Path(record.client).parent
     ctx.tracker.log_files(record.mlflow_run_id,
                           [folder / "client.py", folder / "config.toml", *ctx.launcher.log_files(run_dir)], "run")
-    ctx.tracker.log_values(record.mlflow_run_id, {"run/last_step": record.last_step,
-                                                  "run/client_starts": record.client_starts})
+    # Tags, not one-point metrics (each would be a chart of its own in MLflow's run view).
+    ctx.tracker.set_tags(record.mlflow_run_id, {"researcher.last_step": str(record.last_step),
+                                                "researcher.client_starts": str(record.client_starts),
+                                                "researcher.client_restarts": str(record.client_restarts)})
     ctx.tracker.end(record.mlflow_run_id, _MLFLOW_STATUS.get(record.status, "FAILED"))
     studyfiles.log(ctx.layout, f"Run {record.key} ({record.experiment}, seed {record.seed}) ended {record.status}: "
                                f"{record.reason.strip().splitlines()[0] if record.reason.strip() else ''}")

@@ -185,7 +185,9 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     parent = ctx.tracker.start_parent(state["study_id"], iteration, {"researcher.knob": framing.knob,
                                                                      "researcher.task": framing.task},
                                       description=note)
-    ctx.tracker.log_params(parent, {"knob": framing.knob, "task": framing.task, "metric": framing.metric,
+    # ``planned_metric``: analysis may judge on another (eval/* when held-out rounds suffice); the
+    # parent's ``researcher.metric`` tag names the one the verdict used.
+    ctx.tracker.log_params(parent, {"knob": framing.knob, "task": framing.task, "planned_metric": framing.metric,
                                     "seeds": seeds, "steps_per_run": options["steps_per_run"],
                                     "shape": plan.shape, "stage": plan.stage,
                                     "experiments": ",".join(e.name for e in experiments),

@@ -39,20 +39,28 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
                 answer, caveats = reply.value.answer, reply.value.discussion
             except PlannerError as exc:
                 caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
+        # Whoever worded it: the first sentence names both axes when the question states another.
+        answer = verdicts.answer_naming_axes(framing["question"], history[-1].get("study") if history else None, answer)
     text = _render({**state, "iterations": history}, ctx, answer, caveats, usage, final_phase)  # type: ignore
     studyfiles.write_atomic(ctx.layout.report_md, text)
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
     review = run_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
     run_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
-    question = f"Question: {framing['question']}\n\n" if framing else ""
-    ctx.tracker.describe_study(state["study_id"], f"Topic: {state['topic']}\n\n{question}Answer ({final_phase}): "
-                                                  f"{answer}\n\nReport: the report/ artifacts of the last iteration run, "
-                                                  f"and {ctx.layout.report_md}")
     parent = state.get("mlflow_parent_run")
     if parent:
-        ctx.tracker.log_files(parent, [ctx.layout.report_md, ctx.layout.log_md], "report")
+        # report.md at the run's root with the study's figures/ beside it: the paths it references resolve.
+        ctx.tracker.log_files(parent, [ctx.layout.report_md, ctx.layout.log_md])
+        figures = ctx.layout.study_dir / "figures"
+        if figures.is_dir():
+            ctx.tracker.log_files(parent, [figures], "figures")
         if ctx.layout.llm_calls_dir.is_dir():  # includes the decide/report calls made after analysis
             ctx.tracker.log_files(parent, [ctx.layout.llm_calls_dir], "planner_calls")
+    question = f"Question: {framing['question']}\n\n" if framing else ""
+    shown = list(((history[-1].get("study") or {}).get("plots") or {}).values()) if history else []
+    report = ctx.tracker.report_markdown(state["study_id"], parent, "report.md", shown) if parent else ""
+    # The answer first: MLflow shows a description's first line above the runs, the rest on expanding it.
+    ctx.tracker.describe_study(state["study_id"], f"Answer ({final_phase}): {answer}\n\n{question}Topic: {state['topic']}"
+                                                  f"\n\n{report or f'Report: {ctx.layout.report_md}'}")
     ctx.say("report", path=str(ctx.layout.report_md), answer=answer, phase=final_phase)
     return {"phase": final_phase, "llm": usage}
 
@@ -97,10 +105,10 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
             out += ["", f"![reward curves, iteration {it}]({summary['plot']})"]
         out.append("")
     out += ["## Discussion", "", caveats, "", "## Runs", "",
-            "| run key | experiment | seed | status | steps | client starts |", "|---|---|---|---|---|---|"]
-    for r in records:
+            "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
+    for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
         out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
-                   f"| {r.client_starts} |")
+                   f"| {r.client_restarts} |")
     decision = state.get("decision") or {}
     out += ["", "## Budget", "",
             f"- Runs launched: {sum(1 for r in records if r.launches)} (max {state['budget']['max_runs']})",
@@ -145,7 +153,8 @@ def evidence_section(study: dict[str, Any]) -> list[str]:
             "|---|---|---|---|" + "---|" * len(AXES) + "---|"]
     for r in rows:
         cells = " | ".join(_cell(r["axes"].get(a)) for a in AXES)
-        best = " **best**" if r["name"] == study["best"] else ""
+        c = study.get("comparison")
+        best = ("" if r["name"] != study["best"] else " **best**" if c is None or c["clear"] else " (leading)")
         out.append(f"| {r['value']}{best} | {r['name']} | {len(r['aucs'])} | {', '.join(map(str, r['iterations']))} | "
                    f"{cells} | {_cell(r.get('final'))} |")
     c = study.get("comparison")

@@ -100,15 +100,17 @@ class SwarmClient:
     # ---------------------------------------------------------------- episodes
 
     def claim(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
-              category: str | None = None, lease_s: float | None = None, purpose: Purpose = "train") -> EpisodeHandle:
+              category: str | None = None, lease_s: float | None = None, purpose: Purpose = "train",
+              eval_every: int | None = None) -> EpisodeHandle:
         """Claim one episode (idempotent across retries) and start its heartbeats. ``purpose="eval"``
-        claims a held-out evaluation episode (never grouped or trained; see ``protocol.ClaimRequest``).
+        claims a held-out evaluation episode (never grouped or trained; see ``protocol.ClaimRequest``);
+        its ``eval_every`` tells the server the cadence, so it holds each such step for its round.
 
         Prefer ``episode()``, which also guarantees the episode ends.
         """
         request = ClaimRequest(task_id=task_id, group_id=group_id, group_size=group_size, category=category,
                                client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex,
-                               purpose=purpose)
+                               purpose=purpose, eval_every=eval_every)
         response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request, as_client=True)
         episode = Episode.model_validate_json(response.content)
         return EpisodeHandle(self._transport, episode, self.openai_pool, lease_s=lease_s)

@@ -7,8 +7,11 @@ window, bad token, invalid request) stops the run, because every later claim wou
 
 Held-out evaluation (``heldout`` tasks, ``eval_every`` > 0): every claim answers with the server's
 training step; the first claim to see step 0, and then the first to see each multiple of
-``eval_every`` or later (once the previous round has ended), claims one eval episode per held-out task at once (``purpose="eval"``: the
-server holds its next step until they end, so the round evaluates one policy). Workers run queued
+``eval_every`` (once the previous round has ended; a multiple missed is skipped, never evaluated
+late), claims one eval episode per held-out task at once (``purpose="eval"``: the
+server holds its next step until they end, so the round evaluates one policy; the claims carry
+``eval_every``, so the server also holds the step after each multiple until its round is claimed,
+and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
 eval episodes before claiming more training ones. A failed eval claim turns evaluation off for the
 rest of the run (logged), since training need not stop for it.
 """
@@ -88,12 +91,16 @@ class _RunState:
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
 
     def eval_due(self, step: int) -> bool:
-        """Whether a claim that saw ``step`` should start a held-out round (it then owns that round)."""
+        """Whether a claim that saw ``step`` should start a held-out round (it then owns that round).
+        Rounds fall on multiples of ``eval_every`` only: a client started mid-run (a top-up) or one
+        that missed a multiple waits for the next, so every run of a study evaluates at the same steps."""
         with self.lock:
             if self.stop or self.eval_busy or self.next_eval is None or step < self.next_eval:
                 return False
-            self.eval_busy = True
             self.next_eval = (step // self.eval_every + 1) * self.eval_every
+            if step % self.eval_every:
+                return False
+            self.eval_busy = True
             return True
 
     def next_eval_job(self) -> tuple[EpisodeHandle, dict[str, Any], _EvalRound] | None:
@@ -251,7 +258,7 @@ def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
     claimed: list[EpisodeHandle] = []
     try:
         for task in state.heldout:
-            claimed.append(client.claim(task["task_id"], purpose="eval"))
+            claimed.append(client.claim(task["task_id"], purpose="eval", eval_every=state.eval_every))
     except SwarmError as exc:
         log.error("claiming a held-out eval episode failed; evaluation is off for the rest of this run: %s", exc)
         with state.lock:

@@ -15,6 +15,11 @@ restarted server all see it, also when it ends after the run's last training ste
 ``eval.finished`` event tells the readers that keep a per-step cursor (the MLflow writer) to send
 that row again. A later round of the same step pools with it (more samples of the same policy).
 
+Aligned rounds: a client's eval claims say how often it evaluates (``ClaimRequest.eval_every``).
+The step after each multiple of that cadence then waits until a round of the multiple has been
+claimed (``config.eval_hold_s`` at most, so a client that stopped evaluating cannot stall training),
+so every run of a study evaluates at exactly steps 0, k, 2k, … and curves averaged over runs line up.
+
 What a crash loses: the rounds still live (their episodes are in memory only), never a published
 one, and nothing of training.
 """
@@ -68,6 +73,10 @@ class EvalBook:
     def live(self) -> int:
         return sum(r.live for r in self._rounds.values())
 
+    def has(self, step: int) -> bool:
+        """Whether a round of ``step`` was claimed (it may have ended)."""
+        return step in self._rounds
+
     def claimed(self, step: int) -> None:
         for old in [s for s, r in self._rounds.items() if s < step and not r.live]:
             del self._rounds[old]
@@ -89,6 +98,7 @@ class Evaluation:
         self._engine = engine
         self.book = EvalBook()
         self.waiting = 0  # eval claims waiting for a running step to end
+        self.every = 0  # the cadence the latest eval claim declared (0: unknown, no step is held)
 
     @property
     def live(self) -> int:
@@ -107,9 +117,16 @@ class Evaluation:
             self.waiting -= 1
             loop.wake.set()
 
+    def due(self, step: int) -> bool:
+        """Step ``step`` is one the clients evaluate at and no round of it has been claimed yet (the
+        next step waits for one, see ``StepLoop.can_step``)."""
+        return self.every > 0 and step > 0 and step % self.every == 0 and not self.book.has(step)
+
     def claim(self, request: ClaimRequest) -> EpisodeRecord:
         """A held-out eval episode of the current step's policy."""
         engine = self._engine
+        if request.eval_every is not None:
+            self.every = request.eval_every
         if engine.loop.training:
             raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
         engine.claims.admit(evaluating=True)

@@ -67,6 +67,13 @@ class ServerConfig(TrainConfig):
                                        "streams; more get 429 + Retry-After")
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
+    # Where training ends: no step past this one (episodes are still served; 0: no limit). A run
+    # stopped from outside at a target step still trained whatever fit between two polls.
+    max_steps: int = Field(0, ge=0, description="train no step past this one; 0 = no limit")
+    # Held-out rounds at the same steps in every run: the step after a multiple of the clients'
+    # cadence (their eval claims' ``eval_every``) waits for that step's round, this long at most.
+    eval_hold_s: float = Field(10.0, ge=0, le=3600, description="seconds a step waits for the held-out round "
+                               "of the step before it when that step is a multiple of the clients' eval_every")
     # Weight publication: one that takes longer is an error event and the generator restarts on the weights.
     publish_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a weight publication to "
                                      "the generator may take before it counts as failed")

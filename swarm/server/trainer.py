@@ -27,8 +27,10 @@ that fails too, it is reported as well and the next step publishes again. Each s
 (0 when it serves the new weights). The generator is never left silently behind.
 
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
-policy they were claimed under); a round that ends adds its ``eval/*`` metrics to the row of the
-step it evaluated (``add_metrics``, called by ``swarm.server.evaluation``).
+policy they were claimed under), nor, for ``eval_hold_s`` at most, after a step the clients evaluate
+at whose round was not claimed yet (aligned rounds, see ``swarm.server.evaluation``); a round that
+ends adds its ``eval/*`` metrics to the row of the step it evaluated (``add_metrics``, called by
+``swarm.server.evaluation``). No step starts past ``max_steps``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class StepLoop:
         self.idle.set()
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
         self._last_step_at = time.monotonic()
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         """Wait for a ready batch, step, repeat. Runs as a task for the app's life."""
@@ -112,14 +115,33 @@ class StepLoop:
                     await self._periodic_checkpoint()
 
     def can_step(self) -> bool:
-        """A step may start now: not paused or stopping, a batch is ready, no eval round is live or
-        arriving (a round evaluates one policy) and, in sync mode, no episode is in flight (the drain)."""
+        """A step may start now: not paused or stopping, below ``max_steps``, a batch is ready, no eval
+        round is live, arriving or due (a round evaluates one policy, at the clients' cadence) and,
+        in sync mode, no episode is in flight (the drain)."""
         engine = self.engine
         if engine.paused or engine.state in (ServerState.stopping, ServerState.stopped):
             return False
-        if not engine.batch_ready() or engine.evals.live or engine.evals.waiting:
+        if engine.config.max_steps and self.step >= engine.config.max_steps:
+            return False
+        if not engine.batch_ready() or engine.evals.live or engine.evals.waiting or self._held_for_eval():
             return False
         return engine.config.mode == "async" or engine.in_flight == 0
+
+    def _held_for_eval(self) -> bool:
+        """The round of the current step is due and the hold has not run out (a timer wakes the loop
+        when it does, in case nothing else happens meanwhile)."""
+        if not self.engine.evals.due(self.step):
+            return False
+        left = self.engine.config.eval_hold_s - (time.monotonic() - self._last_step_at)
+        if left <= 0:
+            if self._hold_timer is not None:
+                log.warning("no held-out round of step %d within eval_hold_s; training goes on", self.step)
+                self._hold_timer = None
+            return False
+        loop = asyncio.get_running_loop()
+        if self._hold_timer is None or self._hold_timer.when() < loop.time():
+            self._hold_timer = loop.call_later(left + 0.01, self.wake.set)
+        return True
 
     async def train_step(self) -> bool:
         """One step. ``True`` if the policy changed."""

@@ -7,8 +7,10 @@ from the same step (no second plan, no run launched twice) and finish with a rep
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -35,7 +37,7 @@ def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.Run
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path,
+def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path, free_port: int,
                                                                no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "crash-study"
     runs_dir = cli.artifacts / sid / "runs"
@@ -101,7 +103,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     # Reviewable in the UI: an experiment and runs that say what they are, and the per-episode axis as
     # a cumulative metric of every child.
     description = experiment.tags["mlflow.note.content"]
-    assert description.startswith("Topic: ") and "Question: " in description and "Answer (done): " in description
+    assert description.startswith("Answer (done): ") and "Question: " in description and "Topic: " in description
     [parent] = [r for r in found if r.info.run_id in parents]
     assert parent.data.tags["mlflow.note.content"].startswith("Iteration 1 of a study of: ")
     for child in live_children:
@@ -110,15 +112,92 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
                                           key=lambda m: m.step)]
         assert totals and totals == sorted(totals) and totals[0] > 0
 
-    # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view); an
-    # unknown study is refused before any server starts.
-    ui = subprocess.Popen(cli.argv("ui", sid, "--port", "5999", "--artifacts-dir", str(cli.artifacts)), env=cli.env,
-                          cwd=cli.cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    # One record of each run: the steps its server logged to MLflow, run.json and the report agree
+    # (the server trains no step past the target); held-out rounds at the same steps in every run.
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if line.startswith(f"| {sid}/")}
+    eval_steps = set()
+    for rec in records:
+        history = client.get_metric_history(rec.mlflow_run_id, "train/reward_mean")
+        assert max(m.step for m in history) == rec.last_step == 8, (rec.key, rec.last_step)
+        assert client.get_run(rec.mlflow_run_id).data.tags["researcher.last_step"] == "8"
+        assert f"| finished | {rec.last_step}/8 | {rec.client_restarts} |" in rows[rec.key]
+        assert rec.client_restarts == 0  # healthy runs: a topped-up client is no restart
+        eval_steps.add(tuple(sorted(m.step for m in client.get_metric_history(rec.mlflow_run_id, "eval/reward_mean"))))
+    assert eval_steps == {(0, 5)}, eval_steps  # letters evaluates every 5 steps: 0 and 5 of 8, in every run
+
+    # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view), and
+    # the real MLflow UI it starts serves the review: driven through its REST API and, where
+    # Debian's Chromium is installed, rendered headless.
+    ui = subprocess.Popen(cli.argv("ui", sid, "--port", str(free_port), "--artifacts-dir", str(cli.artifacts)),
+                          env=cli.env, cwd=cli.cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         link = ui.stdout.readline()
+        assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning" in link, link
+        _review_in_mlflow_ui(link.split()[3], experiment.experiment_id, records, report, tmp_path)
     finally:
         os.killpg(ui.pid, signal.SIGKILL)
         ui.wait()
-    assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning" in link, link
     unknown = cli.run("ui", "no-such-study", "--artifacts-dir", str(cli.artifacts))
     assert unknown.returncode == 2 and "no MLflow experiment for study 'no-such-study'" in unknown.stderr + unknown.stdout
+
+
+def _review_in_mlflow_ui(page: str, experiment_id: str, records: list[runs.RunRecord], report: str,
+                         tmp_path: Path) -> None:
+    """What a reviewer gets from the MLflow UI server: the answer in the experiment's description,
+    the children in a default runs search, the per-episode axis of every child, and the figures the
+    report references as artifacts of the run that holds it; the experiment page (headless Chromium)
+    shows the answer."""
+    import httpx
+
+    root = page.split("/#/")[0]
+    api = f"{root}/api/2.0/mlflow"
+    deadline = time.monotonic() + 90
+    with httpx.Client(timeout=10.0) as http:
+        while True:  # the UI server takes a while to start on a busy machine
+            try:
+                if http.get(f"{root}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the MLflow UI did not answer within 90 s"
+            time.sleep(0.5)
+        answer = report.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+        experiment = http.get(f"{api}/experiments/get", params={"experiment_id": experiment_id}).json()["experiment"]
+        description = {t["key"]: t["value"] for t in experiment["tags"]}["mlflow.note.content"]
+        assert description.startswith(f"Answer (done): {answer}")
+
+        found = http.post(f"{api}/runs/search", json={"experiment_ids": [experiment_id]}).json()["runs"]
+        by_id = {r["info"]["run_id"]: r for r in found}
+        assert {rec.mlflow_run_id for rec in records} <= set(by_id)  # children with no filter, no expanding
+        for rec in records:
+            history = http.get(f"{api}/metrics/get-history",
+                               params={"run_id": rec.mlflow_run_id, "metric_key": "train/episodes_total"}).json()
+            totals = [m["value"] for m in sorted(history["metrics"], key=lambda m: m["step"])]
+            assert len(totals) == rec.last_step and totals == sorted(totals) and totals[0] > 0
+
+        # The report is an artifact at the root of the run the description links, with its figures beside it.
+        holder = description.split("/runs/", 1)[1].split("/", 1)[0]
+        listed = http.get(f"{api}/artifacts/list", params={"run_id": holder}).json()["files"]
+        assert "report.md" in {f["path"] for f in listed}
+        text = http.get(f"{root}/get-artifact", params={"path": "report.md", "run_uuid": holder}).text
+        figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+        assert figures and "figures/axes.png" in figures
+        for path in figures:
+            png = http.get(f"{root}/get-artifact", params={"path": path, "run_uuid": holder})
+            assert png.status_code == 200 and png.content.startswith(b"\x89PNG"), path
+        # The description shows the study's figures from that run (MLflow renders its Markdown).
+        shown = re.findall(r"!\[[^\]]*\]\((get-artifact\?[^)]+)\)", description)
+        assert shown and all(http.get(f"{root}/{url}").content.startswith(b"\x89PNG") for url in shown)
+
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        return  # the rendered check needs Debian's Chromium; the REST checks above ran anyway
+    flags = [str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+             "--window-size=1400,1000"]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", dom)).split())  # what the page says, Markdown rendered
+    assert " ".join(answer.replace("`", "").split())[:100] in text, "the experiment page does not show the answer"
+    assert "get-artifact?path=figures%2Faxes.png" in html.unescape(dom)  # the figure, inline in the description
+    shot = tmp_path / "experiment.png"
+    subprocess.run([*flags, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one

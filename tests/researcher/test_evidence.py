@@ -4,6 +4,7 @@ and the held-out metric chosen when the runs hold it."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -265,11 +266,22 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     assert (layout.study_dir / "figures" / "axes.png").stat().st_size > 1000
 
     run = tracker.client.get_run(parent)
-    metrics, tags = run.data.metrics, run.data.tags
-    assert metrics["analysis/noise_floor_seeds/episode"] == 12 and metrics["analysis/min_effect"] == 0.02
+    tags = run.data.tags
+    # The evidence is one table artifact, not a one-point metric per number (MLflow charted each).
+    assert not any(k.startswith("analysis/") for k in run.data.metrics)
+    table = json.loads(Path(tracker.client.download_artifacts(parent, "analysis/evidence.json", str(tmp_path))).read_text())
+    rows = {(r[0], r[1]): r[2] for r in table["data"]}
+    assert table["columns"] == ["quantity", "subject", "value"]
+    assert rows[("noise_floor_seeds", "episode")] == 12 and rows[("min_effect", "")] == 0.02
     for axis in analysis.AXES:
-        assert f"analysis/noise_floor/{axis}" in metrics and f"analysis/auc_{axis}/it2-g8" in metrics
+        assert ("noise_floor", axis) in rows and (f"auc_{axis}", "it2-g8") in rows
     assert tags["researcher.primary_axis"] == "episode" and tags["researcher.metric"] == "train/reward_mean"
+    # A "best" only where the evidence resolved one; the leader is named either way.
+    assert tags["researcher.leader"] == study["best"]
+    assert tags["researcher.best"] == (study["best"] if study["comparison"]["clear"] else
+                                       f"none ({tags['researcher.evidence']})")
+    listed = {f.path for f in tracker.client.list_artifacts(parent, "figures")}
+    assert "figures/axes.png" in listed
 
     write_report.run({**state, **out}, ctx)  # type: ignore[arg-type]
     report = layout.report_md.read_text()
@@ -376,3 +388,25 @@ def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(t
     assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer
     assert "seeds lr=0.003: 6, lr=0.0003: 6" in answer  # both iterations' runs, pooled
     assert "## Evidence (whole study)" in report and "pooled over iterations 1, 2" in report
+
+
+def test_the_question_states_the_verdict_axis_and_the_answer_names_both_when_they_differ() -> None:
+    """An LLM's question may say nothing of the axis, or another one: frame_topic makes it state the
+    knob's verdict axis, and an answer judged on another axis than the question's says so first."""
+    llm = "Does a larger GRPO group size make the letters task learn faster?"
+    asked = verdicts.question_with_axis(llm, "group_size")
+    assert asked == "Does a larger GRPO group size make the letters task learn faster, judged per episode consumed?"
+    assert verdicts.question_with_axis(asked, "group_size") == asked  # already stated: unchanged
+    assert verdicts.question_with_axis("Does lr 1e-3 beat 1e-4?", "lr").endswith(", judged per training step?")
+    other = verdicts.question_with_axis("Does a larger group size make letters learn faster per step?", "group_size")
+    assert other.startswith("Does a larger group size make letters learn faster per step? (The verdict is judged per "
+                            "episode consumed, not per training step: ")  # the scripted LLM planner's question
+
+    study = {"axis": "episode", "axis_why": "judged per episode consumed, not per training step: …"}
+    answer = "No meaningful difference: the whole 95% CI lies within ±0.02."
+    assert verdicts.answer_naming_axes(asked, study, answer) == answer
+    per_step = "Does a larger group size learn faster, measured as the area under the reward curve per training step?"
+    named = verdicts.answer_naming_axes(per_step, study, answer)
+    first = named.split(". ")[0]
+    assert "per episode consumed" in first and "per training step" in first and named.endswith(answer)
+    assert verdicts.answer_naming_axes(other, study, answer) == answer  # the question states the verdict's axis

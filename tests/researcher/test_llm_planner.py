@@ -129,7 +129,11 @@ def test_llm_study_end_to_end_repairs_a_buggy_client(cli, scripted: tuple[Script
     assert "Validation attempt 1 FAILED" in log_md and "Validation attempt 2 passed" in log_md
     for name in ("it1-gs-2", "it1-gs-4"):
         assert "bonus_for_length" not in (study_dir / "experiments" / name / "client.py").read_text()
-    assert "SCRIPTED ANSWER from the LLM planner." in (study_dir / "report.md").read_text()
+    report = (study_dir / "report.md").read_text()
+    assert "SCRIPTED ANSWER from the LLM planner." in report
+    # The LLM's question said "per step"; the printed one says which axis the verdict is judged on.
+    assert "**Question:** Does a larger group size make letters learn faster per step? (The verdict is judged per " \
+           "episode consumed" in report
 
     status = json.loads(cli.run("status", sid, "--json", *cli.dirs).stdout)
     answered = [r for r in script.requests if not r.get("response_format")]

@@ -52,6 +52,8 @@ def test_parked_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         launcher.wait_ready(run_dir, record)
         assert record.status == "running" and record.resumes == 1 and record.launches == 1
         assert _step(launcher, record) == parked_step  # restored from the checkpoint, not from step 0
+        with launcher.client_for(record) as client:  # a run's server trains no step past its target
+            assert client.config().values["max_steps"] == 1000
     finally:
         launcher.stop(run_dir, record, "stopped", "test over")
     assert not procs.alive(record.server_pid, record.server_started)

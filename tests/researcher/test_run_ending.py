@@ -38,3 +38,44 @@ def test_stop_saves_the_decision_first_and_resume_completes_it(tmp_path: Path, m
     ended = monitor._poll(ctx, {"options": {}}, tmp_path, saved)
     assert (ended.status, ended.reason, ended.ending) == ("finished", "reached step 8", None)
     assert runs.load(tmp_path).status == "finished"
+
+
+def test_a_client_that_ran_all_its_episodes_is_topped_up_not_counted_as_a_failure(tmp_path: Path) -> None:
+    """Only a client that failed counts toward ``max_client_restarts`` (and the report's restarts): one
+    whose `swarm run` printed its summary line used up its episodes, whatever came before in the log."""
+    launcher, record = Launcher(["swarm"]), _record()
+    log = tmp_path / "client.log"
+    log.write_text("swarm run ...\nfinished=120 aborted=0 mean_reward=0.4 seconds=9.0 policy_version=20\n")
+    assert launcher.client_used_up(tmp_path, record)
+    record.client_log_offset = log.stat().st_size  # a second client started after it, then died
+    with open(log, "a") as out:
+        out.write("Traceback (most recent call last):\nSwarmError: claim failed\n")
+    assert not launcher.client_used_up(tmp_path, record)
+
+    ctx = SimpleNamespace(launcher=launcher)
+    poll = monitor.Poll(ctx, {"options": {"max_client_restarts": 1}}, tmp_path, record, 0.0, server_alive=True)
+    assert monitor._client_gave_up(poll) is None  # no restart yet: one is allowed
+    record.client_restarts = 1
+    status, reason = monitor._client_gave_up(poll)
+    assert status == "crashed" and reason.startswith("client failed 2 times")
+
+
+def test_a_run_at_its_target_waits_for_the_target_step_s_round(tmp_path: Path) -> None:
+    """Rounds at 0, 5, …: a run at step 10 stops once the round of step 10 is logged, or after a wait."""
+    from swarm.protocol import StepMetrics
+
+    record = _record()
+    record.target_step, record.last_progress_at = 10, 100.0
+    runs.append_metrics(tmp_path, [StepMetrics(step=s, policy_version=s, time=0.0, metrics={"eval/reward_mean": 0.1})
+                                   for s in (0, 5)])
+    status = SimpleNamespace(step=10)
+    poll = monitor.Poll(SimpleNamespace(), {"options": {}}, tmp_path, record, 101.0, server_alive=True, status=status)
+    assert monitor._reached_target(poll) is None
+    poll.now = 100.0 + monitor.FINAL_ROUND_WAIT_S
+    assert monitor._reached_target(poll) == ("finished", "reached step 10")
+    poll.now = 101.0
+    runs.append_metrics(tmp_path, [StepMetrics(step=10, policy_version=10, time=0.0, metrics={"eval/reward_mean": 0.2})])
+    assert monitor._reached_target(poll) == ("finished", "reached step 10")
+    record.target_step = 12  # not a multiple of the cadence: no round is due there
+    status.step = 12
+    assert monitor._reached_target(poll) == ("finished", "reached step 12")

@@ -145,6 +145,7 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
     evals = [m.metrics for m in metrics if "eval/step" in m.metrics]
     steps = [int(m["eval/step"]) for m in evals]
     assert steps[0] == 0 and steps == sorted(set(steps)) and len(steps) == summary.eval_rounds >= 2
+    assert all(s % 2 == 0 for s in steps), steps  # aligned: the step after each multiple waits for its round
     assert all(int(m.metrics["eval/step"]) == m.step for m in metrics if "eval/step" in m.metrics)
     assert all(m["eval/episodes"] == 3 and m["eval/reward_mean"] == 0.5 for m in evals)
     assert [m.step for m in metrics] == list(range(9))  # row 0: the untrained policy's evaluation
@@ -154,6 +155,41 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
 
     with pytest.raises(ValueError, match="appears twice"):
         client.run(iter([]), workflow, group_size=2, concurrency=1, heldout=heldout + heldout[:1], eval_every=1)
+
+
+def test_async_rounds_fall_on_exact_multiples_and_training_ends_at_max_steps(start_server) -> None:
+    """Async mode, where a round used to land a step late (its claim waited for a running step): the
+    eval claims carry the cadence, so the step after each multiple waits for that multiple's round;
+    ``max_steps`` ends training there, while episodes are still served."""
+    server = start_server(group_size=2, min_group_size=2, batch_groups=1, max_tokens=4, mode="async",
+                          max_staleness=8, max_steps=6)
+    heldout = [{"task_id": f"held-{i}"} for i in range(2)]
+
+    def workflow(ep: EpisodeHandle, task: dict) -> float:
+        ep.openai().chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=4)
+        return 0.5 if ep.episode.purpose == "eval" else float(hash(ep.episode_id) % 2)
+
+    with SwarmClient(server.url, token=server.token) as client:
+        summary = client.run(({"task_id": f"t{i}"} for i in range(24)), workflow, group_size=2, concurrency=4,
+                             progress=False, heldout=heldout, eval_every=3)
+        metrics = client.metrics()
+        status = client.status()
+    assert summary.finished == 48 and status.step == 6  # past max_steps: served, never trained
+    assert max(m.step for m in metrics) == 6
+    assert [int(m.metrics["eval/step"]) for m in metrics if "eval/step" in m.metrics] == [0, 3, 6]
+    assert server.engine.evals.every == 3
+
+
+def test_max_steps_is_a_checked_config_key_and_eval_every_goes_with_eval_claims() -> None:
+    from swarm.server.settings import ServerConfig
+
+    assert ServerConfig().patched({"max_steps": 30}).max_steps == 30
+    with pytest.raises(ValueError, match="max_steps"):
+        ServerConfig().patched({"max_steps": -1})
+    with pytest.raises(ValidationError, match="eval_every goes with purpose=eval"):
+        ClaimRequest(task_id="t", eval_every=5)
+    assert ClaimRequest(task_id="t", purpose="eval", eval_every=5).eval_every == 5
 
 
 def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(start_server, tmp_path: Path) -> None:
@@ -251,3 +287,17 @@ def test_eval_seed_is_fixed_per_task_and_call_and_fits_int64_with_n() -> None:
         ClaimRequest(task_id="h", purpose="eval", group_size=4)
     with pytest.raises(ValidationError):
         ClaimRequest(task_id="h", purpose="test")
+
+
+def test_a_client_started_mid_run_evaluates_at_the_next_multiple_only() -> None:
+    """A topped-up client whose first claim sees step 24 (every 5) evaluates at 25, never at 24; a
+    multiple it missed is skipped, not evaluated late."""
+    from swarm.client._runner import _RunState
+
+    state = _RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
+    assert not state.eval_due(24) and state.next_eval == 25
+    assert state.eval_due(25)
+    state.eval_busy = False  # the round ended
+    assert not state.eval_due(31) and state.next_eval == 35 and state.eval_due(35)
+    fresh = _RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
+    assert fresh.eval_due(0)  # a run's first client evaluates the untrained policy
