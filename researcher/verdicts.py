@@ -141,13 +141,15 @@ def verdict(question: str, summaries: list[dict[str, Any]]) -> tuple[str, str]:
             answer = (f"Yes: {high['name']} learned faster than {low['name']} {AXIS_TEXT[axis]}, though both run the "
                       f"identical configuration ({same}): a false positive (expected in 5% of such checks) or a "
                       f"source of difference outside the configuration — {evidence}.")
+        elif c["equivalent"]:  # before the sign: a resolved but negligible difference is no meaningful one
+            sign = ("" if hw is None or abs(d) <= hw else
+                    f"; {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]}, but by less than that")
+            answer = (f"No meaningful difference: the whole 95% CI of the difference lies within "
+                      f"±{study['min_effect']}{sign} — {evidence}.")
         elif hw is not None and d - hw > 0:
             answer = f"Yes: {who} learned faster {AXIS_TEXT[axis]} — {evidence}."
         elif hw is not None and d + hw < 0:
             answer = f"No: {who} learned slower {AXIS_TEXT[axis]} — {evidence}."
-        elif c["equivalent"]:
-            answer = (f"No meaningful difference: the whole 95% CI of the difference lies within "
-                      f"±{study['min_effect']} — {evidence}.")
         else:
             answer = (f"Inconclusive: {c['better_label']} was ahead on average but the 95% CI of the "
                       f"difference includes 0; {seeds_text(c, noise)} — {evidence}.")

@@ -163,4 +163,5 @@ def evidence_tags(study: dict[str, Any]) -> dict[str, str]:
 def _kind(c: dict[str, Any] | None) -> str:
     if c is None:
         return "none"
-    return "resolved" if c["clear"] else ("no meaningful difference" if c["equivalent"] else "inconclusive")
+    # A difference inside ±min_effect is no meaningful one even when its CI excludes 0 (as in the Answer).
+    return "no meaningful difference" if c["equivalent"] else ("resolved" if c["clear"] else "inconclusive")
