@@ -24,8 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Backend, Generator, Trainer
-from swarm.protocol import ChatCompletion, ServerState
-from swarm.server import routes_control, routes_episodes, routes_openai
+from swarm.protocol import ChatCompletion
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
 from swarm.server.batcher import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
@@ -36,6 +35,9 @@ from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
+from swarm.server.routes_control import router as control_router
+from swarm.server.routes_episodes import router as episodes_router
+from swarm.server.routes_openai import router as openai_router
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
 from swarm.server.trainer import TrainerThread
@@ -81,7 +83,9 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
         generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
-                   tracker=ServerRun(settings, engine) if settings.mlflow_uri else None)
+                   tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
+                                     steps=store.step_metrics, checkpoints=checkpoints.all)
+                   if settings.mlflow_uri else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,16 +96,17 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
             await parts.stop(tasks)
 
     app = FastAPI(title="swarm server", version="1", lifespan=lifespan)
-    app.state.ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
+    app.state.ctx = AppContext(settings=settings, engine=engine, chat=engine.completions, keys=keys,
+                               max_context=max_context)
     app.state.token = token
     app.state.bus = bus
     app.state.request_shutdown = None
     app.state.startup_error = None
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
-    app.include_router(routes_openai.router, responses=ERROR_RESPONSES)
-    app.include_router(routes_episodes.router, responses=ERROR_RESPONSES)
-    app.include_router(routes_control.router, responses=ERROR_RESPONSES)
+    app.include_router(openai_router, responses=ERROR_RESPONSES)
+    app.include_router(episodes_router, responses=ERROR_RESPONSES)
+    app.include_router(control_router, responses=ERROR_RESPONSES)
     app.include_router(events_router(bus, require_control, max_subscribers=lambda: engine.config.max_event_subscribers),
                        responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -125,6 +130,7 @@ class _Parts:
         self.worker.start()
         if self.tracker is not None:
             self.tracker.start()  # never waits on MLflow
+            engine.add_listener(self.tracker.on_event)
         try:
             await generator.start()
         except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
@@ -134,7 +140,7 @@ class _Parts:
                 await asyncio.to_thread(self.tracker.close, f"the server could not start: {exc}")
             raise
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
-            await engine.loop.publish()
+            await engine.publish()
         tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
                  asyncio.create_task(_sweep(engine), name="swarm-sweeper")]
         if self.tracker is not None:
@@ -166,7 +172,7 @@ class _Parts:
         close = getattr(engine.trainer, "close", None)
         if close is not None and self.owns_trainer:
             await asyncio.to_thread(close)
-        engine.state = ServerState.stopped
+        engine.stopped()
         engine.store.close()
 
 

@@ -1,4 +1,5 @@
-"""What every route needs, bundled once per app: settings, engine, keys, the served context length."""
+"""What every route needs, bundled once per app: settings, the engine (episodes, control), the chat
+completions it serves, keys, the served context length. Routes reach the server through this only."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from swarm.server.auth import KeyRing
+from swarm.server.completions import Completions
 from swarm.server.engine import Engine
 from swarm.server.settings import ServerSettings
 
@@ -15,6 +17,7 @@ from swarm.server.settings import ServerSettings
 class AppContext:
     settings: ServerSettings
     engine: Engine
+    chat: Completions
     keys: KeyRing
     max_context: int
 

@@ -23,21 +23,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.base import Generation, Generator, TokenSink, Trainer
-from swarm.backends.parsers import ParsedReply
+from swarm.backends.base import Generator, Trainer
 from swarm.protocol import (
     AbortRequest,
-    ChatCompletionRequest,
+    ClaimRequest,
     ConfigView,
+    Episode,
     EpisodeCounts,
     EpisodeState,
     EpisodeStatus,
     FinishRequest,
     ServerState,
+    SftRequest,
+    SftResult,
     Status,
     StepMetrics,
 )
@@ -46,15 +48,15 @@ from swarm.server.batcher import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
-from swarm.server.completions import ChatCall, Completions
+from swarm.server.completions import Completions
 from swarm.server.episodes import EpisodeRecord, Group, GroupBook
-from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
+from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
 from swarm.server.evaluation import Evaluation
 from swarm.server.records import FinishedEpisode
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
-from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
+from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
 from swarm.server.trainer import RunBlocking, StepLoop
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class Engine:
         self.state_dir = state_dir
         self.store = store
         self.clock = clock
-        self.state = ServerState.starting
+        self._state = ServerState.starting
         self.counts = EpisodeCounts()
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
@@ -86,11 +88,17 @@ class Engine:
         self._paused = False
         self._started_at = time.monotonic()
         self.created = int(clock())
-        self.claims = Claims(self, config.category_ratios)
-        self.evals = Evaluation(self)
-        self.completions = Completions(self, generator, max_context)
+        self.max_context = max_context
+        # The parts get what they use; what changes while serving they read through ``ServerView``.
+        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
+                             category_ratios=config.category_ratios)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
-                             checkpoints=checkpoints)
+                             checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
+                             capacity=self.capacity, may_step=self._may_step, eval_live=lambda: self.evals.live,
+                             drop=self.drop, trained=self._trained)
+        self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
+        self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
+                                       live=self.live)
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -142,14 +150,14 @@ class Engine:
         except StoreError as exc:
             raise BadRequest(f"this finish cannot be stored: {exc}") from None
 
-    def store_safely(self, what: str, fn: Callable[[], Any]) -> None:
-        """Bookkeeping writes after the fact (drops, closes): log a failure, never break the engine."""
-        try:
-            fn()
-        except Exception:
-            log.exception("durable buffer: %s failed", what)
-
     # ------------------------------------------------------------------ properties
+
+    @property
+    def state(self) -> ServerState:
+        """``training`` while a step trains (unless stopping), else the state the engine was put in."""
+        if self.loop.training and self._state in (ServerState.running, ServerState.paused):
+            return ServerState.training
+        return self._state
 
     @property
     def policy_version(self) -> int:
@@ -209,29 +217,41 @@ class Engine:
         episode.lease_expires_at = self.clock() + episode.lease_s
         return self.status_of(episode_id)
 
-    async def complete(self, key: str, episode_id: str | None, request: ChatCompletionRequest,
-                       sink: TokenSink | None = None) -> ChatCall:
-        """Start a chat call for credential ``key`` (see ``Completions.start``): 4xx before any
-        generation, tokens recorded when sampled."""
-        return await self.completions.start(key, episode_id, request, sink)
+    async def claim(self, request: ClaimRequest, base_url: str) -> Episode:
+        """Admit a claim (``swarm.server.claims``) and answer with its episode; a retried claim (same
+        ``request_id``) gets the episode the first one created. An eval claim that arrives while a
+        step trains waits for it to end (``swarm.server.evaluation``)."""
+        if request.purpose == "eval":
+            await self.loop.between_steps()
+        retried = self.episodes.by_request(request.request_id)
+        if retried is not None:
+            return self.claims.view(retried, base_url)
+        if request.purpose == "eval":
+            if self.loop.training:
+                raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
+            self._admit(evaluating=True)
+            episode = self.evals.claim(request)
+        else:
+            self._admit()
+            episode = self.claims.open(request)
+            self.counts.claimed += 1
+            self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
+                      group_id=episode.group_id, category=request.category, client_id=request.client_id)
+        return self.claims.view(episode, base_url)
 
-    def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
-               temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
-               repaired: bool = False) -> None:
-        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
-        its replies to the episode's reply book (drift repair of the next call); an eval episode's
-        calls are never recorded, only its lease is renewed and its replies kept for repair."""
-        episode = self.episodes.held(episode_id)
-        if episode is None or episode.state is not EpisodeState.claimed:
+    def _admit(self, *, evaluating: bool = False) -> None:
+        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain
+        (``evaluating``: an eval claim, which that drain waits for instead)."""
+        if self.state in (ServerState.stopping, ServerState.stopped):
+            raise RetryLater("the server is stopping", retry_after=5.0)
+        if self._paused:
+            raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
+                             retry_after=2.0)
+        if evaluating:
             return
-        episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
-        if conversation_key is not None:
-            for reply, generation in zip(replies, generations, strict=True):
-                episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))
-        if episode.is_eval:
-            return
-        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
-        episode.trace.note_replies(replies, repaired=repaired)
+        if self.config.mode == "sync" and (self.loop.training or self.batch_ready()):
+            raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
+                             retry_after=0.5)
 
     def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         try:
@@ -283,7 +303,7 @@ class Engine:
         self._terminate(episode, EpisodeState.aborted)
         if not episode.is_eval:
             self.counts.aborted += 1
-            self.store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
+            store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
         self.episodes.bury(episode)
         self.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
         return self.status_of(episode_id)
@@ -296,7 +316,7 @@ class Engine:
             self._terminate(episode, EpisodeState.expired)
             if not episode.is_eval:
                 self.counts.expired += 1
-                self.store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
+                store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
                     e.episode_id, "expired", "no heartbeat within the lease"))
             self.episodes.bury(episode)
             self.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
@@ -320,7 +340,7 @@ class Engine:
             return
         self.counts.dropped += len(episodes)
         ids = [e.episode_id for e in episodes]
-        self.store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
+        store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
         for episode in episodes:
             self.episodes.evict(episode)
 
@@ -330,10 +350,42 @@ class Engine:
         """Enough complete groups for a step (``batch_mode``/``batch_groups``)."""
         return self.groups.batch_ready(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
 
+    def _may_step(self) -> bool:
+        """The step loop's question: not paused or stopping, a batch is ready and, in sync mode, no
+        episode is in flight (the drain)."""
+        if self._paused or self._state in (ServerState.stopping, ServerState.stopped):
+            return False
+        if not self.batch_ready():
+            return False
+        return self.config.mode == "async" or self.in_flight == 0
+
+    def _trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord]) -> None:
+        """A step committed: count its episodes; they leave memory (the store keeps the durable copy)."""
+        self.counts.trained += len(kept)
+        self.counts.dropped += len(stale)
+        for episode in (*kept, *stale):
+            self.episodes.evict(episode)
+
     async def run(self) -> None:
         """The training loop (``StepLoop.run``); runs as a task for the app's life."""
-        self.state = ServerState.running
+        self._state = ServerState.running
         await self.loop.run()
+
+    async def sft(self, request: SftRequest) -> SftResult:
+        """A supervised warm-up (``StepLoop.sft``) within the served context length."""
+        return await self.loop.sft(request, self.max_context)
+
+    async def checkpoint(self) -> Path:
+        """A checkpoint now (``StepLoop.checkpoint``)."""
+        return await self.loop.checkpoint()
+
+    async def publish(self) -> float:
+        """Hand the trainer's weights to the generator now (``StepLoop.publish``); seconds taken."""
+        return await self.loop.publish()
+
+    def report(self, where: str, exc: BaseException) -> None:
+        """Record an error the server survived: an ``error`` event and the status' ``last_error``."""
+        self.loop.report(where, exc)
 
     # ------------------------------------------------------------------ control
 
@@ -348,7 +400,7 @@ class Engine:
         self.config = config
         self.config_version += 1
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
-        self.store_safely("save live config", lambda: self.store.put_meta(
+        store_safely("save live config", lambda: self.store.put_meta(
             CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
         self._apply_worker_limits()
         self.emit("config.changed", version=self.config_version, values=values)
@@ -360,18 +412,22 @@ class Engine:
 
     def pause(self) -> None:
         self._paused = True
-        if self.state is ServerState.running:
-            self.state = ServerState.paused
+        if self._state is ServerState.running:
+            self._state = ServerState.paused
 
     def resume(self) -> None:
         self._paused = False
-        if self.state is ServerState.paused:
-            self.state = ServerState.running
+        if self._state is ServerState.paused:
+            self._state = ServerState.running
         self.loop.wake.set()
 
     def stopping(self) -> None:
-        self.state = ServerState.stopping
-        self.loop.wake.set()
+        self._state = ServerState.stopping
+        self.loop.stop()
+
+    def stopped(self) -> None:
+        """Everything is closed (the app's lifespan ended)."""
+        self._state = ServerState.stopped
 
     def status(self) -> Status:
         uptime = time.monotonic() - self._started_at

@@ -24,7 +24,7 @@ def _base_url(request: Request) -> str:
 
 @router.post("", response_model=Episode, dependencies=[Depends(require_client)])
 async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Episode:
-    return await ctx.engine.claims.claim_between_steps(body, _base_url(request))
+    return await ctx.engine.claim(body, _base_url(request))
 
 
 @router.get("/{episode_id}", response_model=EpisodeStatus, dependencies=_EPISODE)

@@ -29,7 +29,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +40,7 @@ from swarm.server.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError"]
+__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError", "store_safely"]
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -102,6 +102,14 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 """
+
+
+def store_safely(what: str, fn: Callable[[], Any]) -> None:
+    """Bookkeeping writes after the fact (drops, closes): log a failure, never break the server."""
+    try:
+        fn()
+    except Exception:
+        log.exception("durable buffer: %s failed", what)
 
 
 class StoreError(ValueError):
