@@ -26,21 +26,21 @@ from fastapi.openapi.utils import get_openapi
 from swarm.backends.base import Backend, Generator, Trainer
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
-from swarm.server.batcher import DeviceWorker
+from swarm.server.device_worker import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.context import AppContext
+from swarm.server.http.context import AppContext
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
-from swarm.server.routes_control import router as control_router
-from swarm.server.routes_episodes import router as episodes_router
-from swarm.server.routes_openai import router as openai_router
+from swarm.server.http.routes_control import router as control_router
+from swarm.server.http.routes_episodes import router as episodes_router
+from swarm.server.http.routes_openai import router as openai_router
 from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
-from swarm.server.trainer import TrainerThread
+from swarm.server.step_loop import TrainerThread
 
 log = logging.getLogger(__name__)
 

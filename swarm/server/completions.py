@@ -40,7 +40,7 @@ from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
 from swarm.backends.text import prepare_messages
 from swarm.protocol import ChatCompletionRequest
 from swarm.protocol import EpisodeState
-from swarm.server.batcher import QueueFull
+from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
 from swarm.server.replies import conversation_keys

@@ -3,7 +3,7 @@
 It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): claims go through
 ``claims`` (admission, ``swarm.server.claims``), chat calls through ``completions`` (render →
 generate → record, ``swarm.server.completions``), training through ``loop`` (collect → advantages →
-update → publish → commit, ``swarm.server.trainer``) and held-out evaluation through ``evals``
+update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through ``evals``
 (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
@@ -44,7 +44,7 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import KeyRing
-from swarm.server.batcher import DeviceWorker
+from swarm.server.device_worker import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
@@ -57,7 +57,7 @@ from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
 from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
-from swarm.server.trainer import RunBlocking, StepLoop
+from swarm.server.step_loop import RunBlocking, StepLoop
 
 log = logging.getLogger(__name__)
 

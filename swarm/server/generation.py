@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarm.backends.base import Backend, Sampled, SamplingParams, TokenSink, Weights
-from swarm.server.batcher import DeviceWorker, WorkerStats
+from swarm.server.device_worker import DeviceWorker, WorkerStats
 
 
 class LocalGenerator:

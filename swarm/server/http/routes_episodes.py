@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import API_PREFIX, AbortRequest, ClaimRequest, Episode, EpisodeStatus, FinishRequest
 from swarm.server.auth import require_client, require_episode
-from swarm.server.context import AppContext, app_context
+from swarm.server.http.context import AppContext, app_context
 
 router = APIRouter(prefix=f"{API_PREFIX}/episodes")
 _EPISODE = [Depends(require_episode)]

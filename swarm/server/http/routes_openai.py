@@ -33,9 +33,9 @@ from swarm.protocol import (
     Usage,
 )
 from swarm.server.completions import Answer
-from swarm.server.context import AppContext, app_context
-from swarm.server.replyshape import finish_reason, token_logprobs, wire_tool_call
-from swarm.server.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
+from swarm.server.http.context import AppContext, app_context
+from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
 
 router = APIRouter()
 

@@ -31,7 +31,7 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
-from swarm.server.context import AppContext, app_context
+from swarm.server.http.context import AppContext, app_context
 from swarm.server.engine import Engine
 from swarm.server.errors import ApiError, Forbidden
 

@@ -39,14 +39,13 @@ T = TypeVar("T")
 StreamSink = TokenSink
 
 
-Batch = Sampled  # what one generation request got back (its rows and their policy version)
 
 
 @dataclass
 class _GenJob:
     prompts: list[list[int]]
     params: list[SamplingParams]
-    future: asyncio.Future[Batch]
+    future: asyncio.Future[Sampled]
     loop: asyncio.AbstractEventLoop
     sink: StreamSink | None = None
 
@@ -113,7 +112,7 @@ class DeviceWorker:
             self.max_queued_rows = max_queued_rows
 
     def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-               sink: StreamSink | None = None) -> asyncio.Future[Batch]:
+               sink: StreamSink | None = None) -> asyncio.Future[Sampled]:
         """Queue a generation request now (from the event loop); the future resolves with its rows.
         ``QueueFull`` when the rows running and waiting would pass ``max_rows + max_queued_rows``
         (a request alone may be larger: it runs once nothing else does). Cancel the future to
@@ -124,7 +123,7 @@ class DeviceWorker:
             raise QueueFull(f"the generation queue is full ({self.outstanding_rows} rows running or waiting, "
                             f"at most {limit})", retry_after=2.0)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Batch] = loop.create_future()
+        future: asyncio.Future[Sampled] = loop.create_future()
         self.outstanding_rows += rows
         future.add_done_callback(lambda _: self._answered(rows))
         self._queue.put(_GenJob([list(p) for p in prompts], list(params), future, loop, sink))
@@ -289,7 +288,7 @@ class _JobFeed:
         rows[local] = generation
         if all(r is not None for r in rows):
             del self.results[id(owner)]
-            _resolve(owner.loop, owner.future, result=Batch([r for r in rows if r is not None], self.version))
+            _resolve(owner.loop, owner.future, result=Sampled([r for r in rows if r is not None], self.version))
 
     def rejected(self, row: int, error: ValueError) -> None:
         self.running -= 1
