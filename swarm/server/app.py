@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from swarm.backends.base import Backend, Generator, Trainer
+from swarm.backends.base import Generator, InProcessModel, Trainer
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
 from swarm.server.device_worker import DeviceWorker
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 _SWEEP_S = 0.25
 
 
-def create_app(settings: ServerSettings, backend: Backend | None = None, *, generator: Generator | None = None,
+def create_app(settings: ServerSettings, backend: InProcessModel | None = None, *, generator: Generator | None = None,
                trainer: Trainer | None = None) -> FastAPI:
     """Build the app from ``backend`` (both roles) or a ``generator`` + ``trainer`` pair (either may
     be filled from ``backend``). Without ``settings.token`` a loopback server generates one."""
@@ -68,7 +68,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     device_model: Any = backend if backend is not None else trainer
     worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
     if generator is None:
-        generator = LocalGenerator(backend, worker)  # type: ignore[arg-type]
+        generator = LocalGenerator(backend, worker)
     # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
@@ -79,8 +79,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
-    if hasattr(generator, "on_status"):  # an engine with a health of its own (a vLLM child) reports it
-        generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
+    generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())  # a vLLM child's health
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
                    tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
@@ -169,9 +168,8 @@ class _Parts:
         await asyncio.to_thread(self.worker.stop)
         if self.trainer_thread is not None:
             await asyncio.to_thread(self.trainer_thread.stop)
-        close = getattr(engine.trainer, "close", None)
-        if close is not None and self.owns_trainer:
-            await asyncio.to_thread(close)
+        if self.owns_trainer:
+            await asyncio.to_thread(engine.trainer.close)
         engine.stopped()
         engine.store.close()
 

@@ -29,16 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Backend, Generation, Sampled, SamplingParams, TokenSink, TopAlternatives
+from swarm.backends.base import Generation, RowFeed, Sampled, Sampler, SamplingParams, TokenSink, TopAlternatives
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# (row within the request, token id, log-prob, top alternatives or None), delivered on the event loop.
-StreamSink = TokenSink
-
-
 
 
 @dataclass
@@ -47,7 +42,7 @@ class _GenJob:
     params: list[SamplingParams]
     future: asyncio.Future[Sampled]
     loop: asyncio.AbstractEventLoop
-    sink: StreamSink | None = None
+    sink: TokenSink | None = None
 
 
 @dataclass
@@ -86,7 +81,7 @@ class WorkerStats:
 class DeviceWorker:
     """Runs backend work on one thread; ``generate`` requests are batched across callers."""
 
-    def __init__(self, backend: Backend, *, window_s: float, max_rows: int, max_queued_rows: int = 256) -> None:
+    def __init__(self, backend: Sampler, *, window_s: float, max_rows: int, max_queued_rows: int = 256) -> None:
         self.backend = backend
         self.window_s = window_s
         self.max_rows = max_rows
@@ -112,7 +107,7 @@ class DeviceWorker:
             self.max_queued_rows = max_queued_rows
 
     def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-               sink: StreamSink | None = None) -> asyncio.Future[Sampled]:
+               sink: TokenSink | None = None) -> asyncio.Future[Sampled]:
         """Queue a generation request now (from the event loop); the future resolves with its rows.
         ``QueueFull`` when the rows running and waiting would pass ``max_rows + max_queued_rows``
         (a request alone may be larger: it runs once nothing else does). Cancel the future to
@@ -206,7 +201,7 @@ class DeviceWorker:
         self.stats.generate_s += time.perf_counter() - started
 
 
-class _JobFeed:
+class _JobFeed(RowFeed):
     """The worker's ``RowFeed``: admits queued chat requests into the running generation.
 
     New requests join at the next decode step while the batch has room (``max_rows``). Once a call

@@ -431,7 +431,7 @@ class Engine:
 
     def status(self) -> Status:
         uptime = time.monotonic() - self._started_at
-        stats = getattr(self.generator, "stats", self.worker.stats)
+        stats = self.worker.stats  # the device thread's generation counters
         return Status(
             state=self.state, model=self.generator.model_name, policy_version=self.policy_version,
             step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self.groups.ready),
@@ -443,7 +443,7 @@ class Engine:
                 "tokens_per_s": stats.tokens / stats.generate_s if stats.generate_s else 0.0,
                 "rows_per_batch": stats.rows / stats.batches if stats.batches else 0.0,
                 "chat_rows_in_flight": float(self.completions.in_flight.rows),
-                "cancelled_rows": float(getattr(stats, "cancelled", 0)),
+                "cancelled_rows": float(stats.cancelled),
             },
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
         )

@@ -223,8 +223,7 @@ class StepLoop:
         A failure or a timeout is reported and the generator restarted on them (module docstring)."""
         started = time.perf_counter()
         version = self.trainer.policy_version
-        if hasattr(self.generator, "mode"):  # an engine that pauses around updates in sync mode (vLLM)
-            self.generator.mode = self.view.config.mode
+        self.generator.mode = self.view.config.mode  # vLLM pauses around updates in sync mode
         timeout = self.view.config.publish_timeout_s
         try:
             await asyncio.wait_for(self._send(version), timeout)
@@ -237,8 +236,8 @@ class StepLoop:
 
     async def _send(self, version: int) -> None:
         generator = self.generator
-        if getattr(generator, "streams_weights", False):  # the trainer streams them (NCCL): no state dict here
-            await generator.load_streamed(version)  # type: ignore[attr-defined]
+        if generator.streams_weights:  # the trainer streams them (NCCL): no state dict here
+            await generator.load_streamed(version)
             return
         weights = await self.run_blocking(self.trainer.export_weights)
         await generator.load_weights(version, weights)
@@ -248,12 +247,10 @@ class StepLoop:
         log.error("%s", failure, exc_info=failure.__cause__)
         self.report("publish", failure)
         generator = self.generator
-        recover = getattr(generator, "recover", None)  # a generator with a process to restart (vLLM)
-        budget = self.view.config.publish_timeout_s + float(getattr(generator, "start_timeout", 0.0))
+        budget = self.view.config.publish_timeout_s + generator.start_timeout
         try:
             weights = await asyncio.wait_for(self.run_blocking(self.trainer.export_weights), budget)
-            restart = recover(version, weights) if recover is not None else generator.load_weights(version, weights)
-            await asyncio.wait_for(restart, budget)
+            await asyncio.wait_for(generator.recover(version, weights), budget)
         except Exception as exc:  # noqa: BLE001 - reported; the next step publishes again
             log.exception("restarting the generator on policy version %d failed", version)
             self.report("publish", RuntimeError(f"restarting the generator on policy version {version} failed: "
@@ -261,7 +258,7 @@ class StepLoop:
                                                 f"{generator.policy_version}; the next step publishes again"))
             return
         self.view.emit("generator.recovered", policy_version=version, step=self.step,
-                         generator_version=generator.policy_version, restarted=recover is not None)
+                         generator_version=generator.policy_version, restarted=generator.restarts_on_recover)
 
     def _commit(self, groups: int, kept: list[EpisodeRecord], stale: list[EpisodeRecord], samples: list[TrainSample],
                 update: dict[str, float], started: float, config: ServerConfig) -> None:
