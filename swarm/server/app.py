@@ -85,6 +85,13 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
                    tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
                                      steps=store.step_metrics, checkpoints=checkpoints.all)
                    if settings.mlflow_uri else None)
+    ctx = AppContext(settings=settings, engine=engine, chat=engine.completions, keys=keys, max_context=max_context)
+    return _http_app(parts, ctx, token)
+
+
+def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
+    """The FastAPI app over the composed parts: its lifespan starts and stops them; routes see ``ctx``."""
+    engine, bus = parts.engine, parts.bus
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,8 +102,7 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
             await parts.stop(tasks)
 
     app = FastAPI(title="swarm server", version="1", lifespan=lifespan)
-    app.state.ctx = AppContext(settings=settings, engine=engine, chat=engine.completions, keys=keys,
-                               max_context=max_context)
+    app.state.ctx = ctx
     app.state.token = token
     app.state.bus = bus
     app.state.request_shutdown = None

@@ -17,6 +17,11 @@ checkpoint. Trained, dropped and closed episodes are evicted from memory by the
 ``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
 so a late ``finish`` still gets a clear 410/409). Every state change calls
 ``self.emit(type, **data)`` (listeners: ``add_listener``).
+
+Why this module is longer than 400 lines: every transition of an episode and of the server is a
+method of the one object that owns that state; the parts above (claims, evaluation, completions,
+step loop) get narrow inputs, and splitting the transitions out would hand the state back to parts
+that reach into the engine.
 """
 
 from __future__ import annotations
