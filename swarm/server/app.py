@@ -26,21 +26,22 @@ from fastapi.openapi.utils import get_openapi
 from swarm.backends.base import Generator, InProcessModel, Trainer
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
-from swarm.server.device_worker import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.http.context import AppContext
+from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
-from swarm.server.mlflow_sink import ServerRun
-from swarm.server.recovery import Restored, restore
+from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router
 from swarm.server.http.routes_episodes import router as episodes_router
 from swarm.server.http.routes_openai import router as openai_router
+from swarm.server.lifecycle import Lifecycle
+from swarm.server.mlflow_sink import ServerRun
+from swarm.server.recovery import Restored, restore
 from swarm.server.settings import ServerSettings
-from swarm.server.store import EpisodeStore
 from swarm.server.step_loop import TrainerThread
+from swarm.server.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
                    tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
                                      steps=store.step_metrics, checkpoints=checkpoints.all)
                    if settings.mlflow_uri else None)
-    ctx = AppContext(settings=settings, engine=engine, chat=engine.completions, keys=keys, max_context=max_context)
+    ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions, keys=keys,
+                     max_context=max_context)
     return _http_app(parts, ctx, token)
 
 
@@ -147,7 +149,7 @@ class _Parts:
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
             await engine.publish()
         tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
-                 asyncio.create_task(_sweep(engine), name="swarm-sweeper")]
+                 asyncio.create_task(_sweep(engine.lifecycle), name="swarm-sweeper")]
         if self.tracker is not None:
             self.tracker.watch(tasks[0])
         for bad in self.restored.quarantined:  # checkpoints that did not load (recovery fell back past them)
@@ -200,13 +202,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-async def _sweep(engine: Engine) -> None:
+async def _sweep(lifecycle: Lifecycle) -> None:
     """Expire stale leases. A scan of the claimed episodes is cheap, so it runs often enough that
     even sub-second leases (tests, fast agents) expire promptly."""
     while True:
         await asyncio.sleep(_SWEEP_S)
         try:
-            expired = engine.expire_stale()
+            expired = lifecycle.expire_stale()
         except Exception:  # the sweeper must survive a bug in one pass
             log.exception("lease sweep failed")
             continue

@@ -38,14 +38,13 @@ from typing import Any
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
 from swarm.backends.text import prepare_messages
-from swarm.protocol import ChatCompletionRequest
-from swarm.protocol import EpisodeState
+from swarm.protocol import ChatCompletionRequest, EpisodeState
 from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.registry import EpisodeRegistry
 from swarm.server.replies import conversation_keys
 from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
-from swarm.server.registry import EpisodeRegistry
 from swarm.server.throttle import InFlight
 from swarm.server.view import ServerView
 

@@ -1,10 +1,12 @@
 """The engine: sole owner of the server's mutable state — episodes, groups, config, counters.
 
-It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): claims go through
-``claims`` (admission, ``swarm.server.claims``), chat calls through ``completions`` (render →
-generate → record, ``swarm.server.completions``), training through ``loop`` (collect → advantages →
-update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through ``evals``
-(eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
+its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
+(``swarm.server.claims``; admission is here, in ``claim``), heartbeats, finishes, aborts and lease
+expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls through ``completions``
+(render → generate → record, ``swarm.server.completions``), training through ``loop`` (collect →
+advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through
+``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
@@ -13,15 +15,7 @@ Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished epi
 the SQLite buffer before ``finish`` returns; each training step commits what it trained and dropped
 in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
-checkpoint. Trained, dropped and closed episodes are evicted from memory by the
-``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
-so a late ``finish`` still gets a clear 410/409). Every state change calls
-``self.emit(type, **data)`` (listeners: ``add_listener``).
-
-Why this module is longer than 400 lines: every transition of an episode and of the server is a
-method of the one object that owns that state; the parts above (claims, evaluation, completions,
-step loop) get narrow inputs, and splitting the transitions out would hand the state back to parts
-that reach into the engine.
+checkpoint. Every state change calls ``self.emit(type, **data)`` (listeners: ``add_listener``).
 """
 
 from __future__ import annotations
@@ -34,14 +28,10 @@ from typing import Any
 
 from swarm.backends.base import Generator, Trainer
 from swarm.protocol import (
-    AbortRequest,
     ClaimRequest,
     ConfigView,
     Episode,
     EpisodeCounts,
-    EpisodeState,
-    EpisodeStatus,
-    FinishRequest,
     ServerState,
     SftRequest,
     SftResult,
@@ -49,20 +39,20 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import KeyRing
-from swarm.server.device_worker import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
 from swarm.server.completions import Completions
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook
-from swarm.server.errors import BadRequest, Conflict, Gone, NotFound, RetryLater
+from swarm.server.device_worker import DeviceWorker
+from swarm.server.episodes import EpisodeRecord, GroupBook
+from swarm.server.errors import BadRequest, RetryLater
 from swarm.server.evaluation import Evaluation
-from swarm.server.records import FinishedEpisode
+from swarm.server.lifecycle import Lifecycle
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
-from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
 from swarm.server.step_loop import RunBlocking, StepLoop
+from swarm.server.store import EpisodeStore, store_safely
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +85,18 @@ class Engine:
         self.created = int(clock())
         self.max_context = max_context
         # The parts get what they use; what changes while serving they read through ``ServerView``.
+        self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
+                                   capacity=self.capacity, eval_ended=lambda e, state: self.evals.ended(e, state),
+                                   wake=lambda: self.loop.wake.set())
         self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
                              category_ratios=config.category_ratios)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
                              capacity=self.capacity, may_step=self._may_step, eval_live=lambda: self.evals.live,
-                             drop=self.drop, trained=self._trained)
+                             drop=self.lifecycle.drop, trained=self._trained)
         self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
-                                       live=self.live)
+                                       live=self.lifecycle.live)
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -132,28 +125,14 @@ class Engine:
             self._apply_worker_limits()
         self.config_version = restored.config_version
         self._version = restored.policy_version
-        self.counts = restored.counts
+        for name in EpisodeCounts.model_fields:  # in place: the lifecycle counts into the same object
+            setattr(self.counts, name, getattr(restored.counts, name))
         # From -1: row 0 holds the held-out evaluation of the untrained policy, when there was one.
         self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics(-1)]
         for group in restored.ready:
             self.groups.ready.append(group)
             for member in group.members:
                 self.episodes.add_finished(member)
-
-    def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
-        """Commit a finished episode to the durable buffer before ``finish`` returns."""
-        assert episode.finish is not None
-        record = FinishedEpisode.from_trace(
-            episode.trace, episode_id=episode.episode_id, task_id=episode.task_id, group_id=episode.group_id,
-            group_key=episode.group_key, group_size=group.size, category=episode.category,
-            client_id=episode.client_id, reward=episode.finish.reward, metrics=dict(episode.finish.metrics),
-            metadata=dict(episode.finish.metadata), finished_at=self.clock())
-        try:
-            self.store.save_finished(record)
-        except EpisodeConflict as exc:
-            raise Conflict(str(exc)) from None
-        except StoreError as exc:
-            raise BadRequest(f"this finish cannot be stored: {exc}") from None
 
     # ------------------------------------------------------------------ properties
 
@@ -188,39 +167,6 @@ class Engine:
         return self._paused
 
     # ------------------------------------------------------------------ episodes
-
-    def get(self, episode_id: str) -> EpisodeRecord:
-        episode = self.episodes.get(episode_id)
-        if episode is None:
-            raise NotFound(f"unknown episode {episode_id}")
-        return episode
-
-    def status_of(self, episode_id: str) -> EpisodeStatus:
-        try:
-            episode = self.get(episode_id)
-        except NotFound:
-            stored = self.store.get(episode_id)  # finished and already trained or dropped (evicted)
-            if stored is None:
-                raise
-            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
-        lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
-        return EpisodeStatus(episode_id=episode_id, state=episode.state, lease_expires_at=lease,
-                             reward=episode.reward)
-
-    def live(self, episode_id: str) -> EpisodeRecord:
-        """A CLAIMED episode (heartbeat, chat calls); a clear 4xx for any other state."""
-        episode = self.get(episode_id)
-        if episode.state is EpisodeState.expired:
-            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.lease_s:g} s lease); "
-                       "its trace was discarded: claim a new episode")
-        if episode.state is not EpisodeState.claimed:
-            raise Conflict(f"episode {episode_id} is already {episode.state.value}")
-        return episode
-
-    def heartbeat(self, episode_id: str) -> EpisodeStatus:
-        episode = self.live(episode_id)
-        episode.lease_expires_at = self.clock() + episode.lease_s
-        return self.status_of(episode_id)
 
     async def claim(self, request: ClaimRequest, base_url: str) -> Episode:
         """Admit a claim (``swarm.server.claims``) and answer with its episode; a retried claim (same
@@ -257,97 +203,6 @@ class Engine:
         if self.config.mode == "sync" and (self.loop.training or self.batch_ready()):
             raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
                              retry_after=0.5)
-
-    def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
-        try:
-            episode = self.get(episode_id)
-        except NotFound:
-            return self._finish_evicted(episode_id, body)
-        if episode.state is EpisodeState.finished:
-            if episode.finish == body:
-                return self.status_of(episode_id)
-            raise Conflict(f"episode {episode_id} was already finished with a different body "
-                           f"(reward {episode.reward}); a finish is final")
-        self.live(episode_id)
-        episode.finish = body
-        if episode.is_eval:  # its reward goes to its round; nothing is stored (a crash loses the round only)
-            self._terminate(episode, EpisodeState.finished)
-            self.episodes.bury(episode)  # the tombstone answers a retried finish
-            self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=None,
-                      purpose="eval", step=episode.claimed_step)
-            return self.status_of(episode_id)
-        try:
-            self._persist_finished(episode, self.episodes.group_of(episode_id))
-        except Exception:
-            episode.finish = None  # nothing changed: the client may retry
-            raise
-        self._terminate(episode, EpisodeState.finished)
-        self.counts.finished += 1
-        self.capacity.episode_finished(episode.client_id)
-        self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
-        return self.status_of(episode_id)
-
-    def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
-        """A retried finish of an episode already trained (evicted) or from before a restart: the
-        same body is the usual no-op, a different one a 409; an episode never finished is a 404."""
-        stored = self.store.get(episode_id)
-        if stored is None:
-            raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
-                           "the server restarted: claim a new episode)")
-        if (stored.reward, stored.metrics, stored.metadata) != (body.reward, dict(body.metrics), dict(body.metadata)):
-            raise Conflict(f"episode {episode_id} was already finished with a different body "
-                           f"(reward {stored.reward}); a finish is final")
-        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
-
-    def abort(self, episode_id: str, body: AbortRequest) -> EpisodeStatus:
-        episode = self.get(episode_id)
-        if episode.state is EpisodeState.aborted:
-            return self.status_of(episode_id)
-        self.live(episode_id)
-        episode.abort_reason = body.reason
-        self._terminate(episode, EpisodeState.aborted)
-        if not episode.is_eval:
-            self.counts.aborted += 1
-            store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
-        self.episodes.bury(episode)
-        self.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
-        return self.status_of(episode_id)
-
-    def expire_stale(self) -> int:
-        """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
-        now = self.clock()
-        stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
-        for episode in stale:
-            self._terminate(episode, EpisodeState.expired)
-            if not episode.is_eval:
-                self.counts.expired += 1
-                store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
-                    e.episode_id, "expired", "no heartbeat within the lease"))
-            self.episodes.bury(episode)
-            self.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
-        return len(stale)
-
-    def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
-        episode.move(state)
-        group = self.episodes.settle(episode)
-        if group is None:  # an eval episode: its round, not a group
-            self.evals.ended(episode, state)
-            self.loop.wake.set()  # a step may have waited for this round
-            return
-        verdict = self.groups.settle(group, min_group_size=self.config.min_group_size,
-                                      varied_only=self.config.batch_mode == "varied_groups")
-        if verdict == "dropped":
-            self.drop(group.finished, "group below min_group_size or rewards identical")
-        self.loop.wake.set()
-
-    def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
-        if not episodes:
-            return
-        self.counts.dropped += len(episodes)
-        ids = [e.episode_id for e in episodes]
-        store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
-        for episode in episodes:
-            self.episodes.evict(episode)
 
     # ------------------------------------------------------------------ training
 

@@ -23,8 +23,8 @@ from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingPar
 from swarm.backends.folders import atomic_folder
 from swarm.backends.text import ChatText, load_tokenizer
 from swarm.backends.torch import algorithms, training
-from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.presets import PRESETS, build_preset, is_current_preset, is_preset
+from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
-from swarm.server.http.context import AppContext, app_context
 from swarm.server.engine import Engine
 from swarm.server.errors import ApiError, Forbidden
+from swarm.server.http.context import AppContext, app_context
 
 log = logging.getLogger(__name__)
 

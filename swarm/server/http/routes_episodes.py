@@ -29,21 +29,21 @@ async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(
 
 @router.get("/{episode_id}", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def get_episode(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.status_of(episode_id)
+    return ctx.lifecycle.status_of(episode_id)
 
 
 @router.post("/{episode_id}/heartbeat", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def heartbeat(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.heartbeat(episode_id)
+    return ctx.lifecycle.heartbeat(episode_id)
 
 
 @router.post("/{episode_id}/finish", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def finish(episode_id: str, body: FinishRequest, request: Request,
                  ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.finish(episode_id, body)
+    return ctx.lifecycle.finish(episode_id, body)
 
 
 @router.post("/{episode_id}/abort", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def abort(episode_id: str, request: Request, body: AbortRequest | None = None,
                 ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.abort(episode_id, body or AbortRequest())
+    return ctx.lifecycle.abort(episode_id, body or AbortRequest())

@@ -50,7 +50,7 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
 
     # What the server recorded decodes to exactly what each client saw.
     engine = server.engine
-    trace = engine.get(episode["episode_id"]).trace
+    trace = engine.lifecycle.get(episode["episode_id"]).trace
     backend = engine.generator
     seen = [plain.choices[0]] + list(many.choices) + [stopped.choices[0]]
     recorded = []
