@@ -11,7 +11,7 @@ runs. Four layers, one job each:
 - ``study_env``: the process gets an allow-listed environment (PATH, LANG, HOME = the run dir, the
   client credential, the interpreter's thread count), so the researcher's secrets
   (``OPENAI_API_KEY``, ``AWS_*``, ``MLFLOW_*``…) never reach it. The client token is enough for a
-  study's ``setup``: the server lets it warm up a fresh server once (``swarm.server.routes_control``).
+  study's ``setup``: the server lets it warm up a fresh server once (``swarm.server.http.routes_control``).
 - ``Limits``: CPU time, address space, file size, open files and core dumps, set with
   ``setrlimit`` in the child between fork and exec (visible in ``/proc/<pid>/limits``).
 - ``run_boxed``: a foreground run (the smoke run) in its own session and process group; on timeout,

@@ -8,12 +8,13 @@ server's settings name (``--engine torch|vllm``, ``--trainer torch|verl``), impo
 from typing import TYPE_CHECKING, Any
 
 from swarm.backends.base import (
-    Backend,
     Generation,
     Generator,
+    InProcessModel,
     RowFeed,
+    Sampler,
     SamplingParams,
-    TokenCallback,
+    TokenSink,
     TrainConfig,
     Trainer,
     TrainSample,
@@ -24,12 +25,13 @@ if TYPE_CHECKING:
     from swarm.server.settings import ServerSettings
 
 __all__ = [
-    "Backend",
     "Generation",
     "Generator",
+    "InProcessModel",
     "RowFeed",
+    "Sampler",
     "SamplingParams",
-    "TokenCallback",
+    "TokenSink",
     "TrainConfig",
     "TrainSample",
     "Trainer",
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 
-def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch") -> Backend:
+def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch") -> InProcessModel:
     """Build the backend ``kind`` for ``model`` ("tiny" or a local Hugging Face folder)."""
     if kind == "torch":
         from swarm.backends.torch import TorchBackend
@@ -47,7 +49,7 @@ def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = 
     raise ValueError(f"unknown backend {kind!r}; available: torch")
 
 
-def load_engines(settings: "ServerSettings") -> tuple[Backend | None, Generator | None, Trainer | None]:
+def load_engines(settings: "ServerSettings") -> tuple[InProcessModel | None, Generator | None, Trainer | None]:
     """``(backend, generator, trainer)`` for ``create_app``: the in-process torch model when either
     role is torch (it plays every torch role), plus the other engines the settings name."""
     backend = None

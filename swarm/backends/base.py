@@ -13,8 +13,11 @@ A server is composed of one **generator** and one **trainer**, chosen by name
 
 After every update the engine publishes the trainer's weights to the generator explicitly
 (``Generator.load_weights(version, weights)``); that call is what moves the version completions are
-tagged with. ``Backend`` is the older single-object contract: the torch backend is both roles at
-once. Everything here is plain Python so the server can import it without torch.
+tagged with. The torch backend plays both roles in the server process (``InProcessModel``): a
+``Trainer``, and a ``Sampler`` the device thread drives synchronously, which the server adapts to
+the ``Generator`` role. Optional hooks are declared here with their defaults, so a role that does
+not need one inherits it and the server never asks ``hasattr``. Everything here is plain Python so
+the server can import it without torch.
 """
 
 from __future__ import annotations
@@ -34,8 +37,7 @@ TopAlternatives = list[tuple[int, float]]
 # Called once per sampled token: (row index, token id, log-prob, its top alternatives or None when the
 # row asked for none). The torch sampler calls it on the generation thread; a streamed request's sink
 # is called with the same arguments on the event loop (row = choice index).
-TokenCallback = Callable[[int, int, float, "TopAlternatives | None"], None]
-TokenSink = TokenCallback
+TokenSink = Callable[[int, int, float, "TopAlternatives | None"], None]
 # A full state dict on the CPU, Hugging Face parameter names -> torch tensors (typed loosely: no torch here).
 Weights = Mapping[str, Any]
 
@@ -190,9 +192,7 @@ class RowFeed(Protocol):
     """Continuous batching: lets rows join a running ``generate`` and leave it one by one.
 
     Row indices (for ``on_token`` too) number the initial prompts first, then admitted rows in the
-    order ``admit`` returned them. All methods are called from the generation thread. A feed may
-    also define ``cancelled(row) -> bool``: a running row it names stops at the next decode step
-    (its caller went away) and is handed to ``finished`` with what it has.
+    order ``admit`` returned them. All methods are called from the generation thread.
     """
 
     def admit(self) -> Sequence[tuple[Sequence[int], SamplingParams]]:
@@ -207,64 +207,10 @@ class RowFeed(Protocol):
         """Admitted row ``row`` cannot be served (bad prompt or params); it never ran."""
         ...
 
-
-@runtime_checkable
-class Backend(Protocol):
-    """What the engine needs from a model owner. All methods are called from one worker thread."""
-
-    policy_version: int
-    model_name: str
-    max_context: int
-    eos_token_id: int  # the end-of-turn token a finished assistant message ends with
-    text: ChatText  # the tokenizer's text rules (rendering, drift-repair splices, token bytes)
-
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        """Apply the chat template (with the generation prompt) and return prompt token ids."""
-        ...
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Decode ids to text (special tokens skipped)."""
-        ...
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of plain text (no special tokens added); used for supervised targets."""
-        ...
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: Sequence[SamplingParams],
-        on_token: TokenCallback | None = None,
-        feed: RowFeed | None = None,
-    ) -> list[Generation]:
-        """Sample one continuation per prompt row in one batched forward loop.
-
-        With a ``feed`` the loop is continuous: rows may join between decode steps and each row is
-        reported the moment it finishes (see ``RowFeed``). Returns the initial rows' generations.
-        """
-        ...
-
-    def train_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
-        """One policy update on the samples; increments ``policy_version``; returns slash-keyed metrics."""
-        ...
-
-    def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
-        """Episode-level advantages from verl's estimator ``config.adv_estimator`` (one per reward)."""
-        ...
-
-    def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
-        """One supervised (NLL) update on the tokens where ``loss_mask`` is 1; increments ``policy_version``.
-
-        The returned metrics include ``sft/loss``."""
-        ...
-
-    def save(self, directory: str) -> None:
-        """Write weights, optimizer state and ``policy_version`` to ``directory``."""
-        ...
-
-    def load(self, directory: str) -> None:
-        """Restore what ``save`` wrote."""
-        ...
+    def cancelled(self, row: int) -> bool:
+        """Whether running row ``row`` should stop at the next decode step (its caller went away);
+        it is then handed to ``finished`` with what it has. Default: never."""
+        return False
 
 
 class GeneratorUnavailable(RuntimeError):
@@ -285,7 +231,13 @@ class Generator(Protocol):
     max_context: int
     eos_token_id: int
     reports_top_logprobs: bool  # fills ``Generation.top_logprobs`` when asked
-    text: ChatText  # the tokenizer's text rules (rendering, drift-repair splices, token bytes)
+    text: ChatText  # the tokenizer's text rules: rendering, encoding, decoding, drift-repair splices
+    # Optional hooks, with the defaults of a generator that needs none of them:
+    mode: Literal["sync", "async"] = "async"  # the server's mode, set before every publication
+    streams_weights: bool = False  # True: the trainer streams weights to it (``load_streamed``)
+    start_timeout: float = 0.0  # seconds a restart (``recover``) may take beyond ``publish_timeout_s``
+    restarts_on_recover: bool = False  # ``recover`` restarts a process (reported in ``generator.recovered``)
+    on_status: Callable[[Any], None] | None = None  # called when its own health changes (a vLLM child)
 
     @property
     def policy_version(self) -> int:
@@ -301,16 +253,6 @@ class Generator(Protocol):
         """Engine name and health for ``/api/v1/status`` (JSON-ready)."""
         ...
 
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        """Apply the chat template (with the generation prompt); ``ValueError`` if it cannot."""
-        ...
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        ...
-
-    def encode(self, text: str) -> list[int]:
-        ...
-
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                        sink: TokenSink | None = None) -> Sampled:
         """One row per prompt; ``sink`` receives each token as it is sampled (streaming).
@@ -321,6 +263,15 @@ class Generator(Protocol):
         """Serve ``weights`` as policy ``version`` from now on (requests already running may finish
         on the old weights and keep the old tag)."""
         ...
+
+    async def load_streamed(self, version: int) -> None:
+        """Serve the weights the trainer streams now as ``version`` (only when ``streams_weights``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive streamed weights")
+
+    async def recover(self, version: int, weights: Weights) -> None:
+        """After a failed publication: serve ``weights`` as ``version`` again, restarting whatever
+        must be restarted. Default: load them again."""
+        await self.load_weights(version, weights)
 
     async def start(self) -> None:
         """Get ready to serve (start threads or child processes)."""
@@ -365,3 +316,35 @@ class Trainer(Protocol):
     def load(self, directory: str) -> None:
         """Restore what ``save`` wrote."""
         ...
+
+    def close(self) -> None:
+        """Release what the trainer holds beyond the server's device thread (Ray workers). Default: nothing."""
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Synchronous generation on the server's device thread (the torch model): the server adapts it
+    to the ``Generator`` role (``swarm.server.generation.LocalGenerator``). Called from one thread."""
+
+    policy_version: int
+    model_name: str
+    max_context: int
+    eos_token_id: int  # the end-of-turn token a finished assistant message ends with
+    text: ChatText  # the tokenizer's text rules
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                 on_token: TokenSink | None = None, feed: RowFeed | None = None) -> list[Generation]:
+        """Sample one continuation per prompt row in one batched forward loop. With a ``feed`` the
+        loop is continuous: rows may join between decode steps and each row is reported the moment
+        it finishes (see ``RowFeed``). Returns the initial rows' generations."""
+        ...
+
+    def load_weights(self, version: int, weights: Weights) -> None:
+        """Take ``weights`` (a trainer's export) as policy ``version``."""
+        ...
+
+
+@runtime_checkable
+class InProcessModel(Sampler, Trainer, Protocol):
+    """One model in the server process playing both roles (the default torch backend): the device
+    thread samples from it and trains it."""

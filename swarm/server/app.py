@@ -23,29 +23,32 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from swarm.backends.base import Backend, Generator, Trainer
-from swarm.protocol import ChatCompletion, ServerState
-from swarm.server import routes_control, routes_episodes, routes_openai
+from swarm.backends.base import Generator, InProcessModel, Trainer
+from swarm.protocol import ChatCompletion
 from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
-from swarm.server.batcher import DeviceWorker
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.context import AppContext
+from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.generation import LocalGenerator
+from swarm.server.http.context import AppContext
+from swarm.server.http.routes_control import router as control_router
+from swarm.server.http.routes_episodes import router as episodes_router
+from swarm.server.http.routes_openai import router as openai_router
+from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
 from swarm.server.settings import ServerSettings
+from swarm.server.step_loop import TrainerThread
 from swarm.server.store import EpisodeStore
-from swarm.server.trainer import TrainerThread
 
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 0.25
 
 
-def create_app(settings: ServerSettings, backend: Backend | None = None, *, generator: Generator | None = None,
+def create_app(settings: ServerSettings, backend: InProcessModel | None = None, *, generator: Generator | None = None,
                trainer: Trainer | None = None) -> FastAPI:
     """Build the app from ``backend`` (both roles) or a ``generator`` + ``trainer`` pair (either may
     be filled from ``backend``). Without ``settings.token`` a loopback server generates one."""
@@ -66,7 +69,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     device_model: Any = backend if backend is not None else trainer
     worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
     if generator is None:
-        generator = LocalGenerator(backend, worker)  # type: ignore[arg-type]
+        generator = LocalGenerator(backend, worker)
     # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
@@ -77,11 +80,20 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
-    if hasattr(generator, "on_status"):  # an engine with a health of its own (a vLLM child) reports it
-        generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())
+    generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())  # a vLLM child's health
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
-                   tracker=ServerRun(settings, engine) if settings.mlflow_uri else None)
+                   tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
+                                     steps=store.step_metrics, checkpoints=checkpoints.all)
+                   if settings.mlflow_uri else None)
+    ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions, keys=keys,
+                     max_context=max_context)
+    return _http_app(parts, ctx, token)
+
+
+def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
+    """The FastAPI app over the composed parts: its lifespan starts and stops them; routes see ``ctx``."""
+    engine, bus = parts.engine, parts.bus
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,16 +104,16 @@ def create_app(settings: ServerSettings, backend: Backend | None = None, *, gene
             await parts.stop(tasks)
 
     app = FastAPI(title="swarm server", version="1", lifespan=lifespan)
-    app.state.ctx = AppContext(settings=settings, engine=engine, keys=keys, max_context=max_context)
+    app.state.ctx = ctx
     app.state.token = token
     app.state.bus = bus
     app.state.request_shutdown = None
     app.state.startup_error = None
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
-    app.include_router(routes_openai.router, responses=ERROR_RESPONSES)
-    app.include_router(routes_episodes.router, responses=ERROR_RESPONSES)
-    app.include_router(routes_control.router, responses=ERROR_RESPONSES)
+    app.include_router(openai_router, responses=ERROR_RESPONSES)
+    app.include_router(episodes_router, responses=ERROR_RESPONSES)
+    app.include_router(control_router, responses=ERROR_RESPONSES)
     app.include_router(events_router(bus, require_control, max_subscribers=lambda: engine.config.max_event_subscribers),
                        responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -125,6 +137,7 @@ class _Parts:
         self.worker.start()
         if self.tracker is not None:
             self.tracker.start()  # never waits on MLflow
+            engine.add_listener(self.tracker.on_event)
         try:
             await generator.start()
         except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
@@ -134,9 +147,9 @@ class _Parts:
                 await asyncio.to_thread(self.tracker.close, f"the server could not start: {exc}")
             raise
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
-            await engine.loop.publish()
+            await engine.publish()
         tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
-                 asyncio.create_task(_sweep(engine), name="swarm-sweeper")]
+                 asyncio.create_task(_sweep(engine.lifecycle), name="swarm-sweeper")]
         if self.tracker is not None:
             self.tracker.watch(tasks[0])
         for bad in self.restored.quarantined:  # checkpoints that did not load (recovery fell back past them)
@@ -163,10 +176,9 @@ class _Parts:
         await asyncio.to_thread(self.worker.stop)
         if self.trainer_thread is not None:
             await asyncio.to_thread(self.trainer_thread.stop)
-        close = getattr(engine.trainer, "close", None)
-        if close is not None and self.owns_trainer:
-            await asyncio.to_thread(close)
-        engine.state = ServerState.stopped
+        if self.owns_trainer:
+            await asyncio.to_thread(engine.trainer.close)
+        engine.stopped()
         engine.store.close()
 
 
@@ -190,13 +202,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-async def _sweep(engine: Engine) -> None:
+async def _sweep(lifecycle: Lifecycle) -> None:
     """Expire stale leases. A scan of the claimed episodes is cheap, so it runs often enough that
     even sub-second leases (tests, fast agents) expire promptly."""
     while True:
         await asyncio.sleep(_SWEEP_S)
         try:
-            expired = engine.expire_stale()
+            expired = lifecycle.expire_stale()
         except Exception:  # the sweeper must survive a bug in one pass
             log.exception("lease sweep failed")
             continue

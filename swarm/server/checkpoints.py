@@ -62,7 +62,7 @@ class Checkpoint:
 
     @property
     def weights_dir(self) -> Path:
-        """What ``write_weights`` filled; hand it to ``Backend.load``."""
+        """What ``write_weights`` filled; hand it to ``Trainer.load``."""
         return self.path / "weights"
 
 

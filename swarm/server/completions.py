@@ -31,23 +31,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
+from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
 from swarm.backends.text import prepare_messages
-from swarm.protocol import ChatCompletionRequest
-from swarm.server.batcher import QueueFull
+from swarm.protocol import ChatCompletionRequest, EpisodeState
+from swarm.server.device_worker import QueueFull
+from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.registry import EpisodeRegistry
 from swarm.server.replies import conversation_keys
 from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
 from swarm.server.throttle import InFlight
-
-if TYPE_CHECKING:
-    from swarm.server.engine import Engine
-    from swarm.server.episodes import EpisodeRecord
+from swarm.server.view import ServerView
 
 
 @dataclass(frozen=True)
@@ -91,10 +90,14 @@ class ChatCall:
 
 
 class Completions:
-    """Serves chat calls through the engine's generator and records them into episodes."""
+    """Serves chat calls through the generator and records them into the episodes of ``episodes``;
+    ``live(episode_id)`` is the engine's check that an episode may still take calls (else a 4xx)."""
 
-    def __init__(self, engine: Engine, generator: Generator, max_context: int) -> None:
-        self.engine = engine
+    def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
+                 live: Callable[[str], EpisodeRecord]) -> None:
+        self.view = view
+        self.episodes = episodes
+        self.live = live
         self.generator = generator
         self.max_context = max_context
         self.in_flight = InFlight()
@@ -105,11 +108,11 @@ class Completions:
         """Validate and render (raising the caller's 4xx), then generate in a task. ``key`` names
         the credential whose in-flight calls are capped. With an ``episode_id`` the result is
         recorded into that episode; without, it is served only."""
-        episode = self.engine.live(episode_id) if episode_id is not None else None  # 404/409/410 first
+        episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         self._check_size(request)
-        config = self.engine.config
+        config = self.view.config
         releases = [self.in_flight.enter(key, request.n, per_key=config.max_inflight_per_key,
                                          max_rows=config.max_batch_rows + config.max_queued_rows)]
         try:
@@ -133,7 +136,7 @@ class Completions:
 
     def _check_size(self, request: ChatCompletionRequest) -> None:
         """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
-        limit = self.engine.config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_context
+        limit = self.view.config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_context
         chars = _text_chars([m.model_dump(exclude_none=True) for m in request.messages]) + _text_chars(request.tools)
         if chars > limit:
             raise ContextTooLong(
@@ -143,8 +146,8 @@ class Completions:
 
     def _reserve_tokens(self, episode_id: str, prompt_len: int, params: list[SamplingParams]) -> Callable[[], None]:
         """Hold room in the episode's token budget for everything this call could record."""
-        episode = self.engine.live(episode_id)  # it may have ended while the prompt rendered
-        cap = self.engine.config.max_episode_tokens
+        episode = self.live(episode_id)  # it may have ended while the prompt rendered
+        cap = self.view.config.max_episode_tokens
         recorded, running = episode.trace.tokens, self._reserved[episode_id]
         adds = sum(prompt_len + p.max_tokens for p in params)
         if recorded + running + adds > cap:
@@ -177,16 +180,34 @@ class Completions:
             raise RetryLater(f"{exc}; retry shortly", retry_after=exc.retry_after) from None
         replies = [parsing.parse(self.generator.text.decode(g.token_ids)) for g in sampled.generations]
         if episode_id is not None:
-            self.engine.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature,
+            self.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature,
                                replies=replies, conversation_key=rendered.conversation_key,
                                repaired=rendered.repaired)
         return Answer(sampled=sampled, replies=replies)
+
+    def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
+               temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
+               repaired: bool = False) -> None:
+        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
+        its replies to the episode's reply book (drift repair of the next call); an eval episode's
+        calls are never recorded, only its lease is renewed and its replies kept for repair."""
+        episode = self.episodes.held(episode_id)
+        if episode is None or episode.state is not EpisodeState.claimed:
+            return
+        episode.lease_expires_at = self.view.clock() + episode.lease_s  # a chat call is a sign of life
+        if conversation_key is not None:
+            for reply, generation in zip(replies, generations, strict=True):
+                episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))
+        if episode.is_eval:
+            return
+        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
+        episode.trace.note_replies(replies, repaired=repaired)
 
     def _render(self, request: ChatCompletionRequest, episode: EpisodeRecord | None) -> Rendered:
         """The call's prompt ids: the template's rendering, or inside an episode the ids of the
         longest known reply it re-sends plus the template's rendering of what follows it."""
         text = self.generator.text
-        kwargs = {**self.engine.config.chat_template_kwargs, **(request.chat_template_kwargs or {})}
+        kwargs = {**self.view.config.chat_template_kwargs, **(request.chat_template_kwargs or {})}
         try:
             messages = prepare_messages([m.model_dump(exclude_none=True) for m in request.messages])
             plain = text.render(messages, request.tools, kwargs)
@@ -205,14 +226,14 @@ class Completions:
         return Rendered(prompt=prompt, conversation_key=keys[-1], repaired=prompt != plain)
 
     def _parsing(self, request: ChatCompletionRequest) -> Parsing:
-        config = self.engine.config
+        config = self.view.config
         calls = bool(request.tools) and request.tool_choice != "none"
         tool_parser = resolve_tool_parser(config.tool_call_parser, self.generator.text.chat_template) if calls else None
         return Parsing(tool_parser=tool_parser, reasoning_parser=config.reasoning_parser,
                        parallel_tool_calls=request.parallel_tool_calls)
 
     def _sampling(self, request: ChatCompletionRequest, prompt_len: int, seed: int | None) -> list[SamplingParams]:
-        config = self.engine.config
+        config = self.view.config
         room = self.max_context - prompt_len
         requested = request.max_completion_tokens or request.max_tokens
         if requested is not None and requested > room:

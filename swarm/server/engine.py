@@ -1,10 +1,12 @@
 """The engine: sole owner of the server's mutable state — episodes, groups, config, counters.
 
-It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``): claims go through
-``claims`` (admission, ``swarm.server.claims``), chat calls through ``completions`` (render →
-generate → record, ``swarm.server.completions``), training through ``loop`` (collect → advantages →
-update → publish → commit, ``swarm.server.trainer``) and held-out evaluation through ``evals``
-(eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
+its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
+(``swarm.server.claims``; admission is here, in ``claim``), heartbeats, finishes, aborts and lease
+expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls through ``completions``
+(render → generate → record, ``swarm.server.completions``), training through ``loop`` (collect →
+advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through
+``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
@@ -13,49 +15,44 @@ Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished epi
 the SQLite buffer before ``finish`` returns; each training step commits what it trained and dropped
 in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
-checkpoint. Trained, dropped and closed episodes are evicted from memory by the
-``EpisodeRegistry`` (the store keeps the durable copy; closed ones leave a small bounded tombstone
-so a late ``finish`` still gets a clear 410/409). Every state change calls
-``self.emit(type, **data)`` (listeners: ``add_listener``).
+checkpoint. Every state change calls ``self.emit(type, **data)`` (listeners: ``add_listener``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.base import Generation, Generator, TokenSink, Trainer
-from swarm.backends.parsers import ParsedReply
+from swarm.backends.base import Generator, Trainer
 from swarm.protocol import (
-    AbortRequest,
-    ChatCompletionRequest,
+    ClaimRequest,
     ConfigView,
+    Episode,
     EpisodeCounts,
-    EpisodeState,
-    EpisodeStatus,
-    FinishRequest,
     ServerState,
+    SftRequest,
+    SftResult,
     Status,
     StepMetrics,
 )
 from swarm.server.auth import KeyRing
-from swarm.server.batcher import DeviceWorker
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
-from swarm.server.completions import ChatCall, Completions
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook
-from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
+from swarm.server.completions import Completions
+from swarm.server.device_worker import DeviceWorker
+from swarm.server.episodes import EpisodeRecord, GroupBook
+from swarm.server.errors import BadRequest, RetryLater
 from swarm.server.evaluation import Evaluation
-from swarm.server.records import FinishedEpisode
+from swarm.server.lifecycle import Lifecycle
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
-from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError
-from swarm.server.trainer import RunBlocking, StepLoop
+from swarm.server.step_loop import RunBlocking, StepLoop
+from swarm.server.store import EpisodeStore, store_safely
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +73,7 @@ class Engine:
         self.state_dir = state_dir
         self.store = store
         self.clock = clock
-        self.state = ServerState.starting
+        self._state = ServerState.starting
         self.counts = EpisodeCounts()
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
@@ -86,11 +83,21 @@ class Engine:
         self._paused = False
         self._started_at = time.monotonic()
         self.created = int(clock())
-        self.claims = Claims(self, config.category_ratios)
-        self.evals = Evaluation(self)
-        self.completions = Completions(self, generator, max_context)
+        self.max_context = max_context
+        # The parts get what they use; what changes while serving they read through ``ServerView``.
+        self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
+                                   capacity=self.capacity, eval_ended=lambda e, state: self.evals.ended(e, state),
+                                   wake=lambda: self.loop.wake.set())
+        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
+                             category_ratios=config.category_ratios)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
-                             checkpoints=checkpoints)
+                             checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
+                             capacity=self.capacity, may_step=self._may_step, eval_live=lambda: self.evals.live,
+                             eval_due=lambda step: self.evals.due(step),
+                             drop=self.lifecycle.drop, trained=self._trained)
+        self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
+        self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
+                                       live=self.lifecycle.live)
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -119,7 +126,8 @@ class Engine:
             self._apply_worker_limits()
         self.config_version = restored.config_version
         self._version = restored.policy_version
-        self.counts = restored.counts
+        for name in EpisodeCounts.model_fields:  # in place: the lifecycle counts into the same object
+            setattr(self.counts, name, getattr(restored.counts, name))
         # From -1: row 0 holds the held-out evaluation of the untrained policy, when there was one.
         self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics(-1)]
         for group in restored.ready:
@@ -127,29 +135,14 @@ class Engine:
             for member in group.members:
                 self.episodes.add_finished(member)
 
-    def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
-        """Commit a finished episode to the durable buffer before ``finish`` returns."""
-        assert episode.finish is not None
-        record = FinishedEpisode.from_trace(
-            episode.trace, episode_id=episode.episode_id, task_id=episode.task_id, group_id=episode.group_id,
-            group_key=episode.group_key, group_size=group.size, category=episode.category,
-            client_id=episode.client_id, reward=episode.finish.reward, metrics=dict(episode.finish.metrics),
-            metadata=dict(episode.finish.metadata), finished_at=self.clock())
-        try:
-            self.store.save_finished(record)
-        except EpisodeConflict as exc:
-            raise Conflict(str(exc)) from None
-        except StoreError as exc:
-            raise BadRequest(f"this finish cannot be stored: {exc}") from None
-
-    def store_safely(self, what: str, fn: Callable[[], Any]) -> None:
-        """Bookkeeping writes after the fact (drops, closes): log a failure, never break the engine."""
-        try:
-            fn()
-        except Exception:
-            log.exception("durable buffer: %s failed", what)
-
     # ------------------------------------------------------------------ properties
+
+    @property
+    def state(self) -> ServerState:
+        """``training`` while a step trains (unless stopping), else the state the engine was put in."""
+        if self.loop.training and self._state in (ServerState.running, ServerState.paused):
+            return ServerState.training
+        return self._state
 
     @property
     def policy_version(self) -> int:
@@ -176,153 +169,41 @@ class Engine:
 
     # ------------------------------------------------------------------ episodes
 
-    def get(self, episode_id: str) -> EpisodeRecord:
-        episode = self.episodes.get(episode_id)
-        if episode is None:
-            raise NotFound(f"unknown episode {episode_id}")
-        return episode
+    async def claim(self, request: ClaimRequest, base_url: str) -> Episode:
+        """Admit a claim (``swarm.server.claims``) and answer with its episode; a retried claim (same
+        ``request_id``) gets the episode the first one created. An eval claim that arrives while a
+        step trains waits for it to end (``swarm.server.evaluation``)."""
+        if request.purpose == "eval":
+            await self.loop.between_steps()
+        retried = self.episodes.by_request(request.request_id)
+        if retried is not None:
+            return self.claims.view(retried, base_url)
+        if request.purpose == "eval":
+            if self.loop.training:
+                raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
+            self._admit(evaluating=True)
+            episode = self.evals.claim(request)
+        else:
+            self._admit()
+            episode = self.claims.open(request)
+            self.counts.claimed += 1
+            self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
+                      group_id=episode.group_id, category=request.category, client_id=request.client_id)
+        return self.claims.view(episode, base_url)
 
-    def status_of(self, episode_id: str) -> EpisodeStatus:
-        try:
-            episode = self.get(episode_id)
-        except NotFound:
-            stored = self.store.get(episode_id)  # finished and already trained or dropped (evicted)
-            if stored is None:
-                raise
-            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
-        lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
-        return EpisodeStatus(episode_id=episode_id, state=episode.state, lease_expires_at=lease,
-                             reward=episode.reward)
-
-    def live(self, episode_id: str) -> EpisodeRecord:
-        """A CLAIMED episode (heartbeat, chat calls); a clear 4xx for any other state."""
-        episode = self.get(episode_id)
-        if episode.state is EpisodeState.expired:
-            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.lease_s:g} s lease); "
-                       "its trace was discarded: claim a new episode")
-        if episode.state is not EpisodeState.claimed:
-            raise Conflict(f"episode {episode_id} is already {episode.state.value}")
-        return episode
-
-    def heartbeat(self, episode_id: str) -> EpisodeStatus:
-        episode = self.live(episode_id)
-        episode.lease_expires_at = self.clock() + episode.lease_s
-        return self.status_of(episode_id)
-
-    async def complete(self, key: str, episode_id: str | None, request: ChatCompletionRequest,
-                       sink: TokenSink | None = None) -> ChatCall:
-        """Start a chat call for credential ``key`` (see ``Completions.start``): 4xx before any
-        generation, tokens recorded when sampled."""
-        return await self.completions.start(key, episode_id, request, sink)
-
-    def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
-               temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
-               repaired: bool = False) -> None:
-        """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
-        its replies to the episode's reply book (drift repair of the next call); an eval episode's
-        calls are never recorded, only its lease is renewed and its replies kept for repair."""
-        episode = self.episodes.held(episode_id)
-        if episode is None or episode.state is not EpisodeState.claimed:
+    def _admit(self, *, evaluating: bool = False) -> None:
+        """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain
+        (``evaluating``: an eval claim, which that drain waits for instead)."""
+        if self.state in (ServerState.stopping, ServerState.stopped):
+            raise RetryLater("the server is stopping", retry_after=5.0)
+        if self._paused:
+            raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
+                             retry_after=2.0)
+        if evaluating:
             return
-        episode.lease_expires_at = self.clock() + episode.lease_s  # a chat call is a sign of life
-        if conversation_key is not None:
-            for reply, generation in zip(replies, generations, strict=True):
-                episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))
-        if episode.is_eval:
-            return
-        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
-        episode.trace.note_replies(replies, repaired=repaired)
-
-    def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
-        try:
-            episode = self.get(episode_id)
-        except NotFound:
-            return self._finish_evicted(episode_id, body)
-        if episode.state is EpisodeState.finished:
-            if episode.finish == body:
-                return self.status_of(episode_id)
-            raise Conflict(f"episode {episode_id} was already finished with a different body "
-                           f"(reward {episode.reward}); a finish is final")
-        self.live(episode_id)
-        episode.finish = body
-        if episode.is_eval:  # its reward goes to its round; nothing is stored (a crash loses the round only)
-            self._terminate(episode, EpisodeState.finished)
-            self.episodes.bury(episode)  # the tombstone answers a retried finish
-            self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=None,
-                      purpose="eval", step=episode.claimed_step)
-            return self.status_of(episode_id)
-        try:
-            self._persist_finished(episode, self.episodes.group_of(episode_id))
-        except Exception:
-            episode.finish = None  # nothing changed: the client may retry
-            raise
-        self._terminate(episode, EpisodeState.finished)
-        self.counts.finished += 1
-        self.capacity.episode_finished(episode.client_id)
-        self.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
-        return self.status_of(episode_id)
-
-    def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
-        """A retried finish of an episode already trained (evicted) or from before a restart: the
-        same body is the usual no-op, a different one a 409; an episode never finished is a 404."""
-        stored = self.store.get(episode_id)
-        if stored is None:
-            raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
-                           "the server restarted: claim a new episode)")
-        if (stored.reward, stored.metrics, stored.metadata) != (body.reward, dict(body.metrics), dict(body.metadata)):
-            raise Conflict(f"episode {episode_id} was already finished with a different body "
-                           f"(reward {stored.reward}); a finish is final")
-        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
-
-    def abort(self, episode_id: str, body: AbortRequest) -> EpisodeStatus:
-        episode = self.get(episode_id)
-        if episode.state is EpisodeState.aborted:
-            return self.status_of(episode_id)
-        self.live(episode_id)
-        episode.abort_reason = body.reason
-        self._terminate(episode, EpisodeState.aborted)
-        if not episode.is_eval:
-            self.counts.aborted += 1
-            self.store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
-        self.episodes.bury(episode)
-        self.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
-        return self.status_of(episode_id)
-
-    def expire_stale(self) -> int:
-        """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
-        now = self.clock()
-        stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
-        for episode in stale:
-            self._terminate(episode, EpisodeState.expired)
-            if not episode.is_eval:
-                self.counts.expired += 1
-                self.store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
-                    e.episode_id, "expired", "no heartbeat within the lease"))
-            self.episodes.bury(episode)
-            self.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
-        return len(stale)
-
-    def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
-        episode.move(state)
-        group = self.episodes.settle(episode)
-        if group is None:  # an eval episode: its round, not a group
-            self.evals.ended(episode, state)
-            self.loop.wake.set()  # a step may have waited for this round
-            return
-        verdict = self.groups.settle(group, min_group_size=self.config.min_group_size,
-                                      varied_only=self.config.batch_mode == "varied_groups")
-        if verdict == "dropped":
-            self.drop(group.finished, "group below min_group_size or rewards identical")
-        self.loop.wake.set()
-
-    def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
-        if not episodes:
-            return
-        self.counts.dropped += len(episodes)
-        ids = [e.episode_id for e in episodes]
-        self.store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
-        for episode in episodes:
-            self.episodes.evict(episode)
+        if self.config.mode == "sync" and (self.loop.training or self.batch_ready()):
+            raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
+                             retry_after=0.5)
 
     # ------------------------------------------------------------------ training
 
@@ -330,10 +211,42 @@ class Engine:
         """Enough complete groups for a step (``batch_mode``/``batch_groups``)."""
         return self.groups.batch_ready(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
 
+    def _may_step(self) -> bool:
+        """The step loop's question: not paused or stopping, a batch is ready and, in sync mode, no
+        episode is in flight (the drain)."""
+        if self._paused or self._state in (ServerState.stopping, ServerState.stopped):
+            return False
+        if not self.batch_ready():
+            return False
+        return self.config.mode == "async" or self.in_flight == 0
+
+    def _trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord]) -> None:
+        """A step committed: count its episodes; they leave memory (the store keeps the durable copy)."""
+        self.counts.trained += len(kept)
+        self.counts.dropped += len(stale)
+        for episode in (*kept, *stale):
+            self.episodes.evict(episode)
+
     async def run(self) -> None:
         """The training loop (``StepLoop.run``); runs as a task for the app's life."""
-        self.state = ServerState.running
+        self._state = ServerState.running
         await self.loop.run()
+
+    async def sft(self, request: SftRequest) -> SftResult:
+        """A supervised warm-up (``StepLoop.sft``) within the served context length."""
+        return await self.loop.sft(request, self.max_context)
+
+    async def checkpoint(self) -> Path:
+        """A checkpoint now (``StepLoop.checkpoint``)."""
+        return await self.loop.checkpoint()
+
+    async def publish(self) -> float:
+        """Hand the trainer's weights to the generator now (``StepLoop.publish``); seconds taken."""
+        return await self.loop.publish()
+
+    def report(self, where: str, exc: BaseException) -> None:
+        """Record an error the server survived: an ``error`` event and the status' ``last_error``."""
+        self.loop.report(where, exc)
 
     # ------------------------------------------------------------------ control
 
@@ -348,7 +261,7 @@ class Engine:
         self.config = config
         self.config_version += 1
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
-        self.store_safely("save live config", lambda: self.store.put_meta(
+        store_safely("save live config", lambda: self.store.put_meta(
             CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
         self._apply_worker_limits()
         self.emit("config.changed", version=self.config_version, values=values)
@@ -360,22 +273,26 @@ class Engine:
 
     def pause(self) -> None:
         self._paused = True
-        if self.state is ServerState.running:
-            self.state = ServerState.paused
+        if self._state is ServerState.running:
+            self._state = ServerState.paused
 
     def resume(self) -> None:
         self._paused = False
-        if self.state is ServerState.paused:
-            self.state = ServerState.running
+        if self._state is ServerState.paused:
+            self._state = ServerState.running
         self.loop.wake.set()
 
     def stopping(self) -> None:
-        self.state = ServerState.stopping
-        self.loop.wake.set()
+        self._state = ServerState.stopping
+        self.loop.stop()
+
+    def stopped(self) -> None:
+        """Everything is closed (the app's lifespan ended)."""
+        self._state = ServerState.stopped
 
     def status(self) -> Status:
         uptime = time.monotonic() - self._started_at
-        stats = getattr(self.generator, "stats", self.worker.stats)
+        stats = self.worker.stats  # the device thread's generation counters
         return Status(
             state=self.state, model=self.generator.model_name, policy_version=self.policy_version,
             step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self.groups.ready),
@@ -387,7 +304,7 @@ class Engine:
                 "tokens_per_s": stats.tokens / stats.generate_s if stats.generate_s else 0.0,
                 "rows_per_batch": stats.rows / stats.batches if stats.batches else 0.0,
                 "chat_rows_in_flight": float(self.completions.in_flight.rows),
-                "cancelled_rows": float(getattr(stats, "cancelled", 0)),
+                "cancelled_rows": float(stats.cancelled),
             },
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
         )

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from swarm.protocol import ClaimRequest, EpisodeState
 from swarm.server.episodes import EpisodeRecord
-from swarm.server.errors import RetryLater
+from swarm.server.registry import EpisodeRegistry
 from swarm.server.timeline import EpisodeTrace
-
-if TYPE_CHECKING:
-    from swarm.server.engine import Engine
+from swarm.server.view import ServerView
 
 __all__ = ["EvalBook", "EvalRound", "Evaluation"]
 
@@ -92,30 +91,22 @@ class EvalBook:
 
 
 class Evaluation:
-    """The engine's held-out side: eval claims, their rounds, and the rounds' publication."""
+    """The held-out side: eval claims, their rounds, and the rounds' publication through
+    ``publish(step, metrics)`` (``StepLoop.add_metrics``). When an eval claim may come in (between
+    steps, admitted) is the engine's and the step loop's to say."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry,
+                 publish: Callable[[int, dict[str, float]], Any]) -> None:
+        self._view = view
+        self._episodes = episodes
+        self._publish = publish
         self.book = EvalBook()
-        self.waiting = 0  # eval claims waiting for a running step to end
         self.every = 0  # the cadence the latest eval claim declared (0: unknown, no step is held)
 
     @property
     def live(self) -> int:
         """Eval episodes still CLAIMED (a step waits for them)."""
         return self.book.live
-
-    async def between_steps(self) -> None:
-        """Hold an eval claim that arrives while a step trains until the step ends; no new step
-        starts while one waits, so eval claims are never starved by back-to-back steps."""
-        loop = self._engine.loop
-        self.waiting += 1
-        try:
-            while loop.training:
-                await loop.idle.wait()
-        finally:
-            self.waiting -= 1
-            loop.wake.set()
 
     def due(self, step: int) -> bool:
         """Step ``step`` is one the clients evaluate at and no round of it has been claimed yet (the
@@ -124,24 +115,22 @@ class Evaluation:
 
     def claim(self, request: ClaimRequest) -> EpisodeRecord:
         """A held-out eval episode of the current step's policy."""
-        engine = self._engine
+        view = self._view
         if request.eval_every is not None:
             self.every = request.eval_every
-        if engine.loop.training:
-            raise RetryLater("a training step is running; claim the eval episode after it", retry_after=0.2)
-        engine.claims.admit(evaluating=True)
-        lease_s = request.lease_s or engine.config.lease_s
+        config = view.config
+        lease_s = request.lease_s or config.lease_s
         episode = EpisodeRecord(
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key="", group_id=request.task_id,
             category=request.category, client_id=request.client_id, lease_s=lease_s,
-            lease_expires_at=engine.clock() + lease_s, trace=EpisodeTrace(merge=engine.config.merge_timelines),
-            claimed_version=engine.policy_version, purpose="eval", claimed_step=engine.step,
+            lease_expires_at=view.clock() + lease_s, trace=EpisodeTrace(merge=config.merge_timelines),
+            claimed_version=view.policy_version, purpose="eval", claimed_step=view.step,
         )
-        engine.episodes.add_claimed(episode, None, request.request_id)
+        self._episodes.add_claimed(episode, None, request.request_id)
         self.book.claimed(episode.claimed_step)
-        engine.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
-                    category=request.category, client_id=request.client_id, purpose="eval",
-                    step=episode.claimed_step)
+        view.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
+                  category=request.category, client_id=request.client_id, purpose="eval",
+                  step=episode.claimed_step)
         return episode
 
     def ended(self, episode: EpisodeRecord, state: EpisodeState) -> None:
@@ -150,5 +139,5 @@ class Evaluation:
         round_ = self.book.ended(episode.claimed_step, episode.reward if state is EpisodeState.finished else None)
         if round_ is not None and round_.rewards:
             metrics = round_.metrics()
-            self._engine.loop.add_metrics(round_.step, metrics)
-            self._engine.emit("eval.finished", step=round_.step, metrics=metrics)
+            self._publish(round_.step, metrics)
+            self._view.emit("eval.finished", step=round_.step, metrics=metrics)

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from swarm.protocol import StepMetrics
+from swarm.server.checkpoints import Checkpoint
 from swarm.server.settings import ServerSettings
 from swarm.tracking import MlflowRunWriter
-
-if TYPE_CHECKING:
-    from swarm.server.engine import Engine
 
 __all__ = ["CURSOR_FILE", "ServerRun", "server_params"]
 
@@ -52,15 +51,21 @@ def server_params(settings: ServerSettings, config: dict[str, Any]) -> dict[str,
 
 
 class ServerRun:
-    """Feeds one ``MlflowRunWriter`` from an engine: ``start`` before serving, ``watch`` the training
-    task, ``close`` on the way out."""
+    """Feeds one ``MlflowRunWriter``: ``start`` before serving, ``watch`` the training task, ``close``
+    on the way out; ``on_event`` receives the server's events. It is given the live config and step
+    it starts at, the durable buffer's step rows (``steps(after, limit)``, JSON documents) and the
+    kept checkpoints (``checkpoints()``, oldest first)."""
 
-    def __init__(self, settings: ServerSettings, engine: Engine) -> None:
+    def __init__(self, settings: ServerSettings, *, config: dict[str, Any], step: int,
+                 steps: Callable[[int, int], list[str]], checkpoints: Callable[[], Iterable[Checkpoint]]) -> None:
         if not settings.mlflow_uri:
             raise ValueError("ServerRun needs settings.mlflow_uri")
         self._uri = settings.mlflow_uri
         self._settings = settings
-        self._engine = engine
+        self._config = config
+        self._step = step
+        self._rows = steps
+        self._checkpoints = checkpoints
         self._writer: MlflowRunWriter | None = None
         self._error: str | None = None
 
@@ -70,17 +75,16 @@ class ServerRun:
 
     def start(self) -> None:
         """Begin delivering in the background (returns at once, whatever the state of MLflow)."""
-        settings, engine = self._settings, self._engine
+        settings = self._settings
         self._writer = MlflowRunWriter(
             self._uri, self._steps, run_id=settings.mlflow_run_id, experiment=settings.mlflow_experiment,
             run_name=f"swarm-{Path(settings.model).name}",
-            params=server_params(settings, engine.config.model_dump(mode="json")),
+            params=server_params(settings, self._config),
             tags={"swarm.state_dir": str(settings.state_dir.resolve())},
-            cursor_path=settings.state_dir / CURSOR_FILE, rewind_to=engine.step)
+            cursor_path=settings.state_dir / CURSOR_FILE, rewind_to=self._step)
         self._writer.rewind(self._writer.delivered_step - 1)  # the row at the cursor may have gained eval/*
-        for checkpoint in engine.loop.checkpoints.all():  # kept ones, oldest first: saved while MLflow was away
+        for checkpoint in self._checkpoints():  # kept ones, oldest first: saved while MLflow was away
             self._tag_checkpoint(checkpoint.step, checkpoint.path)
-        engine.add_listener(self._on_event)
 
     def watch(self, task: asyncio.Task[Any]) -> None:
         """The run ends FAILED if ``task`` (the training loop) dies of an error."""
@@ -98,9 +102,10 @@ class ServerRun:
 
     def _steps(self, after: int, limit: int) -> list[StepMetrics]:
         """The writer's source: the durable buffer's step metrics (the same documents as /api/v1/metrics)."""
-        return [StepMetrics.model_validate_json(body) for body in self._engine.store.step_metrics(after, limit)]
+        return [StepMetrics.model_validate_json(body) for body in self._rows(after, limit)]
 
-    def _on_event(self, type_: str, data: dict[str, Any]) -> None:
+    def on_event(self, type_: str, data: dict[str, Any]) -> None:
+        """A server event (an engine listener): checkpoints, late eval rows and config changes."""
         if self._writer is None:
             return
         if type_ == "checkpoint.saved":

@@ -29,79 +29,27 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from swarm.protocol import Event
 from swarm.server.records import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
+from swarm.server.store_schema import SCHEMA, SCHEMA_VERSION
 from swarm.server.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError"]
+__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError", "store_safely"]
 
-_SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS episodes (
-    seq          INTEGER PRIMARY KEY AUTOINCREMENT,   -- finish order
-    episode_id   TEXT NOT NULL UNIQUE,
-    task_id      TEXT NOT NULL,
-    group_id     TEXT NOT NULL,
-    group_key    TEXT,
-    group_size   INTEGER NOT NULL,
-    category     TEXT,
-    client_id    TEXT NOT NULL,
-    reward       REAL NOT NULL,
-    metrics      TEXT NOT NULL,
-    metadata     TEXT NOT NULL,
-    finished_at  REAL NOT NULL,
-    merge        INTEGER NOT NULL,
-    calls        INTEGER NOT NULL,
-    drift_forks  INTEGER NOT NULL,
-    digest       TEXT NOT NULL,                        -- identity of the body, for idempotent saves
-    trained_step INTEGER,                              -- NULL until a live training step consumed it
-    dropped      TEXT                                  -- reason, when the engine discarded it untrained
-);
-CREATE TABLE IF NOT EXISTS timelines (
-    episode_seq INTEGER NOT NULL REFERENCES episodes(seq),
-    idx         INTEGER NOT NULL,
-    tokens      BLOB NOT NULL,
-    loss_mask   BLOB NOT NULL,
-    logprobs    BLOB NOT NULL,
-    versions    BLOB NOT NULL,
-    temperature REAL NOT NULL,
-    calls       INTEGER NOT NULL,
-    PRIMARY KEY (episode_seq, idx)
-);
-CREATE TABLE IF NOT EXISTS training_log (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    step        INTEGER NOT NULL,
-    episode_id  TEXT NOT NULL,
-    at          REAL NOT NULL,
-    rolled_back INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS training_log_live ON training_log(rolled_back, step);
-CREATE TABLE IF NOT EXISTS closed_episodes (
-    episode_id TEXT PRIMARY KEY,
-    state      TEXT NOT NULL,
-    reason     TEXT NOT NULL,
-    at         REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id   INTEGER PRIMARY KEY,
-    body TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS step_metrics (
-    step INTEGER PRIMARY KEY,                          -- live lineage only: rolled back with the step
-    body TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
+
+def store_safely(what: str, fn: Callable[[], Any]) -> None:
+    """Bookkeeping writes after the fact (drops, closes): log a failure, never break the server."""
+    try:
+        fn()
+    except Exception:
+        log.exception("durable buffer: %s failed", what)
 
 
 class StoreError(ValueError):
@@ -146,13 +94,13 @@ class EpisodeStore:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(SCHEMA)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
-                             (json.dumps(_SCHEMA_VERSION),))
-        elif json.loads(row[0]) != _SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {row[0]}, this server reads {_SCHEMA_VERSION}")
+                             (json.dumps(SCHEMA_VERSION),))
+        elif json.loads(row[0]) != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {row[0]}, this server reads {SCHEMA_VERSION}")
 
     # -- plumbing
 

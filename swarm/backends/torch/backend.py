@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback, TrainConfig, TrainSample
+from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
 from swarm.backends.folders import atomic_folder
 from swarm.backends.text import ChatText, load_tokenizer
 from swarm.backends.torch import algorithms, training
-from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.presets import PRESETS, build_preset, is_current_preset, is_preset
+from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-class TorchBackend:
-    """The ``Backend`` protocol on a transformers causal LM (see ``swarm.backends.base``)."""
+class TorchBackend(InProcessModel):
+    """Both roles on a transformers causal LM in the server process (``InProcessModel``, see ``swarm.backends.base``)."""
 
     def __init__(
         self,
@@ -171,7 +171,7 @@ class TorchBackend:
         self,
         prompts: Sequence[Sequence[int]],
         params: Sequence[SamplingParams],
-        on_token: TokenCallback | None = None,
+        on_token: TokenSink | None = None,
         feed: RowFeed | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt row in one batched loop (see ``sampling``).

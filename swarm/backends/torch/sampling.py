@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarm.backends import text
-from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenCallback
+from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenSink
 from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
 
@@ -165,7 +165,7 @@ class _StopWatcher:
         return count
 
 
-def _emit(row: _Row, index: int, upto: int, on_token: TokenCallback | None) -> None:
+def _emit(row: _Row, index: int, upto: int, on_token: TokenSink | None) -> None:
     if on_token is not None:
         for k in range(row.emitted, upto):
             on_token(index, row.ids[k], row.logprobs[k], row.top[k] if row.params.top_logprobs else None)
@@ -178,7 +178,7 @@ def sample_batch(
     params: Sequence[SamplingParams],
     setup: SamplingSetup,
     default_generator: torch.Generator,
-    on_token: TokenCallback | None = None,
+    on_token: TokenSink | None = None,
     feed: RowFeed | None = None,
 ) -> list[Generation]:
     """Generate one continuation per prompt; see the module docstring for the exact semantics.
@@ -195,9 +195,9 @@ class _Loop:
     """One ``sample_batch`` call: the rows by index, and the running batch they share."""
 
     def __init__(self, model: torch.nn.Module, setup: SamplingSetup, default_generator: torch.Generator,
-                 on_token: TokenCallback | None, feed: RowFeed | None) -> None:
+                 on_token: TokenSink | None, feed: RowFeed | None) -> None:
         self.model, self.setup, self.default, self.on_token, self.feed = model, setup, default_generator, on_token, feed
-        self.cancelled = getattr(feed, "cancelled", None)  # optional RowFeed hook: rows whose caller went away
+        self.cancelled = feed.cancelled if feed is not None else None  # rows whose caller went away
         self.watcher = _StopWatcher(setup.decode)
         self.rows: dict[int, _Row] = {}
         self.next_index = 0

@@ -86,6 +86,7 @@ def _zero(*args: Any, **kwargs: Any) -> int:
     return 0
 
 
+@functools.cache
 def _device_module() -> Any:
     """``torch.cpu`` plus the CUDA-style calls verl makes on its device module (as no-ops or 0)."""
     import psutil
@@ -117,87 +118,91 @@ def _device_module() -> Any:
     return SimpleNamespace(**members)
 
 
+class _CpuPlatform:
+    """The members of verl's ``PlatformBase`` for CPU-only processes: gloo collectives, Ray ``CPU``
+    resources. Plain Python here; ``_platform_class`` mixes it into verl's base class lazily."""
+
+    device_name = "cpu"
+    vendor_name = "cpu"
+
+    @property
+    def device_module(self) -> Any:
+        return _device_module()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return False  # never auto-detected: chosen explicitly by VERL_PLATFORM or activate()
+
+    def current_device(self) -> Any:
+        return "cpu"  # torch.cpu.current_device(); usable in tensor.to(...)
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {}  # CPU actors are placed by their placement-group bundle alone
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
 @functools.cache
 def _platform_class() -> type:
     """The ``PlatformBase`` subclass for CPU (built lazily: importing verl imports Ray)."""
-    import torch
     from verl.plugin.platform import PlatformBase
 
-    device = _device_module()
-
-    class PlatformCPU(PlatformBase):
-        """verl platform for CPU-only processes: gloo collectives, Ray ``CPU`` resources."""
-
-        device_name = "cpu"
-        vendor_name = "cpu"
-
-        @property
-        def device_module(self) -> Any:
-            return device
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # never auto-detected: chosen explicitly by VERL_PLATFORM or activate()
-
-        def current_device(self) -> Any:
-            return "cpu"  # torch.cpu.current_device(); usable in tensor.to(...)
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index: int) -> None:
-            return None
-
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
-
-        def empty_cache(self) -> None:
-            return None
-
-        def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
-            return {}  # CPU actors are placed by their placement-group bundle alone
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self) -> Any:
-            return None
+    class PlatformCPU(_CpuPlatform, PlatformBase):
+        """verl platform for CPU-only processes (see ``_CpuPlatform``)."""
 
     return PlatformCPU
 

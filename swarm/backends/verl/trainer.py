@@ -34,7 +34,7 @@ from typing import Any, Self
 
 import torch
 
-from swarm.backends.base import TrainConfig, TrainSample, Weights
+from swarm.backends.base import TrainConfig, Trainer, TrainSample, Weights
 from swarm.backends.verl import batch as batching
 from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -58,7 +58,7 @@ def _vocab_and_pad(folder: Path, embedding_rows: int) -> tuple[int, int]:
     return min(len(tokenizer), embedding_rows), int(pad if pad is not None else 0)
 
 
-class VerlTrainer:
+class VerlTrainer(Trainer):
     """The ``Trainer`` protocol (see ``swarm.backends.base``) on a verl FSDP2 worker group.
 
     ``model``: "tiny" or a local Hugging Face causal-LM folder. ``workers``: FSDP2 ranks (one Ray

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import httpx
 
-from swarm.backends.base import Generation, Sampled, SamplingParams, TokenSink
+from swarm.backends.base import Generation, Generator, Sampled, SamplingParams, TokenSink
 from swarm.backends.text import ChatText, validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
 from swarm.backends.vllm.completions import completion_body, raise_for_status, request_row
@@ -75,10 +75,11 @@ class VllmStatus:
     gpus: str = ""  # the child's CUDA devices (empty: CPU, or not ours to know)
 
 
-class VllmGenerator(WeightPublishing):
+class VllmGenerator(WeightPublishing, Generator):
     """The ``Generator`` protocol on a vLLM server (see the module docstring)."""
 
     reports_top_logprobs = True
+    restarts_on_recover = True  # ``recover`` restarts the vLLM child on the weights
 
     def __init__(
         self,
@@ -193,15 +194,6 @@ class VllmGenerator(WeightPublishing):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "vllm", **asdict(self.status())}
-
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        return self.chat.render_prompt(messages, tools)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
-
-    def encode(self, text: str) -> list[int]:
-        return self.chat.encode(text)
 
     async def start(self) -> None:
         """Start (or reach) vLLM and the watchdog; ``VllmStartError`` if it does not come up in time."""

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from swarm.backends.base import Generation, SamplingParams
+from swarm.backends.base import Generation, RowFeed, SamplingParams
 from swarm.backends.torch import TorchBackend
 
 
-class ScriptedFeed:
+class ScriptedFeed(RowFeed):
     """A ``RowFeed`` that offers given rows at given admit calls and records what comes back."""
 
     def __init__(self, schedule: dict[int, list[tuple[list[int], SamplingParams]]]) -> None:

@@ -129,10 +129,10 @@ def test_tiny_preset_builds_into_cache_and_reuses_it(tmp_path: Path) -> None:
 
 
 def test_load_backend_builds_the_tiny_preset_under_artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from swarm.backends import Backend, load_backend
+    from swarm.backends import InProcessModel, load_backend
 
     monkeypatch.chdir(tmp_path)
     backend = load_backend("tiny", TrainConfig(), seed=5)
-    assert isinstance(backend, Backend)
+    assert isinstance(backend, InProcessModel)
     assert (tmp_path / "artifacts" / "models" / "tiny-5" / "config.json").is_file()
     assert backend.policy_version == 0 and backend.model_name == "tiny"

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from swarm.backends.base import Generation, SamplingParams
+from swarm.backends.base import Generation, RowFeed, SamplingParams
 from swarm.backends.torch import TorchBackend
 
 USER = [{"role": "user", "content": "Spell a word."}]
 
 
-class _JoinOnce:
+class _JoinOnce(RowFeed):
     """A ``RowFeed`` that offers its rows at the third admit call and keeps what finishes."""
 
     def __init__(self, rows: list[tuple[list[int], SamplingParams]]) -> None:

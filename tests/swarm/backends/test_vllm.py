@@ -93,7 +93,7 @@ def mismatch(backend, prompt: Sequence[int], generations, temperature: float) ->
 
 @pytest.fixture(scope="module")
 def prompt(generator: VllmGenerator) -> list[int]:
-    return generator.render_prompt([{"role": "user", "content": "spell some letters"}], None)
+    return generator.text.render([{"role": "user", "content": "spell some letters"}], None)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
@@ -122,14 +122,14 @@ def test_rows_seeds_and_determinism(runner, generator, prompt) -> None:
 
 def test_stop_string_cuts_ids_and_stream(runner, generator, prompt) -> None:
     free = runner.run(generator.generate([prompt], [SamplingParams(max_tokens=40, seed=4)])).generations[0]
-    text = generator.decode(free.token_ids)
+    text = generator.text.decode(free.token_ids)
     assert len(text) >= 8, text
     stop = text[4:6]
     streamed: list[int] = []
     out = runner.run(generator.generate(
         [prompt], [SamplingParams(max_tokens=40, seed=4, stop=(stop,))], sink=lambda row, t, lp, top: streamed.append(t)
     )).generations[0]
-    cut_text = generator.decode(out.token_ids)
+    cut_text = generator.text.decode(out.token_ids)
     assert out.finish_reason == "stop"
     assert stop not in cut_text and text.startswith(cut_text)
     assert out.token_ids == free.token_ids[: len(out.token_ids)]

@@ -15,8 +15,9 @@ import pytest
 from server_harness import wait_for
 
 from swarm.backends import SamplingParams, load_backend
+from swarm.backends.base import Sampled
 from swarm.server import ServerConfig
-from swarm.server.batcher import Batch, DeviceWorker
+from swarm.server.device_worker import DeviceWorker
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 
@@ -45,7 +46,7 @@ def test_requests_join_a_running_generation_and_training_waits_for_the_drain(bac
     worker.start()
     order: list[str] = []
 
-    async def scenario() -> tuple[Batch, Batch, Batch]:
+    async def scenario() -> tuple[Sampled, Sampled, Sampled]:
         def done(name: str):
             return lambda _: order.append(name)
 
@@ -89,7 +90,7 @@ def test_a_bad_request_joining_fails_alone(backend) -> None:
     worker = DeviceWorker(backend, window_s=0.001, max_rows=8)
     worker.start()
 
-    async def scenario() -> tuple[Batch, BaseException | None]:
+    async def scenario() -> tuple[Sampled, BaseException | None]:
         first = worker.submit([prompt], [long])
         while worker.stats.rows < 1:
             await asyncio.sleep(0.005)

@@ -24,7 +24,7 @@ import pytest
 from server_harness import RunningServer, wait_for
 
 from swarm.backends import SamplingParams
-from swarm.server.batcher import DeviceWorker, QueueFull
+from swarm.server.device_worker import DeviceWorker, QueueFull
 from swarm.server.events import EventBus, TooManySubscribers
 
 # Greedy on the tiny model runs this prompt to max_tokens (no end-of-turn): a slot held for seconds.
@@ -199,7 +199,7 @@ def _episode_token_cap(server: RunningServer, http: httpx.Client) -> None:
     error = answers[codes.index(409)].json()["error"]
     assert error["code"] == "conflict" and "max_episode_tokens" in error["message"]
     assert error["detail"]["max_episode_tokens"] == 200
-    recorded = server.engine.get(episode_id).trace.tokens
+    recorded = server.engine.lifecycle.get(episode_id).trace.tokens
     assert recorded <= 200 and recorded + error["detail"]["call_tokens"] > 200
     _patch(http, max_episode_tokens=1_048_576)
 

@@ -28,7 +28,7 @@ def test_tool_loops_on_a_real_bpe_stay_one_exact_timeline(bpe_model: Path, start
     text = server.engine.generator.text
     unrepeatable = repaired = 0
     for loop in loops:
-        trace = server.engine.get(loop.episode_id).trace
+        trace = server.engine.lifecycle.get(loop.episode_id).trace
         assert_one_exact_timeline(loop, trace.timelines, trace.drift_forks)
         unrepeatable += non_canonical(text, loop)
         repaired += trace.drift_repaired
@@ -42,5 +42,5 @@ def test_tool_loops_on_a_real_bpe_stay_one_exact_timeline(bpe_model: Path, start
     edited = [dict(m) for m in loop.messages]
     edited[1] = {**edited[1], "content": "an edited reply"}
     loop.llm.chat.completions.create(model="policy", messages=edited, tools=[LOOKUP], max_tokens=4)
-    trace = server.engine.get(loop.episode_id).trace
+    trace = server.engine.lifecycle.get(loop.episode_id).trace
     assert trace.drift_forks == 1 and len(trace.timelines) == 2

@@ -64,7 +64,7 @@ def test_multi_turn_calls_merge_into_one_exact_timeline(warm_model: Path, start_
     server = start_server(model_dir=warm_model, group_size=2, min_group_size=2, batch_groups=1)
     episode, llm = _episode(server)
     _, calls = _conversation(llm, turns=4)
-    trace = server.engine.get(episode["episode_id"]).trace
+    trace = server.engine.lifecycle.get(episode["episode_id"]).trace
     assert len(trace.timelines) == 1 and trace.drift_forks == 0 and trace.calls == 4
     [timeline] = trace.timelines
     expected_tokens: list[int] = []
@@ -94,7 +94,7 @@ def test_rewritten_history_forks_and_counts_drift(warm_model: Path, start_server
         # Summarised memory: the agent rewrites its history before the next call.
         rewritten = [SYSTEM, {"role": "user", "content": "summary of turns 0-1"}]
         llm.chat.completions.create(model="tiny", messages=rewritten, max_tokens=8, temperature=0.0)
-        trace = server.engine.get(episode["episode_id"]).trace
+        trace = server.engine.lifecycle.get(episode["episode_id"]).trace
         assert len(trace.timelines) == 2 and trace.drift_forks == 1
         episodes.append((episode, reward))
     for episode, reward in episodes:

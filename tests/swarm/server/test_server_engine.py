@@ -134,7 +134,7 @@ def test_lease_expiry_discards_and_late_finish_is_gone(start_server) -> None:
             assert http.post(f"/api/v1/episodes/{kept['episode_id']}/heartbeat").status_code == 200
         time.sleep(0.1)
     wait_for(lambda: _status(server)["episodes"]["expired"] == 1, timeout=5)
-    assert server.engine.get(short["episode_id"]).trace.tokens == 0  # partial trace discarded
+    assert server.engine.lifecycle.get(short["episode_id"]).trace.tokens == 0  # partial trace discarded
     with server.client(short["api_key"]) as http:
         late = http.post(f"/api/v1/episodes/{short['episode_id']}/finish", json={"reward": 1.0})
         chat = http.post("/v1/chat/completions", json={"messages": MESSAGES})

@@ -79,7 +79,7 @@ def test_a_langgraph_react_agent_runs_its_tool_loop_as_one_sample(agent_model: P
     kinds = [m.type for m in result["messages"]]
     assert kinds == ["human", "ai", "tool", "ai"], kinds
     assert result["messages"][2].content == "5" and result["messages"][-1].content == ANSWER
-    trace = server.engine.get(episode["episode_id"]).trace
+    trace = server.engine.lifecycle.get(episode["episode_id"]).trace
     assert trace.calls == 2 and trace.tool_calls == 1
 
     with server.client(episode["api_key"]) as http:

@@ -50,13 +50,13 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
 
     # What the server recorded decodes to exactly what each client saw.
     engine = server.engine
-    trace = engine.get(episode["episode_id"]).trace
+    trace = engine.lifecycle.get(episode["episode_id"]).trace
     backend = engine.generator
     seen = [plain.choices[0]] + list(many.choices) + [stopped.choices[0]]
     recorded = []
     for timeline in trace.timelines:
         generated = [t for t, m in zip(timeline.tokens, timeline.loss_mask) if m == 1]
-        recorded.append(backend.decode(generated))
+        recorded.append(backend.text.decode(generated))
     assert sorted(recorded) == sorted(c.message.content for c in seen)
     # And the log-probs recorded for the n=3 call are exactly the ones returned to the client.
     returned = sorted(tuple(lp.logprob for lp in c.logprobs.content) for c in many.choices)
@@ -82,7 +82,7 @@ def test_stream_equals_token_ids_decode(server) -> None:
                 finish = c.finish_reason or finish
         assert chunks >= 3 and finish in ("stop", "length")
         assert usage is not None and usage.completion_tokens == len(ids)
-        assert server.engine.generator.decode(ids) == text
+        assert server.engine.generator.text.decode(ids) == text
         if stop:
             assert "b" not in text
         # The same request without streaming gives the same ids (same seed), hence the same text.
@@ -117,8 +117,8 @@ def test_tools_reach_the_chat_template(server) -> None:
         bare = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).json()
         tooled = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "tools": tools}).json()
     backend = server.engine.generator
-    assert "calc" in backend.decode(tooled["prompt_token_ids"])
-    assert "calc" not in backend.decode(bare["prompt_token_ids"])
+    assert "calc" in backend.text.decode(tooled["prompt_token_ids"])
+    assert "calc" not in backend.text.decode(bare["prompt_token_ids"])
 
 
 def test_concurrent_requests_are_batched(server) -> None:

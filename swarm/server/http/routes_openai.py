@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: ``POST /v1/chat/completions`` and ``GET /v1/models``.
 
-The routes parse requests and shape responses; the engine does the rest (``Engine.complete``:
+The routes parse requests and shape responses; the engine does the rest (``Completions.start``:
 render → generate → record). A call with an episode key is recorded into that episode's trace
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
 as sampled); a call with the control token is served without recording. Responses carry vLLM's extra fields
@@ -33,9 +33,9 @@ from swarm.protocol import (
     Usage,
 )
 from swarm.server.completions import Answer
-from swarm.server.context import AppContext, app_context
-from swarm.server.replyshape import finish_reason, token_logprobs, wire_tool_call
-from swarm.server.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
+from swarm.server.http.context import AppContext, app_context
+from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
     if body.stream:
         return await _stream(ctx, key, episode_id, body)
-    call = await ctx.engine.complete(key, episode_id, body)
+    call = await ctx.chat.start(key, episode_id, body)
     if not await _answered_before_disconnect(request, call.result):
         return Response(status_code=CLIENT_CLOSED)
     answer = call.result.result()
@@ -117,7 +117,7 @@ async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatC
     def sink(row: int, token: int, logprob: float, top: TopAlternatives | None) -> None:
         tokens.put_nowait((row, token, logprob, top))
 
-    call = await ctx.engine.complete(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
+    call = await ctx.chat.start(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
     call.result.add_done_callback(lambda _: tokens.put_nowait(None))
     generator = ctx.engine.generator
     writer = ChunkWriter(completion_id=f"chatcmpl-{uuid.uuid4().hex}", model=generator.model_name,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import API_PREFIX, AbortRequest, ClaimRequest, Episode, EpisodeStatus, FinishRequest
 from swarm.server.auth import require_client, require_episode
-from swarm.server.context import AppContext, app_context
+from swarm.server.http.context import AppContext, app_context
 
 router = APIRouter(prefix=f"{API_PREFIX}/episodes")
 _EPISODE = [Depends(require_episode)]
@@ -24,26 +24,26 @@ def _base_url(request: Request) -> str:
 
 @router.post("", response_model=Episode, dependencies=[Depends(require_client)])
 async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Episode:
-    return await ctx.engine.claims.claim_between_steps(body, _base_url(request))
+    return await ctx.engine.claim(body, _base_url(request))
 
 
 @router.get("/{episode_id}", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def get_episode(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.status_of(episode_id)
+    return ctx.lifecycle.status_of(episode_id)
 
 
 @router.post("/{episode_id}/heartbeat", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def heartbeat(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.heartbeat(episode_id)
+    return ctx.lifecycle.heartbeat(episode_id)
 
 
 @router.post("/{episode_id}/finish", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def finish(episode_id: str, body: FinishRequest, request: Request,
                  ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.finish(episode_id, body)
+    return ctx.lifecycle.finish(episode_id, body)
 
 
 @router.post("/{episode_id}/abort", response_model=EpisodeStatus, dependencies=_EPISODE)
 async def abort(episode_id: str, request: Request, body: AbortRequest | None = None,
                 ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.engine.abort(episode_id, body or AbortRequest())
+    return ctx.lifecycle.abort(episode_id, body or AbortRequest())

@@ -27,7 +27,7 @@ from swarm.backends.text import ChatText
 from swarm.protocol import ErrorCode
 from swarm.server.completions import Answer
 from swarm.server.errors import ApiError, dumps_error
-from swarm.server.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
 
 log = logging.getLogger(__name__)
 

@@ -29,26 +29,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Backend, Generation, Sampled, SamplingParams, TokenSink, TopAlternatives
+from swarm.backends.base import Generation, RowFeed, Sampled, Sampler, SamplingParams, TokenSink, TopAlternatives
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# (row within the request, token id, log-prob, top alternatives or None), delivered on the event loop.
-StreamSink = TokenSink
-
-
-Batch = Sampled  # what one generation request got back (its rows and their policy version)
 
 
 @dataclass
 class _GenJob:
     prompts: list[list[int]]
     params: list[SamplingParams]
-    future: asyncio.Future[Batch]
+    future: asyncio.Future[Sampled]
     loop: asyncio.AbstractEventLoop
-    sink: StreamSink | None = None
+    sink: TokenSink | None = None
 
 
 @dataclass
@@ -87,7 +81,7 @@ class WorkerStats:
 class DeviceWorker:
     """Runs backend work on one thread; ``generate`` requests are batched across callers."""
 
-    def __init__(self, backend: Backend, *, window_s: float, max_rows: int, max_queued_rows: int = 256) -> None:
+    def __init__(self, backend: Sampler, *, window_s: float, max_rows: int, max_queued_rows: int = 256) -> None:
         self.backend = backend
         self.window_s = window_s
         self.max_rows = max_rows
@@ -113,7 +107,7 @@ class DeviceWorker:
             self.max_queued_rows = max_queued_rows
 
     def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-               sink: StreamSink | None = None) -> asyncio.Future[Batch]:
+               sink: TokenSink | None = None) -> asyncio.Future[Sampled]:
         """Queue a generation request now (from the event loop); the future resolves with its rows.
         ``QueueFull`` when the rows running and waiting would pass ``max_rows + max_queued_rows``
         (a request alone may be larger: it runs once nothing else does). Cancel the future to
@@ -124,7 +118,7 @@ class DeviceWorker:
             raise QueueFull(f"the generation queue is full ({self.outstanding_rows} rows running or waiting, "
                             f"at most {limit})", retry_after=2.0)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Batch] = loop.create_future()
+        future: asyncio.Future[Sampled] = loop.create_future()
         self.outstanding_rows += rows
         future.add_done_callback(lambda _: self._answered(rows))
         self._queue.put(_GenJob([list(p) for p in prompts], list(params), future, loop, sink))
@@ -207,7 +201,7 @@ class DeviceWorker:
         self.stats.generate_s += time.perf_counter() - started
 
 
-class _JobFeed:
+class _JobFeed(RowFeed):
     """The worker's ``RowFeed``: admits queued chat requests into the running generation.
 
     New requests join at the next decode step while the batch has room (``max_rows``). Once a call
@@ -289,7 +283,7 @@ class _JobFeed:
         rows[local] = generation
         if all(r is not None for r in rows):
             del self.results[id(owner)]
-            _resolve(owner.loop, owner.future, result=Batch([r for r in rows if r is not None], self.version))
+            _resolve(owner.loop, owner.future, result=Sampled([r for r in rows if r is not None], self.version))
 
     def rejected(self, row: int, error: ValueError) -> None:
         self.running -= 1

@@ -41,20 +41,21 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from swarm.backends.base import Generator, Trainer, TrainSample
-from swarm.protocol import LastError, ServerState, SftRequest, SftResult, StepMetrics
+from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
+from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.episodes import EpisodeRecord, Group
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook
 from swarm.server.errors import BadRequest
 from swarm.server.recovery import MAX_VERSION_KEY
+from swarm.server.registry import EpisodeRegistry
 from swarm.server.settings import ServerConfig
 from swarm.server.sft import run_sft
 from swarm.server.stepstats import step_metrics
-
-if TYPE_CHECKING:
-    from swarm.server.engine import Engine
+from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.view import ServerView
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,34 @@ class TrainerThread:
         self._pool.shutdown(wait=True)
 
 
-class StepLoop:
-    """Runs training steps whenever the engine has a ready batch; checkpoints; supervised warm-ups."""
+Drop = Callable[[list[EpisodeRecord], str], None]
 
-    def __init__(self, engine: Engine, *, trainer: Trainer, generator: Generator, run_blocking: RunBlocking[Any],
-                 checkpoints: CheckpointManager) -> None:
-        self.engine = engine
+
+class StepLoop:
+    """Runs training steps whenever the engine has a ready batch; checkpoints; supervised warm-ups.
+
+    The engine gives it what a step touches: the trainer, generator, store, checkpoints, the group
+    book (``take_batch``), the episode registry (evictions), the capacity meter, and three
+    callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
+    (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
+    step, for the engine's counts). ``eval_live`` counts the live held-out episodes a step waits for;
+    ``eval_due(step)`` says a held-out round of ``step`` is due and not claimed yet (aligned rounds)."""
+
+    def __init__(self, view: ServerView, *, trainer: Trainer, generator: Generator, run_blocking: RunBlocking[Any],
+                 checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
+                 capacity: CapacityMeter, may_step: Callable[[], bool], eval_live: Callable[[], int],
+                 eval_due: Callable[[int], bool], drop: Drop,
+                 trained: Callable[[list[EpisodeRecord], list[EpisodeRecord]], None]) -> None:
+        self.view = view
+        self.store = store
+        self.groups = groups
+        self.episodes = episodes
+        self.capacity = capacity
+        self._may_step = may_step
+        self._eval_live = eval_live
+        self._eval_due = eval_due
+        self._drop = drop
+        self._trained = trained
         self.trainer = trainer
         self.generator = generator
         self.run_blocking = run_blocking
@@ -100,39 +123,57 @@ class StepLoop:
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
         self._last_step_at = time.monotonic()
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._stopping = False
+        self.eval_waiting = 0  # eval claims waiting for a running step to end
 
     async def run(self) -> None:
-        """Wait for a ready batch, step, repeat. Runs as a task for the app's life."""
-        engine = self.engine
+        """Wait for a ready batch, step, repeat. Runs as a task for the app's life (until ``stop``)."""
         self.wake.set()  # groups restored from the buffer may already make a batch
-        while engine.state not in (ServerState.stopping, ServerState.stopped):
+        while not self._stopping:
             await self.wake.wait()
             self.wake.clear()
             while self.can_step():
                 stepped = await self.train_step()
-                every = engine.config.checkpoint_every
+                every = self.view.config.checkpoint_every
                 if stepped and every and self.step % every == 0:
                     await self._periodic_checkpoint()
 
+    def stop(self) -> None:
+        """No new step starts; ``run`` returns once the running one (if any) ends."""
+        self._stopping = True
+        self.wake.set()
+
     def can_step(self) -> bool:
-        """A step may start now: not paused or stopping, below ``max_steps``, a batch is ready, no eval
-        round is live, arriving or due (a round evaluates one policy, at the clients' cadence) and,
-        in sync mode, no episode is in flight (the drain)."""
-        engine = self.engine
-        if engine.paused or engine.state in (ServerState.stopping, ServerState.stopped):
+        """A step may start now: not stopping, below ``max_steps``, no eval round live or arriving (a
+        round evaluates one policy), the engine says a batch is ready and its state allows one
+        (``may_step``), and no round is due at the clients' cadence (aligned rounds)."""
+        if self._stopping or self._eval_pending() or self._past_max_steps():
             return False
-        if engine.config.max_steps and self.step >= engine.config.max_steps:
-            return False
-        if not engine.batch_ready() or engine.evals.live or engine.evals.waiting or self._held_for_eval():
-            return False
-        return engine.config.mode == "async" or engine.in_flight == 0
+        return self._may_step() and not self._held_for_eval()
+
+    def _past_max_steps(self) -> bool:
+        return bool(self.view.config.max_steps) and self.step >= self.view.config.max_steps
+
+    def _eval_pending(self) -> bool:
+        return bool(self._eval_live() or self.eval_waiting)
+
+    async def between_steps(self) -> None:
+        """Hold an eval claim that arrives while a step trains until the step ends; no new step
+        starts while one waits, so eval claims are never starved by back-to-back steps."""
+        self.eval_waiting += 1
+        try:
+            while self.training:
+                await self.idle.wait()
+        finally:
+            self.eval_waiting -= 1
+            self.wake.set()
 
     def _held_for_eval(self) -> bool:
         """The round of the current step is due and the hold has not run out (a timer wakes the loop
         when it does, in case nothing else happens meanwhile)."""
-        if not self.engine.evals.due(self.step):
+        if not self._eval_due(self.step):
             return False
-        left = self.engine.config.eval_hold_s - (time.monotonic() - self._last_step_at)
+        left = self.view.config.eval_hold_s - (time.monotonic() - self._last_step_at)
         if left <= 0:
             if self._hold_timer is not None:
                 log.warning("no held-out round of step %d within eval_hold_s; training goes on", self.step)
@@ -146,28 +187,24 @@ class StepLoop:
     async def train_step(self) -> bool:
         """One step. ``True`` if the policy changed."""
         async with self._update_lock:
-            if self.engine.evals.live or self.engine.evals.waiting:  # an eval round goes first
+            if self._eval_pending():  # an eval round goes first
                 return False
             started = time.perf_counter()
-            config = self.engine.config
+            config = self.view.config
             self.training = True
             self.idle.clear()
-            self.engine.state = ServerState.training
             try:
-                groups = self.engine.groups.take_batch(config.batch_mode, config.batch_groups,
-                                                       config.group_size)                     # collect
+                groups = self.groups.take_batch(config.batch_mode, config.batch_groups, config.group_size)  # collect
                 return await self._step(groups, config, started)
             finally:
                 self.training = False
                 self.idle.set()
-                if self.engine.state is ServerState.training:  # back to serving, unless stopping
-                    self.engine.state = ServerState.paused if self.engine.paused else ServerState.running
                 self.wake.set()  # sync-mode claims may resume; another batch may be ready
 
     async def _step(self, groups: list[Group], config: ServerConfig, started: float) -> bool:
-        engine = self.engine
+        view = self.view
         episodes = [m for g in groups for m in g.finished]
-        engine.emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
+        view.emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
         try:
             rewards = [float(e.reward or 0.0) for e in episodes]
             keys = [e.group_key for e in episodes]
@@ -175,14 +212,14 @@ class StepLoop:
             samples, kept, stale = self._samples(episodes, advantages, config)
             if not samples:
                 log.warning("step skipped: every episode of the batch was too stale or had no tokens")
-                engine.drop(stale, f"older than max_staleness={config.max_staleness}")
-                engine.drop(kept, "no trainable tokens")
+                self._drop(stale, f"older than max_staleness={config.max_staleness}")
+                self._drop(kept, "no trainable tokens")
                 return False
-            engine.store.put_meta(MAX_VERSION_KEY, engine.policy_version + 1)  # reserve the next version id
+            self.store.put_meta(MAX_VERSION_KEY, view.policy_version + 1)  # reserve the next version id
             update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
-            engine.drop([e for e in episodes if engine.episodes.held(e.episode_id)], f"training step failed: {exc}")
+            self._drop([e for e in episodes if self.episodes.held(e.episode_id)], f"training step failed: {exc}")
             self.report("train_step", exc)
             return False
         update["perf/weight_sync_s"] = await self.publish()                                     # publish
@@ -193,7 +230,7 @@ class StepLoop:
     def _samples(self, episodes: list[EpisodeRecord], advantages: list[float], config: ServerConfig
                  ) -> tuple[list[TrainSample], list[EpisodeRecord], list[EpisodeRecord]]:
         """Samples of the batch; in async mode episodes older than ``max_staleness`` are set aside."""
-        oldest = self.engine.policy_version - config.max_staleness
+        oldest = self.view.policy_version - config.max_staleness
         samples: list[TrainSample] = []
         kept: list[EpisodeRecord] = []
         stale: list[EpisodeRecord] = []
@@ -212,22 +249,21 @@ class StepLoop:
         A failure or a timeout is reported and the generator restarted on them (module docstring)."""
         started = time.perf_counter()
         version = self.trainer.policy_version
-        if hasattr(self.generator, "mode"):  # an engine that pauses around updates in sync mode (vLLM)
-            self.generator.mode = self.engine.config.mode
-        timeout = self.engine.config.publish_timeout_s
+        self.generator.mode = self.view.config.mode  # vLLM pauses around updates in sync mode
+        timeout = self.view.config.publish_timeout_s
         try:
             await asyncio.wait_for(self._send(version), timeout)
         except Exception as exc:  # noqa: BLE001 - whatever broke, the generator must not stay behind
             await self._recover(version, _publish_failure(version, exc, timeout))
         seconds = time.perf_counter() - started
-        self.engine.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds,
+        self.view.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds,
                          generator_version=self.generator.policy_version)
         return seconds
 
     async def _send(self, version: int) -> None:
         generator = self.generator
-        if getattr(generator, "streams_weights", False):  # the trainer streams them (NCCL): no state dict here
-            await generator.load_streamed(version)  # type: ignore[attr-defined]
+        if generator.streams_weights:  # the trainer streams them (NCCL): no state dict here
+            await generator.load_streamed(version)
             return
         weights = await self.run_blocking(self.trainer.export_weights)
         await generator.load_weights(version, weights)
@@ -237,47 +273,42 @@ class StepLoop:
         log.error("%s", failure, exc_info=failure.__cause__)
         self.report("publish", failure)
         generator = self.generator
-        recover = getattr(generator, "recover", None)  # a generator with a process to restart (vLLM)
-        budget = self.engine.config.publish_timeout_s + float(getattr(generator, "start_timeout", 0.0))
+        budget = self.view.config.publish_timeout_s + generator.start_timeout
         try:
             weights = await asyncio.wait_for(self.run_blocking(self.trainer.export_weights), budget)
-            restart = recover(version, weights) if recover is not None else generator.load_weights(version, weights)
-            await asyncio.wait_for(restart, budget)
+            await asyncio.wait_for(generator.recover(version, weights), budget)
         except Exception as exc:  # noqa: BLE001 - reported; the next step publishes again
             log.exception("restarting the generator on policy version %d failed", version)
             self.report("publish", RuntimeError(f"restarting the generator on policy version {version} failed: "
                                                 f"{type(exc).__name__}: {exc}; it serves version "
                                                 f"{generator.policy_version}; the next step publishes again"))
             return
-        self.engine.emit("generator.recovered", policy_version=version, step=self.step,
-                         generator_version=generator.policy_version, restarted=recover is not None)
+        self.view.emit("generator.recovered", policy_version=version, step=self.step,
+                         generator_version=generator.policy_version, restarted=generator.restarts_on_recover)
 
     def _commit(self, groups: int, kept: list[EpisodeRecord], stale: list[EpisodeRecord], samples: list[TrainSample],
                 update: dict[str, float], started: float, config: ServerConfig) -> None:
-        engine = self.engine
+        view = self.view
         step = self.step + 1
         now = time.monotonic()
         metrics = step_metrics(kept, groups, samples, update, merge=config.merge_timelines)
         metrics.update(self._totals(step, len(kept), len(samples)))
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
-        metrics.update(engine.capacity.step_finished(metrics["perf/step_s"]))
-        record = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=metrics)
+        metrics.update(self.capacity.step_finished(metrics["perf/step_s"]))
+        record = StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics)
         dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
         try:
-            engine.store.commit_step(step, [e.episode_id for e in kept], dropped=dropped,
-                                     meta={MAX_VERSION_KEY: engine.policy_version}, metrics=record.model_dump_json())
+            self.store.commit_step(step, [e.episode_id for e in kept], dropped=dropped,
+                                     meta={MAX_VERSION_KEY: view.policy_version}, metrics=record.model_dump_json())
         except Exception:  # the update happened; only its bookkeeping is lost (a restart retrains it)
             log.exception("durable buffer: committing step %d failed", step)
         self.step = step
         self._last_step_at = now
-        engine.counts.trained += len(kept)
-        engine.counts.dropped += len(stale)
-        for episode in (*kept, *stale):  # they leave memory; the store keeps the durable copy
-            engine.episodes.evict(episode)
+        self._trained(kept, stale)  # counted; they leave memory (the store keeps the durable copy)
         self.metrics.append(record)
-        engine.emit("step.finished", step=step, metrics=metrics)
-        engine.emit("weights.updated", policy_version=engine.policy_version, step=step)
+        view.emit("step.finished", step=step, metrics=metrics)
+        view.emit("weights.updated", policy_version=view.policy_version, step=step)
 
     def _totals(self, step: int, episodes: int, samples: int) -> dict[str, float]:
         """Cumulative counts through ``step``: the x-axis for judging learning per episode consumed
@@ -291,32 +322,32 @@ class StepLoop:
         """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
         after its step committed), creating the row if there is none (step 0: the untrained policy),
         and write the row to the buffer at once, so every reader sees it and a restart keeps it."""
-        engine = self.engine
+        view = self.view
         index = next((i for i in range(len(self.metrics) - 1, -1, -1) if self.metrics[i].step <= step), -1)
         if index >= 0 and self.metrics[index].step == step:
             old = self.metrics[index]
             row = old.model_copy(update={"metrics": {**old.metrics, **extra}})
             self.metrics[index] = row
         else:
-            row = StepMetrics(step=step, policy_version=engine.policy_version, time=engine.clock(), metrics=extra)
+            row = StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=extra)
             self.metrics.insert(index + 1, row)
-        engine.store_safely(f"save the metrics of step {step}",
-                            lambda: engine.store.save_step_metrics(step, row.model_dump_json()))
+        store_safely(f"save the metrics of step {step}",
+                            lambda: self.store.save_step_metrics(step, row.model_dump_json()))
         return row
 
     async def checkpoint(self) -> Path:
         """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a
         loadable model folder; step, policy version, live config and buffer cursor in ``meta.json``).
         Never interleaves with an update, so the weights always match the step they are named by."""
-        engine = self.engine
+        view = self.view
         async with self._update_lock:
-            step, version = self.step, engine.policy_version
-            engine_state = {"cursor": engine.store.cursor(), "config_version": engine.config_version,
+            step, version = self.step, view.policy_version
+            engine_state = {"cursor": self.store.cursor(), "config_version": view.config_version,
                             "max_policy_version": version}
-            config = engine.config.model_dump(mode="json")
+            config = view.config.model_dump(mode="json")
             path = await self.run_blocking(lambda: self.checkpoints.save(
                 step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
-        engine.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
+        view.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
         return path
 
     async def _periodic_checkpoint(self) -> None:
@@ -332,27 +363,27 @@ class StepLoop:
     def report(self, where: str, exc: BaseException) -> None:
         """Record an error training survived: an ``error`` event and the status' ``last_error``."""
         message = str(exc) or type(exc).__name__
-        self.last_error = LastError(where=where, message=message, at=self.engine.clock())
-        self.engine.emit("error", where=where, message=message, step=self.step)
+        self.last_error = LastError(where=where, message=message, at=self.view.clock())
+        self.view.emit("error", where=where, message=message, step=self.step)
 
     async def sft(self, request: SftRequest, max_context: int) -> SftResult:
         """Supervised warm-up: ``request.steps`` mini-batches of the examples, then one publication.
         Examples that cannot be trained are a 400 (nothing is updated then)."""
-        engine = self.engine
+        view = self.view
         async with self._update_lock:
-            engine.store_safely("reserve policy versions", lambda: engine.store.put_meta(
-                MAX_VERSION_KEY, engine.policy_version + request.steps))
+            store_safely("reserve policy versions", lambda: self.store.put_meta(
+                MAX_VERSION_KEY, view.policy_version + request.steps))
             try:
-                losses = await run_sft(self.generator, self.trainer, self.run_blocking, engine.config, request,
+                losses = await run_sft(self.generator, self.trainer, self.run_blocking, view.config, request,
                                        max_context)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
             await self.publish()
-        engine.store_safely("record policy version", lambda: engine.store.put_meta(
-            MAX_VERSION_KEY, engine.policy_version))
-        engine.emit("weights.updated", policy_version=engine.policy_version, step=self.step, sft_steps=request.steps)
+        store_safely("record policy version", lambda: self.store.put_meta(
+            MAX_VERSION_KEY, view.policy_version))
+        view.emit("weights.updated", policy_version=view.policy_version, step=self.step, sft_steps=request.steps)
         return SftResult(steps=request.steps, loss_first=losses[0], loss_last=losses[-1],
-                         policy_version=engine.policy_version)
+                         policy_version=view.policy_version)
 
 
 def _publish_failure(version: int, exc: Exception, timeout: float) -> Exception:

@@ -1,4 +1,6 @@
-"""What every route needs, bundled once per app: settings, engine, keys, the served context length."""
+"""What every route needs, bundled once per app: settings, the engine (claims, control), its
+episode lifecycle and chat completions, keys, the served context length. Routes reach the server
+through this only."""
 
 from __future__ import annotations
 
@@ -7,14 +9,18 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from swarm.server.auth import KeyRing
+from swarm.server.completions import Completions
 from swarm.server.engine import Engine
+from swarm.server.lifecycle import Lifecycle
 from swarm.server.settings import ServerSettings
 
 
 @dataclass
 class AppContext:
     settings: ServerSettings
-    engine: Engine
+    engine: Engine  # claims, control, status
+    lifecycle: Lifecycle  # heartbeats, finishes, aborts
+    chat: Completions  # chat completions
     keys: KeyRing
     max_context: int
 

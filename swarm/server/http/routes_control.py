@@ -31,9 +31,9 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
-from swarm.server.context import AppContext, app_context
 from swarm.server.engine import Engine
 from swarm.server.errors import ApiError, Forbidden
+from swarm.server.http.context import AppContext, app_context
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _may_warm_up(request: Request, principal: Principal = Depends(require_client
 
 @router.post(f"{API_PREFIX}/control/sft", response_model=SftResult, dependencies=[Depends(_may_warm_up)])
 async def sft(body: SftRequest, request: Request, ctx: AppContext = Depends(app_context)) -> SftResult:
-    return await ctx.engine.loop.sft(body, ctx.max_context)
+    return await ctx.engine.sft(body)
 
 
 @router.post(f"{API_PREFIX}/control/{{action}}", response_model=ControlResult, dependencies=_CONTROL)
@@ -107,7 +107,7 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
         engine.resume()
     elif action is ControlAction.checkpoint:
         try:
-            detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+            detail.update(_checkpoint_detail(await engine.checkpoint()))
         except Exception as exc:
             message = _report_checkpoint_failure(engine, exc)
             raise ApiError(f"the checkpoint failed: {message}; the server runs on with its previous checkpoint",
@@ -115,7 +115,7 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
     elif action is ControlAction.stop:
         engine.stopping()
         try:
-            detail.update(_checkpoint_detail(await engine.loop.checkpoint()))
+            detail.update(_checkpoint_detail(await engine.checkpoint()))
         except Exception as exc:
             detail["checkpoint_error"] = message = _report_checkpoint_failure(engine, exc)
             request.app.state.exit_error = f"the server stopped without its final checkpoint: {message}"
@@ -133,7 +133,7 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
 def _report_checkpoint_failure(engine: Engine, exc: Exception) -> str:
     """Log and report a failed checkpoint (event + ``last_error``); returns its message."""
     log.error("checkpoint requested through the control API failed", exc_info=exc)
-    engine.loop.report("checkpoint", exc)
+    engine.report("checkpoint", exc)
     return str(exc) or type(exc).__name__
 
 

@@ -1,0 +1,116 @@
+"""``swarm status|metrics|plan|events``: watch a server (rich tables for people, ``--json`` for tools)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
+from swarm.client import SwarmError
+
+
+@app.command()
+def status(url: Url = None, json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """The server's state, policy version, step, episode counts and throughput."""
+    with connect(url, token, state_dir) as client:
+        try:
+            result = client.status()
+        except SwarmError as exc:
+            fail(str(exc))
+    if json_:
+        print_json(result)
+        return
+    table = Table(title=f"swarm server {client.url}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("state", result.state.value)
+    table.add_row("model", result.model)
+    table.add_row("policy version", str(result.policy_version))
+    table.add_row("step", str(result.step))
+    table.add_row("episodes", "  ".join(f"{k}={v}" for k, v in result.episodes.model_dump().items()))
+    table.add_row("groups pending", str(result.groups_pending))
+    table.add_row("clients", str(result.clients))
+    table.add_row("config version", str(result.config_version))
+    for key, value in sorted(result.throughput.items()):
+        table.add_row(key, f"{value:.4g}")
+    table.add_row("uptime", f"{result.uptime_s:.0f} s")
+    out.print(table)
+
+
+@app.command()
+def metrics(url: Url = None, since: Annotated[int, typer.Option(help="first step to show")] = 0,
+            keys: Annotated[str | None, typer.Option(help="comma-separated metric keys to show")] = None,
+            json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Per-step training metrics (slash-named keys such as train/reward_mean)."""
+    with connect(url, token, state_dir) as client:
+        try:
+            steps = client.metrics(since_step=since)
+        except SwarmError as exc:
+            fail(str(exc))
+    if json_:
+        print_json(steps)
+        return
+    available = sorted({k for s in steps for k in s.metrics})
+    if keys:
+        shown = [k.strip() for k in keys.split(",") if k.strip()]
+    else:
+        first = [k for k in ("train/reward_mean", "train/loss") if k in available]
+        shown = first + [k for k in available if k not in first][: max(0, 6 - len(first))]
+    table = Table(title=f"metrics since step {since}")
+    for column in ("step", "version", *shown):
+        table.add_column(column, justify="right", overflow="fold")  # long slash keys wrap, not truncate
+    for s in steps:
+        cells = [f"{s.metrics[k]:.4g}" if k in s.metrics else "-" for k in shown]
+        table.add_row(str(s.step), str(s.policy_version), *cells)
+    out.print(table)
+    if not keys and len(available) > len(shown):
+        err.print(f"{len(available) - len(shown)} more keys; pick with --keys (available: {', '.join(available)})")
+
+
+@app.command()
+def plan(url: Url = None,
+         staleness: Annotated[int | None, typer.Option(help="plan for this max_staleness (default: the server's)")] = None,
+         target_busy: Annotated[float, typer.Option(help="learner utilisation to reach, in (0, 1)")] = 0.9,
+         json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """How many clients, at what concurrency, keep the learner busy (ECHO-2's provisioning rule on
+    the server's live figures: perf/learner_busy, perf/rollout_eps_per_client, step and sync times)."""
+    from swarm.plan import NotEnoughData, advise, describe, measure
+
+    with connect(url, token, state_dir) as client:
+        try:
+            status, config, steps = client.status(), client.config().values, client.metrics()
+        except SwarmError as exc:
+            fail(str(exc))
+    try:
+        figures = measure(steps, clients=status.clients, in_flight=int(status.throughput.get("in_flight", 0)))
+        advice = advise(figures, mode=config["mode"], target_busy=target_busy,
+                        staleness=config["max_staleness"] if staleness is None else staleness)
+    except (NotEnoughData, ValueError) as exc:
+        fail(str(exc), code=2)
+    if json_:
+        print(json.dumps(advice.as_dict(), indent=2))
+        return
+    for line in describe(advice):
+        out.print(line)
+
+
+@app.command()
+def events(url: Url = None,
+           last_event_id: Annotated[int | None, typer.Option(help="resume after this event id")] = None,
+           json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Print the server's live event stream (episode.*, step.*, weights.*, config.*) until Ctrl-C."""
+    with connect(url, token, state_dir, retry_for_s=30.0) as client:
+        try:
+            for event in client.events(last_event_id=last_event_id):
+                if json_:
+                    print(event.model_dump_json(), flush=True)
+                else:
+                    out.print(f"[dim]{event.id:>6}[/dim] [bold]{event.type:<18}[/bold] "
+                              f"{json.dumps(event.data, separators=(',', ':'))}", highlight=False)
+        except KeyboardInterrupt:
+            return
+        except SwarmError as exc:
+            fail(str(exc))

@@ -1,0 +1,163 @@
+"""``swarm run``: run a study client (or a data file as one) against a server.
+
+The options are gathered into one ``RunFlags``; the study is loaded (or probed, or built from
+``--data``) before the server is contacted, so a bad study fails fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, connect, fail, out
+from swarm.client import SwarmError, load_study, probe_study, run_study
+from swarm.client._study import stop_on_sigterm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """``swarm run``'s options, by name (see its signature for their help)."""
+
+    client_file: Path | None
+    server: str | None
+    episodes: int | None
+    concurrency: int | None
+    group_size: int | None
+    seed: int
+    eval_every: int | None
+    token: str | None
+    state_dir: Path
+    retry_for: float
+    rewards_out: Path | None
+    probe: bool
+    data: Path | None
+    reward: str
+    heldout: Path | None
+    heldout_fraction: float | None
+    heldout_size: int
+    epochs: int
+    workflow: str | None
+    warmup_steps: int
+    warmup_lr: float
+
+
+@app.command()
+def run(
+    client_file: Annotated[Path | None, typer.Argument(
+        metavar="[CLIENT.py]", help="a study client module (or --data FILE instead)", show_default=False)] = None,
+    server: Annotated[str | None, typer.Option(help="server URL (default: <state-dir>/server.json)")] = None,
+    episodes: Annotated[int | None, typer.Option(min=1, help="stop after this many episodes")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="parallel episodes (default: the study's)")] = None,
+    group_size: Annotated[int | None, typer.Option(min=1, help="episodes per task (default: the study's)")] = None,
+    seed: Annotated[int, typer.Option(help="passed to the study's tasks(seed)")] = 0,
+    eval_every: Annotated[int | None, typer.Option(
+        min=0, help="evaluate the study's heldout() tasks every N steps (default: its EVAL_EVERY, else 5; 0: off)",
+        show_default=False)] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="SWARM_TOKEN", show_envvar=True,
+        help="token (after $SWARM_CLIENT_TOKEN; else <state-dir>/client_token, else <state-dir>/token)")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    retry_for: Annotated[float, typer.Option(help="seconds to keep retrying an unreachable server")] = 120.0,
+    rewards_out: Annotated[Path | None, typer.Option(
+        help="write one JSON line per episode (task_id, group, purpose, reward) to this file")] = None,
+    probe: Annotated[bool, typer.Option(
+        "--probe", help="check tasks(seed) and heldout() without a server (deterministic per seed, seeds differ, "
+                        "held-out set disjoint); print one JSON line, exit 1 on a problem")] = False,
+    data: Annotated[Path | None, typer.Option(
+        help="train on a data file instead of CLIENT.py: jsonl or parquet, verl's RL rows (prompt messages, "
+             "data_source, reward_model.ground_truth, extra_info) or {prompt, answer} rows", rich_help_panel="Data")] = None,
+    reward: Annotated[str, typer.Option(
+        help="verl (verl's default_compute_score by data_source), exact, a verl data_source name, or PATH:FUNC "
+             "(FUNC(text, row) -> float)", rich_help_panel="Data")] = "verl",
+    heldout: Annotated[Path | None, typer.Option(help="held-out file, evaluated and never trained",
+                                                 rich_help_panel="Data")] = None,
+    heldout_fraction: Annotated[float | None, typer.Option(
+        help="hold out this fraction of --data by a stable hash of each row", rich_help_panel="Data")] = None,
+    heldout_size: Annotated[int, typer.Option(
+        min=0, help="evaluate at most this many held-out rows (0: all)", rich_help_panel="Data")] = 64,
+    epochs: Annotated[int, typer.Option(min=1, help="passes over --data, each shuffled by --seed",
+                                        rich_help_panel="Data")] = 1,
+    workflow: Annotated[str | None, typer.Option(
+        help="PATH:FUNC, your agent FUNC(ep, task) -> final text (scored by --reward) or reward",
+        rich_help_panel="Data")] = None,
+    warmup_steps: Annotated[int, typer.Option(
+        min=0, help="supervised warm-up on the rows' answers (answer or extra_info.answer) on a fresh server",
+        rich_help_panel="Data")] = 0,
+    warmup_lr: Annotated[float, typer.Option(help="learning rate of the warm-up", rich_help_panel="Data")] = 3e-3,
+) -> None:
+    """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
+
+    Claims use the client token: ``$SWARM_CLIENT_TOKEN``, else ``--token``, else
+    ``<state-dir>/client_token``, else the control token."""
+    flags = RunFlags(**locals())  # every option above, by name (nothing else is defined yet)
+    module = _study(flags)
+    client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
+    stop_on_sigterm()
+    with connect(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
+        summary = _run(module, client, flags)
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    out.print(f"finished={summary.finished} aborted={summary.aborted} mean_reward={mean} "
+              f"seconds={summary.seconds:.1f} policy_version={summary.policy_version}", highlight=False)
+
+
+def _study(flags: RunFlags) -> Any:
+    """The study module (or the data file as a study); ``--probe`` reports on it and exits."""
+    client_file, data = flags.client_file, flags.data
+    if (client_file is None) == (data is None):
+        fail("give a study CLIENT.py or --data FILE (one of them)", 2)
+    if client_file is None:
+        study = _data_study(flags)
+        if flags.probe:
+            fail("--probe checks a CLIENT.py; --data is checked every time it loads", 2)
+        return study
+    if flags.probe:
+        report = probe_study(client_file)
+        typer.echo(report.model_dump_json())
+        raise typer.Exit(0 if report.ok else 1)
+    try:
+        return load_study(client_file)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    except Exception as exc:  # the study's own import failed: show it plainly, it is the user's code
+        log.exception("importing %s failed", client_file)
+        fail(f"cannot import {client_file}: {type(exc).__name__}: {exc}", 2)
+
+
+def _run(module: Any, client: Any, flags: RunFlags) -> Any:
+    """Run the study until its tasks or ``--episodes`` run out; its summary."""
+    try:
+        return run_study(module, client, seed=flags.seed, episodes=flags.episodes, concurrency=flags.concurrency,
+                         group_size=flags.group_size, progress=True, eval_every=flags.eval_every,
+                         rewards_out=flags.rewards_out)
+    except SwarmError as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc), 2)
+    except KeyboardInterrupt:
+        fail("interrupted; the episodes in flight were finished or aborted", 130)
+
+
+def _data_study(flags: RunFlags) -> Any:
+    """The data file as a study (``swarm.data``, imported here only: parquet and verl are heavy);
+    a bad file or reward stops here, before the server is contacted."""
+    from swarm.data import DataOptions, build_study
+
+    options = DataOptions(data=flags.data, reward=flags.reward, heldout=flags.heldout,
+                          heldout_fraction=flags.heldout_fraction, heldout_size=flags.heldout_size,
+                          epochs=flags.epochs, workflow=flags.workflow, warmup_steps=flags.warmup_steps,
+                          warmup_lr=flags.warmup_lr, group_size=flags.group_size or 8,
+                          concurrency=flags.concurrency or 16)
+    try:
+        study = build_study(options)
+    except ValueError as exc:  # DataError is a ValueError: file, row and reason
+        fail(str(exc), 2)
+    log.info("data %s: %d training rows, %d held-out rows, reward %s", flags.data, len(study.train), len(study.held),
+             flags.reward)
+    return study

@@ -1,0 +1,195 @@
+"""``swarm serve``: host and train one model (heavy imports happen here only, when it runs).
+
+The options are gathered into one ``ServeFlags``; ``--check`` validates config files without
+loading a model (the researcher checks a plan's configs in one call before any run starts).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, out
+
+if TYPE_CHECKING:
+    from swarm.server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """``swarm serve``'s options, by name (see its signature for their help)."""
+
+    model: str | None
+    host: str
+    port: int
+    state_dir: Path
+    config: list[Path] | None
+    token: str | None
+    seed: int
+    mlflow_uri: str | None
+    mlflow_run_id: str | None
+    mlflow_experiment: str
+    engine: str | None
+    trainer: str | None
+    backend: str | None
+    workers: int | None
+    ray_address: str | None
+    vllm_url: str | None
+    vllm_python: str | None
+    weight_transfer: str | None
+    generator_gpus: str | None
+    trainer_gpus: str | None
+    gpu_memory_utilization: float | None
+    threads: int | None
+    max_context: int | None
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    max_steps: int | None
+    check: bool
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(help=(
+        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think) or a local Hugging Face model folder "
+        "(default: the --config file's `model`, else tiny)"), show_default=False)] = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    config: Annotated[list[Path] | None, typer.Option(
+        help="TOML file of flat ServerConfig keys (repeatable with --check only)")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="SWARM_TOKEN", show_envvar=True,
+        help="control token (else <state-dir>/token, else generated there on loopback); "
+             "tools: set $SWARM_TOKEN, never argv")] = None,
+    seed: int = 0,
+    mlflow_uri: Annotated[str | None, typer.Option(envvar="MLFLOW_TRACKING_URI", show_envvar=True, help=(
+        "log this server's config, per-step metrics, checkpoints and end status to one MLflow run"))] = None,
+    mlflow_run_id: Annotated[str | None, typer.Option(help="log into this existing MLflow run")] = None,
+    mlflow_experiment: Annotated[str, typer.Option(help="MLflow experiment of a new run")] = "swarm",
+    engine: Annotated[str | None, typer.Option(help="generator: torch (default, in process) or vllm")] = None,
+    trainer: Annotated[str | None, typer.Option(help="trainer: torch (default, in process) or verl (Ray, FSDP2)")] = None,
+    backend: Annotated[str | None, typer.Option(help="alias: sets --engine and --trainer to the same name")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="verl trainer: FSDP2 workers (default 1)")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="verl trainer: an existing Ray cluster")] = None,
+    vllm_url: Annotated[str | None, typer.Option(help="vllm engine: attach to a running vLLM server")] = None,
+    vllm_python: Annotated[str | None, typer.Option(envvar="SWARM_VLLM_PYTHON", show_envvar=True,
+                                                    help="vllm engine: Python of the vLLM environment")] = None,
+    weight_transfer: Annotated[str | None, typer.Option(
+        help="vllm engine: auto (default: nccl only where it can work, else disk), disk or nccl")] = None,
+    generator_gpus: Annotated[str | None, typer.Option(help="GPUs reserved for the vLLM child, e.g. 3 or 2,3")] = None,
+    trainer_gpus: Annotated[str | None, typer.Option(help="GPUs for verl's Ray workers, e.g. 0,1,2")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="vllm engine: share of each GPU vLLM takes (default 0.9; 0.4 on a GPU shared with the trainer)")] = None,
+    threads: Annotated[int | None, typer.Option(
+        min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
+    max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+    tool_call_parser: Annotated[str | None, typer.Option(help=(
+        "how replies become message.tool_calls (vLLM's names): hermes, llama3_json, none, or auto "
+        "(by the chat template; the default); config key tool_call_parser"))] = None,
+    reasoning_parser: Annotated[str | None, typer.Option(help=(
+        "qwen3 or deepseek_r1: <think> text goes to message.reasoning_content; config key reasoning_parser"))] = None,
+    max_steps: Annotated[int | None, typer.Option(min=0, help=(
+        "train no step past this one (episodes are still served); config key max_steps"))] = None,
+    check: Annotated[bool, typer.Option("--check", help=(
+        "only validate each --config file with these flags as serve would: print '<file>: ok' or "
+        "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
+) -> None:
+    """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API.
+
+    The client token (claims only) is ``$SWARM_CLIENT_TOKEN``, else ``<state-dir>/client_token``,
+    else generated there."""
+    flags = ServeFlags(**locals())  # every option above, by name (nothing else is defined yet)
+    files: list[Path | None] = list(flags.config or []) or [None]
+    if check:
+        _check(flags, files)
+    if len(files) > 1:
+        fail("one --config per server (several only with --check)", 2)
+    _serve(flags, files[0])
+
+
+def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
+    """The server's settings: the config file (if any), then the flags over it."""
+    from swarm.server.settings import ServerConfig, ServerSettings, engine_choice
+
+    server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
+    parsers = {"tool_call_parser": flags.tool_call_parser, "reasoning_parser": flags.reasoning_parser,
+               "max_steps": flags.max_steps}
+    if any(v is not None for v in parsers.values()):  # flags override the file
+        server_config = server_config.patched({k: v for k, v in parsers.items() if v is not None})
+    chosen = engine_choice(path) if path is not None else {}  # flags override the file
+    if flags.backend is not None:
+        chosen.update(engine=flags.backend, trainer=flags.backend)
+    named = {"engine": flags.engine, "trainer": flags.trainer, "workers": flags.workers,
+             "ray_address": flags.ray_address, "weight_transfer": flags.weight_transfer,
+             "generator_gpus": flags.generator_gpus, "trainer_gpus": flags.trainer_gpus,
+             "gpu_memory_utilization": flags.gpu_memory_utilization}
+    chosen.update({k: v for k, v in named.items() if v is not None})
+    if flags.model is not None:
+        chosen["model"] = flags.model
+    client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
+    return ServerSettings(host=flags.host, port=flags.port, state_dir=flags.state_dir, token=flags.token,
+                          client_token=client_token, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
+                          mlflow_run_id=flags.mlflow_run_id, mlflow_experiment=flags.mlflow_experiment,
+                          max_context=flags.max_context, vllm_url=flags.vllm_url, vllm_python=flags.vllm_python,
+                          config=server_config, **chosen)
+
+
+def _check(flags: ServeFlags, files: list[Path | None]) -> None:
+    """``--check``: one line a file, exit 0 when all are valid, else 2."""
+    invalid = 0
+    for path in files:
+        try:
+            settings_for(flags, path)
+            line = "ok"
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            invalid += 1
+            line = f"invalid server settings: {_one_line(exc)}"
+        out.print(f"{path or '(no --config)'}: {line}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2 if invalid else 0)
+
+
+def _serve(flags: ServeFlags, path: Path | None) -> None:
+    """Build the settings, prepare the state dir and the torch threads, and serve until stopped."""
+    from pydantic import ValidationError
+
+    from swarm.server.auth import private_dir
+
+    try:
+        settings = settings_for(flags, path)
+    except (ValueError, ValidationError) as exc:
+        fail(f"invalid server settings: {exc}", 2)
+    try:
+        private_dir(flags.state_dir)  # holds the secret and the tokens: owner only
+    except OSError as exc:
+        fail(f"cannot create the state dir {flags.state_dir}: {exc}", 2)
+    from swarm.backends.torch.presets import is_preset
+
+    threads = flags.threads
+    if threads is None and is_preset(settings.model):
+        # The tiny model's ops are too small to gain from intra-op threads, and on a busy machine
+        # two threads per op made training steps 5x slower than one (measured, see the letters README).
+        threads = 1
+    if threads is not None:
+        import torch  # only to size the CPU thread pool; the backend owns everything else
+
+        torch.set_num_threads(threads)
+    from swarm.server.serve import serve as run_server
+
+    try:
+        run_server(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
+
+
+def _one_line(exc: ValueError) -> str:
+    """A validation error as one line (pydantic's own text spans several)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in errors())
+    return " ".join(str(exc).split())
+

@@ -1,0 +1,86 @@
+"""``swarm config|pause|resume|checkpoint|stop``: steer a running server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, fail, out, print_json
+from swarm.client import SwarmError
+
+
+@app.command()
+def config(url: Url = None,
+           pairs: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...",
+                                                             help="values to change (JSON where possible)")] = None,
+           json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Show the live config, or change keys: `swarm config URL lr=3e-4 temperature=0.8`."""
+    if url and "=" in url and not url.startswith(("http://", "https://")):
+        pairs, url = [url, *(pairs or [])], None  # `swarm config lr=1e-4` with the URL from server.json
+    values = _parse_pairs(pairs or [])
+    with connect(url, token, state_dir) as client:
+        try:
+            view = client.patch_config(**values) if values else client.config()
+        except SwarmError as exc:
+            fail(str(exc))
+    if json_:
+        print_json(view)
+        return
+    table = Table(title=f"config version {view.version}")
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in sorted(view.values.items()):
+        style = "green" if key in values else None
+        table.add_row(key, json.dumps(value), style=style)
+    out.print(table)
+
+
+def _parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            fail(f"expected KEY=VALUE, got {pair!r}", 2)
+        try:
+            values[key.strip()] = json.loads(raw)
+        except ValueError:
+            values[key.strip()] = raw  # a bare word (grpo, sync) is a string
+    return values
+
+
+def _control(action: str, url: str | None, token: str | None, state_dir: Path) -> None:
+    with connect(url, token, state_dir) as client:
+        try:
+            result = client.control(action)
+        except SwarmError as exc:
+            fail(str(exc))
+    detail = f" {json.dumps(result.detail)}" if result.detail else ""
+    out.print(f"{result.action.value}: server is {result.state.value}{detail}", highlight=False)
+
+
+@app.command()
+def pause(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Stop handing out episodes and training (in-flight episodes may finish)."""
+    _control("pause", url, token, state_dir)
+
+
+@app.command()
+def resume(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Resume after pause."""
+    _control("resume", url, token, state_dir)
+
+
+@app.command()
+def checkpoint(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Write a checkpoint now."""
+    _control("checkpoint", url, token, state_dir)
+
+
+@app.command()
+def stop(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Checkpoint and shut the server down."""
+    _control("stop", url, token, state_dir)

@@ -1,0 +1,182 @@
+"""Episodes after their claim: heartbeats, finish, abort, lease expiry, and what an ending does to
+its group (complete, or dropped below ``min_group_size``) or to its held-out round.
+
+``Lifecycle`` is the engine's episode side. A finished training episode is committed to the durable
+buffer before ``finish`` returns; a retried finish with the same body is a no-op and a different
+one a 409, also for an episode already trained and evicted (the store answers then); aborted,
+expired and dropped episodes are recorded too (best effort). Ended episodes leave memory through
+the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The engine gives it
+the registry, the group book, the store, the counters, the capacity meter, and two callbacks:
+``eval_ended`` (an eval episode's round, ``swarm.server.evaluation``) and ``wake`` (the step loop
+may have a batch now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
+from swarm.server.capacity import CapacityMeter
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
+from swarm.server.records import FinishedEpisode
+from swarm.server.registry import EpisodeRegistry
+from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
+from swarm.server.view import ServerView
+
+__all__ = ["Lifecycle"]
+
+
+class Lifecycle:
+    """Heartbeats, finishes, aborts and expiries of claimed episodes (see the module docstring)."""
+
+    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry, groups: GroupBook, store: EpisodeStore,
+                 counts: EpisodeCounts, capacity: CapacityMeter,
+                 eval_ended: Callable[[EpisodeRecord, EpisodeState], None], wake: Callable[[], None]) -> None:
+        self._view = view
+        self.episodes = episodes
+        self.groups = groups
+        self.store = store
+        self.counts = counts
+        self.capacity = capacity
+        self._eval_ended = eval_ended
+        self._wake = wake
+
+    def get(self, episode_id: str) -> EpisodeRecord:
+        episode = self.episodes.get(episode_id)
+        if episode is None:
+            raise NotFound(f"unknown episode {episode_id}")
+        return episode
+
+    def status_of(self, episode_id: str) -> EpisodeStatus:
+        try:
+            episode = self.get(episode_id)
+        except NotFound:
+            stored = self.store.get(episode_id)  # finished and already trained or dropped (evicted)
+            if stored is None:
+                raise
+            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
+        lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
+        return EpisodeStatus(episode_id=episode_id, state=episode.state, lease_expires_at=lease,
+                             reward=episode.reward)
+
+    def live(self, episode_id: str) -> EpisodeRecord:
+        """A CLAIMED episode (heartbeat, chat calls); a clear 4xx for any other state."""
+        episode = self.get(episode_id)
+        if episode.state is EpisodeState.expired:
+            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.lease_s:g} s lease); "
+                       "its trace was discarded: claim a new episode")
+        if episode.state is not EpisodeState.claimed:
+            raise Conflict(f"episode {episode_id} is already {episode.state.value}")
+        return episode
+
+    def heartbeat(self, episode_id: str) -> EpisodeStatus:
+        episode = self.live(episode_id)
+        episode.lease_expires_at = self._view.clock() + episode.lease_s
+        return self.status_of(episode_id)
+
+    def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
+        try:
+            episode = self.get(episode_id)
+        except NotFound:
+            return self._finish_evicted(episode_id, body)
+        if episode.state is EpisodeState.finished:
+            if episode.finish == body:
+                return self.status_of(episode_id)
+            raise Conflict(f"episode {episode_id} was already finished with a different body "
+                           f"(reward {episode.reward}); a finish is final")
+        self.live(episode_id)
+        episode.finish = body
+        if episode.is_eval:  # its reward goes to its round; nothing is stored (a crash loses the round only)
+            self._terminate(episode, EpisodeState.finished)
+            self.episodes.bury(episode)  # the tombstone answers a retried finish
+            self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=None,
+                      purpose="eval", step=episode.claimed_step)
+            return self.status_of(episode_id)
+        try:
+            self._persist_finished(episode, self.episodes.group_of(episode_id))
+        except Exception:
+            episode.finish = None  # nothing changed: the client may retry
+            raise
+        self._terminate(episode, EpisodeState.finished)
+        self.counts.finished += 1
+        self.capacity.episode_finished(episode.client_id)
+        self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
+        return self.status_of(episode_id)
+
+    def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
+        """A retried finish of an episode already trained (evicted) or from before a restart: the
+        same body is the usual no-op, a different one a 409; an episode never finished is a 404."""
+        stored = self.store.get(episode_id)
+        if stored is None:
+            raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
+                           "the server restarted: claim a new episode)")
+        if (stored.reward, stored.metrics, stored.metadata) != (body.reward, dict(body.metrics), dict(body.metadata)):
+            raise Conflict(f"episode {episode_id} was already finished with a different body "
+                           f"(reward {stored.reward}); a finish is final")
+        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
+
+    def abort(self, episode_id: str, body: AbortRequest) -> EpisodeStatus:
+        episode = self.get(episode_id)
+        if episode.state is EpisodeState.aborted:
+            return self.status_of(episode_id)
+        self.live(episode_id)
+        episode.abort_reason = body.reason
+        self._terminate(episode, EpisodeState.aborted)
+        if not episode.is_eval:
+            self.counts.aborted += 1
+            store_safely("record abort", lambda: self.store.record_closed(episode_id, "aborted", body.reason))
+        self.episodes.bury(episode)
+        self._view.emit("episode.aborted", episode_id=episode_id, reason=body.reason)
+        return self.status_of(episode_id)
+
+    def expire_stale(self) -> int:
+        """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
+        now = self._view.clock()
+        stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
+        for episode in stale:
+            self._terminate(episode, EpisodeState.expired)
+            if not episode.is_eval:
+                self.counts.expired += 1
+                store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
+                    e.episode_id, "expired", "no heartbeat within the lease"))
+            self.episodes.bury(episode)
+            self._view.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
+        return len(stale)
+
+    def _terminate(self, episode: EpisodeRecord, state: EpisodeState) -> None:
+        episode.move(state)
+        group = self.episodes.settle(episode)
+        if group is None:  # an eval episode: its round, not a group
+            self._eval_ended(episode, state)
+            self._wake()  # a step may have waited for this round
+            return
+        verdict = self.groups.settle(group, min_group_size=self._view.config.min_group_size,
+                                      varied_only=self._view.config.batch_mode == "varied_groups")
+        if verdict == "dropped":
+            self.drop(group.finished, "group below min_group_size or rewards identical")
+        self._wake()
+
+    def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
+        if not episodes:
+            return
+        self.counts.dropped += len(episodes)
+        ids = [e.episode_id for e in episodes]
+        store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
+        for episode in episodes:
+            self.episodes.evict(episode)
+
+    def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
+        """Commit a finished episode to the durable buffer before ``finish`` returns."""
+        assert episode.finish is not None
+        record = FinishedEpisode.from_trace(
+            episode.trace, episode_id=episode.episode_id, task_id=episode.task_id, group_id=episode.group_id,
+            group_key=episode.group_key, group_size=group.size, category=episode.category,
+            client_id=episode.client_id, reward=episode.finish.reward, metrics=dict(episode.finish.metrics),
+            metadata=dict(episode.finish.metadata), finished_at=self._view.clock())
+        try:
+            self.store.save_finished(record)
+        except EpisodeConflict as exc:
+            raise Conflict(str(exc)) from None
+        except StoreError as exc:
+            raise BadRequest(f"this finish cannot be stored: {exc}") from None

@@ -1,0 +1,67 @@
+"""The durable buffer's SQLite schema (``swarm.server.store``): finished episodes and their
+timelines, the training log (which step consumed which episode; rolled-back rows kept for audit),
+closed episodes, the event log, step metrics and key/value meta. Every statement is idempotent
+(``IF NOT EXISTS``), so opening an existing buffer runs it again harmlessly."""
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1  # stored in meta; a buffer of another version is refused
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,   -- finish order
+    episode_id   TEXT NOT NULL UNIQUE,
+    task_id      TEXT NOT NULL,
+    group_id     TEXT NOT NULL,
+    group_key    TEXT,
+    group_size   INTEGER NOT NULL,
+    category     TEXT,
+    client_id    TEXT NOT NULL,
+    reward       REAL NOT NULL,
+    metrics      TEXT NOT NULL,
+    metadata     TEXT NOT NULL,
+    finished_at  REAL NOT NULL,
+    merge        INTEGER NOT NULL,
+    calls        INTEGER NOT NULL,
+    drift_forks  INTEGER NOT NULL,
+    digest       TEXT NOT NULL,                        -- identity of the body, for idempotent saves
+    trained_step INTEGER,                              -- NULL until a live training step consumed it
+    dropped      TEXT                                  -- reason, when the engine discarded it untrained
+);
+CREATE TABLE IF NOT EXISTS timelines (
+    episode_seq INTEGER NOT NULL REFERENCES episodes(seq),
+    idx         INTEGER NOT NULL,
+    tokens      BLOB NOT NULL,
+    loss_mask   BLOB NOT NULL,
+    logprobs    BLOB NOT NULL,
+    versions    BLOB NOT NULL,
+    temperature REAL NOT NULL,
+    calls       INTEGER NOT NULL,
+    PRIMARY KEY (episode_seq, idx)
+);
+CREATE TABLE IF NOT EXISTS training_log (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    step        INTEGER NOT NULL,
+    episode_id  TEXT NOT NULL,
+    at          REAL NOT NULL,
+    rolled_back INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS training_log_live ON training_log(rolled_back, step);
+CREATE TABLE IF NOT EXISTS closed_episodes (
+    episode_id TEXT PRIMARY KEY,
+    state      TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    at         REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id   INTEGER PRIMARY KEY,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS step_metrics (
+    step INTEGER PRIMARY KEY,                          -- live lineage only: rolled back with the step
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""

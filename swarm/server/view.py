@@ -1,0 +1,41 @@
+"""``ServerView``: what the engine's parts may read of it, and where they report.
+
+The ``Engine`` owns the server's mutable state and hands each part (claims, held-out evaluation,
+chat completions, the step loop) its collaborators explicitly; what changes while the server runs
+(the live config, the policy version and step served) the parts read through this small read-only
+view instead of a reference to the whole engine. It is a ``Protocol``: the engine satisfies it, and
+a test can pass any object with these members.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from swarm.server.settings import ServerConfig
+
+__all__ = ["ServerView"]
+
+
+class ServerView(Protocol):
+    """The live values the parts read, the clock, and the event sink."""
+
+    @property
+    def config(self) -> ServerConfig:
+        """The live config (replaced by every ``PATCH /api/v1/config``)."""
+
+    @property
+    def config_version(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int:
+        """The trainer's newest version; never goes back."""
+
+    @property
+    def step(self) -> int:
+        """The last committed training step."""
+
+    def clock(self) -> float:
+        """Wall-clock seconds (``time.time`` unless a test injects another)."""
+
+    def emit(self, type_: str, **data: Any) -> None:
+        """Publish a server event (``episode.*``, ``step.*``, ``weights.*``, ``error``, …)."""
