@@ -1,20 +1,17 @@
-"""``researcher …``: the composition root. The only module that reads the environment, builds
-settings, and wires planner, tracker and launcher into a study context.
+"""``researcher …``: the command-line verbs, one function each. Settings and a study's wiring are
+``researcher.composition``'s, terminal output ``researcher.terminal``'s.
 
-Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner; without
-them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
-accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
-SWARM_TOKEN (control token of existing servers given with --server), RESEARCHER_RAY_ADDRESS (place runs
-on a Ray cluster, like --ray-address), CUDA_VISIBLE_DEVICES / nvidia-smi (the GPUs local runs share out).
+Environment read here: RESEARCHER_RAY_ADDRESS (place runs on a Ray cluster, like --ray-address); the
+rest is listed in ``researcher.composition``.
 
 Only the verbs that run a study (start, resume) import ``researcher.study`` and with it the graph;
 status, list, stop and the scheduler verbs read the study's files through ``studystore``.
+``start`` runs past 60 lines only because typer declares its two dozen flags in its signature.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import json
 import logging
 import os
@@ -25,36 +22,26 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, datatask, events, flags, overview, resources, run_table, scheduler, studystore
+from researcher import catalog, datatask, events, flags, terminal, overview, resources, run_table, scheduler, studystore
+from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.flags import parse_duration
 from researcher.launcher import Launcher
 from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
-from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import Planner, TopicNotMappable
-from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.planner.schema import TopicNotMappable
+from researcher.settings import StudyOptions
 from researcher.tracking import Tracker
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
                   add_completion=False)
 log = logging.getLogger(__name__)
 DAEMON_PORT = 8787  # the daemon's study events server; a busy port falls back to a free one (daemon.json)
-_PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
 
 
-def _console() -> Console:
-    """Rich output wrapped at a terminal's width; into a pipe or file (a daemon's log, ``| tee``) whole
-    lines: rich's default there is 80 columns, which broke ``deadline 21:39:31`` across two lines."""
-    console = Console()
-    return console if console.is_terminal else Console(width=_PIPE_WIDTH, soft_wrap=True)
-
-
-out = _console()
-_REPO = Path(__file__).resolve().parents[1]
+out = terminal.out
 
 StudiesDir = Annotated[Path, typer.Option("--studies-dir", help="where study folders are written")]
 ArtifactsDir = Annotated[Path, typer.Option("--artifacts-dir", help="where run outputs and mlflow.db go")]
@@ -63,67 +50,6 @@ ArtifactsDir = Annotated[Path, typer.Option("--artifacts-dir", help="where run o
 def _fail(message: str, code: int = 1) -> NoReturn:
     out.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
-
-
-def _default_dir(relative: str) -> Path:
-    """cwd-relative when present (a checkout), else the installed repository's copy."""
-    here = Path(relative)
-    return here if here.is_dir() else _REPO / relative
-
-
-def build_settings(studies_dir: Path, artifacts_dir: Path, servers: list[str] | None = None,
-                   env: dict[str, str] | None = None) -> ResearcherSettings:
-    env = dict(os.environ) if env is None else env
-    llm = None
-    if env.get("RESEARCHER_LLM_BASE_URL") or env.get("RESEARCHER_LLM_MODEL"):
-        if not (env.get("RESEARCHER_LLM_BASE_URL") and env.get("RESEARCHER_LLM_MODEL")):
-            raise ValueError("set both RESEARCHER_LLM_BASE_URL and RESEARCHER_LLM_MODEL (or neither for the "
-                             "offline planner)")
-        llm = LLMSettings(base_url=env["RESEARCHER_LLM_BASE_URL"], model=env["RESEARCHER_LLM_MODEL"],
-                          api_key=env.get("OPENAI_API_KEY") or "not-needed",
-                          price_in_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_IN") or 0),
-                          price_out_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_OUT") or 0))
-    for url in servers or []:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--server must be an http(s) URL, got {url!r}")
-    return ResearcherSettings(studies_root=studies_dir, artifacts_root=artifacts_dir,
-                              examples_root=_default_dir("studies/examples"), prompts_root=_default_dir("prompts"),
-                              tracking_uri=env.get("MLFLOW_TRACKING_URI") or None, servers=servers or [],
-                              server_token=env.get("SWARM_TOKEN") or None, llm=llm).resolved()
-
-
-def build_context(settings: ResearcherSettings, study_id: str, options: StudyOptions | None = None,
-                  verbose: bool = True, window_s: float | None = None) -> StudyContext:
-    layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    planner: Planner
-    if settings.llm is not None:
-        planner = _llm_planner(settings.llm, settings.prompts_root, layout)
-    else:
-        planner = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
-    options = options or StudyOptions()
-    threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
-    launcher = _launcher(settings, options, threads)
-    tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
-    ctx = StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
-                       emit=events.recorder(layout, _printer() if verbose else None),
-                       window_end=None if window_s is None else time.time() + window_s,
-                       min_free_disk_mb=options.min_free_disk_mb)
-    add_listener = getattr(planner, "add_listener", None)
-    if add_listener is not None:  # the LLM planner: a short event per call for `researcher watch`
-        add_listener(events.llm_call_listener(ctx.say))
-    return ctx
-
-
-def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int) -> Launcher:
-    """The study's placement: Ray when it names a cluster, else local processes sharing this machine's GPUs."""
-    if options.ray_address and not settings.servers:
-        from researcher.ray_launcher import RayLauncher
-
-        return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
-                           mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
-    return Launcher(settings.swarm_command, model=options.model, threads=threads,
-                    external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
-                    gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root)
 
 
 def _check_cluster(ctx: StudyContext) -> None:
@@ -138,51 +64,6 @@ def _check_cluster(ctx: StudyContext) -> None:
         _fail(str(exc), 2)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         _fail(f"cannot reach the Ray cluster at {ctx.settings and ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
-
-
-def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
-    from researcher.planner.llm import LLMPlanner
-
-    counter = itertools.count(1)
-
-    def trace(record: dict[str, Any]) -> None:
-        layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
-        (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))
-
-    return LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace)
-
-
-def _printer() -> Any:
-    shown: dict[str, int] = {}
-
-    def emit(event: str, data: dict[str, Any]) -> None:
-        stamp = dt.datetime.now().strftime("%H:%M:%S")
-        if event == "progress":
-            last = shown.get(data["key"], -10)
-            if data["step"] - last < 5 and data["step"] < data["target"]:
-                return  # one line per 5 steps per run keeps the terminal readable
-            shown[data["key"]] = data["step"]
-            reward = "-" if data.get("reward") is None else f"{data['reward']:.3f}"
-            out.print(f"[dim]{stamp}[/dim] {data['experiment']} seed {data['seed']}: step "
-                      f"{data['step']}/{data['target']} reward {reward}", highlight=False)
-        elif event == "analyzed":
-            # ``best`` and the lines under it are the whole study's, on the verdict's axis and metric.
-            out.print(f"[dim]{stamp}[/dim] [bold]iteration {data['iteration']}[/bold] analysed; highest AUC over the "
-                      f"whole study: {data['best']}", highlight=False)
-            for line in data["lines"]:
-                out.print(f"    {line}", highlight=False)
-        elif event == "planned":
-            out.print(f"[dim]{stamp}[/dim] [cyan]planned[/cyan] iteration {data['iteration']}: "
-                      f"{', '.join(data['experiments'])}; {data['seeds']} seed(s) each", highlight=False)
-        elif event == "report":
-            out.print(f"[dim]{stamp}[/dim] [bold green]report[/bold green] {data['path']}\n{data['answer']}",
-                      highlight=False)
-        else:
-            details = " ".join(f"{k}={v}" for k, v in data.items())
-            out.print(f"[dim]{stamp}[/dim] [cyan]{event}[/cyan] {details}", highlight=False)
-
-    return emit
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -276,11 +157,11 @@ def start(
             layout = StudyLayout(sid, settings.studies_root, settings.artifacts_root)
             if layout.study_toml.is_file():
                 raise ValueError(f"study {sid} already exists; use `researcher resume {sid}` or pick another --study-id")
-            base = data_config or _default_dir("studies/examples/arith") / "config.toml"
+            base = data_config or default_dir("studies/examples/arith") / "config.toml"
             settings = settings.model_copy(update={"examples_root": datatask.write_task(options, layout.study_dir, base)})
     except (ValueError, OSError) as exc:
         _fail(str(exc), 2)
-    ctx = build_context(settings, sid, options, window_s=window_s)
+    ctx = build_context(settings, sid, options, printer=terminal.printer(), window_s=window_s)
     _check_cluster(ctx)
     if isinstance(ctx.planner, OfflinePlanner):
         try:  # refuse an unmappable topic before anything is written (the planner keeps this framing)
@@ -309,7 +190,7 @@ def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str
     if options is not None and options.data is not None:  # the same data, or no resume
         datatask.check_unchanged(options)
         settings = settings.model_copy(update={"examples_root": datatask.root(layout.study_dir)})
-    ctx = build_context(settings, study_id, options, verbose=verbose, window_s=window_s)
+    ctx = build_context(settings, study_id, options, printer=terminal.printer() if verbose else None, window_s=window_s)
     return study.resume(ctx)
 
 

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from researcher import study, watchdogs
-from researcher.cli import build_context, build_settings
+from researcher.composition import build_context, build_settings
 from researcher.planner.llm import LLMPlanner, is_transient
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import QuotaExhausted
@@ -89,7 +89,7 @@ def test_disk_threshold_above_free_space_parks_with_a_clear_log_line(tmp_path: P
     options = StudyOptions(min_free_disk_mb=free_mb * 2 + 1024, steps_per_run=2, seeds=1)
     assert watchdogs.disk_low(tmp_path, options.min_free_disk_mb)
     assert watchdogs.disk_low(tmp_path, 1.0) is None
-    ctx = build_context(settings, "full-disk", options, verbose=False)
+    ctx = build_context(settings, "full-disk", options)
     state = study.start(ctx, TOPIC, options, time.time() + 600)
     assert state["phase"] == "parked" and state["parked"]["phase"] == "planning"
     assert "disk almost full" in state["parked"]["reason"]

@@ -1,0 +1,110 @@
+"""The composition root: settings from flags and the environment, and a study's collaborators
+(planner, tracker, launcher, event log) wired into its ``StudyContext``. ``researcher.cli`` calls it;
+nothing else chooses the planner or the placement.
+
+Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner; without
+them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
+accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
+SWARM_TOKEN (control token of existing servers given with --server); CUDA_VISIBLE_DEVICES /
+nvidia-smi (the GPUs local runs share out).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from researcher import catalog, events, resources
+from researcher.context import StudyContext
+from researcher.launcher import Launcher
+from researcher.layout import StudyLayout
+from researcher.planner.offline import OfflinePlanner
+from researcher.planner.prompts import PromptLibrary
+from researcher.planner.schema import Planner
+from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.tracking import Tracker
+
+Emit = Callable[[str, dict[str, Any]], None]
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def default_dir(relative: str) -> Path:
+    """cwd-relative when present (a checkout), else the installed repository's copy."""
+    here = Path(relative)
+    return here if here.is_dir() else _REPO / relative
+
+
+def build_settings(studies_dir: Path, artifacts_dir: Path, servers: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> ResearcherSettings:
+    """Settings from flags and the environment (``env``, default ``os.environ``): the one place that reads it."""
+    env = dict(os.environ) if env is None else env
+    llm = None
+    if env.get("RESEARCHER_LLM_BASE_URL") or env.get("RESEARCHER_LLM_MODEL"):
+        if not (env.get("RESEARCHER_LLM_BASE_URL") and env.get("RESEARCHER_LLM_MODEL")):
+            raise ValueError("set both RESEARCHER_LLM_BASE_URL and RESEARCHER_LLM_MODEL (or neither for the "
+                             "offline planner)")
+        llm = LLMSettings(base_url=env["RESEARCHER_LLM_BASE_URL"], model=env["RESEARCHER_LLM_MODEL"],
+                          api_key=env.get("OPENAI_API_KEY") or "not-needed",
+                          price_in_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_IN") or 0),
+                          price_out_per_mtok=float(env.get("RESEARCHER_LLM_PRICE_OUT") or 0))
+    for url in servers or []:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--server must be an http(s) URL, got {url!r}")
+    return ResearcherSettings(studies_root=studies_dir, artifacts_root=artifacts_dir,
+                              examples_root=default_dir("studies/examples"), prompts_root=default_dir("prompts"),
+                              tracking_uri=env.get("MLFLOW_TRACKING_URI") or None, servers=servers or [],
+                              server_token=env.get("SWARM_TOKEN") or None, llm=llm).resolved()
+
+
+def build_context(settings: ResearcherSettings, study_id: str, options: StudyOptions | None = None,
+                  printer: Emit | None = None, window_s: float | None = None) -> StudyContext:
+    """The study's collaborators: its planner (the LLM one when settings name an LLM), tracker and
+    launcher; every event goes to the study's event log, then to ``printer`` (the terminal) if given."""
+    layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
+    planner: Planner
+    if settings.llm is not None:
+        planner = _llm_planner(settings.llm, settings.prompts_root, layout)
+    else:
+        planner = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
+    options = options or StudyOptions()
+    threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
+    launcher = _launcher(settings, options, threads)
+    tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
+    ctx = StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
+                       emit=events.recorder(layout, printer),
+                       window_end=None if window_s is None else time.time() + window_s,
+                       min_free_disk_mb=options.min_free_disk_mb)
+    add_listener = getattr(planner, "add_listener", None)
+    if add_listener is not None:  # the LLM planner: a short event per call for `researcher watch`
+        add_listener(events.llm_call_listener(ctx.say))
+    return ctx
+
+
+def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int) -> Launcher:
+    """The study's placement: Ray when it names a cluster, else local processes sharing this machine's GPUs."""
+    if options.ray_address and not settings.servers:
+        from researcher.ray_launcher import RayLauncher
+
+        return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
+                           mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
+    return Launcher(settings.swarm_command, model=options.model, threads=threads,
+                    external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
+                    gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root)
+
+
+def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
+    from researcher.planner.llm import LLMPlanner
+
+    counter = itertools.count(1)
+
+    def trace(record: dict[str, Any]) -> None:
+        layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
+        (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))
+
+    return LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace)
