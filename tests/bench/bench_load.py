@@ -20,8 +20,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "swarm" / "reliability"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared `support` package
 
-from rel_harness import ServerProcess, free_port  # noqa: E402
+from rel_harness import start_server  # noqa: E402
+from support import free_port  # noqa: E402
 from rel_load import run_load  # noqa: E402
 
 CONFIG = {"group_size": 4, "min_group_size": 2, "batch_groups": 8, "max_tokens": 8, "max_staleness": 64,
@@ -39,7 +41,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny(Path(tmp) / "model", seed=0)
-        server = ServerProcess.start(model, Path(tmp) / "state", port=free_port(), token="bench", config=CONFIG)
+        server = start_server(model, Path(tmp) / "state", port=free_port(), token="bench", config=CONFIG)
         samples: dict[str, float] = {}
 
         def on_tick(elapsed: float) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 import tomllib
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from researcher import catalog, procs, runs, sandbox, studyfiles
 from researcher.context import StudyContext
@@ -105,13 +105,6 @@ class CmdlineWatch:
         self._thread.join()
 
 
-def _wait(condition, timeout: float, what) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_path: Path, monkeypatch) -> None:
     cli.env.update(SECRETS)
@@ -124,8 +117,8 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
                          "--steps-per-run", "1000", "--seeds", "1", "--max-runs", "2", "--parallel", "1", *cli.dirs,
                          log=tmp_path / "start.log")
         try:
-            _wait(lambda: any(procs.alive(r.client_pid) for r in runs.all_records(runs_dir)), 240,
-                  lambda: "no run started its client:\n" + (tmp_path / "start.log").read_text()[-2000:])
+            wait_for(lambda: any(procs.alive(r.client_pid) for r in runs.all_records(runs_dir)), 240,
+                     what="a run to start its client", log=tmp_path / "start.log", interval=0.2)
             record = next(r for r in runs.all_records(runs_dir) if r.client_pid)
             run_dir = runs_dir / f"{record.iteration:02d}-{record.trial:02d}"
             state_dir = Path(record.state_dir)
@@ -148,7 +141,8 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
             _assert_boxed_env(_environ(record.client_pid), run_dir, client_token)
             _assert_limits(Path(f"/proc/{record.client_pid}/limits").read_text(), Limits.for_episodes(record.episodes))
 
-            _wait(lambda: (smoke_dir / "sleep.pid").exists(), 60, lambda: f"the hanging client never started: {smoke}")
+            wait_for(lambda: (smoke_dir / "sleep.pid").exists(), 60,
+                     what=lambda: f"the hanging client to start (smoke: {smoke})", interval=0.2)
             stopped = cli.run("stop", sid, *cli.dirs)
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr
             assert proc.wait(timeout=180) == 0, (tmp_path / "start.log").read_text()[-2000:]
@@ -164,7 +158,8 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
     # The hanging smoke ended at its timeout with its whole process group, grandchild included.
     assert "did not finish within 8 s" in (smoke.get("error") or ""), smoke
     sleeper = int((smoke_dir / "sleep.pid").read_text())
-    _wait(lambda: not procs.alive(sleeper), 10, lambda: f"grandchild sleep {sleeper} outlived the smoke timeout")
+    wait_for(lambda: not procs.alive(sleeper), 10, what=f"grandchild sleep {sleeper} to end with the smoke timeout",
+             interval=0.2)
     _assert_boxed_env(json.loads((smoke_dir / "environ.json").read_text()), smoke_dir, control)
     _assert_limits((smoke_dir / "limits.txt").read_text(), Limits.for_episodes(4))
 

@@ -13,11 +13,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from researcher import runs
 
@@ -26,14 +26,11 @@ TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 
 def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.RunRecord]:
     """Until some run is launched and has trained a couple of steps (the graph is in `monitor`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def mid_study() -> list[runs.RunRecord]:
         records = runs.all_records(runs_dir)
-        if any(r.launches == 1 and r.last_step >= 2 for r in records):
-            return records
-        assert proc.poll() is None, "the researcher exited before the crash point"
-        time.sleep(0.5)
-    raise AssertionError("no run reached step 2 in time")
+        return records if any(r.launches == 1 and r.last_step >= 2 for r in records) else []
+
+    return wait_for(mid_study, timeout, what="a run at step 2", proc=proc, interval=0.5)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import wait_for
 
 from researcher import runs
 from researcher.events import EventLog, Follower, llm_call_listener, read_events, recorder
@@ -115,14 +116,7 @@ def _sse(response: httpx.Response) -> Iterator[dict]:
 
 
 def _wait(check: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        assert proc is None or proc.poll() is None, f"exited before {what}"
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(check, timeout, what=what, proc=proc, interval=0.2)
 
 
 @pytest.mark.slow

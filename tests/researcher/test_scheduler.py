@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from researcher import scheduler
+from researcher.layout import StudyLayout
 from researcher.scheduler import ScheduleSpec
 
 
@@ -74,15 +75,6 @@ def _executions(artifacts: Path) -> list[dict]:
     return [row for row in scheduler.read_history(artifacts) if row["event"] == "executed"]
 
 
-def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the daemon exited: {log.read_text()[-3000:] if log else ''}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {log.read_text()[-3000:] if log else ''}"
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_path: Path) -> None:
     studies, artifacts = cli.studies, cli.artifacts
@@ -92,7 +84,8 @@ def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_pa
     log1 = tmp_path / "daemon1.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log1)
     try:
-        _wait(lambda: len(_executions(artifacts)) >= 1, 40, "the first scheduled session", daemon, log1)
+        wait_for(lambda: len(_executions(artifacts)) >= 1, 40, what="the first scheduled session",
+                 proc=daemon, log=log1, interval=0.2)
     finally:
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait()
@@ -106,7 +99,8 @@ def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_pa
     log2 = tmp_path / "daemon2.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log2)
     try:
-        _wait(lambda: len(_executions(artifacts)) >= len(first) + 1, 40, "the missed session", daemon, log2)
+        wait_for(lambda: len(_executions(artifacts)) >= len(first) + 1, 40, what="the missed session",
+                 proc=daemon, log=log2, interval=0.2)
         restarted_at = dt.datetime.now().astimezone()
         time.sleep(1.5)  # too short for a regular 3 s tick to have been due again after the catch-up
     finally:
@@ -168,9 +162,17 @@ def test_daemon_runs_a_one_shot_once_and_spends_it(cli, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log)
     try:
-        _wait(lambda: len(_executions(artifacts)) >= 1, 40, "the one-shot session", daemon, log)
+        wait_for(lambda: len(_executions(artifacts)) >= 1, 40, what="the one-shot session",
+                 proc=daemon, log=log, interval=0.2)
         assert not (studies / "ghost" / "schedule.toml").exists()  # spent before the session even ran
-        time.sleep(3)  # three syncs: none may bring the one-shot back (a session's start is logged at once)
+        # No later sync may bring the one-shot back. The proof that one ran: a schedule file written
+        # now (for a study due in an hour) is what the next sync adds; that sync adds nothing else, and
+        # no second session has started (a session's start is logged at once).
+        later = (dt.datetime.now() + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+        scheduler.write_schedule(StudyLayout("marker", studies, artifacts), ScheduleSpec(window_s=30, at=later))
+        wait_for(lambda: "schedule sync: added ['marker']" in log.read_text(), 20,
+                 what="a sync after the one-shot was spent", proc=daemon, log=log, interval=0.2)
+        assert "added ['ghost']" not in log.read_text() and "'ghost', 'marker'" not in log.read_text()
         sessions = (artifacts / "ghost" / "sessions.log").read_text()
         assert sessions.count("=== scheduled session") == 1, sessions
     finally:
@@ -179,4 +181,4 @@ def test_daemon_runs_a_one_shot_once_and_spends_it(cli, tmp_path: Path) -> None:
     ran = _executions(artifacts)
     assert len(ran) == 1 and ran[0]["scheduled_for"] == dt.datetime.fromisoformat(at).astimezone().isoformat()
     assert ran[0]["outcome"] == "refused"  # `researcher resume ghost`: no such study, a clear refusal
-    assert scheduler.next_wakeups(artifacts) == {}
+    assert set(scheduler.next_wakeups(artifacts)) == {"marker"}  # the one-shot is gone

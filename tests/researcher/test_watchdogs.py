@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from support import free_port, wait_for
 
 from researcher import study, watchdogs
 from researcher.composition import build_context, build_settings
@@ -30,12 +30,6 @@ QUOTA_BODY = {"error": {"message": "You exceeded your current quota, please chec
                         "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def quota_server() -> Iterator[tuple[str, list[dict]]]:
     """A real OpenAI-protocol HTTP server whose account is out of credit: every call is a 429
@@ -48,12 +42,11 @@ def quota_server() -> Iterator[tuple[str, list[dict]]]:
         requests.append(await request.json())
         return JSONResponse(QUOTA_BODY, status_code=429)
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    wait_for(lambda: server.started, 30, what="the quota server to start")
     try:
         yield f"http://127.0.0.1:{port}/v1", requests
     finally:
@@ -121,7 +114,7 @@ def test_mlflow_unreachable_spools_then_replays(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     spool_dir = tmp_path / "study" / "mlflow_spool"
-    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens here
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     down = Tracker(closed, tmp_path / "mlartifacts", spool_dir)
     parent = down.start_parent("spooled", 1, {"researcher.task": "letters"})
     assert parent.startswith("local-")

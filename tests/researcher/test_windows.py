@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import free_port, wait_for
 
 from researcher import runs, scheduler
 
@@ -74,18 +75,6 @@ def paced_cli(cli, tmp_path: Path):
     return cli
 
 
-def _wait(predicate, timeout: float, what: str, daemon: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if daemon is not None:
-            assert daemon.poll() is None, f"daemon exited while waiting for {what}: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {log.read_text()[-3000:] if log else ''}"
-        time.sleep(0.3)
-
-
 def _log_count(cli, text: str) -> int:
     path = cli.studies / SID / "LOG.md"
     return path.read_text().count(text) if path.is_file() else 0
@@ -121,8 +110,8 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_pat
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log1)
     try:
         # Window 1: the daemon resumes the study; while it runs, a manual resume is refused by the lock.
-        _wait(lambda: _log_count(cli, "Resumed (phase parked") >= 1 and _status(cli)["active"], 60,
-              "the daemon's first session", daemon, log1)
+        wait_for(lambda: _log_count(cli, "Resumed (phase parked") >= 1 and _status(cli)["active"], 60,
+                 what="the daemon's first session", proc=daemon, log=log1, interval=0.3)
         manual = cli.run("resume", SID, *cli.dirs)
         assert manual.returncode == 2 and "already being run by another researcher process" in manual.stdout
     finally:
@@ -130,8 +119,8 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_pat
         # and the next scheduled time passes while no daemon runs.
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait()
-    _wait(lambda: _log_count(cli, "Parked in phase") >= 2 and not _status(cli)["active"], 120,
-          "the first window to end")
+    wait_for(lambda: _log_count(cli, "Parked in phase") >= 2 and not _status(cli)["active"], 120,
+             what="the first window to end", interval=0.3)
     window1 = runs.all_records(runs_dir)
     assert all(r.launches == 1 and r.status == "parked" for r in window1), window1
     assert _status(cli)["state"] == "parked"
@@ -143,9 +132,10 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_pat
     log2 = tmp_path / "daemon2.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log2)
     try:
-        _wait(lambda: _log_count(cli, "Resumed (phase parked") >= 2, 60, "the missed second session", daemon, log2)
-        _wait(lambda: _log_count(cli, "Parked in phase") >= 3 and not _status(cli)["active"], 120,
-              "the second window to end", daemon, log2)
+        wait_for(lambda: _log_count(cli, "Resumed (phase parked") >= 2, 60, what="the missed second session",
+                 proc=daemon, log=log2, interval=0.3)
+        wait_for(lambda: _log_count(cli, "Parked in phase") >= 3 and not _status(cli)["active"], 120,
+                 what="the second window to end", proc=daemon, log=log2, interval=0.3)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
@@ -183,11 +173,7 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_pat
 
 
 def _check_mlflow_rest(cli, tmp_path: Path, records: list[runs.RunRecord]) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     store = f"sqlite:///{cli.artifacts.resolve() / 'mlflow.db'}"
     log = open(tmp_path / "mlflow.log", "wb")
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
@@ -202,7 +188,7 @@ def _check_mlflow_rest(cli, tmp_path: Path, records: list[runs.RunRecord]) -> No
             except httpx.HTTPError:
                 return False
 
-        _wait(ready, 120, "mlflow server", server, tmp_path / "mlflow.log")
+        wait_for(ready, 120, what="mlflow server", proc=server, log=tmp_path / "mlflow.log", interval=0.3)
         experiment = httpx.get(f"{api}/experiments/get-by-name", params={"experiment_name": SID}).json()["experiment"]
         found = httpx.post(f"{api}/runs/search", json={"experiment_ids": [experiment["experiment_id"]],
                                                        "max_results": 100}).json()["runs"]

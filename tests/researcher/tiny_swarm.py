@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from support import ServeProcess
 
 
 @contextlib.contextmanager
@@ -15,30 +14,10 @@ def tiny_server(folder: Path, port: int, config: Path, token: str | None = None)
     """A real `swarm serve --model tiny --config CONFIG` on loopback (state and log in ``folder``); its URL.
 
     Stopped (SIGTERM, then SIGKILL after 20 s) when the block ends."""
-    import httpx
-
-    argv = [sys.executable, "-c", "from swarm.cli import main; main()", "serve", "--model", "tiny", "--port", str(port),
-            "--state-dir", str(folder / "swarm-state"), "--config", str(config), "--threads", "1"]
-    log_path = folder / "swarm-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv + (["--token", token] if token else []), cwd=folder, stdout=log,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = ServeProcess(port=port, state_dir=folder / "swarm-state", config=config, given_token=token,
+                          log_path=folder / "swarm-server.log", cwd=folder, extra_args=("--threads", "1"))
+    server.start(120)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.3)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(grace_s=20)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from swarm_proc import ROOT, ServeProcess, study_run
+from support import ROOT, ServeProcess, study_run
 
 from swarm.client import SwarmClient
 

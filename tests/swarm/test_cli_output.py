@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_log_lines_reach_a_pipe_unbroken() -> None:
-    with socket.socket() as sock:  # a port nobody listens on: the client logs its first failed attempt
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nobody listens on it: the client logs its first failed attempt
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "SWARM_TOKEN")}
     proc = subprocess.Popen([sys.executable, "-m", "swarm.cli", "status", f"http://127.0.0.1:{port}", "--token", "t"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,10 @@ from typing import Any
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-from swarm_proc import ROOT, SWARM, ServeProcess, study_run  # noqa: E402
+from support import ROOT, SWARM, ServeProcess, free_port, study_run, wait_for
 
-from swarm.client import SwarmClient  # noqa: E402
-from swarm.protocol import ServerState, StepMetrics  # noqa: E402
+from swarm.client import SwarmClient
+from swarm.protocol import ServerState, StepMetrics
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 MLFLOW_CLI = Path(sys.executable).parent / "mlflow"
@@ -62,10 +60,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     config = folder / "config.toml"
     config.write_text(CONFIG)
     direct_uri = f"sqlite:///{folder / 'direct.db'}"  # a new store: the server creates its tables
-    dead_port = _free_port()
+    dead_port = free_port()
 
     def server(name: str, uri: str, experiment: str) -> ServeProcess:
-        return ServeProcess(port=_free_port(), state_dir=folder / name, config=config,
+        return ServeProcess(port=free_port(), state_dir=folder / name, config=config,
                             extra_args=("--mlflow-uri", uri, "--mlflow-experiment", experiment))
 
     made = Setup(direct=server("direct", direct_uri, "manual"), direct_uri=direct_uri,
@@ -86,20 +84,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             made.dead.stop()
 
 
-def _wait(condition: Callable[[], Any], what: str, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _pause_and_read(client: SwarmClient) -> list[StepMetrics]:
     """Every step the server will ever have: training paused, the step in progress committed (call it
     once the client is gone: a client whose claims are refused while paused keeps retrying)."""
     client.control("pause")
-    _wait(lambda: client.status().state is ServerState.paused, "the server to pause")
+    wait_for(lambda: client.status().state is ServerState.paused, 120, what="the server to pause", interval=0.25)
     return client.metrics()
 
 
@@ -136,7 +125,7 @@ def test_a_manual_run_is_one_mlflow_run_with_params_every_step_checkpoints_and_s
     server, uri = setup.direct, setup.direct_uri
     with SwarmClient(server.url, token=server.token) as client:
         with study_run(LETTERS / "client.py", server, tmp_path / "run.log", RUN_ARGS):
-            _wait(lambda: len(client.metrics()) >= 10, "10 training steps")
+            wait_for(lambda: len(client.metrics()) >= 10, 120, what="10 training steps", interval=0.25)
         steps = _pause_and_read(client)
     _swarm_stop(server)
 
@@ -167,14 +156,15 @@ def test_an_unreachable_mlflow_is_spooled_and_replayed_when_a_server_starts_ther
     try:
         with SwarmClient(server.url, token=server.token) as client:
             with study_run(LETTERS / "client.py", server, tmp_path / "run.log", RUN_ARGS):
-                _wait(lambda: len(client.metrics()) >= 5 and "unreachable" in server.log(),
-                      "5 steps trained while MLflow is unreachable")
+                wait_for(lambda: len(client.metrics()) >= 5 and "unreachable" in server.log(), 120,
+                         what="5 steps trained while MLflow is unreachable", interval=0.25)
                 booting = time.monotonic()
                 mlflow_server = _start_mlflow_server(setup.dead_store, setup.dead_port, tmp_path)
                 boot_s = time.monotonic() - booting
                 unreachable_steps = len(client.metrics())  # trained before anything listened on the port
                 mlflow = MlflowClient(tracking_uri=uri)
-                _wait(lambda: _delivered(mlflow, "spooled") >= unreachable_steps, "the spooled steps to arrive", 90.0)
+                wait_for(lambda: _delivered(mlflow, "spooled") >= unreachable_steps, 90,
+                         what="the spooled steps to arrive", interval=0.25)
             steps = _pause_and_read(client)
         _swarm_stop(server)
         run = _the_run(mlflow, "spooled")
@@ -218,12 +208,6 @@ def _create_tables(db: Path) -> None:
     MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _delivered(client: Any, experiment: str) -> int:
     """How many steps of train/reward_mean the experiment's run holds (0 before it exists)."""
     found = client.get_experiment_by_name(experiment)
@@ -240,18 +224,20 @@ def _start_mlflow_server(db: Path, port: int, folder: Path, timeout_s: float = 1
              "--port", str(port), "--workers", "1"],
             cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).is_success:
-                return proc
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).is_success
         except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    _stop_mlflow_server(proc)
-    raise RuntimeError(f"mlflow server not ready after {timeout_s:.0f} s: {log_path.read_text()[-3000:]}")
+            return False
+
+    try:
+        wait_for(healthy, timeout_s, what=f"mlflow server on port {port} to answer /health", interval=0.25,
+                 proc=proc, log=log_path)
+    except BaseException:
+        _stop_mlflow_server(proc)
+        raise
+    return proc
 
 
 def _stop_mlflow_server(proc: subprocess.Popen[bytes] | None) -> None:

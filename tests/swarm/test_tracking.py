@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from swarm.protocol import StepMetrics
 from swarm.tracking import MlflowRunWriter
@@ -43,13 +44,6 @@ def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
     return sorted((m.step, m.value) for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, key))
-
-
-def _wait_delivered(writer: MlflowRunWriter, step: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while writer.delivered_step < step:
-        assert time.monotonic() < deadline, f"only step {writer.delivered_step} delivered"
-        time.sleep(0.05)
 
 
 def test_steps_params_tags_and_status_reach_a_sqlite_store(store_uri: str, tmp_path: Path) -> None:
@@ -89,7 +83,7 @@ def test_a_restart_continues_the_same_run_without_duplicates_and_relogs_rolled_b
         steps.add(step, **{"train/reward_mean": 0.2})
     second = MlflowRunWriter(store_uri, steps, experiment="restarts", params={"lr": 2}, cursor_path=cursor,
                              flush_every_s=0.05)
-    _wait_delivered(second, 8)
+    wait_for(lambda: second.delivered_step >= 8, 60, what=lambda: f"step 8 delivered (so far {second.delivered_step})")
     assert second.run_id == first.run_id
     assert client.get_run(first.run_id).info.status == "RUNNING"  # back to RUNNING while it writes
     assert second.close() is True

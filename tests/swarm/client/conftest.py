@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess, free_port
 
 from swarm.client import SwarmClient
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """One server shared by the client tests (starting one costs seconds on a busy machine)."""
-    proc = ServeProcess(port=_free_port(), state_dir=tmp_path_factory.mktemp("serve"))
+    proc = ServeProcess(port=free_port(), state_dir=tmp_path_factory.mktemp("serve"))
     proc.start()
     yield proc
     proc.stop()
@@ -39,7 +32,7 @@ def new_server(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
     started: list[ServeProcess] = []
 
     def start(config: Path | None = None, port: int | None = None, state_dir: Path | None = None) -> ServeProcess:
-        proc = ServeProcess(port=port or _free_port(), state_dir=state_dir or tmp_path / f"serve{len(started)}",
+        proc = ServeProcess(port=port or free_port(), state_dir=state_dir or tmp_path / f"serve{len(started)}",
                             config=config)
         started.append(proc)
         return proc.start()

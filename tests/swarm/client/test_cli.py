@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from pydantic import TypeAdapter
-from swarm_proc import ROOT, SWARM, ServeProcess
+from support import ROOT, SWARM, ServeProcess, wait_for
 
 from swarm.protocol import ConfigView, Status, StepMetrics
 
@@ -127,11 +127,9 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(server:
                                 str(server.state_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 60
             # The first claim (at step 0) claims the held-out round too, before its own episode runs.
-            while client.status().episodes.claimed < before.episodes.claimed + 8:
-                assert run.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
+            wait_for(lambda: client.status().episodes.claimed >= before.episodes.claimed + 8, 60,
+                     what="the run's first claims with their held-out round", proc=run, interval=0.1)
             run.send_signal(signal.SIGTERM)
             output, _ = run.communicate(timeout=30)
         finally:

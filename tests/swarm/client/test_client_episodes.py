@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess
 
 from swarm.client import EpisodeHandle, SwarmClient, SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.protocol import EpisodeState, ServerState

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from swarm_proc import ROOT, SWARM, ServeProcess, study_run
+from support import ROOT, SWARM, ServeProcess, study_run, wait_for
 
 from swarm.client import SwarmClient
 
@@ -57,14 +56,6 @@ if __name__ == "__main__":
 '''
 
 
-def _wait_step(client: SwarmClient, step: int, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.status().step < step:
-        assert proc.poll() is None, log.read_text()[-2000:]
-        assert time.monotonic() < deadline, f"step {step} not reached: {log.read_text()[-2000:]}"
-        time.sleep(0.3)
-
-
 def _busy(client: SwarmClient, first_step: int) -> list[float]:
     return [s.metrics["perf/learner_busy"] for s in client.metrics(since_step=first_step)]
 
@@ -78,7 +69,7 @@ def test_plan_advice_raises_learner_busy_to_target(new_server: Callable[..., Ser
     with SwarmClient(server.url, token=server.token, retry_for_s=10) as client:
         slow_log = tmp_path / "slow.log"
         with study_run(client_py, server, slow_log, ("--concurrency", "1", "--group-size", "4")) as slow:
-            _wait_step(client, 4, slow, slow_log)
+            wait_for(lambda: client.status().step >= 4, 180, what="step 4", proc=slow, log=slow_log, interval=0.3)
             planned = subprocess.run([*SWARM, "plan", server.url, "--state-dir", str(server.state_dir), "--json"],
                                      cwd=ROOT, capture_output=True, text=True, timeout=60)
         idle = _busy(client, 2)
@@ -93,7 +84,8 @@ def test_plan_advice_raises_learner_busy_to_target(new_server: Callable[..., Ser
         start = client.status().step
         fast_log = tmp_path / "fast.log"
         with study_run(client_py, server, fast_log, ("--concurrency", str(concurrency), "--group-size", "4")) as fast:
-            _wait_step(client, start + 10, fast, fast_log)
+            wait_for(lambda: client.status().step >= start + 10, 180, what=f"step {start + 10}", proc=fast,
+                     log=fast_log, interval=0.3)
         busy = _busy(client, start + 5)[:5]  # past the ramp-up, while the advised client ran
         print(f"learner busy {sum(idle) / len(idle):.2f} at concurrency 1 -> {sum(busy) / len(busy):.2f} at the advised "
               f"{concurrency}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess
 
 from swarm.client import EpisodeHandle, RunSummary, SwarmClient
 from swarm.protocol import EpisodeCounts

@@ -7,7 +7,7 @@ time); the team logic only sees two clients, so the behaviour is the same as wit
 from __future__ import annotations
 
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess
 
 from swarm.client import SwarmClient, SwarmTeam
 from swarm.protocol import EpisodeState

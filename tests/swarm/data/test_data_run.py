@@ -6,7 +6,6 @@ evaluation, and a saved model folder serves as ``--model PATH``. The reward-rise
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,23 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-from swarm_proc import ServeProcess  # noqa: E402
+from support import ServeProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = ROOT / "studies" / "examples" / "arith"
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    proc = ServeProcess(port=_port(), state_dir=tmp_path_factory.mktemp("serve"), config=ARITH / "config.toml")
+    proc = ServeProcess(port=free_port(), state_dir=tmp_path_factory.mktemp("serve"), config=ARITH / "config.toml")
     proc.start()
     yield proc
     proc.stop()
@@ -84,7 +76,7 @@ def test_a_saved_model_folder_serves_as_model_path(tmp_path: Path) -> None:
     from swarm.backends.torch.presets import build_preset
 
     folder = build_preset("tiny", tmp_path / "my-model")
-    proc = ServeProcess(port=_port(), state_dir=tmp_path / "state", model=str(folder)).start()
+    proc = ServeProcess(port=free_port(), state_dir=tmp_path / "state", model=str(folder)).start()
     try:
         models = httpx.get(f"{proc.url}/v1/models", headers={"Authorization": f"Bearer {proc.token}"}).json()
         assert models["data"]
@@ -96,7 +88,7 @@ def test_a_saved_model_folder_serves_as_model_path(tmp_path: Path) -> None:
 def test_arith_heldout_reward_rises(tmp_path: Path) -> None:
     """Acceptance: warm-up 150 steps, then 100 GRPO steps; the mean of the last three held-out rounds
     beats step 0's by at least 0.03 (measured: 0.078 -> 0.14, seed 0)."""
-    proc = ServeProcess(port=_port(), state_dir=tmp_path / "state", config=ARITH / "config.toml").start()
+    proc = ServeProcess(port=free_port(), state_dir=tmp_path / "state", config=ARITH / "config.toml").start()
     try:
         done = swarm_run(proc, "--data", str(ARITH / "train.parquet"), "--heldout", str(ARITH / "test.parquet"),
                          "--warmup-steps", "150", "--episodes", "3200", "--eval-every", "10", timeout=900)

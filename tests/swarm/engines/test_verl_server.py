@@ -18,17 +18,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import openai
 import psutil
 import pytest
-from swarm_proc import ROOT, SWARM, ServeProcess
+from support import ROOT, SWARM, ServeProcess, free_port, wait_for
 
 from swarm.client import SwarmClient, SwarmHTTPError
 from swarm.server.store import EpisodeStore
@@ -49,21 +47,8 @@ max_tokens = 4
 START_S = 240.0  # Ray + two workers start in 15-60 s on a quiet machine; more when others share it
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _client(server: ServeProcess) -> SwarmClient:
     return SwarmClient(server.url, token=server.token, retry_for_s=60)
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {what}"
-        time.sleep(0.1)
 
 
 def _finished(client: SwarmClient, group: str, rewards: tuple[float, ...]) -> list[str]:
@@ -119,8 +104,8 @@ def _describe(procs: list[psutil.Process]) -> list[str]:
 def test_sigkill_leaves_no_ray_process_and_a_restart_loses_and_repeats_no_episode(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text(CONFIG)
     state = tmp_path / "state"
-    first = ServeProcess(port=_port(), state_dir=state, config=tmp_path / "config.toml", extra_args=VERL)
-    second = ServeProcess(port=_port(), state_dir=state, config=tmp_path / "config.toml", extra_args=VERL)
+    first = ServeProcess(port=free_port(), state_dir=state, config=tmp_path / "config.toml", extra_args=VERL)
+    second = ServeProcess(port=free_port(), state_dir=state, config=tmp_path / "config.toml", extra_args=VERL)
     started: list[psutil.Process] = []
     try:
         begin = time.monotonic()
@@ -128,10 +113,10 @@ def test_sigkill_leaves_no_ray_process_and_a_restart_loses_and_repeats_no_episod
         first_start_s = time.monotonic() - begin
         with _client(first) as client:
             finished = _finished(client, "g1", (0.0, 1.0)) + _finished(client, "g2", (1.0, 0.0))
-            _wait(lambda: client.status().step >= 2, 120, "two steps")
-            _wait(lambda: (state / "checkpoints" / "step-2").is_dir(), 60, "the step-2 checkpoint")
+            wait_for(lambda: client.status().step >= 2, 120, what="two steps")
+            wait_for(lambda: (state / "checkpoints" / "step-2").is_dir(), 60, what="the step-2 checkpoint")
             rolled_back = _finished(client, "g3", (0.0, 1.0))  # step 3: after the checkpoint, lost in the crash
-            _wait(lambda: client.status().step >= 3, 120, "step 3")
+            wait_for(lambda: client.status().step >= 3, 120, what="step 3")
             client.patch_config(batch_groups=2)  # from now on one complete group waits for a second
             pending = _finished(client, "g4", (1.0, 0.0))
             half = _finished(client, "g5", (0.5,))  # its partner never finishes: claimed, then lost in the crash
@@ -168,10 +153,10 @@ def test_sigkill_leaves_no_ray_process_and_a_restart_loses_and_repeats_no_episod
             assert client.config().values["policy_loss"] == "vanilla"
             # The restored g3 and g4 make a batch of two groups (batch_groups was patched to 2 and
             # the live config survives): training resumes without new work.
-            _wait(lambda: client.status().step >= 3, 120, "the restored groups train")
+            wait_for(lambda: client.status().step >= 3, 120, what="the restored groups train")
             versions.append(client.status().policy_version)
             finished += _finished(client, "g6", (0.0, 1.0)) + _finished(client, "g7", (1.0, 0.0))
-            _wait(lambda: client.status().step >= 4, 120, "new groups train")
+            wait_for(lambda: client.status().step >= 4, 120, what="new groups train")
             versions.append(client.status().policy_version)
             assert client.status().groups_pending == 0
             metrics = client.metrics()
@@ -205,7 +190,7 @@ def test_an_unsupported_knob_fails_at_start_naming_it(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('kl_coef = 0.1\nkl_penalty = "full"\n')
     state = tmp_path / "state"
     begin = time.monotonic()
-    with subprocess.Popen([*SWARM, "serve", "--model", "tiny", "--port", str(_port()), "--state-dir", str(state),
+    with subprocess.Popen([*SWARM, "serve", "--model", "tiny", "--port", str(free_port()), "--state-dir", str(state),
                            "--config", str(tmp_path / "config.toml"), *VERL],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}) as proc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess, free_port, wait_for
 
 from swarm.client import SwarmClient
 from swarm.server.store import EpisodeStore
@@ -39,16 +38,10 @@ max_staleness = 64
 SYSTEM = {"role": "system", "content": "You answer briefly."}
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _serve(tmp: Path, *extra: str, timeout_s: float = 90.0) -> Iterator[ServeProcess]:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "config.toml").write_text(CONFIG)
-    server = ServeProcess(port=_port(), state_dir=tmp / "state", config=tmp / "config.toml", extra_args=extra)
+    server = ServeProcess(port=free_port(), state_dir=tmp / "state", config=tmp / "config.toml", extra_args=extra)
     server.start(timeout_s)
     try:
         yield server
@@ -157,7 +150,8 @@ def test_multi_turn_merges_into_the_same_timeline_shape_as_torch(vllm_server, to
 
 def test_trainer_and_vllm_agree_after_every_weight_sync(vllm_server: ServeProcess) -> None:
     with _client(vllm_server) as client:
-        _wait(lambda: _quiet(client.status()), 120)  # an earlier test's episode may still be training
+        # an earlier test's episode may still be training
+        wait_for(lambda: _quiet(client.status()), 120, what="a quiet server", interval=0.2)
         start_step = client.status().step
         versions = []
         for round_ in range(3):
@@ -167,7 +161,8 @@ def test_trainer_and_vllm_agree_after_every_weight_sync(vllm_server: ServeProces
                 reply = llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
                 versions.append(reply.model_extra["policy_version"])
                 episode.finish(reward=float(i))
-            _wait(lambda r=round_: client.status().step >= start_step + r + 1, 120)
+            wait_for(lambda r=round_: client.status().step >= start_step + r + 1, 120,
+                     what=f"step {start_step + round_ + 1}", interval=0.2)
         metrics = client.metrics(since_step=start_step)
     assert versions[0::2] == versions[1::2] and versions[2] == versions[0] + 1 and versions[4] == versions[0] + 2
     assert [m.policy_version for m in metrics] == [versions[0] + 1, versions[0] + 2, versions[0] + 3]
@@ -227,7 +222,8 @@ def test_sigkill_of_the_vllm_child_recovers_and_loses_no_episode(vllm_server: Se
         assert outage is not None and outage.json()["error"]["retry_after"] > 0
         step = client.status().step
         after.finish(reward=0.0)
-        _wait(lambda: client.status().step > step, 120)  # training goes on with the restarted child
+        # training goes on with the restarted child
+        wait_for(lambda: client.status().step > step, 120, what=f"a step after {step}", interval=0.2)
         status = client.status()
         assert status.generator["restarts"] >= 1 and status.generator["alive"]
     with httpx.Client(base_url=vllm_server.url, headers={"Authorization": f"Bearer {vllm_server.token}"}) as http:
@@ -256,8 +252,3 @@ def _vllm_pid(port: str) -> int:
     raise AssertionError(f"no vLLM process serves port {port}")
 
 
-def _wait(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.2)

@@ -4,14 +4,13 @@ and every episode is stored as one timeline holding exactly the sampled ids and 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-from swarm_proc import ServeProcess
+from support import ServeProcess, free_port
 from tool_loop import assert_one_exact_timeline, non_canonical, tool_loop
 
 from swarm.backends.text import ChatText, load_tokenizer
@@ -32,10 +31,7 @@ max_inflight_per_key = 4
 def server(tmp_path_factory: pytest.TempPathFactory, bpe_model: Path) -> Iterator[ServeProcess]:
     tmp = tmp_path_factory.mktemp("vllm-bpe")
     (tmp / "config.toml").write_text(CONFIG)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    running = ServeProcess(port=port, state_dir=tmp / "state", config=tmp / "config.toml",
+    running = ServeProcess(port=free_port(), state_dir=tmp / "state", config=tmp / "config.toml",
                            extra_args=("--model", str(bpe_model), "--engine", "vllm"))
     running.start(300.0)
     try:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rel_harness import ServerProcess
+from support import ServeProcess
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +20,9 @@ def rel_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
+def servers() -> Iterator[list[ServeProcess]]:
     """Server processes a test starts; every one still alive is killed when the test ends."""
-    started: list[ServerProcess] = []
+    started: list[ServeProcess] = []
     yield started
     for server in started:
         server.kill()

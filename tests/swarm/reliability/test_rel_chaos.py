@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import free_port, wait_for
 
 from swarm.server.store import EpisodeStore
 
@@ -58,34 +59,27 @@ class _Poller(threading.Thread):
                 self.done.wait(0.1)
 
     def wait_step(self, step: int, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.seen and self.seen[-1][2] >= step:
-                return self.seen[-1][2]
-            time.sleep(0.05)
-        pytest.fail(f"step {step} not reached within {timeout} s (seen {self.seen[-1:]})")
+        wait_for(lambda: self.seen and self.seen[-1][2] >= step, timeout,
+                 what=lambda: f"step {step} (last seen: {self.seen[-1:]})")
+        return self.seen[-1][2]
 
 
 def _kill_mid_episode(proc: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> str:
     """SIGKILL a client while its last logged step is a claim (inside an episode); its episode id."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def inside() -> list[dict]:
         lines = _lines(log)
-        if lines and "claimed" in lines[-1]:
-            proc.kill()
-            proc.wait()
-            return str(lines[-1]["claimed"])
-        time.sleep(0.01)
-    pytest.fail(f"client never seen inside an episode ({log})")
+        return lines if lines and "claimed" in lines[-1] else []
+
+    lines = wait_for(inside, timeout, what=f"the client inside an episode ({log})", interval=0.01)
+    proc.kill()
+    proc.wait()
+    return str(lines[-1]["claimed"])
 
 
-def _wait_finished_after(logs: list[Path], t: float, timeout: float) -> None:
-    """Until some client has logged an episode whose ``finish`` returned after time ``t``."""
-    deadline = time.monotonic() + timeout
-    while not any("finished" in r and r["t"] > t for path in logs for r in _lines(path)):
-        if time.monotonic() > deadline:
-            pytest.fail(f"no client finished an episode within {timeout} s after the server restart")
-        time.sleep(0.1)
+def _finished_after(logs: list[Path], t: float) -> bool:
+    """Some client has logged an episode whose ``finish`` returned after time ``t``."""
+    return any("finished" in r and r["t"] > t for path in logs for r in _lines(path))
 
 
 def _lines(path: Path) -> list[dict]:
@@ -103,7 +97,7 @@ def _lines(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path, servers: list) -> None:
     port, token, state = free_port(), "chaos-token", tmp_path / "state"
-    server = ServerProcess.start(rel_model, state, port=port, token=token, config=CONFIG)
+    server = start_server(rel_model, state, port=port, token=token, config=CONFIG)
     servers.append(server)
     poller = _Poller(server.url, token)
     poller.start()
@@ -124,12 +118,13 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         with EpisodeStore(state / "buffer.db") as store:               # the last step it committed (a poll may lag)
             killed_at_step = max(json.loads(body)["step"] for body in store.step_metrics())
         time.sleep(0.5)
-        server = ServerProcess.start(rel_model, state, port=port, token=token, config=CONFIG)
+        server = start_server(rel_model, state, port=port, token=token, config=CONFIG)
         servers.append(server)
         restored_step = server.status()["step"]
         assert 3 <= restored_step <= killed_at_step
         poller.wait_step(restored_step + 2, 60)                        # training goes on
-        _wait_finished_after(logs, killed_at, 60)                      # on episodes the clients keep finishing
+        wait_for(lambda: _finished_after(logs, killed_at), 60,         # on episodes the clients keep finishing
+                 what="a client to finish an episode after the server restart", interval=0.1)
         stop.touch()                                                   # enough: each ends after its episode
         for proc in clients[2:]:
             assert proc.wait(timeout=90) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
@@ -138,7 +133,7 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         while server.status()["groups_pending"] >= CONFIG["batch_groups"] and time.monotonic() < deadline:
             time.sleep(0.1)
         final_status = server.status()
-        assert server.stop() == 0
+        assert server.stop_via_control() == 0
     finally:
         poller.done.set()
         for proc in clients:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from rel_harness import ServerProcess, _toml, free_port
+from rel_harness import start_server, toml
+from support import ServeProcess, free_port, wait_for
 
 from swarm.server.store import EpisodeStore
 
@@ -20,7 +20,7 @@ CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 2, "max_tokens":
 MESSAGES = [{"role": "user", "content": "say a"}]
 
 
-def _finished_episode(server: ServerProcess, task: str, reward: float) -> str:
+def _finished_episode(server: ServeProcess, task: str, reward: float) -> str:
     with server.http() as http:
         episode = http.post("/api/v1/episodes", json={"task_id": task}).json()
     with server.http(episode["api_key"]) as http:
@@ -33,36 +33,30 @@ def test_sigkill_between_update_and_commit_loses_and_repeats_nothing(rel_model: 
     state, marker = tmp_path / "state", tmp_path / "updated"
     state.mkdir()
     config = state / "config.toml"
-    config.write_text(_toml(CONFIG))
+    config.write_text(toml(CONFIG))
     port = free_port()
     log_path = state / "stall.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stall_serve.py")), str(rel_model),
                                  str(state), str(port), "rel-token", str(config), str(marker)],
                                 stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    stalled = ServerProcess(proc=proc, url=f"http://127.0.0.1:{port}", token="rel-token", state_dir=state,
-                            log_path=log_path)
+    stalled = ServeProcess(port=port, state_dir=state, process=proc, given_token="rel-token", log_path=log_path)
     servers.append(stalled)
     stalled.wait_ready(120)
     ids = [_finished_episode(stalled, task, reward) for task, reward in (("a", 1.0), ("b", 0.0))]
-    deadline = time.monotonic() + 60
-    while not marker.exists():  # the update ran; publish and commit have not
-        assert time.monotonic() < deadline, log_path.read_text()[-2000:]
-        time.sleep(0.05)
+    # the update ran; publish and commit have not
+    wait_for(marker.exists, 60, what="the stalled update's marker", proc=proc, log=log_path)
     reserved = stalled.status()["policy_version"]
     assert reserved == 1 == int(marker.read_text())
     stalled.kill()
     with EpisodeStore(state / "buffer.db") as store:
         assert store.training_log() == []  # nothing of the killed step was committed
 
-    server = ServerProcess.start(rel_model, state, port=free_port(), config=CONFIG)
+    server = start_server(rel_model, state, port=free_port(), config=CONFIG)
     servers.append(server)
     assert server.status()["policy_version"] > reserved  # never reuses the id the killed update had
-    deadline = time.monotonic() + 60
-    while server.status()["step"] < 1:  # the restored episodes train again, once
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    server.stop()
+    wait_for(lambda: server.status()["step"] >= 1, 60, what="the restored episodes to train again", interval=0.1)
+    server.stop_via_control()
     with EpisodeStore(state / "buffer.db") as store:
         assert store.trained_counts() == dict.fromkeys(ids, 1)
         assert sorted((step, episode, rolled_back) for step, episode, rolled_back in store.training_log()) == \

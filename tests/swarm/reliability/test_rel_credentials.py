@@ -17,12 +17,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import ServeProcess, free_port, wait_for
 
 from swarm.server.auth import private_dir, resolve_client_token, resolve_token
 
@@ -56,13 +55,6 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _wait(condition: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s\n{log.read_text(errors='replace')[-3000:]}"
-        time.sleep(0.2)
-
-
 def _credentials(state: Path) -> tuple[str, str]:
     """The two tokens on disk, after checking the state dir and the files are the owner's only."""
     assert _mode(state) == 0o700, oct(_mode(state))
@@ -72,9 +64,9 @@ def _credentials(state: Path) -> tuple[str, str]:
 
 
 def test_client_token_run_survives_server_sigkill_and_is_refused_control(
-        rel_model: Path, tmp_path: Path, servers: list[ServerProcess]) -> None:
+        rel_model: Path, tmp_path: Path, servers: list[ServeProcess]) -> None:
     state, port = tmp_path / "state", free_port()
-    servers.append(ServerProcess.start(rel_model, state, port=port, token=None, config=CONFIG))
+    servers.append(start_server(rel_model, state, port=port, token=None, config=CONFIG))
     server = servers[-1]
     control, client_token = _credentials(state)
     assert server.token == control and client_token and client_token != control
@@ -96,7 +88,8 @@ def test_client_token_run_survives_server_sigkill_and_is_refused_control(
                                 "--state-dir", str(tmp_path / "no-state"), "--group-size", "2", "--concurrency", "2",
                                 "--retry-for", "120"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait(lambda: server.status()["step"] >= 1, 90, "a step from the client-token run", run_log)
+        wait_for(lambda: server.status()["step"] >= 1, 90, what="a step from the client-token run",
+                 log=run_log, interval=0.2)
 
         with server.http(client_token) as http:
             for method, path, body in REFUSED:
@@ -109,13 +102,14 @@ def test_client_token_run_survives_server_sigkill_and_is_refused_control(
         assert status["state"] in ("running", "training") and status["config_version"] == 0
 
         server.kill()
-        servers.append(ServerProcess.start(rel_model, state, port=port, token=None, config=CONFIG))
+        servers.append(start_server(rel_model, state, port=port, token=None, config=CONFIG))
         server = servers[-1]
         assert _credentials(state) == (control, client_token)  # same state dir, same tokens
         restored = server.status()
         # Past the groups restored as pending: a step trained on episodes finished after the restart.
         beyond = restored["step"] + restored["groups_pending"]
-        _wait(lambda: server.status()["step"] > beyond, 90, "a step on episodes after the restart", run_log)
+        wait_for(lambda: server.status()["step"] > beyond, 90,
+                 what="a step on episodes after the restart", log=run_log, interval=0.2)
         after = server.status()
         assert after["episodes"]["finished"] > restored["episodes"]["finished"]
         assert run.poll() is None, "the run stopped instead of carrying on after the restart"

@@ -11,12 +11,12 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import free_port, wait_for
 
 CLIENT = Path(__file__).with_name("rel_chaos_client.py")
 CONFIG = {"group_size": 2, "min_group_size": 1, "batch_groups": 1, "max_tokens": 6, "lease_s": 5.0}
@@ -29,18 +29,10 @@ def _read_lines(proc: subprocess.Popen[str], into: list[dict]) -> None:
             into.append(json.loads(line))
 
 
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not seen within {timeout} s")
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_events_stream_live_and_resume_after_restart(rel_model: Path, tmp_path: Path, servers: list) -> None:
     port, token, state = free_port(), "events-token", tmp_path / "state"
-    server = ServerProcess.start(rel_model, state, port=port, token=token, config=CONFIG)
+    server = start_server(rel_model, state, port=port, token=token, config=CONFIG)
     servers.append(server)
     cli = subprocess.Popen([sys.executable, "-m", "swarm.cli", "events", server.url, "--token", token, "--json"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -54,15 +46,15 @@ def test_events_stream_live_and_resume_after_restart(rel_model: Path, tmp_path: 
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         types = lambda: {e["type"] for e in seen}  # noqa: E731
-        _wait(lambda: {"episode.claimed", "episode.finished", "step.started", "step.finished",
-                       "weights.updated"} <= types(), 60, "episode.* and step.* events in `swarm events`")
+        wait_for(lambda: {"episode.claimed", "episode.finished", "step.started", "step.finished",
+                          "weights.updated"} <= types(), 60, what="episode.* and step.* events in `swarm events`")
         ids = [e["id"] for e in seen]
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
         cli.kill()
         cli.wait()
         last_seen = seen[-1]["id"]
         server.kill()                                  # crash; events up to the kill were persisted
-        server = ServerProcess.start(rel_model, state, port=port, token=token, config=CONFIG)
+        server = start_server(rel_model, state, port=port, token=token, config=CONFIG)
         servers.append(server)
         resumed: list[dict] = []
         with httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as http:

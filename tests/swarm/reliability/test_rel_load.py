@@ -8,7 +8,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import free_port
 from rel_load import run_load
 
 CONFIG = {"group_size": 4, "min_group_size": 2, "batch_groups": 4, "max_tokens": 8, "max_staleness": 64,
@@ -17,7 +18,7 @@ CONFIG = {"group_size": 4, "min_group_size": 2, "batch_groups": 4, "max_tokens":
 
 @pytest.mark.slow
 def test_rel_load_40_clients_no_failures(rel_model: Path, tmp_path: Path, servers: list) -> None:
-    server = ServerProcess.start(rel_model, tmp_path / "state", port=free_port(), token="load", config=CONFIG)
+    server = start_server(rel_model, tmp_path / "state", port=free_port(), token="load", config=CONFIG)
     servers.append(server)
     result = asyncio.run(run_load(server.url, "load", clients=40, seconds=10.0))
     status = server.status()

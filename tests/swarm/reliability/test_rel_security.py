@@ -13,7 +13,8 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import ServeProcess, free_port
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -27,15 +28,15 @@ EPISODE_ROUTES = ("/api/v1/episodes/{episode_id}", "/v1/chat/completions", "/v1/
 
 
 @pytest.fixture(scope="module")
-def live(rel_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess.start(rel_model, tmp_path_factory.mktemp("security") / "state", port=free_port(),
+def live(rel_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    server = start_server(rel_model, tmp_path_factory.mktemp("security") / "state", port=free_port(),
                                  token=TOKEN, config={"group_size": 2, "batch_groups": 4, "max_tokens": 4},
                                  extra_args=("--max-context", "64"))
     yield server
     server.kill()
 
 
-def _claim(server: ServerProcess, task: str) -> dict:
+def _claim(server: ServeProcess, task: str) -> dict:
     with server.http() as http:
         response = http.post("/api/v1/episodes", json={"task_id": task})
     assert response.status_code == 200, response.text
@@ -47,7 +48,7 @@ def _is_error_body(response: httpx.Response) -> bool:
     return set(body) == {"error"} and {"code", "message"} <= set(body["error"])
 
 
-def _control_operations(server: ServerProcess) -> list[tuple[str, str]]:
+def _control_operations(server: ServeProcess) -> list[tuple[str, str]]:
     """Every (method, concrete path) of the published schema that needs the control token."""
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     operations = []
@@ -59,7 +60,7 @@ def _control_operations(server: ServerProcess) -> list[tuple[str, str]]:
     return operations
 
 
-def test_control_routes_refuse_missing_wrong_and_episode_tokens(live: ServerProcess) -> None:
+def test_control_routes_refuse_missing_wrong_and_episode_tokens(live: ServeProcess) -> None:
     operations = _control_operations(live)
     assert {("PATCH", "/api/v1/config"), ("POST", "/api/v1/control/pause"), ("GET", "/api/v1/events"),
             ("POST", "/api/v1/episodes"), ("GET", "/api/v1/status")} <= set(operations)
@@ -77,7 +78,7 @@ def test_control_routes_refuse_missing_wrong_and_episode_tokens(live: ServerProc
     assert status["state"] == "running" and status["config_version"] == 0
 
 
-def test_episode_key_opens_only_its_own_episode(live: ServerProcess) -> None:
+def test_episode_key_opens_only_its_own_episode(live: ServeProcess) -> None:
     mine, other = _claim(live, "a"), _claim(live, "b")
     with live.http(mine["api_key"]) as http:
         for path in ("finish", "heartbeat", "abort"):
@@ -95,7 +96,7 @@ def test_episode_key_opens_only_its_own_episode(live: ServerProcess) -> None:
         assert http.get("/api/v1/config").json()["version"] == 0
 
 
-def test_oversize_body_is_refused(live: ServerProcess) -> None:
+def test_oversize_body_is_refused(live: ServeProcess) -> None:
     episode = _claim(live, "big")
     with live.http(episode["api_key"]) as http:
         response = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish",
@@ -105,7 +106,7 @@ def test_oversize_body_is_refused(live: ServerProcess) -> None:
 
 
 @pytest.mark.slow
-def test_rel_fuzz_openapi(live: ServerProcess) -> None:
+def test_rel_fuzz_openapi(live: ServeProcess) -> None:
     """Every operation of the live schema, bounded examples each, with the control token."""
     schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
     # Excluded: `control/{action}` (stop would end the server under test; the actions are covered

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rel_harness import ServerProcess, free_port
+from rel_harness import start_server
+from support import ServeProcess, free_port, wait_for
 
 from swarm.server.store import EpisodeStore
 
@@ -27,7 +28,7 @@ MESSAGES = [{"role": "user", "content": "say a"}]
 FILE_LIMIT = 1_400_000
 
 
-def _train_one(server: ServerProcess, task: str, reward: float) -> None:
+def _train_one(server: ServeProcess, task: str, reward: float) -> None:
     """Finish one single-member group and wait until the step it makes has committed."""
     step = server.status()["step"]
     with server.http() as http:
@@ -35,17 +36,10 @@ def _train_one(server: ServerProcess, task: str, reward: float) -> None:
     with server.http(episode["api_key"]) as http:
         http.post("/v1/chat/completions", json={"messages": MESSAGES}).raise_for_status()
         http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": reward}).raise_for_status()
-    _wait(lambda: server.status()["step"] == step + 1, f"step {step + 1}", server)
+    wait_for(lambda: server.status()["step"] == step + 1, 120, what=f"step {step + 1}", log=server.log_path)
 
 
-def _wait(condition: Any, what: str, server: ServerProcess, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s:\n{server.log_path.read_text()[-3000:]}"
-        time.sleep(0.05)
-
-
-def _events(server: ServerProcess) -> list[dict[str, Any]]:
+def _events(server: ServeProcess) -> list[dict[str, Any]]:
     """Every event the server holds (its history replays, then the stream ends)."""
     with server.http() as http:
         response = http.get("/api/v1/events", params={"last_event_id": 0, "timeout_s": 0.5})
@@ -53,20 +47,21 @@ def _events(server: ServerProcess) -> list[dict[str, Any]]:
 
 
 def test_failing_checkpoints_never_stop_training_and_a_corrupt_one_is_skipped(rel_model: Path, tmp_path: Path,
-                                                                               servers: list[ServerProcess]) -> None:
+                                                                               servers: list[ServeProcess]) -> None:
     assert (rel_model / "model.safetensors").stat().st_size > FILE_LIMIT
     state = tmp_path / "state"
     checkpoints = state / "checkpoints"
-    server = ServerProcess.start(rel_model, state, port=free_port(), config=CONFIG)
+    server = start_server(rel_model, state, port=free_port(), config=CONFIG)
     servers.append(server)
     for n in (1, 2):
         _train_one(server, f"ok{n}", float(n % 2))
-    _wait(lambda: (checkpoints / "step-2" / "meta.json").is_file(), "checkpoint step-2", server)
+    wait_for(lambda: (checkpoints / "step-2" / "meta.json").is_file(), 120, what="checkpoint step-2",
+             log=server.log_path)
 
     # The disk starts refusing big files (ulimit -f on the live process; CPython ignores SIGXFSZ, so
     # writes fail with EFBIG): each periodic checkpoint fails, every step still trains and commits.
     assert (state / "buffer.db-wal").stat().st_size < FILE_LIMIT / 3
-    resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, resource.RLIM_INFINITY))
+    resource.prlimit(server.process.pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, resource.RLIM_INFINITY))
     for n in (3, 4, 5):
         _train_one(server, f"full{n}", float(n % 2))
     status = server.status()
@@ -84,7 +79,7 @@ def test_failing_checkpoints_never_stop_training_and_a_corrupt_one_is_skipped(re
         answer = http.post("/api/v1/control/stop").raise_for_status().json()
     assert answer["state"] == "stopping" and answer["detail"]["shutting_down"] is True
     assert answer["detail"]["checkpoint_error"] and "path" not in answer["detail"]
-    assert server.proc.wait(timeout=15 - (time.monotonic() - asked)) == 2
+    assert server.process.wait(timeout=15 - (time.monotonic() - asked)) == 2
     assert "the server stopped without its final checkpoint" in server.log_path.read_text()
     with EpisodeStore(state / "buffer.db") as store:
         failures = [e.data["step"] for e in store.recent_events() if e.type == "error"]
@@ -97,14 +92,14 @@ def test_failing_checkpoints_never_stop_training_and_a_corrupt_one_is_skipped(re
     weights = checkpoints / "step-2" / "weights" / "model.safetensors"
     half = weights.stat().st_size // 2
     os.truncate(weights, half)
-    server = ServerProcess.start(rel_model, state, port=free_port(), config=CONFIG)
+    server = start_server(rel_model, state, port=free_port(), config=CONFIG)
     servers.append(server)
     events = _events(server)
     quarantined = [e["data"] for e in events if e["type"] == "checkpoint.quarantined"]
     assert [q["step"] for q in quarantined] == [2] and quarantined[0]["path"] == str(checkpoints / ".bad-step-2")
     assert [e["data"]["step"] for e in events if e["type"] == "server.started"][-1] == 1
     assert (checkpoints / ".bad-step-2" / "weights" / "model.safetensors").stat().st_size == half  # kept as it was
-    _wait(lambda: server.status()["step"] == 5, "step 5 after the restart", server)
+    wait_for(lambda: server.status()["step"] == 5, 120, what="step 5 after the restart", log=server.log_path)
     server.kill()
 
 

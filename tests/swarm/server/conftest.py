@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from server_harness import RunningServer, launch
 
-# Helpers shared with the process-level tests (tool_loop) live beside swarm_proc.py.
+# The tool loop shared with the process-level engine tests lives in tests/swarm/client.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 
 

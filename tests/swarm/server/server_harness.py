@@ -1,22 +1,20 @@
 """Running a real swarm server for tests: the real app and tiny model, uvicorn on a loopback port.
 
 ``launch(model_dir, state_dir, **config)`` builds a fresh real ``TorchBackend`` and serves
-``create_app`` from a uvicorn thread on a free port; ``RunningServer.stop`` shuts it down.
+``create_app`` from a uvicorn thread on a free port; ``RunningServer.stop`` shuts it down. Tests that
+need a ``swarm serve`` *process* use ``support.ServeProcess`` instead; waits use ``support.wait_for``.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
+from support import free_port, wait_for
 
 from swarm.server import ServerConfig, ServerSettings, create_app
 from swarm.server.engine import Engine
@@ -40,12 +38,6 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "test-token",
            max_context: int | None = None, trainer: Any = None, mlflow_uri: str | None = None,
            **config: Any) -> RunningServer:
@@ -53,7 +45,7 @@ def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "
     ``mlflow_uri``: the server writes its MLflow run there (``swarm serve --mlflow-uri``)."""
     from swarm.backends import load_backend
 
-    settings = ServerSettings(model=str(model), host="127.0.0.1", port=_free_port(), state_dir=state_dir,
+    settings = ServerSettings(model=str(model), host="127.0.0.1", port=free_port(), state_dir=state_dir,
                               token=token, seed=seed, max_context=max_context, mlflow_uri=mlflow_uri,
                               config=ServerConfig().patched(config) if config else ServerConfig())
     backend = load_backend(settings.model, settings.config, seed=seed)
@@ -62,19 +54,8 @@ def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.02)
+    wait_for(lambda: server.started or not thread.is_alive(), 30, what="the test server to start", interval=0.02)
+    if not server.started:
+        raise RuntimeError("test server did not start: its uvicorn thread ended")
     return RunningServer(url=f"http://127.0.0.1:{settings.port}", token=app.state.token,
                          engine=app.state.ctx.engine, state_dir=state_dir, server=server, thread=thread)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until true; fail the test with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not reached within {timeout} s")
-        time.sleep(interval)

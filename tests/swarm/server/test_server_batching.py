@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from server_harness import wait_for
+from support import wait_for
 
 from swarm.backends import SamplingParams, load_backend
 from swarm.backends.base import Sampled

@@ -21,7 +21,8 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from server_harness import RunningServer, wait_for
+from server_harness import RunningServer
+from support import wait_for
 
 from swarm.backends import SamplingParams
 from swarm.server.device_worker import DeviceWorker, QueueFull

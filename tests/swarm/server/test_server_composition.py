@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from server_harness import wait_for
+from support import wait_for
 
 from swarm.backends.base import TrainSample
 from swarm.backends.torch import TorchBackend

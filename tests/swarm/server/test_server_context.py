@@ -11,7 +11,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from server_harness import RunningServer, launch, wait_for
+from server_harness import RunningServer, launch
+from support import wait_for
 
 # The warm-up and several real training steps take more than a few seconds in all.
 pytestmark = pytest.mark.slow

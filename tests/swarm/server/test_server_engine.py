@@ -3,11 +3,13 @@ category mixing, sync drains, and the training step that the batch triggers."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import pytest
-from server_harness import RunningServer, wait_for
+from server_harness import RunningServer
+from support import wait_for
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 
@@ -40,6 +42,17 @@ def _finish(server: RunningServer, episode: dict, reward: float, metrics: dict[s
 def _status(server: RunningServer) -> dict:
     with server.client() as http:
         return http.get("/api/v1/status").json()
+
+
+def _events(server: RunningServer) -> list[dict]:
+    """Every event so far, oldest first: the replay of ``GET /api/v1/events`` (the stream then ends).
+
+    A negative check reads them instead of sleeping: the server answers this request on the event loop
+    that its step loop runs on, after whatever an earlier request (a finish) woke there, so anything
+    that earlier request set off has already said so here."""
+    with server.client() as http:
+        response = http.get("/api/v1/events", params={"last_event_id": 0, "timeout_s": 0.2})
+    return [json.loads(line[len("data:"):]) for line in response.text.splitlines() if line.startswith("data:")]
 
 
 def _metrics(server: RunningServer, since: int = 0) -> list[dict]:
@@ -193,18 +206,20 @@ def test_sync_mode_drains_before_update(start_server) -> None:
     _chat(server, a)
     _chat(server, b)
     _finish(server, a, 1.0)  # batch ready, but b is still in flight
-    time.sleep(0.2)
-    status = _status(server)
-    assert status["step"] == 0
     with server.client() as http:
         refused = _claim(http, "c")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "retry_later"
     assert refused.json()["error"]["retry_after"] > 0
     _finish(server, b, 0.0)  # drained: the update runs, then claims resume
-    wait_for(lambda: _status(server)["step"] >= 1)
-    wait_for(lambda: _status(server)["state"] == "running")
+    wait_for(lambda: _status(server)["step"] >= 1, what="the step after the drain")
+    wait_for(lambda: _status(server)["state"] == "running", what="claims to resume after the step")
     with server.client() as http:
         assert _claim(http, "c").status_code == 200
+    # No update while b was in flight: in the server's own event order, the first step started after
+    # b's finish (an ordering, where a sleep could only show that no step had *finished* yet).
+    order = [(e["type"], e["data"].get("episode_id")) for e in _events(server)]
+    first_step = [kind for kind, _ in order].index("step.started")
+    assert order.index(("episode.finished", b["episode_id"])) < first_step, order
 
 
 def test_pause_resume_and_checkpoint(start_server) -> None:
@@ -214,11 +229,13 @@ def test_pause_resume_and_checkpoint(start_server) -> None:
     with server.client() as http:
         assert http.post("/api/v1/control/pause").json()["state"] == "paused"
         assert _claim(http, "t2").status_code == 429
-        _finish(server, ep, 1.0)
-        time.sleep(0.2)
-        assert _status(server)["step"] == 0  # no steps while paused
+        _finish(server, ep, 1.0)  # a ready batch: it wakes the step loop, which must not step while paused
+        # Read after the finish's wake-up had its turn (see _events): no step started, the batch still waits.
+        assert "step.started" not in [e["type"] for e in _events(server)]  # no steps while paused
+        status = _status(server)
+        assert status["step"] == 0 and status["groups_pending"] == 1 and status["state"] == "paused"
         assert http.post("/api/v1/control/resume").json()["state"] == "running"
-        wait_for(lambda: _status(server)["step"] == 1)
+        wait_for(lambda: _status(server)["step"] == 1, what="the held-back step after resume")
         result = http.post("/api/v1/control/checkpoint").json()
     assert result["detail"]["path"].endswith("step-1")
     assert (server.state_dir / "checkpoints" / "step-1").is_dir()

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from pydantic import ValidationError
-from server_harness import RunningServer, wait_for
+from server_harness import RunningServer
+from support import wait_for
 
 from swarm.client import EpisodeHandle, SwarmClient
 from swarm.protocol import ClaimRequest

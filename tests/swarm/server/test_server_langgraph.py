@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from server_harness import RunningServer, launch, wait_for
+from server_harness import RunningServer, launch
+from support import wait_for
 
 pytestmark = pytest.mark.slow
 

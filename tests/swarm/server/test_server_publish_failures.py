@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from server_harness import RunningServer, wait_for
+from server_harness import RunningServer
+from support import wait_for
 
 from swarm.backends.torch import TorchBackend
 from swarm.server import ServerConfig, ServerSettings, create_app

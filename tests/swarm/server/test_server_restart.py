@@ -5,7 +5,8 @@ no trained episode."""
 
 from __future__ import annotations
 
-from server_harness import RunningServer, wait_for
+from server_harness import RunningServer
+from support import wait_for
 
 from swarm.server.store import EpisodeStore
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import uvicorn
+from support import wait_for
 from fastapi import FastAPI
 
 from swarm.protocol import Event
@@ -35,11 +36,9 @@ def _serve(bus: EventBus, port: int, ping_s: float) -> Iterator[Served]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
+    wait_for(lambda: server.started or not thread.is_alive(), 10, what="uvicorn to start", interval=0.01)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start: its thread ended")
     try:
         yield Served(bus, f"http://127.0.0.1:{port}/api/v1/events", keys)
     finally:
@@ -78,18 +77,11 @@ def _sse(response: httpx.Response, comments: list[str] | None = None) -> Iterato
             fields[name] = value[1:] if value.startswith(" ") else value
 
 
-def _wait_subscribed(bus: EventBus, n: int = 1) -> None:
-    deadline = time.monotonic() + 5
-    while bus.subscribers < n:
-        assert time.monotonic() < deadline, "the stream never subscribed"
-        time.sleep(0.005)
-
-
 def test_live_stream_in_order_with_sse_fields(served: Served) -> None:
     with httpx.Client(timeout=10) as client, client.stream("GET", served.url, headers=_auth()) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        _wait_subscribed(served.bus)
+        wait_for(lambda: served.bus.subscribers >= 1, 5, what="the stream to subscribe", interval=0.005)
         publisher = threading.Thread(target=lambda: [served.bus.publish("step.finished", step=i) for i in range(30)])
         publisher.start()
         got = []
@@ -137,7 +129,7 @@ def test_overflowing_reader_is_told_to_reconnect_and_loses_nothing(served_small_
     total = 400
     with httpx.Client(timeout=20) as client:
         with client.stream("GET", served_small_queue.url, headers=_auth()) as response:
-            _wait_subscribed(bus)
+            wait_for(lambda: bus.subscribers >= 1, 5, what="the stream to subscribe", interval=0.005)
             for i in range(total):
                 bus.publish("big", i=i, blob=blob)  # never blocks, however slow the reader
             first = list(_sse(response))  # the server ends this stream after the notice
