@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,20 +29,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(REPO / ".venv" / "bin" / "ray") if (REPO / ".venv" / "bin" / "ray").exists() else shutil.which("ray") or "ray"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _node_ports() -> list[str]:
-    return ["--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
             "--min-worker-port", "0", "--max-worker-port", "0"]
 
 
@@ -63,7 +58,7 @@ class Cluster:
         if head:
             argv += ["--head", "--port", self.gcs.rsplit(":", 1)[1], "--dashboard-host", "127.0.0.1",
                      "--dashboard-port", self.dashboard.rsplit(":", 1)[1], "--include-dashboard", "true",
-                     "--ray-client-server-port", str(_free_port())]
+                     "--ray-client-server-port", str(free_port())]
         else:
             argv += ["--address", self.gcs]
         log = open(self.root / f"{name}.log", "wb")
@@ -157,7 +152,7 @@ def two_node_cluster(env: dict[str, str], also: list[Path] | None = None) -> Ite
     # RESEARCHER_BIND_HOST: the runs' servers listen on loopback (inside a job Ray reports this machine's
     # eth0 address as the node's IP, whatever --node-ip-address says).
     env = {**env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RESEARCHER_BIND_HOST": "127.0.0.1"}
-    cluster = Cluster(root, f"127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}", env, also=also or [])
+    cluster = Cluster(root, f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}", env, also=also or [])
     try:
         cluster.start_node("a", {"node_a": 1}, head=True)
         cluster.wait_nodes(1)
