@@ -197,8 +197,10 @@ def _check_mlflow_rest(cli, tmp_path: Path, records: list[runs.RunRecord]) -> No
         assert len(parents) == 1
         listed = httpx.get(f"{api}/artifacts/list", params={"run_id": parents[0]["info"]["run_id"],
                                                             "path": "review"}).json()
-        names = {f["path"] for f in listed["files"]}
-        assert {"review/review.md", "review/review.csv", "review/figures/review.png"} <= names
+        figures = httpx.get(f"{api}/artifacts/list", params={"run_id": parents[0]["info"]["run_id"],
+                                                             "path": "review/figures"}).json()
+        names = {f["path"] for f in listed["files"] + figures.get("files", [])}
+        assert {"review/review.md", "review/review.csv", "review/figures/review.png"} <= names  # where review.md points
         children = {t.get("researcher.run_key"): (r, t) for r, t in zip(found, tags, strict=True)
                     if t.get("researcher.kind") == "training-run"}
         for record in records:
