@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from researcher import catalog, datatask, events, flags, terminal, overview, resources, run_table, scheduler, studystore
