@@ -148,16 +148,14 @@ def _review_in_mlflow_ui(page: str, experiment_id: str, records: list[runs.RunRe
 
     root = page.split("/#/")[0]
     api = f"{root}/api/2.0/mlflow"
-    deadline = time.monotonic() + 90
     with httpx.Client(timeout=10.0) as http:
-        while True:  # the UI server takes a while to start on a busy machine
+        def healthy() -> bool:
             try:
-                if http.get(f"{root}/health").status_code == 200:
-                    break
+                return http.get(f"{root}/health").status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the MLflow UI did not answer within 90 s"
-            time.sleep(0.5)
+                return False
+
+        wait_for(healthy, 90, what="the MLflow UI", interval=0.5)  # slow to start on a busy machine
         answer = report.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
         experiment = http.get(f"{api}/experiments/get", params={"experiment_id": experiment_id}).json()["experiment"]
         description = {t["key"]: t["value"] for t in experiment["tags"]}["mlflow.note.content"]
