@@ -185,19 +185,30 @@ class Launcher:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(record.devices)
         return env
 
-    def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
-        """Start the run's `swarm serve`, training no step past the run's target (``--max-steps``: the
-        steps in MLflow, run.json and the report are the same number). With a real MLflow run id the server is its run's one metrics
-        writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
-        MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
+    def serve_argv(self, run_dir: Path, config: Path, record: RunRecord) -> list[str]:
+        """The run's `swarm serve` command wherever it is placed (the placement adds where it listens):
+        no step past the run's target (``--max-steps``: the steps in MLflow, run.json and the report
+        are one number)."""
         state_dir = runs.private_dir(run_dir / STATE_DIR)
         # The user's `researcher start --model` beats the config's `model`; without it the config decides.
         model = ["--model", self.model] if self.model is not None else []
-        argv = self.swarm_command + ["serve", *model, "--host", "127.0.0.1", "--port", str(record.port),
-                                     "--state-dir", str(state_dir), "--config", str(config),
+        argv = self.swarm_command + ["serve", *model, "--state-dir", str(state_dir), "--config", str(config),
                                      "--seed", str(record.seed), "--threads", str(self.threads)]
-        if record.target_step:  # the server trains no step past the one the run is recorded to end at
+        if record.target_step:
             argv += ["--max-steps", str(record.target_step)]
+        return argv
+
+    def client_argv(self, record: RunRecord) -> list[str]:
+        """The run's `swarm run` command wherever it is placed."""
+        return self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
+                                     "--group-size", str(record.group_size), "--seed", str(record.seed),
+                                     "--concurrency", str(record.concurrency), "--retry-for", "30"]
+
+    def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
+        """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics
+        writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
+        MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
+        argv = self.serve_argv(run_dir, config, record) + ["--host", "127.0.0.1", "--port", str(record.port)]
         env = self._placed_env(record)
         run_id = record.mlflow_run_id
         record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))
@@ -278,9 +289,7 @@ class Launcher:
         """Start the run's study client boxed: clean environment with the client token, resource
         limits, its own process group (what a previous client left in its group is stopped first)."""
         procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
-        argv = self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
-                                     "--group-size", str(record.group_size), "--seed", str(record.seed),
-                                     "--concurrency", str(record.concurrency), "--retry-for", "30"]
+        argv = self.client_argv(record)
         env = sandbox.study_env(run_dir, client_token=self.client_token(record), threads=self.threads)
         limits = sandbox.Limits.for_episodes(record.episodes)
         record.client_log_offset = log_size(run_dir / CLIENT_LOG)

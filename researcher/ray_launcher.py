@@ -135,17 +135,12 @@ class RayLauncher(Launcher):
             log.warning("job %s exists already (a crash after submitting): adopting it", sid)
 
     def _submit_server(self, run_dir: Path, config: Path, record: RunRecord) -> None:
-        state_dir = runs.private_dir(run_dir / STATE_DIR)
-        model = ["--model", self.model] if self.model is not None else []
-        argv = self.swarm_command + ["serve", *model, "--state-dir", str(state_dir), "--config", str(config),
-                                     "--seed", str(record.seed), "--threads", str(self.threads)]
+        argv = self.serve_argv(run_dir, config, record)
         run_id = record.mlflow_run_id
         record.server_logs_mlflow = bool(self.mlflow_uri and "@" not in self.mlflow_uri and run_id
                                          and not run_id.startswith("local-"))
         if record.server_logs_mlflow:
             argv += ["--mlflow-run-id", str(run_id)]
-        if record.target_step:  # the server trains no step past the one the run is recorded to end at
-            argv += ["--max-steps", str(record.target_step)]
         sid = self._sid(record, "server", record.launches + record.resumes)
         if sid not in record.jobs:  # else: recorded before a crash, perhaps submitted: adopt, keep its address
             (run_dir / ADDRESS_FILE).unlink(missing_ok=True)
@@ -257,9 +252,7 @@ class RayLauncher(Launcher):
     def start_client(self, run_dir: Path, record: RunRecord) -> RunRecord:
         self.stop_client(record)
         self._resolve(record)
-        argv = self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
-                                     "--group-size", str(record.group_size), "--seed", str(record.seed),
-                                     "--concurrency", str(record.concurrency), "--retry-for", "30"]
+        argv = self.client_argv(record)
         sid = self._sid(record, "client", record.client_starts)
         if sid not in record.jobs:
             record.jobs.append(sid)
