@@ -34,8 +34,9 @@ def sync_jobs(scheduler: Any, studies_root: Path, artifacts_root: Path) -> dict[
     for study_id, spec in specs.items():
         existing = scheduler.get_job(sched.job_id(study_id), jobstore="default")
         if existing is None or existing.name != spec.key:
-            sched.add_job(scheduler, study_id, spec, studies_root, artifacts_root, replace=True)
-            added.append(study_id)
+            # None: a one-shot whose time has passed (firing now, its file not yet spent): not added.
+            if sched.add_job(scheduler, study_id, spec, studies_root, artifacts_root, replace=True) is not None:
+                added.append(study_id)
     for job in scheduler.get_jobs(jobstore="default"):
         if job.id.startswith("resume:") and job.id.split(":", 1)[1] not in specs:
             scheduler.remove_job(job.id, jobstore="default")
