@@ -49,6 +49,8 @@ class Figures:
     clients: int                 # clients holding episodes now
     concurrency: float           # episodes each client has in flight now
     steps: int                   # steps averaged
+    tokens_per_episode: float = 0.0  # generated tokens one episode costs (context/generated_tokens / train/episodes)
+    disseminate_s: float = 0.0   # of broadcast_s: the pool workers' share (perf/disseminate_s)
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,12 @@ def measure(metrics: Sequence[StepMetrics], *, clients: int, in_flight: int, win
     if eps_per_client <= 0:
         raise NotEnoughData("no client finished episodes in the last steps; start clients first")
     n = max(clients, 1)
+    episodes = mean("train/episodes")
     return Figures(learner_busy=mean("perf/learner_busy"), train_s=max(mean("perf/step_s") - broadcast, 1e-6),
-                   broadcast_s=broadcast, episodes_per_step=mean("train/episodes"), eps_per_client=eps_per_client,
-                   clients=n, concurrency=max(in_flight / n, 1.0), steps=len(recent))
+                   broadcast_s=broadcast, episodes_per_step=episodes, eps_per_client=eps_per_client,
+                   clients=n, concurrency=max(in_flight / n, 1.0), steps=len(recent),
+                   tokens_per_episode=mean("context/generated_tokens", 0.0) / max(episodes, 1e-9),
+                   disseminate_s=mean("perf/disseminate_s", 0.0))
 
 
 def required_eps(figures: Figures, *, mode: str, staleness: int, target_busy: float) -> float | None:
@@ -161,4 +166,88 @@ def describe(advice: Advice) -> list[str]:
         lines.append(f"that many episodes in flight need max_staleness ≥ {advice.staleness_needed} "
                      f"(at {advice.staleness} the oldest are dropped as stale): `swarm config "
                      f"max_staleness={advice.staleness_needed}`")
+    return lines
+
+
+# --------------------------------------------------------------------------- the generator pool
+
+
+@dataclass(frozen=True)
+class WorkerFigure:
+    """One pool member as ``/api/v1/status`` lists it under ``workers``."""
+
+    id: str
+    engine: str
+    state: str
+    tokens_per_s: float  # what it generated per second of serving, recently (0: not measured yet)
+
+
+@dataclass(frozen=True)
+class PoolAdvice:
+    """ECHO-2's rule carried to the generator pool: the episodes/s the learner needs, in tokens/s."""
+
+    required_tokens_per_s: float | None  # None: no rate reaches the target (see ``Advice.reason``)
+    pool_tokens_per_s: float             # the ready workers' measured rates together
+    keep: list[str]                      # the fastest ready workers that cover the requirement
+    deactivate: list[str]                # ready workers beyond it: cost without throughput the learner uses
+    unmeasured: list[str]                # ready workers with no rate yet (neither kept nor dropped)
+    add: int                             # more workers of ``add_engine`` the requirement needs
+    add_engine: str | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def advise_pool(advice: Advice, workers: Sequence[WorkerFigure]) -> PoolAdvice:
+    """Which workers keep the learner at its target: the generator must produce the advised episodes/s
+    times the tokens one episode costs (the dissemination time is already in the broadcast term).
+
+    The rate of a worker (μ_i) is what it produced per second while serving, which assumes it keeps
+    that rate with more requests in flight; it is an upper bound on a saturated worker's share and an
+    underestimate on an idle one, so the advice keeps the fastest workers first and names the rest."""
+    ready = sorted((w for w in workers if w.state == "ready"), key=lambda w: -w.tokens_per_s)
+    measured = [w for w in ready if w.tokens_per_s > 0]
+    unmeasured = [w.id for w in ready if w.tokens_per_s <= 0]
+    pool = sum(w.tokens_per_s for w in measured)
+    per_episode = advice.figures.tokens_per_episode
+    if advice.required_eps is None or per_episode <= 0:
+        why = advice.reason if advice.required_eps is None else "no generated-token figures yet (context/generated_tokens)"
+        return PoolAdvice(None, pool, [w.id for w in measured], [], unmeasured, 0, None, why)
+    needed = advice.required_eps * per_episode * (1.0 if advice.enough else HEADROOM)
+    keep, covered = [], 0.0
+    for worker in measured:
+        if covered >= needed:
+            break
+        keep.append(worker.id)
+        covered += worker.tokens_per_s
+    add, engine = 0, None
+    if covered < needed:
+        rates: dict[str, list[float]] = {}
+        for worker in measured:
+            rates.setdefault(worker.engine, []).append(worker.tokens_per_s)
+        if rates:
+            engine, best = max(((e, sum(r) / len(r)) for e, r in rates.items()), key=lambda item: item[1])
+            add = math.ceil((needed - covered) / best)
+    reason = (f"the learner needs {needed:.0f} generated tokens/s ({advice.required_eps:.2f} episodes/s × "
+              f"{per_episode:.0f} tokens); the ready workers measure {pool:.0f} tokens/s")
+    return PoolAdvice(needed, pool, keep, [w.id for w in measured if w.id not in keep], unmeasured, add, engine, reason)
+
+
+def describe_pool(pool: PoolAdvice, disseminate_s: float) -> list[str]:
+    """The pool advice as lines for people."""
+    lines = [pool.reason]
+    if disseminate_s > 0:
+        lines.append(f"dissemination to the workers takes {disseminate_s:.2f} s a step (in the broadcast term)")
+    if pool.required_tokens_per_s is None:
+        return lines
+    if pool.add:
+        lines.append(f"workers: add {pool.add} `swarm worker --engine {pool.add_engine}` (the fastest kind here)")
+    if pool.deactivate:
+        lines.append(f"workers: {', '.join(pool.deactivate)} add cost but no throughput the learner needs; "
+                     "stop them (SIGTERM leaves cleanly)")
+    if pool.unmeasured:
+        lines.append(f"workers not measured yet: {', '.join(pool.unmeasured)}")
+    if not pool.add and not pool.deactivate:
+        lines.append(f"workers: the {len(pool.keep)} ready worker(s) cover it")
     return lines

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from swarm.plan import HEADROOM, Figures, NotEnoughData, advise, measure, required_eps
+from swarm.plan import (HEADROOM, Figures, NotEnoughData, WorkerFigure, advise, advise_pool, describe_pool, measure,
+                        required_eps)
 from swarm.protocol import StepMetrics
 
 
@@ -46,3 +47,37 @@ def test_bad_targets_and_too_few_steps_are_clear_errors() -> None:
     one = [StepMetrics(step=1, policy_version=1, time=0.0, metrics={"perf/step_s": 0.1})]
     with pytest.raises(NotEnoughData, match="at least 2"):
         measure(one, clients=1, in_flight=1)
+
+
+def _workers(*rates: tuple[str, str, float]) -> list[WorkerFigure]:
+    return [WorkerFigure(id=wid, engine=engine, state="ready", tokens_per_s=rate) for wid, engine, rate in rates]
+
+
+def test_pool_advice_keeps_the_fastest_workers_and_names_the_idle_cost() -> None:
+    # needed = required_eps · tokens/episode · HEADROOM, all in tokens/s
+    advice = advise(_figures(tokens_per_episode=50.0), mode="async", staleness=1, target_busy=0.9)
+    assert advice.required_eps is not None
+    needed = advice.required_eps * 50.0 * HEADROOM
+    fast, slow = needed * 0.7, needed * 0.1
+    workers = _workers(("a", "vllm", fast), ("b", "torch", slow), ("c", "vllm", fast), ("d", "torch", slow))
+    workers.append(WorkerFigure(id="e", engine="torch", state="syncing", tokens_per_s=fast))  # not ready: no say
+    pool = advise_pool(advice, workers)
+    assert pool.required_tokens_per_s == pytest.approx(needed)
+    assert pool.keep == ["a", "c"] and sorted(pool.deactivate) == ["b", "d"] and pool.add == 0
+    assert pool.pool_tokens_per_s == pytest.approx(2 * fast + 2 * slow)
+
+
+def test_pool_advice_adds_workers_of_the_fastest_kind_when_the_pool_falls_short() -> None:
+    advice = advise(_figures(tokens_per_episode=50.0), mode="async", staleness=1, target_busy=0.9)
+    needed = advice.required_eps * 50.0 * HEADROOM  # type: ignore[operator]
+    pool = advise_pool(advice, _workers(("a", "torch", needed * 0.1), ("b", "vllm", needed * 0.3),
+                                        ("u", "torch", 0.0)))
+    assert pool.keep == ["b", "a"] and pool.deactivate == [] and pool.unmeasured == ["u"]
+    assert pool.add_engine == "vllm" and pool.add == math.ceil(0.6 / 0.3 - 1e-9)
+    assert any("add 2" in line for line in describe_pool(pool, disseminate_s=0.2))
+
+
+def test_pool_advice_without_token_figures_says_so() -> None:
+    advice = advise(_figures(), mode="async", staleness=1, target_busy=0.9)  # tokens_per_episode unknown
+    pool = advise_pool(advice, _workers(("a", "torch", 10.0)))
+    assert pool.required_tokens_per_s is None and "generated-token" in pool.reason
