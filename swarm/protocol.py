@@ -338,6 +338,26 @@ class LastError(BaseModel):
     at: float
 
 
+WorkerState = Literal["syncing", "ready", "draining", "dropped"]
+
+
+class WorkerStatus(BaseModel):
+    """One member of the server's generator pool in ``GET /api/v1/status`` (``id`` "local": the
+    server's own generator). ``state``: ``syncing`` (joined, does not hold a version it may serve
+    yet), ``ready`` (gets traffic), ``draining`` (leaving, or its log-probs disagree with the
+    trainer's), ``dropped`` (missed its lease or stopped answering)."""
+
+    id: str
+    engine: str
+    version: int | None = None
+    state: WorkerState
+    tokens_per_s: float = 0.0
+    address: str | None = None
+    in_flight: int = 0
+    capacity: int = 0
+    logprob_diff_max: float | None = None
+
+
 class Status(BaseModel):
     """``GET /api/v1/status``."""
 
@@ -353,6 +373,7 @@ class Status(BaseModel):
     uptime_s: float = 0.0
     generator: dict[str, Any] = Field(default_factory=dict, description="the generator's engine and health")
     last_error: LastError | None = Field(None, description="the newest error training survived, if any")
+    workers: list[WorkerStatus] = Field(default_factory=list, description="the generator pool's members")
 
 
 class StepMetrics(BaseModel):

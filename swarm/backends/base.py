@@ -97,6 +97,7 @@ class Sampled:
 
     generations: list[Generation]
     policy_version: int
+    source: str | None = None  # the pool member that produced them (per-worker accounting); None: not pooled
 
 
 @dataclass
@@ -254,8 +255,10 @@ class Generator(Protocol):
         ...
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                       sink: TokenSink | None = None) -> Sampled:
+                       sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
         """One row per prompt; ``sink`` receives each token as it is sampled (streaming).
+        ``affinity`` is a routing hint: calls with the same affinity (an episode's id) prefer the same
+        engine, so the prefix they share stays warm in its cache; a single engine ignores it.
         ``ValueError`` for prompts or params it cannot serve (the caller's mistake)."""
         ...
 

@@ -31,6 +31,7 @@ from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
+from swarm.pool.pool import GeneratorPool
 from swarm.server.generation import LocalGenerator
 from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router
@@ -70,17 +71,21 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
     if generator is None:
         generator = LocalGenerator(backend, worker)
+    pool = GeneratorPool(generator, text=generator.text, model_name=generator.model_name,
+                         max_context=generator.max_context, eos_token_id=generator.eos_token_id,
+                         bound=lambda: engine.config, local_engine=settings.engine,
+                         local_capacity=config.max_batch_rows, include_local=settings.local_generator)
     # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
-    engine = Engine(config=config, generator=generator, trainer=trainer, worker=worker, keys=keys,
+    engine = Engine(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
                     state_dir=state_dir, store=store, checkpoints=checkpoints,
                     max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None)
     engine.restore(restored)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
-    generator.on_status = lambda _: engine.emit("generator.status", **generator.describe())  # a vLLM child's health
+    pool.on_status = lambda _: engine.emit("generator.status", **pool.describe())  # a vLLM child's health
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
                    tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,

@@ -171,7 +171,7 @@ class Completions:
                         parsing: Parsing, sink: TokenSink | None) -> Answer:
         prompt = rendered.prompt
         try:
-            sampled = await self.generator.generate([prompt] * len(params), params, sink)
+            sampled = await self.generator.generate([prompt] * len(params), params, sink, affinity=episode_id)
         except ValueError as exc:  # params or prompt the generator cannot serve: the caller's input
             raise BadRequest(str(exc)) from None
         except GeneratorUnavailable as exc:

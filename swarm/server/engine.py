@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.base import Generator, Trainer
+from swarm.backends.base import Trainer
+from swarm.pool.pool import GeneratorPool
 from swarm.protocol import (
     ClaimRequest,
     ConfigView,
@@ -60,7 +61,7 @@ Listener = Callable[[str, dict[str, Any]], None]
 
 
 class Engine:
-    def __init__(self, *, config: ServerConfig, generator: Generator, trainer: Trainer, worker: DeviceWorker,
+    def __init__(self, *, config: ServerConfig, generator: GeneratorPool, trainer: Trainer, worker: DeviceWorker,
                  keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
                  max_context: int, run_blocking: RunBlocking[Any] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -307,6 +308,7 @@ class Engine:
                 "cancelled_rows": float(stats.cancelled),
             },
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
+            workers=self.generator.workers(),
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

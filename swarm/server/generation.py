@@ -42,8 +42,8 @@ class LocalGenerator(Generator):
         return {"engine": "torch", "alive": True, "policy_version": self.policy_version}
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                       sink: TokenSink | None = None) -> Sampled:
-        return await self.worker.submit(prompts, params, sink)
+                       sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
+        return await self.worker.submit(prompts, params, sink)  # one engine: ``affinity`` changes nothing
 
     async def load_weights(self, version: int, weights: Weights) -> None:
         await self.worker.call(lambda: self.backend.load_weights(version, weights))

@@ -77,6 +77,15 @@ class ServerConfig(TrainConfig):
     # Weight publication: one that takes longer is an error event and the generator restarts on the weights.
     publish_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a weight publication to "
                                      "the generator may take before it counts as failed")
+    # The generator pool (``swarm worker`` processes joining the server's own generator).
+    full_sync_every: int = Field(10, ge=1, le=100_000, description="pool: every this many publications the "
+                                 "workers get a full snapshot instead of a delta over the previous version")
+    worker_lease_s: float = Field(15.0, gt=0, le=3600, description="pool: a worker that sends no heartbeat "
+                                  "for this long is dropped (its calls are re-run elsewhere)")
+    disseminate_timeout_s: float = Field(120.0, gt=0, le=3600, description="pool: how long a publication waits "
+                                         "for the relay chain; workers it did not reach catch up by heartbeat")
+    max_worker_logprob_diff: float | None = Field(None, gt=0, description="pool: drain a worker whose sampled "
+                                                  "log-probs differ from the trainer's by more than this; unset: off")
 
     @classmethod
     def training_fields(cls) -> dict[str, Any]:
@@ -167,6 +176,9 @@ class ServerSettings(BaseModel):
     state_dir: Path = Path("artifacts/swarm")
     token: str | None = None
     client_token: str | None = None  # claims/episodes only (swarm.server.auth)
+    worker_token: str | None = None  # pool workers only (swarm.server.auth)
+    local_generator: bool = Field(True, description="the server's own generator serves chat calls (else only "
+                                  "pool workers do)")
     seed: int = 0
     mlflow_uri: str | None = None
     mlflow_run_id: str | None = None

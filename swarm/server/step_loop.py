@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swarm.backends.base import Generator, Trainer, TrainSample
+from swarm.backends.base import Trainer, TrainSample
+from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
@@ -94,7 +95,7 @@ class StepLoop:
     step, for the engine's counts). ``eval_live`` counts the live held-out episodes a step waits for;
     ``eval_due(step)`` says a held-out round of ``step`` is due and not claimed yet (aligned rounds)."""
 
-    def __init__(self, view: ServerView, *, trainer: Trainer, generator: Generator, run_blocking: RunBlocking[Any],
+    def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
                  capacity: CapacityMeter, may_step: Callable[[], bool], eval_live: Callable[[], int],
                  eval_due: Callable[[int], bool], drop: Drop,
@@ -224,6 +225,7 @@ class StepLoop:
             return False
         update["perf/weight_sync_s"] = await self.publish()                                     # publish
         update["perf/generator_lag"] = float(self.trainer.policy_version - self.generator.policy_version)
+        update.update(self.generator.last_publication)  # the pool's: dissemination time and bytes, members
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True
 

@@ -219,7 +219,8 @@ class VllmGenerator(WeightPublishing, Generator):
             await self._client.aclose()
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                       sink: TokenSink | None = None) -> Sampled:
+                       sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
+        """``affinity`` changes nothing: vLLM's own prefix cache serves every call of this engine."""
         validate_requests(prompts, params, max_context=self.max_context, vocab_size=self.chat.vocab_size)
         await self._admit()
         version = self._version

@@ -27,7 +27,7 @@ def _chat(server, api_key: str) -> dict:
 def test_published_version_reaches_the_generator_before_completions_carry_it(start_server, tiny_model: Path) -> None:
     trainer = TorchBackend.from_model(str(tiny_model), seed=0)
     server = start_server(trainer=trainer, group_size=1, min_group_size=1, batch_groups=1, lr=0.05)
-    generator = server.engine.generator
+    generator = server.engine.generator.local
     assert generator.backend is not trainer  # two models: publication is a real copy
     events: list[tuple[str, dict]] = []
     server.engine.add_listener(lambda type_, data: events.append((type_, dict(data))))

@@ -51,7 +51,7 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
     # What the server recorded decodes to exactly what each client saw.
     engine = server.engine
     trace = engine.lifecycle.get(episode["episode_id"]).trace
-    backend = engine.generator
+    backend = engine.generator.local
     seen = [plain.choices[0]] + list(many.choices) + [stopped.choices[0]]
     recorded = []
     for timeline in trace.timelines:
@@ -116,7 +116,7 @@ def test_tools_reach_the_chat_template(server) -> None:
     with server.client() as http:
         bare = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).json()
         tooled = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "tools": tools}).json()
-    backend = server.engine.generator
+    backend = server.engine.generator.local
     assert "calc" in backend.text.decode(tooled["prompt_token_ids"])
     assert "calc" not in backend.text.decode(bare["prompt_token_ids"])
 

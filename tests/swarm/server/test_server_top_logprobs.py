@@ -17,7 +17,7 @@ def server(start_server):
 
 def _distribution(server, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)`` at every completion position, from one plain forward pass."""
-    backend = server.engine.generator.backend
+    backend = server.engine.generator.local.backend
     with torch.no_grad():
         logits = backend.model(input_ids=torch.tensor([prompt + completion])).logits
     logits = logits[0, len(prompt) - 1 : -1, : backend.vocab_size]

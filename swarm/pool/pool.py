@@ -1,0 +1,245 @@
+"""``GeneratorPool``: the server's generator as a pool of members (DESIGN §6 "Inference").
+
+The engine and chat completions talk to this one ``Generator``; behind it are the server's own
+generator (the ``local`` member, unless ``--no-local-generator``) and any ``swarm worker`` processes
+that joined (``swarm.pool.roster``). Routing, per call:
+
+- only members that may serve: active (not draining or dropped) and within the staleness bound
+  (``mode="sync"``: they hold the newest published version; ``async``: at most ``max_staleness``
+  behind it); the local member is always within it (its publication is the step loop's business);
+- sticky per ``affinity`` (an episode's id): its calls stay on one member while it may serve, so the
+  episode's prefix stays warm; otherwise the least loaded (rows in flight / capacity);
+- none can serve: ``GeneratorUnavailable`` (a 503 with Retry-After; no episode is lost).
+
+A remote call that fails (the worker died, its connection broke) drops that worker and re-runs the
+rows on another member from exactly the tokens already produced (``swarm.pool.stitch``).
+Publication (``load_weights``) loads the local member as before and sends the version to the remote
+members (``swarm.pool.publish``); ``last_publication`` holds the figures for the step's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.backends.text import ChatText
+from swarm.pool.members import Bound, LocalMember, Member
+from swarm.pool.remote import WorkerBusy, WorkerLost
+from swarm.pool.stitch import Rows
+from swarm.protocol import WorkerStatus
+
+if TYPE_CHECKING:
+    from swarm.pool.roster import Roster
+
+log = logging.getLogger(__name__)
+
+_STICKY_MAX = 65_536  # affinities remembered (oldest forgotten first)
+_RETRY_AFTER_S = 1.0
+
+
+class GeneratorPool(Generator):
+    """A ``Generator`` over members. ``bound()`` gives the live staleness rule (the server's config)."""
+
+    def __init__(self, local: Generator | None, *, text: ChatText, model_name: str, max_context: int,
+                 eos_token_id: int, bound: Callable[[], Bound], local_engine: str = "torch",
+                 local_capacity: int = 64, include_local: bool = True) -> None:
+        self.local = local
+        self.text = text
+        self.model_name = model_name
+        self.max_context = max_context
+        self.eos_token_id = eos_token_id
+        self.bound = bound
+        self.reports_top_logprobs = local.reports_top_logprobs if local is not None else True
+        self.members: dict[str, Member] = {}
+        if local is not None and include_local:
+            self.members["local"] = LocalMember(local, local_engine, local_capacity)
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._published = local.policy_version if local is not None else 0
+        self.last_publication: dict[str, float] = {}  # the last publication's figures (the step's metrics)
+        self.roster: Roster | None = None  # remote membership and dissemination (set by the Roster)
+        self._mode: Literal["sync", "async"] = "async"
+
+    # ------------------------------------------------------------------ the Generator hooks
+
+    @property
+    def mode(self) -> Literal["sync", "async"]:  # type: ignore[override]
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: Literal["sync", "async"]) -> None:
+        self._mode = value
+        if self.local is not None:
+            self.local.mode = value
+
+    @property
+    def streams_weights(self) -> bool:  # type: ignore[override]
+        return self.local is not None and self.local.streams_weights
+
+    @property
+    def start_timeout(self) -> float:  # type: ignore[override]
+        return self.local.start_timeout if self.local is not None else 0.0
+
+    @property
+    def restarts_on_recover(self) -> bool:  # type: ignore[override]
+        return self.local is not None and self.local.restarts_on_recover
+
+    @property
+    def on_status(self) -> Callable[[Any], None] | None:  # type: ignore[override]
+        return self.local.on_status if self.local is not None else None
+
+    @on_status.setter
+    def on_status(self, value: Callable[[Any], None] | None) -> None:
+        if self.local is not None:
+            self.local.on_status = value
+
+    @property
+    def policy_version(self) -> int:
+        """The newest version published to the pool (the local member's, when there is one)."""
+        if self.local is not None:
+            return self.local.policy_version
+        return self._published
+
+    @property
+    def published_version(self) -> int:
+        """The newest version handed to the pool (what sync mode requires of a member)."""
+        return self._published
+
+    @property
+    def available(self) -> bool:
+        return any(m.eligible(self._published, self.bound()) for m in self.members.values())
+
+    def describe(self) -> dict[str, Any]:
+        """The local generator's description (the engine and its health), plus the pool's size."""
+        base = self.local.describe() if self.local is not None else {"engine": "pool", "alive": True,
+                                                                      "policy_version": self._published}
+        ready = sum(1 for w in self.workers() if w.state == "ready")
+        return {**base, "pool_members": len(self.members), "pool_ready": ready}
+
+    def workers(self) -> list[WorkerStatus]:
+        """Every member for ``/api/v1/status`` (the local one first)."""
+        bound, newest = self.bound(), self._published
+        return [m.status(newest, bound) for m in self.members.values()]
+
+    async def start(self) -> None:
+        if self.local is not None:
+            await self.local.start()
+
+    async def close(self) -> None:
+        for member in list(self.members.values()):
+            close = getattr(member.engine, "aclose", None)
+            if member.remote and close is not None:
+                await close()
+        if self.local is not None:
+            await self.local.close()
+
+    # ------------------------------------------------------------------ weights
+
+    async def load_weights(self, version: int, weights: Weights) -> None:
+        """The local member loads them as before; then the remote members get them (``Roster``)."""
+        if self.local is not None:
+            await self.local.load_weights(version, weights)
+        self._published = max(self._published, version)
+        if self.roster is not None:
+            self.last_publication = await self.roster.disseminate(version, weights)
+
+    async def load_streamed(self, version: int) -> None:
+        if self.local is None:
+            raise NotImplementedError("a pool without a local generator does not receive streamed weights")
+        await self.local.load_streamed(version)
+        self._published = max(self._published, version)
+
+    async def recover(self, version: int, weights: Weights) -> None:
+        if self.local is not None:
+            await self.local.recover(version, weights)
+        self._published = max(self._published, version)
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                       sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
+        """Route the call (see the module docstring); a lost remote member's rows are continued on
+        another from the tokens it produced; every member tried and none left: 503."""
+        rows = Rows(prompts, params, eos=self.eos_token_id, decode=self.text.decode)
+        tried: set[str] = set()
+        versions: list[int] = []
+        source: str | None = None
+        while pending := rows.pending():
+            member = self.choose(affinity, exclude=tried, rows=len(pending))
+            rows.mark()
+            cont = [rows.rows[i].rest() for i in pending]
+            member.in_flight += len(pending)
+            try:
+                sampled = await member.engine.generate([c[0] for c in cont], [c[1] for c in cont],
+                                                       rows.sink(pending, sink) if member.remote else
+                                                       _forward(pending, sink), affinity=affinity)
+            except (WorkerLost, WorkerBusy) as exc:
+                tried.add(member.id)
+                if isinstance(exc, WorkerLost):
+                    self.drop(member.id, str(exc))
+                log.warning("pool member %s failed a call (%s); %d row(s) continue on another", member.id, exc,
+                            len(pending))
+                continue
+            finally:
+                member.in_flight -= len(pending)
+            rows.finish(pending, sampled.generations, streamed=member.remote)
+            member.produced(sum(len(g.token_ids) for g in sampled.generations))
+            versions.append(sampled.policy_version)
+            source = member.id
+        version = min(versions) if versions else self.policy_version
+        return Sampled(generations=rows.generations(), policy_version=version, source=source)
+
+    def choose(self, affinity: str | None, *, exclude: Collection[str] = (), rows: int = 1) -> Member:
+        """The member a call goes to: the affinity's member while it may serve, else the least loaded."""
+        bound, newest = self.bound(), self._published
+        candidates = [m for m in self.members.values() if m.id not in exclude and m.eligible(newest, bound)]
+        if not candidates:
+            raise GeneratorUnavailable(self._why_none(newest, bound), retry_after=_RETRY_AFTER_S)
+        if affinity is not None:
+            sticky = self._sticky.get(affinity)
+            chosen = next((m for m in candidates if m.id == sticky), None)
+            if chosen is not None:
+                self._sticky.move_to_end(affinity)
+                return chosen
+        chosen = min(candidates, key=lambda m: (m.load(), m.in_flight, m.id != "local"))
+        if affinity is not None:
+            self._sticky[affinity] = chosen.id
+            self._sticky.move_to_end(affinity)
+            while len(self._sticky) > _STICKY_MAX:
+                self._sticky.popitem(last=False)
+        return chosen
+
+    def _why_none(self, newest: int, bound: Bound) -> str:
+        if not self.members:
+            return "the generator pool has no members (no local generator and no worker has joined)"
+        states = ", ".join(f"{m.id}: {m.state(newest, bound)} at version {m.held_version()}"
+                           for m in self.members.values())
+        return f"no pool member may serve policy version {newest} ({bound.mode} mode) now ({states})"
+
+    # ------------------------------------------------------------------ membership
+
+    def add(self, member: Member) -> None:
+        self.members[member.id] = member
+
+    def drop(self, member_id: str, reason: str) -> None:
+        """Stop routing to a member (it stays listed as ``dropped``)."""
+        member = self.members.get(member_id)
+        if member is None or member.phase == "dropped" or not member.remote:
+            return
+        member.phase = "dropped"
+        log.warning("pool member %s dropped: %s", member_id, reason)
+
+    def remote_members(self) -> list[Member]:
+        return [m for m in self.members.values() if m.remote and m.phase != "dropped"]
+
+
+def _forward(indices: list[int], sink: TokenSink | None) -> TokenSink | None:
+    """A local member's sink: its row i is the caller's row ``indices[i]`` (no copy kept: a local
+    call is never continued elsewhere)."""
+    if sink is None:
+        return None
+    if indices == list(range(len(indices))):
+        return sink
+    return lambda row, token, logprob, top: sink(indices[row], token, logprob, top)
