@@ -116,6 +116,7 @@ class TrainSample:
     advantage: float
     temperature: float = 1.0
     policy_versions: list[int] = field(default_factory=list)
+    source: str = ""  # the generator-pool member that sampled it ("": not known, or several)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -146,6 +147,10 @@ def validate_samples(samples: Sequence[TrainSample], vocab_size: int, max_contex
     if not any(1 in s.loss_mask[1:] for s in samples):
         raise ValueError("samples have no trainable tokens (loss_mask is 0 everywhere after the first token)")
 
+
+# A trainer reports the worst log-prob mismatch of each pool member's samples under this prefix
+# (``<prefix><member id>``), so the server can drain a member that serves the wrong model.
+SOURCE_DIFF_PREFIX = "pool/logprob_diff_max/"
 
 RolloutIS = Literal["off", "token", "sequence"]
 ROLLOUT_IS_HELP = "importance weights against the rollout log-probs: off, per token or per sequence"

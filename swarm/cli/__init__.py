@@ -17,7 +17,8 @@ shows it to every user). A missing URL falls back to ``<state-dir>/server.json``
 ``swarm serve`` writes.
 
 The verbs live by concern: ``serve`` (host and train a model), ``run`` (a study client or data file),
-``observe`` (status, metrics, plan, events), ``steer`` (config and control); ``_common`` holds the
+``observe`` (status, metrics, plan, events), ``steer`` (config and control), ``worker`` (join a
+server's generator pool); ``_common`` holds the
 app, the consoles and the token and URL rules they share.
 """
 
@@ -28,6 +29,7 @@ from swarm.cli import serve  # noqa: F401, I001
 from swarm.cli import run  # noqa: F401
 from swarm.cli import observe  # noqa: F401
 from swarm.cli import steer  # noqa: F401
+from swarm.cli import worker  # noqa: F401
 from swarm.cli._common import app
 
 __all__ = ["app", "main"]

@@ -49,6 +49,7 @@ class ServeFlags:
     tool_call_parser: str | None
     reasoning_parser: str | None
     max_steps: int | None
+    local_generator: bool
     check: bool
 
 
@@ -95,6 +96,9 @@ def serve(
         "qwen3 or deepseek_r1: <think> text goes to message.reasoning_content; config key reasoning_parser"))] = None,
     max_steps: Annotated[int | None, typer.Option(min=0, help=(
         "train no step past this one (episodes are still served); config key max_steps"))] = None,
+    local_generator: Annotated[bool, typer.Option(help=(
+        "the server's own generator serves chat calls beside any `swarm worker` that joins; "
+        "--no-local-generator: only workers do (chat calls get 503 until one is ready)"))] = True,
     check: Annotated[bool, typer.Option("--check", help=(
         "only validate each --config file with these flags as serve would: print '<file>: ok' or "
         "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
@@ -102,7 +106,8 @@ def serve(
     """Host and train one model: OpenAI-compatible chat, episodes, GRPO steps, control API.
 
     The client token (claims only) is ``$SWARM_CLIENT_TOKEN``, else ``<state-dir>/client_token``,
-    else generated there."""
+    else generated there; the worker token (``swarm worker`` processes only) likewise
+    ``$SWARM_WORKER_TOKEN``, else ``<state-dir>/worker_token``."""
     flags = ServeFlags(**locals())  # every option above, by name (nothing else is defined yet)
     files: list[Path | None] = list(flags.config or []) or [None]
     if check:
@@ -132,8 +137,10 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
     if flags.model is not None:
         chosen["model"] = flags.model
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
+    worker_token = os.environ.get("SWARM_WORKER_TOKEN") or None
     return ServerSettings(host=flags.host, port=flags.port, state_dir=flags.state_dir, token=flags.token,
-                          client_token=client_token, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
+                          client_token=client_token, worker_token=worker_token,
+                          local_generator=flags.local_generator, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
                           mlflow_run_id=flags.mlflow_run_id, mlflow_experiment=flags.mlflow_experiment,
                           max_context=flags.max_context, vllm_url=flags.vllm_url, vllm_python=flags.vllm_python,
                           config=server_config, **chosen)

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.backends.base import SOURCE_DIFF_PREFIX, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
 from swarm.backends.text import ChatText
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
@@ -217,6 +217,22 @@ class GeneratorPool(Generator):
         states = ", ".join(f"{m.id}: {m.state(newest, bound)} at version {m.held_version()}"
                            for m in self.members.values())
         return f"no pool member may serve policy version {newest} ({bound.mode} mode) now ({states})"
+
+    def mismatch(self, metrics: dict[str, float], bound: float | None) -> None:
+        """Take a step's per-member log-prob mismatch (``SOURCE_DIFF_PREFIX`` keys, the trainer's
+        recomputation of what each member sampled) and drain a remote member beyond ``bound``: one
+        that serves another model or a stale version is caught by arithmetic, not trust."""
+        for key, value in metrics.items():
+            if not key.startswith(SOURCE_DIFF_PREFIX):
+                continue
+            member = self.members.get(key[len(SOURCE_DIFF_PREFIX):])
+            if member is None:
+                continue
+            member.logprob_diff_max = value
+            if bound is not None and value > bound and member.remote and member.phase == "active":
+                member.phase = "draining"
+                log.warning("pool member %s drained: its log-probs differ from the trainer's by %.3g "
+                            "(max_worker_logprob_diff=%g)", member.id, value, bound)
 
     # ------------------------------------------------------------------ membership
 

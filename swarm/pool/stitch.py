@@ -109,12 +109,24 @@ class Rows:
         if (last == self._eos and not p.ignore_eos) or last in p.stop_token_ids:
             return _whole(row, "stop")
         if p.stop:
-            for k in range(1, len(row.ids) + 1):
-                if any(s in self._decode(row.ids[:k]) for s in p.stop):
-                    return _whole(row, "stop", keep=k - 1)
+            keep = self._before_stop(row.ids, p.stop)
+            if keep is not None:
+                return _whole(row, "stop", keep=keep)
         if len(row.ids) >= p.max_tokens:
             return _whole(row, "length")
         return None
+
+    def _before_stop(self, ids: list[int], stops: Sequence[str]) -> int | None:
+        """How many of ``ids`` come before the token where a stop string begins (None: no stop string)."""
+        start = _stop_start(self._decode(ids), stops)
+        if start is None:
+            return None
+        return max(j for j in range(len(ids) + 1) if len(self._decode(ids[:j])) <= start)
+
+
+def _stop_start(text: str, stops: Sequence[str]) -> int | None:
+    found = [text.find(s) for s in stops if s in text]
+    return min(found) if found else None
 
 
 def _whole(row: Row, reason: str, keep: int | None = None) -> Generation:

@@ -25,18 +25,28 @@ from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Generator, InProcessModel, Trainer
 from swarm.protocol import ChatCompletion
-from swarm.server.auth import KeyRing, load_or_create_secret, require_control, resolve_client_token, resolve_token
+from swarm.server.auth import (
+    KeyRing,
+    load_or_create_secret,
+    require_control,
+    resolve_client_token,
+    resolve_token,
+    resolve_worker_token,
+)
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.pool.pool import GeneratorPool
+from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
+from swarm.pool.roster import Roster
 from swarm.server.generation import LocalGenerator
 from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router
 from swarm.server.http.routes_episodes import router as episodes_router
 from swarm.server.http.routes_openai import router as openai_router
+from swarm.server.http.routes_workers import router as workers_router
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
@@ -60,8 +70,9 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     state_dir = settings.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     token = resolve_token(settings.host, settings.token, state_dir)
-    keys = KeyRing(token, load_or_create_secret(state_dir),
-                   client_token=resolve_client_token(settings.client_token, state_dir, token))
+    client_token = resolve_client_token(settings.client_token, state_dir, token)
+    keys = KeyRing(token, load_or_create_secret(state_dir), client_token=client_token,
+                   worker_token=resolve_worker_token(settings.worker_token, state_dir, token, client_token))
     store = EpisodeStore(state_dir / "buffer.db")
     checkpoints = CheckpointManager(state_dir / "checkpoints")
     restored = restore(store, checkpoints, trainer, settings.config)
@@ -83,6 +94,7 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
                     state_dir=state_dir, store=store, checkpoints=checkpoints,
                     max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None)
     engine.restore(restored)
+    roster = _roster(pool, keys, engine, run_blocking=trainer_thread.call if trainer_thread else worker.call)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
     pool.on_status = lambda _: engine.emit("generator.status", **pool.describe())  # a vLLM child's health
@@ -92,7 +104,7 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
                                      steps=store.step_metrics, checkpoints=checkpoints.all)
                    if settings.mlflow_uri else None)
     ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions, keys=keys,
-                     max_context=max_context)
+                     max_context=max_context, roster=roster)
     return _http_app(parts, ctx, token)
 
 
@@ -121,6 +133,13 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
     app.include_router(control_router, responses=ERROR_RESPONSES)
     app.include_router(events_router(bus, require_control, max_subscribers=lambda: engine.config.max_event_subscribers),
                        responses=ERROR_RESPONSES)
+    app.include_router(workers_router, responses=ERROR_RESPONSES)
+    if ctx.roster is not None:
+        from swarm.pool.relay import relay_router  # torch (shards): only when the app is built
+
+        authorize = ctx.keys.worker
+        app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize))
+        app.include_router(relay_router(ctx.roster.publisher.snapshots, None, authorize), prefix=SNAPSHOT_PREFIX)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -155,6 +174,8 @@ class _Parts:
             await engine.publish()
         tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
                  asyncio.create_task(_sweep(engine.lifecycle), name="swarm-sweeper")]
+        if engine.generator.roster is not None:
+            tasks.append(asyncio.create_task(engine.generator.roster.run_sweeper(), name="swarm-pool-sweeper"))
         if self.tracker is not None:
             self.tracker.watch(tasks[0])
         for bad in self.restored.quarantined:  # checkpoints that did not load (recovery fell back past them)
@@ -185,6 +206,19 @@ class _Parts:
             await asyncio.to_thread(engine.trainer.close)
         engine.stopped()
         engine.store.close()
+
+
+def _roster(pool: GeneratorPool, keys: KeyRing, engine: Engine, run_blocking: Any) -> Roster | None:
+    """The pool's membership and dissemination; None when the trainer streams its weights (NCCL to a
+    local vLLM): there is no state dict to send workers then."""
+    if pool.streams_weights or keys.worker_token is None:
+        return None
+    trainer = engine.trainer
+
+    async def export() -> tuple[int, Any]:  # one trainer-thread call: the version and its copied weights agree
+        return await run_blocking(lambda: (trainer.policy_version, cpu_copy(trainer.export_weights())))
+
+    return Roster(pool, Publisher(keys.worker_token, export=export), lambda: engine.config)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -1,18 +1,21 @@
 """Bearer credentials: the control token, the client token, and per-episode keys signed with a secret.
 
-Three credentials, from most to least powerful:
+Four credentials, from most to least powerful:
 
 - the **control token** opens everything (config, control, SFT, events, metrics, and all below);
 - the **client token** is what study code and ``swarm run`` hold: it claims episodes, heartbeats,
   finishes and aborts them, looks them up, and reads ``GET /api/v1/status`` (a study's ``setup``
   checks the policy version there). Anything else is a 403 that names the control token, so a
   machine running clients cannot PATCH config, run SFT or stop the server;
+- the **worker token** is what ``swarm worker`` processes hold: it opens only the pool's routes (join,
+  heartbeat, leave under ``/api/v1/workers`` and the relay's reads under ``/pool/v1``); the server
+  calls its workers, and workers call each other, with the same token;
 - an **episode key** ``ep.<episode_id>.<hmac>`` opens only the episode whose id it carries (chat
   completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table.
 
 Everything a restart must keep lives in the state dir, readable by the owner only (0600): ``secret``
-(so episode keys stay valid), ``token`` and ``client_token`` (so clients started before a crash carry
-on after it). A token given to the server (``SWARM_TOKEN`` / ``SWARM_CLIENT_TOKEN``) wins over the
+(so episode keys stay valid), ``token``, ``client_token`` and ``worker_token`` (so clients started before a crash carry
+on after it). A token given to the server (``SWARM_TOKEN`` / ``SWARM_CLIENT_TOKEN`` / ``SWARM_WORKER_TOKEN``) wins over the
 file and is not written; tools should hand tokens over by environment or file, never on a command line.
 """
 
@@ -34,11 +37,13 @@ from swarm.server.errors import Forbidden, Unauthorized
 _KEY_PREFIX = "ep."
 TOKEN_FILE = "token"
 CLIENT_TOKEN_FILE = "client_token"
+WORKER_TOKEN_FILE = "worker_token"
 
 
 class Role(str, Enum):
     control = "control"
     client = "client"
+    worker = "worker"
     episode = "episode"
 
 
@@ -120,25 +125,42 @@ def resolve_token(host: str, token: str | None, state_dir: Path) -> str:
 def resolve_client_token(client_token: str | None, state_dir: Path, control_token: str) -> str:
     """The client token: the given one; else the one persisted in ``<state_dir>/client_token``;
     else a fresh random one persisted there (0600) on any host (it opens only episode routes)."""
-    token = client_token or _read_private(state_dir / CLIENT_TOKEN_FILE)
+    return _scoped_token("client", client_token, state_dir / CLIENT_TOKEN_FILE, "SWARM_CLIENT_TOKEN",
+                         [control_token])
+
+
+def resolve_worker_token(worker_token: str | None, state_dir: Path, *others: str) -> str:
+    """The worker token: the given one; else ``<state_dir>/worker_token``; else a fresh random one
+    persisted there (0600). It must differ from the control and client tokens (``others``)."""
+    return _scoped_token("worker", worker_token, state_dir / WORKER_TOKEN_FILE, "SWARM_WORKER_TOKEN", list(others))
+
+
+def _scoped_token(name: str, given: str | None, path: Path, env: str, others: list[str]) -> str:
+    token = given or _read_private(path)
     if token is None:
         token = secrets.token_urlsafe(24)
-        write_private(state_dir / CLIENT_TOKEN_FILE, token)
-    if hmac.compare_digest(token.encode(), control_token.encode()):
-        raise ValueError("the client token must differ from the control token "
-                         f"(check SWARM_CLIENT_TOKEN and {state_dir / CLIENT_TOKEN_FILE})")
+        write_private(path, token)
+    if any(hmac.compare_digest(token.encode(), other.encode()) for other in others):
+        raise ValueError(f"the {name} token must differ from the other tokens (check {env} and {path})")
     if token.startswith(_KEY_PREFIX):
-        raise ValueError(f"the client token must not start with {_KEY_PREFIX!r} (that prefix marks episode keys)")
+        raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} (that prefix marks episode keys)")
     return token
 
 
 class KeyRing:
     """Issues and checks bearer credentials."""
 
-    def __init__(self, control_token: str, secret: bytes, client_token: str | None = None) -> None:
+    def __init__(self, control_token: str, secret: bytes, client_token: str | None = None,
+                 worker_token: str | None = None) -> None:
         self._control = control_token
         self._client = client_token
+        self._worker = worker_token
         self._secret = secret
+
+    @property
+    def worker_token(self) -> str | None:
+        """The token the server calls its pool workers with (they hold the same one)."""
+        return self._worker
 
     def episode_key(self, episode_id: str) -> str:
         return f"{_KEY_PREFIX}{episode_id}.{self._sign(episode_id)}"
@@ -157,6 +179,8 @@ class KeyRing:
             return Principal()
         if self._client is not None and hmac.compare_digest(credential.encode(), self._client.encode()):
             return Principal(role=Role.client)
+        if self._worker is not None and hmac.compare_digest(credential.encode(), self._worker.encode()):
+            return Principal(role=Role.worker)
         if credential.startswith(_KEY_PREFIX):
             episode_id, _, signature = credential[len(_KEY_PREFIX):].rpartition(".")
             if episode_id and hmac.compare_digest(signature.encode(), self._sign(episode_id).encode()):
@@ -169,12 +193,14 @@ class KeyRing:
         principal = self.authenticate(request)
         if principal.role is Role.client:
             raise Forbidden(_client_refused(request, "an episode key (or the control token)"))
+        _refuse_worker(principal, request)
         return principal
 
     def control(self, request: Request) -> Principal:
         principal = self.authenticate(request)
         if principal.role is Role.client:
             raise Forbidden(_client_refused(request, "the control token"))
+        _refuse_worker(principal, request)
         if principal.role is Role.episode:
             raise Forbidden("this route needs the server's control token, not an episode key")
         return principal
@@ -184,14 +210,30 @@ class KeyRing:
         principal = self.authenticate(request)
         if principal.role is Role.episode:
             raise Forbidden("this route needs the control token or the client token, not an episode key")
+        _refuse_worker(principal, request)
+        return principal
+
+    def worker(self, request: Request) -> Principal:
+        """The control token or the worker token (the pool's routes)."""
+        principal = self.authenticate(request)
+        if principal.role not in (Role.control, Role.worker):
+            raise Forbidden(f"{request.method} {request.url.path} needs the worker token "
+                            "(<state-dir>/worker_token of the server, or $SWARM_WORKER_TOKEN)")
         return principal
 
     def for_episode(self, request: Request, episode_id: str) -> Principal:
         """The control token, the client token, or the key of exactly this episode."""
         principal = self.authenticate(request)
+        _refuse_worker(principal, request)
         if principal.role is Role.episode and principal.episode_id != episode_id:
             raise Forbidden(f"this episode key does not open episode {episode_id}")
         return principal
+
+
+def _refuse_worker(principal: Principal, request: Request) -> None:
+    if principal.role is Role.worker:
+        raise Forbidden(f"the worker token cannot {request.method} {request.url.path}; it opens only the pool's "
+                        "routes (/api/v1/workers, /pool/v1)")
 
 
 def _client_refused(request: Request, needed: str) -> str:
@@ -216,6 +258,11 @@ def require_client(request: Request) -> Principal:
 def require_episode(request: Request, episode_id: str) -> Principal:
     """Dependency: the control token, the client token, or the key of the episode named in the path."""
     return _keys(request).for_episode(request, episode_id)
+
+
+def require_worker(request: Request) -> Principal:
+    """Dependency: the control token or the worker token (anything else a 401/403)."""
+    return _keys(request).worker(request)
 
 
 def _keys(request: Request) -> KeyRing:

@@ -182,12 +182,12 @@ class Completions:
         if episode_id is not None:
             self.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature,
                                replies=replies, conversation_key=rendered.conversation_key,
-                               repaired=rendered.repaired)
+                               repaired=rendered.repaired, source=sampled.source)
         return Answer(sampled=sampled, replies=replies)
 
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
-               repaired: bool = False) -> None:
+               repaired: bool = False, source: str | None = None) -> None:
         """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
         its replies to the episode's reply book (drift repair of the next call); an eval episode's
         calls are never recorded, only its lease is renewed and its replies kept for repair."""
@@ -200,6 +200,7 @@ class Completions:
                 episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))
         if episode.is_eval:
             return
+        episode.generated_by(source)
         episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
         episode.trace.note_replies(replies, repaired=repaired)
 

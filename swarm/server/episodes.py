@@ -42,6 +42,12 @@ class EpisodeRecord:
     claimed_step: int = 0
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
+    source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)
+
+    def generated_by(self, member: str | None) -> None:
+        """Note which pool member served a call (per-member log-prob mismatch needs one per sample)."""
+        if member is not None:
+            self.source = member if self.source in (None, member) else ""
 
     @property
     def is_eval(self) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarm.backends.base import TrainConfig, TrainSample, validate_samples
+from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample, validate_samples
 from swarm.backends.torch import algorithms
 from swarm.backends.torch.logprobs import token_logprobs
 
@@ -38,6 +38,7 @@ class Batch:
     advantages: torch.Tensor  # (n,) float
     temperatures: torch.Tensor  # (n,) float, 0 replaced by 1
     lengths: list[int]
+    sources: list[str] = field(default_factory=list)  # per row: the pool member that sampled it ("": unknown)
 
     def select(self, rows: Sequence[int]) -> Batch:
         """The given rows, trimmed to their own longest length."""
@@ -51,6 +52,7 @@ class Batch:
             advantages=self.advantages[index],
             temperatures=self.temperatures[index],
             lengths=[self.lengths[i] for i in rows],
+            sources=[self.sources[i] for i in rows] if self.sources else [],
         )
 
 
@@ -76,6 +78,7 @@ def pack(samples: Sequence[TrainSample], pad_id: int, vocab_size: int, max_conte
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         temperatures=torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples]),
         lengths=[len(s.tokens) for s in samples],
+        sources=[s.source for s in samples],
     )
 
 
@@ -204,6 +207,7 @@ class _Tally:
         ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "logprob_diff", "grad_norm", "is_weight",
          "is_truncated"), 0.0))
     diff_max: float = 0.0  # the worst training-inference log-prob mismatch of a sampled token
+    diff_by_source: dict[str, float] = field(default_factory=dict)  # the same, per pool member that sampled
 
     def add(self, key: str, token_sum: torch.Tensor) -> None:
         self.sums[key] += float(token_sum) / self.total_tokens
@@ -215,6 +219,10 @@ class _Tally:
         diff = (logp.detach() - part.rollout.to(logp.device)).abs() * mask
         self.add("logprob_diff", diff.sum())
         self.diff_max = max(self.diff_max, float(diff.max()))
+        if part.sources:
+            for source, row_max in zip(part.sources, diff.max(dim=1).values.tolist(), strict=True):
+                if source:
+                    self.diff_by_source[source] = max(self.diff_by_source.get(source, 0.0), row_max)
 
     def metrics(self, config: TrainConfig, batch: Batch, *, use_kl: bool, elapsed: float) -> dict[str, float]:
         sums, epochs = self.sums, config.ppo_epochs
@@ -242,6 +250,8 @@ class _Tally:
             metrics["train/rollout_is_truncated"] = sums["is_truncated"]
         if use_kl:
             metrics["train/kl"] = sums["kl"] / epochs
+        for source, worst in self.diff_by_source.items():  # per pool member (the server drains outliers)
+            metrics[SOURCE_DIFF_PREFIX + source] = worst
         return metrics
 
 

@@ -1,5 +1,5 @@
 """What every route needs, bundled once per app: settings, the engine (claims, control), its
-episode lifecycle and chat completions, keys, the served context length. Routes reach the server
+episode lifecycle and chat completions, keys, the served context length, the pool's roster. Routes reach the server
 through this only."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from swarm.pool.roster import Roster
 from swarm.server.auth import KeyRing
 from swarm.server.completions import Completions
 from swarm.server.engine import Engine
@@ -23,6 +24,7 @@ class AppContext:
     chat: Completions  # chat completions
     keys: KeyRing
     max_context: int
+    roster: Roster | None = None  # the generator pool's membership (``swarm worker`` processes)
 
 
 def app_context(request: Request) -> AppContext:

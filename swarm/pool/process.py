@@ -1,0 +1,91 @@
+"""``run_worker``: a ``swarm worker`` process — build the engine, serve, leave cleanly on SIGTERM.
+
+The engine comes from the same factory ``swarm serve`` uses (``swarm.backends.load_engines``): torch
+is the in-process sampler on a ``DeviceWorker`` thread behind a ``LocalGenerator``; vllm is the vLLM
+generator (a child process fed token ids; weights reach it from disk). The weights it starts with do
+not matter: nothing is served before the server's current version is loaded.
+
+SIGTERM/SIGINT: the worker leaves the pool (the server stops routing to it), lets running calls
+finish, then uvicorn shuts down; a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from swarm.backends import load_engines
+from swarm.backends.base import Generator
+from swarm.pool.worker import WorkerNode, WorkerOptions, worker_app
+from swarm.server.device_worker import DeviceWorker
+from swarm.server.generation import LocalGenerator
+from swarm.server.settings import ServerConfig, ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_generator(engine: str, model: str, state_dir: Path, *, seed: int, capacity: int,
+                    vllm_python: str | None = None) -> tuple[Generator, DeviceWorker | None]:
+    """The worker's generator (and the device thread a torch one runs on)."""
+    config = ServerConfig(max_batch_rows=min(capacity, 4096))
+    settings = ServerSettings(model=model, engine="vllm" if engine == "vllm" else "torch", trainer="torch",
+                              state_dir=state_dir, seed=seed, weight_transfer="disk", vllm_python=vllm_python,
+                              config=config)
+    backend, generator, _ = load_engines(settings)
+    if generator is not None:
+        return generator, None
+    if backend is None:  # load_engines builds the torch backend for a torch engine
+        raise ValueError(f"no engine {engine!r}")
+    device = DeviceWorker(backend, window_s=0.005, max_rows=capacity)
+    device.start()
+    return LocalGenerator(backend, device), device
+
+
+def run_worker(options: WorkerOptions, generator: Generator, *, host: str, port: int) -> None:
+    """Serve until SIGTERM (leaving the pool first) or a second signal."""
+    node = WorkerNode(generator, options)
+    server = _WorkerServer(uvicorn.Config(worker_app(node), host=host, port=port, log_level="warning",
+                                          timeout_graceful_shutdown=30, timeout_keep_alive=75), node, host)
+    server.run()
+
+
+class _WorkerServer(uvicorn.Server):
+    """uvicorn, which tells the node its bound address once listening and turns the first signal
+    into a clean leave."""
+
+    def __init__(self, config: uvicorn.Config, node: WorkerNode, host: str) -> None:
+        super().__init__(config)
+        self.node = node
+        self.host = host
+        self._leaving: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.should_exit:
+            return
+        port = next((s.getsockname()[1] for srv in getattr(self, "servers", []) for s in srv.sockets), None)
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        if self.node.address is None:
+            self.node.address = f"http://{host}:{port}"
+        log.info("swarm worker listening on %s:%s (advertised as %s)", self.host, port, self.node.address)
+        self.node.listening.set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._leaving is not None or sig not in (signal.SIGTERM, signal.SIGINT):
+            super().handle_exit(sig, frame)
+            return
+        loop = asyncio.get_event_loop()
+        self._leaving = loop.create_task(self._leave_then_exit())
+
+    async def _leave_then_exit(self) -> None:
+        log.info("leaving the pool: no new calls; running ones finish")
+        try:
+            await self.node.leave()
+        finally:
+            self.should_exit = True

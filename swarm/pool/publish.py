@@ -1,0 +1,137 @@
+"""``Publisher``: the server's side of weight dissemination to its pool workers.
+
+After each step the new version is encoded (``swarm.pool.shards``: versioned, chunked, SHA-256
+checked) as a delta over the previous version, or a full snapshot every ``full_sync_every``
+publications (and whenever there is no previous version to diff against), put in the server's
+``depot`` and pushed once along a relay chain of the workers (``swarm.pool.relay.disseminate``:
+each forwards chunks to the next while receiving the rest, so the server uploads about one copy
+whatever the pool size). Workers that join, or fall behind a delta's base, load a full snapshot of
+the newest version from ``snapshots``, served under ``SNAPSHOT_PREFIX`` by the same relay routes.
+
+It keeps a CPU copy of the newest weights only while the pool has remote members (the base of the
+next delta and of snapshots); without workers it holds nothing and a joiner's snapshot is taken
+from the trainer through ``export``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from swarm.backends.base import Weights
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PREFIX = "/pool/full"  # the server mounts the relay routes of its snapshot depot under this prefix
+
+Export = Callable[[], Awaitable[tuple[int, Weights]]]  # (version, a private CPU copy of its weights)
+
+
+@dataclass
+class Sent:
+    """What one publication did: how it was encoded, how long the chain took, who got it."""
+
+    version: int
+    kind: str
+    seconds: float
+    bytes_sent: int
+    total_bytes: int
+    reached: list[str]
+    failed: list[str]
+
+
+class Publisher:
+    """Encodes versions into the depots and relays them to the workers (module docstring)."""
+
+    def __init__(self, token: str, *, export: Export | None = None, rate_bytes_per_s: float | None = None,
+                 chunk_bytes: int = 1 << 20) -> None:
+        from swarm.pool.relay import Depot
+
+        self.token = token
+        self.export = export
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self.chunk_bytes = chunk_bytes
+        self.depot = Depot(keep=4)
+        self.snapshots = Depot(keep=2)
+        self._base: tuple[int, dict[str, Any]] | None = None
+        self._since_full = 0
+        self._lock = asyncio.Lock()
+
+    @property
+    def base_version(self) -> int | None:
+        return self._base[0] if self._base is not None else None
+
+    def forget(self) -> None:
+        """No remote member left: drop the CPU copy (the next joiner's snapshot comes from ``export``)."""
+        self._base = None
+
+    def can_follow(self, held: int | None, newest: int) -> bool:
+        """Whether a worker holding ``held`` can load ``newest`` from the depot (it is full there, or
+        a delta over ``held``); if not it needs a snapshot."""
+        entry = self.depot.get(newest)
+        if held is None or entry is None:
+            return False
+        manifest = entry[0]
+        return manifest.kind == "full" or manifest.base_version == held
+
+    def full_next(self, version: int, full_sync_every: int) -> bool:
+        """Whether ``version`` goes out as a full snapshot (else a delta over ``base_version``)."""
+        return self._base is None or self._since_full + 1 >= full_sync_every or self._base[0] >= version
+
+    async def publish(self, version: int, weights: Weights, chain: list[str], full: bool,
+                      timeout_s: float = 120.0) -> Sent:
+        """Encode ``version`` (full, or a delta over ``base_version``) and relay it along ``chain``."""
+        from swarm.pool.relay import disseminate
+
+        async with self._lock:
+            started = time.perf_counter()
+            full = full or self._base is None
+            manifest, chunks, copy = await asyncio.to_thread(self._encode, version, weights, full)
+            self.depot.put(manifest, chunks)
+            if full:
+                self.snapshots.put(manifest, chunks)
+            self._since_full = 0 if full else self._since_full + 1
+            self._base = (version, copy)
+            reached: list[str] = []
+            failed: list[str] = []
+            sent = 0
+            if chain:
+                report = await disseminate(self.depot, version, chain, token=self.token,
+                                           rate_bytes_per_s=self.rate_bytes_per_s, timeout_s=timeout_s)
+                reached, failed, sent = list(report.reached), list(report.failed), int(report.bytes_sent)
+            return Sent(version=version, kind=manifest.kind, seconds=time.perf_counter() - started, bytes_sent=sent,
+                        total_bytes=int(manifest.total_bytes), reached=reached, failed=failed)
+
+    async def snapshot(self) -> int | None:
+        """The version ``snapshots`` holds in full, encoding the newest one first if it does not
+        (from the CPU copy, or the trainer's export when there is none); None: nothing to serve yet."""
+        async with self._lock:
+            if self._base is None:
+                if self.export is None:
+                    return None
+                version, weights = await self.export()
+                self._base = (version, weights)  # ``export`` hands over a private copy
+                self._since_full = 0
+            version, weights = self._base
+            if version not in self.snapshots.versions():
+                manifest, chunks, _ = await asyncio.to_thread(self._encode, version, weights, True, False)
+                self.snapshots.put(manifest, chunks)
+                if version not in self.depot.versions():
+                    self.depot.put(manifest, chunks)
+            return version
+
+    def _encode(self, version: int, weights: Weights, full: bool, copy: bool = True) -> tuple[Any, list[bytes], Any]:
+        from swarm.pool.shards import encode
+
+        base = None if full or self._base is None else self._base
+        manifest, chunks = encode(version, weights, base=base, chunk_bytes=self.chunk_bytes)
+        return manifest, chunks, (cpu_copy(weights) if copy else None)
+
+
+def cpu_copy(weights: Mapping[str, Any]) -> dict[str, Any]:
+    """A private CPU copy (the trainer's export may share storage with parameters it keeps training)."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}

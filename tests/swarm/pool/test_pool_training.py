@@ -1,0 +1,137 @@
+"""Acceptance: the inference pool trains letters with workers coming and going.
+
+Real processes on loopback: ``swarm serve --no-local-generator`` (every token comes from a pool
+worker), three ``swarm worker --engine torch`` processes, and ``swarm run`` of the letters study.
+Mid-run one worker is SIGKILLed while it generates, and later a fourth joins. Training goes on and
+the reward rises; the store's audit (the chaos test's) shows every finished episode trained exactly
+once or still pending, none aborted, expired or dropped (the killed worker's calls were re-run on
+the others: the episodes never saw it); and the late worker took calls only once it held a version
+within the staleness bound.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pool_harness import WorkerProcess
+from support import ROOT, ServeProcess, free_port, study_run, wait_for
+
+from swarm.server.store import EpisodeStore
+
+LETTERS = ROOT / "studies" / "examples" / "letters"
+CONFIG = """lr = 1e-3
+group_size = 8
+batch_groups = 4
+min_group_size = 2
+max_tokens = 16
+mode = "async"
+max_staleness = 4
+worker_lease_s = 3.0
+"""
+BUDGET_S = 360.0
+
+
+class _Watch(threading.Thread):
+    """Polls the server's status: (time, policy_version, step, workers) while the run goes on."""
+
+    def __init__(self, server: ServeProcess) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.seen: list[tuple[float, int, int, list[dict]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                s = self.server.status()
+                self.seen.append((time.time(), s["policy_version"], s["step"], s["workers"]))
+            except Exception:  # noqa: BLE001 - a poll that fails is skipped
+                pass
+            self.done.wait(0.1)
+
+    def step(self) -> int:
+        return self.seen[-1][2] if self.seen else 0
+
+
+def _rise(rewards: list[float]) -> float:
+    return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_path: Path) -> None:
+    config = tmp_path / "letters.toml"
+    config.write_text(CONFIG)
+    server = ServeProcess(port=free_port(), state_dir=tmp_path / "state", config=config,
+                          extra_args=("--no-local-generator",)).start()
+    workers = [WorkerProcess(server, f"w{i}", ("--capacity", "32")) for i in range(3)]
+    late = WorkerProcess(server, "late", ("--capacity", "32"))
+    watch = _Watch(server)
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.wait_ready()
+        watch.start()
+        start = time.monotonic()
+        rewards: list[float] = []
+        with study_run(LETTERS / "client.py", server, tmp_path / "run.log") as run:
+            wait_for(lambda: watch.step() >= 3, 120, what="step 3", proc=run)
+            victim = workers[0]
+            wait_for(lambda: (m := victim.member()) is not None and m["in_flight"] > 0, 30,
+                     what="the victim generating", interval=0.01)
+            victim.kill()                                              # a worker dies mid-generation
+            killed_at_step = watch.step()
+            wait_for(lambda: watch.step() >= killed_at_step + 3, 120, what="training after the kill", proc=run)
+            late.start()                                               # another joins mid-run
+            late.wait_ready()
+            while time.monotonic() - start < BUDGET_S and run.poll() is None:
+                time.sleep(2.0)
+                with server.http() as http:
+                    steps = [m["metrics"] for m in http.get("/api/v1/metrics").json()]
+                rewards = [m["train/reward_mean"] for m in steps if "train/reward_mean" in m]
+                if len(rewards) >= 15 and _rise(rewards) >= 0.3 and watch.step() >= killed_at_step + 8:
+                    break
+        final = server.status()
+        assert server.stop_via_control() == 0
+    finally:
+        watch.done.set()
+        for worker in [*workers, late]:
+            worker.stop()
+        server.stop()
+    output = (tmp_path / "run.log").read_text(errors="replace")
+    print(f"pool letters: {len(rewards)} steps, first5={sum(rewards[:5]) / 5:.3f} last5={sum(rewards[-5:]) / 5:.3f}, "
+          f"killed at step {killed_at_step}", file=sys.stderr)
+    assert len(rewards) >= 15 and _rise(rewards) >= 0.3, f"rewards {rewards}\n{output[-2000:]}"
+    states = {w["address"]: w["state"] for w in final["workers"]}
+    assert states[victim.url] == "dropped" and states[late.url] == "ready", states
+    assert "continue on another" in server.log(), "the victim had calls in flight; they must have been re-run"
+    _late_served_only_when_synced(watch, late, max_staleness=4)
+    _every_finished_episode_trained_once_or_pending(server.state_dir)
+
+
+def _late_served_only_when_synced(watch: _Watch, late: WorkerProcess, max_staleness: int) -> None:
+    """Every poll that shows the late worker with calls in flight shows it ready, within the bound."""
+    seen = [(v, next((w for w in ws if w["address"] == late.url), None)) for _, v, _, ws in watch.seen]
+    serving = [(v, m) for v, m in seen if m is not None and m["in_flight"] > 0]
+    assert serving, "the late worker never took a call"
+    for version, member in serving:
+        assert member["state"] == "ready" and member["version"] is not None, member
+        assert version - member["version"] <= max_staleness, (version, member)
+    syncing = [m for _, m in seen if m is not None and m["state"] == "syncing"]
+    assert all(m["in_flight"] == 0 for m in syncing)
+
+
+def _every_finished_episode_trained_once_or_pending(state_dir: Path) -> None:
+    with EpisodeStore(state_dir / "buffer.db") as store:
+        trained = store.trained_counts()
+        pending = {e.episode_id for e in store.untrained()}
+        counts = store.counts()
+    assert all(n == 1 for n in trained.values()), "an episode was trained twice"
+    assert not set(trained) & pending
+    assert len(trained) + len(pending) == counts["finished"], counts
+    assert counts["aborted"] == 0 and counts["expired"] == 0 and counts["dropped"] == 0, counts
