@@ -89,6 +89,7 @@ class WorkerNode:
         self._http = httpx.AsyncClient(base_url=self.server, timeout=60.0,
                                        headers={"Authorization": f"Bearer {options.token}"})
         self._heartbeat_s = 2.0
+        self._syncing: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ weights
 
@@ -129,7 +130,9 @@ class WorkerNode:
             try:
                 if self.worker_id is None:
                     await self._join()
-                await self._beat_once()
+                reply = await self._beat_once()
+                if reply is not None:
+                    self._sync(reply.version, reply.snapshot_version)
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code == 404:  # dropped while alive: join again
                     log.warning("the server no longer knows this worker; joining again")
@@ -149,8 +152,21 @@ class WorkerNode:
         joined = Joined.model_validate(answer.json())
         self.worker_id, self._heartbeat_s = joined.worker_id, joined.heartbeat_s
         log.info("joined %s as %s; syncing to version %s", self.server, joined.worker_id, joined.version)
-        if joined.version is not None:
-            await self.catch_up(joined.version, joined.version)
+        self._sync(joined.version, joined.version)
+
+    def _sync(self, newest: int | None, snapshot: int | None) -> None:
+        """Catch up in the background (one pull at a time): heartbeats go on while a big model loads."""
+        if newest is None or (self.version is not None and self.version >= newest):
+            return
+        if self._syncing is not None and not self._syncing.done():
+            return
+        self._syncing = asyncio.ensure_future(self._catch_up_logged(newest, snapshot))
+
+    async def _catch_up_logged(self, newest: int, snapshot: int | None) -> None:
+        try:
+            await self.catch_up(newest, snapshot)
+        except (httpx.HTTPError, ValueError) as exc:  # the next heartbeat tries again
+            log.warning("catching up to version %d failed: %s", newest, exc)
 
     async def _announce(self) -> None:
         try:
@@ -158,16 +174,14 @@ class WorkerNode:
         except (httpx.HTTPError, ValueError) as exc:  # the regular heartbeat tries again
             log.info("heartbeat after loading failed: %s", exc)
 
-    async def _beat_once(self) -> None:
+    async def _beat_once(self) -> BeatReply | None:
         if self.worker_id is None or self.leaving:
-            return
+            return None
         beat = Beat(version=self.version, in_flight=self.in_flight, tokens_per_s=self.tokens_per_s())
         answer = await self._http.post(f"{WORKERS_PATH}/{self.worker_id}/heartbeat", content=beat.model_dump_json(),
                                        headers={"Content-Type": "application/json"})
         answer.raise_for_status()
-        reply = BeatReply.model_validate(answer.json())
-        if reply.version is not None and (self.version is None or self.version < reply.version):
-            await self.catch_up(reply.version, reply.snapshot_version)
+        return BeatReply.model_validate(answer.json())
 
     async def leave(self, grace_s: float = 60.0) -> None:
         """No new calls from the server; wait (bounded) for the running ones to finish."""

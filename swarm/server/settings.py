@@ -80,7 +80,7 @@ class ServerConfig(TrainConfig):
     # The generator pool (``swarm worker`` processes joining the server's own generator).
     full_sync_every: int = Field(10, ge=1, le=100_000, description="pool: every this many publications the "
                                  "workers get a full snapshot instead of a delta over the previous version")
-    worker_lease_s: float = Field(15.0, gt=0, le=3600, description="pool: a worker that sends no heartbeat "
+    worker_lease_s: float = Field(20.0, gt=0, le=3600, description="pool: a worker that sends no heartbeat "
                                   "for this long is dropped (its calls are re-run elsewhere)")
     disseminate_timeout_s: float = Field(120.0, gt=0, le=3600, description="pool: how long a publication waits "
                                          "for the relay chain; workers it did not reach catch up by heartbeat")
