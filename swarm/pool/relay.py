@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 PREFIX = "/pool/v1"
 WINDOW = 2  # chunk requests in flight per hop
 _REQUEST_TIMEOUT_S = 30.0  # one chunk request or one manifest
-_KEEP_HOLDINGS = 8  # versions an Inbox remembers receiving (reports of pushes that finished)
+_KEEP_HOLDINGS = 4  # versions an Inbox remembers receiving (for the reports of pushes that finished)
 
 
 class RelayReport(BaseModel):
