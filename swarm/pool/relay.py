@@ -28,8 +28,10 @@ Per version, a node's routes (``relay_router``, all under ``/pool/v1``, every on
 
 Faults: a member that refuses, fails a request, or dies mid-push is put in ``failed`` by its
 predecessor, which goes on with the next member (opening it, sending the chunks it lacks, waiting for
-its report), so the rest still get the version. An unknown version is a 404, a push with a manifest
-that contradicts the one under way a 409.
+its report), so the rest still get the version. A member whose ``on_version`` fails (a delta without
+its base) still relays the chunks but reports that it does not hold the version, and a later push of
+another encoding (a full snapshot) replaces the unusable one; a push of a version the node already
+applied from another manifest is a 409, an unknown version a 404.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 PREFIX = "/pool/v1"
 WINDOW = 2  # chunk requests in flight per hop
 _REQUEST_TIMEOUT_S = 30.0  # one chunk request or one manifest
-_KEEP_HOLDINGS = 8  # versions an Inbox remembers receiving (reports of pushes that finished)
+_KEEP_HOLDINGS = 4  # versions an Inbox remembers receiving (for the reports of pushes that finished)
 
 
 class RelayReport(BaseModel):
@@ -128,6 +130,7 @@ class _Holding:
         self.applied = chunks is not None  # held before this push: on_version ran already
         self.settle: asyncio.Task[None] | None = None
         self.forward: asyncio.Task[tuple[list[str], list[str]]] | None = None
+        self.chain: list[str] = []  # who ``forward`` sends to
         self.deadline = time.monotonic()
 
     def arrived_flags(self) -> list[bool]:
@@ -255,9 +258,7 @@ class Inbox:
     async def aclose(self) -> None:
         """Stop pushes under way and close the HTTP client (on the node's shutdown)."""
         for holding in self._holdings.values():
-            for task in (holding.settle, holding.forward):
-                if task is not None:
-                    task.cancel()
+            _cancel(holding)
         for task in self._tasks:
             task.cancel()
         if self._client is not None:
@@ -278,16 +279,21 @@ class Inbox:
         if holding is None:
             held = self._depot.get(version)
             holding = _Holding(held[0] if held else push.manifest, held[1] if held else None)
-            self._holdings[version] = holding
-            for old in sorted(self._holdings)[:-_KEEP_HOLDINGS]:
-                del self._holdings[old]
         if holding.manifest != push.manifest:
-            raise HTTPException(409, f"version {version} is already under way with another manifest")
+            if holding.applied:  # another encoding of a version this node already serves
+                raise HTTPException(409, f"version {version} is held here from another manifest "
+                                         f"({holding.manifest.kind} over {holding.manifest.base_version})")
+            _cancel(holding)  # an unfinished (or unusable) encoding: the new push replaces it
+            holding = _Holding(push.manifest)
+        self._holdings[version] = holding
+        for old in sorted(self._holdings)[:-_KEEP_HOLDINGS]:
+            _cancel(self._holdings.pop(old))
         holding.deadline = max(holding.deadline, time.monotonic() + push.timeout_s)
         if not holding.applied and (holding.settle is None or holding.settle.done()):
             holding.settle = asyncio.create_task(self._settle(holding))
         if holding.forward is None or holding.forward.done():
             forward = _Forward(holding, self._http(), self._token, self._bucket)
+            holding.chain = list(push.chain)
             holding.forward = asyncio.create_task(forward.run(push.chain, holding.deadline))
         return holding.missing()
 
@@ -313,8 +319,11 @@ class Inbox:
         waits = [task for task in (holding.settle, holding.forward) if task is not None]
         if waits:
             await asyncio.wait(waits, timeout=max(0.0, holding.deadline - time.monotonic()) + 0.5)
-        reached, failed = holding.forward.result() if holding.forward and holding.forward.done() \
-            and not holding.forward.cancelled() and holding.forward.exception() is None else ([], [])
+        forward = holding.forward
+        if forward is not None and forward.done() and not forward.cancelled() and forward.exception() is None:
+            reached, failed = forward.result()
+        else:  # did not finish by the deadline: nobody downstream confirmed
+            reached, failed = [], list(holding.chain)
         return _Hop(holds=holding.applied, reached=reached, failed=failed)
 
     def _holding(self, version: int) -> _Holding:
@@ -476,6 +485,12 @@ async def fetch(source: str, version: int, *, token: str,
     finally:
         if client is None:
             await http.aclose()
+
+
+def _cancel(holding: _Holding) -> None:
+    for task in (holding.settle, holding.forward):
+        if task is not None:
+            task.cancel()
 
 
 def _raise_first(tasks: set[asyncio.Task[None]]) -> None:
