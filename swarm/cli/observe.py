@@ -77,7 +77,7 @@ def plan(url: Url = None,
          json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """How many clients, at what concurrency, keep the learner busy (ECHO-2's provisioning rule on
     the server's live figures: perf/learner_busy, perf/rollout_eps_per_client, step and sync times)."""
-    from swarm.plan import NotEnoughData, advise, describe, measure
+    from swarm.plan import NotEnoughData, WorkerFigure, advise, advise_pool, describe, describe_pool, measure
 
     with connect(url, token, state_dir) as client:
         try:
@@ -90,10 +90,13 @@ def plan(url: Url = None,
                         staleness=config["max_staleness"] if staleness is None else staleness)
     except (NotEnoughData, ValueError) as exc:
         fail(str(exc), code=2)
+    remote = [WorkerFigure(id=w.id, engine=w.engine, state=w.state, tokens_per_s=w.tokens_per_s)
+              for w in status.workers if w.id != "local"]  # the pool's workers (the server's own stays)
+    pool = advise_pool(advice, remote) if remote else None
     if json_:
-        print(json.dumps(advice.as_dict(), indent=2))
+        print(json.dumps({**advice.as_dict(), **({"pool": pool.as_dict()} if pool else {})}, indent=2))
         return
-    for line in describe(advice):
+    for line in describe(advice) + (describe_pool(pool, figures.disseminate_s) if pool else []):
         out.print(line)
 
 

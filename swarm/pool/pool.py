@@ -218,6 +218,11 @@ class GeneratorPool(Generator):
                            for m in self.members.values())
         return f"no pool member may serve policy version {newest} ({bound.mode} mode) now ({states})"
 
+    def after_step(self, metrics: dict[str, float], bound: float | None) -> None:
+        """Add the last publication's figures to a step's ``metrics`` and apply its mismatch rule."""
+        metrics.update(self.last_publication)
+        self.mismatch(metrics, bound)
+
     def mismatch(self, metrics: dict[str, float], bound: float | None) -> None:
         """Take a step's per-member log-prob mismatch (``SOURCE_DIFF_PREFIX`` keys, the trainer's
         recomputation of what each member sampled) and drain a remote member beyond ``bound``: one

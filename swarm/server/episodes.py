@@ -13,9 +13,10 @@ Held-out evaluation episodes (``purpose="eval"``) join no group: their rounds ar
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from swarm.backends.base import TrainSample
 from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest, Purpose
 from swarm.server.replies import ReplyBook
 from swarm.server.timeline import EpisodeTrace
@@ -43,6 +44,11 @@ class EpisodeRecord:
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
     source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)
+
+    def samples(self, advantage: float) -> list[TrainSample]:
+        """Its training samples, tagged with the pool member that generated them (when only one did)."""
+        samples = self.trace.samples(advantage)
+        return [replace(s, source=self.source) for s in samples] if self.source else samples
 
     def generated_by(self, member: str | None) -> None:
         """Note which pool member served a call (per-member log-prob mismatch needs one per sample)."""

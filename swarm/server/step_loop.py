@@ -40,7 +40,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -226,8 +225,7 @@ class StepLoop:
             return False
         update["perf/weight_sync_s"] = await self.publish()                                     # publish
         update["perf/generator_lag"] = float(self.trainer.policy_version - self.generator.policy_version)
-        update.update(self.generator.last_publication)  # the pool's: dissemination time and bytes, members
-        self.generator.mismatch(update, self.view.config.max_worker_logprob_diff)  # drains a member off the model
+        self.generator.after_step(update, self.view.config.max_worker_logprob_diff)  # pool metrics, mismatch drain
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True
 
@@ -244,8 +242,7 @@ class StepLoop:
                 stale.append(episode)
                 continue
             kept.append(episode)
-            source = episode.source or ""
-            samples.extend(replace(s, source=source) if source else s for s in episode.trace.samples(float(advantage)))
+            samples.extend(episode.samples(float(advantage)))
         return samples, kept, stale
 
     async def publish(self) -> float:

@@ -33,6 +33,7 @@ CONFIG = "group_size = 8\nbatch_groups = 4096\nmin_group_size = 2\nmax_tokens = 
 
 def measure(workers: int, rate: float, seconds: float, warmup: float, tmp: Path) -> float:
     """Finished episodes per second with ``workers`` workers capped at ``rate`` tokens/s each."""
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "config.toml"
     config.write_text(CONFIG)
     server = ServeProcess(port=free_port(), state_dir=tmp / f"pool-{workers}", config=config,
