@@ -16,7 +16,7 @@ next) and ``GET /pool/v1/health``. Its life with the server:
    alive, e.g. a long pause) makes it join again.
 
 It keeps a CPU copy of the weights it serves: the base the next delta applies to. ``max_tokens_per_s``
-caps its generation rate (a token bucket over produced tokens; benchmarks emulate equal slow workers).
+caps its generation rate (a pace over produced tokens; benchmarks emulate equal slow workers).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from swarm.backends.base import Generator, Sampled, SamplingParams, TopAlternatives
-from swarm.pool.bucket import TokenBucket
 from swarm.pool.publish import SNAPSHOT_PREFIX
 from swarm.pool.relay import Depot, Inbox, fetch, relay_router
 from swarm.pool.shards import Manifest, decode
@@ -83,8 +82,7 @@ class WorkerNode:
         self.depot = Depot(keep=2)
         self.inbox = Inbox(self.depot, on_version=self.apply, token=options.token, sources=lambda: [self.server])
         self._load_lock = asyncio.Lock()
-        self._bucket = TokenBucket(options.max_tokens_per_s, burst_bytes=max(1, int(options.max_tokens_per_s))) \
-            if options.max_tokens_per_s else None
+        self._pace = _Pace(options.max_tokens_per_s) if options.max_tokens_per_s else None
         self._produced: deque[tuple[float, int]] = deque()
         self._http = httpx.AsyncClient(base_url=self.server, timeout=60.0,
                                        headers={"Authorization": f"Bearer {options.token}"})
@@ -203,14 +201,15 @@ class WorkerNode:
 
     async def generate(self, prompts: list[list[int]], params: list[SamplingParams], sink: Any = None) -> Sampled:
         self.in_flight += len(prompts)
+        started = time.monotonic()
         try:
             sampled = await self.generator.generate(prompts, params, sink)
+            produced = sum(len(g.token_ids) for g in sampled.generations)
+            if self._pace is not None:
+                await self._pace.pay(produced, started)  # the --max-tokens-per-s cap
         finally:
             self.in_flight -= len(prompts)
-        produced = sum(len(g.token_ids) for g in sampled.generations)
         self._produced.append((time.monotonic(), produced))
-        if self._bucket is not None:
-            await self._bucket.take(produced)  # the --max-tokens-per-s cap
         return sampled
 
     def authorize(self, request: Request) -> None:
@@ -221,6 +220,22 @@ class WorkerNode:
     async def close(self) -> None:
         await self.inbox.aclose()
         await self._http.aclose()
+
+
+class _Pace:
+    """``--max-tokens-per-s``: on average at most ``rate`` tokens a second. A call that produced ``n``
+    tokens returns no earlier than ``n / rate`` seconds after the later of its own start and the moment
+    the tokens before it were paid for, so time spent generating counts towards the pace."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._paid = 0.0
+
+    async def pay(self, tokens: int, started: float) -> None:
+        self._paid = max(self._paid, started) + tokens / self.rate
+        delay = self._paid - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
 
 def worker_app(node: WorkerNode) -> FastAPI:
