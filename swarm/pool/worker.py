@@ -77,6 +77,7 @@ class WorkerNode:
         self.weights: dict[str, Any] | None = None
         self.worker_id: str | None = None
         self.in_flight = 0
+        self.produced_total = 0  # tokens generated since start (health; benchmarks)
         self.leaving = False
         self.listening = asyncio.Event()
         self.depot = Depot(keep=2)
@@ -210,6 +211,7 @@ class WorkerNode:
         finally:
             self.in_flight -= len(prompts)
         self._produced.append((time.monotonic(), produced))
+        self.produced_total += produced
         return sampled
 
     def authorize(self, request: Request) -> None:
@@ -262,6 +264,7 @@ def worker_app(node: WorkerNode) -> FastAPI:
     @app.get(HEALTH_PATH)
     async def health() -> dict[str, Any]:
         return {"worker_id": node.worker_id, "version": node.version, "in_flight": node.in_flight,
+                "produced_tokens": node.produced_total,
                 "leaving": node.leaving, "engine": node.options.engine}
 
     @app.post(GENERATE_PATH, response_model=None)

@@ -45,10 +45,14 @@ class EpisodeRecord:
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
     source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)
 
-    def samples(self, advantage: float) -> list[TrainSample]:
-        """Its training samples, tagged with the pool member that generated them (when only one did)."""
+    def samples(self, advantage: float, version: int) -> list[TrainSample]:
+        """Its training samples; those sampled by policy ``version`` (the trainer's now) are tagged
+        with the pool member that generated them (when only one did): their log-prob mismatch is then
+        the member's own, not staleness."""
         samples = self.trace.samples(advantage)
-        return [replace(s, source=self.source) for s in samples] if self.source else samples
+        if not self.source:
+            return samples
+        return [replace(s, source=self.source) if set(s.policy_versions) == {version} else s for s in samples]
 
     def generated_by(self, member: str | None) -> None:
         """Note which pool member served a call (per-member log-prob mismatch needs one per sample)."""

@@ -242,7 +242,7 @@ class StepLoop:
                 stale.append(episode)
                 continue
             kept.append(episode)
-            samples.extend(episode.samples(float(advantage)))
+            samples.extend(episode.samples(float(advantage), self.trainer.policy_version))
         return samples, kept, stale
 
     async def publish(self) -> float:

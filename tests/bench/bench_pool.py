@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "swarm" / "pool"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared `support` package
 
@@ -47,17 +49,24 @@ def measure(workers: int, rate: float, seconds: float, warmup: float, tmp: Path)
             worker.wait_ready()
         with study_run(LETTERS / "client.py", server, tmp / f"run-{workers}.log"):
             time.sleep(warmup)
-            before, started = server.status()["episodes"]["finished"], time.monotonic()
+            before, tokens_before, started = server.status()["episodes"]["finished"], _tokens(pool), time.monotonic()
             time.sleep(seconds)
-            after, elapsed = server.status()["episodes"]["finished"], time.monotonic() - started
+            after, tokens_after = server.status()["episodes"]["finished"], _tokens(pool)
+            elapsed = time.monotonic() - started
     finally:
         for worker in pool:
             worker.stop()
         server.stop()
-    rate_eps = (after - before) / elapsed
+    rate_eps, tokens_per_s = (after - before) / elapsed, (tokens_after - tokens_before) / elapsed
     print(f"{workers} worker(s) at {rate:g} tokens/s each: {after - before} episodes in {elapsed:.1f} s "
-          f"= {rate_eps:.2f} episodes/s ({rate_eps * 16 / (workers * rate):.0%} of the pool's cap)", flush=True)
+          f"= {rate_eps:.2f} episodes/s, {tokens_per_s:.1f} tokens/s ({tokens_per_s / (workers * rate):.0%} of the "
+          "pool's cap)", flush=True)
     return rate_eps
+
+
+def _tokens(pool: list[WorkerProcess]) -> int:
+    """Tokens the workers generated so far (their own count, ``GET /pool/v1/health``)."""
+    return sum(int(httpx.get(f"{w.url}/pool/v1/health", timeout=10).json()["produced_tokens"]) for w in pool)
 
 
 def main() -> None:
