@@ -139,16 +139,15 @@ class _Holding:
     def missing(self) -> list[int]:
         return [index for index, data in enumerate(self.chunks) if data is None]
 
-    def offer(self, index: int, data: bytes) -> bool:
-        """Keep ``data`` as chunk ``index`` if it passes its hash; False (nothing kept) if not."""
+    def offer(self, index: int, data: bytes) -> None:
+        """Keep ``data`` as chunk ``index``; ``ShardError`` (nothing kept) if it fails its size or hash."""
         if self.chunks[index] is not None:
-            return True
+            return
         verify_chunk(self.manifest.chunks[index], data)
         self.chunks[index] = data
         self.arrived[index].set()
         if all(self.arrived_flags()):
             self.complete.set()
-        return True
 
 
 class _Forward:
@@ -308,11 +307,12 @@ class Inbox:
         """Keep a pushed chunk if it passes its hash; if not, fetch it again from a source."""
         holding = self._holding(version)
         try:
-            return holding.offer(index, data)
+            holding.offer(index, data)
         except ShardError as exc:
             log.warning("version %d: %s; fetching it again", version, exc)
             self._spawn(self._repair(holding, index))
             return False
+        return True
 
     async def report(self, version: int) -> _Hop:
         holding = self._holding(version)
@@ -344,7 +344,8 @@ class Inbox:
         task.add_done_callback(self._tasks.discard)
 
     async def _settle(self, holding: _Holding) -> None:
-        """Once every chunk is in: keep the version in the depot, then hand it to ``on_version``."""
+        """Once every chunk is in: hand the version to ``on_version``, then keep it in the depot (which
+        lists what this node serves; chunks of a version it could not apply are served while it is held)."""
         try:
             await asyncio.wait_for(holding.complete.wait(), max(0.0, holding.deadline - time.monotonic()))
         except TimeoutError:
@@ -352,13 +353,13 @@ class Inbox:
                         holding.missing())
             return
         chunks = [data for data in holding.chunks if data is not None]
-        self._depot.put(holding.manifest, chunks)
         try:
             await self._on_version(holding.manifest, chunks)
         except Exception:
             log.exception("version %d: on_version failed; this node does not count as holding it",
                           holding.manifest.version)
             return
+        self._depot.put(holding.manifest, chunks)
         holding.applied = True
 
     async def _repair(self, holding: _Holding, index: int) -> None:
