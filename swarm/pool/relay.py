@@ -271,7 +271,7 @@ class Inbox:
         holding = self._holdings.get(version)
         return holding.manifest if holding is not None else None
 
-    def open(self, push: _Open) -> list[int]:
+    def _open(self, push: _Open) -> list[int]:
         """Start (or join) receiving ``push.manifest.version``; start forwarding to ``push.chain``."""
         version = push.manifest.version
         holding = self._holdings.get(version)
@@ -296,14 +296,14 @@ class Inbox:
             holding.forward = asyncio.create_task(forward.run(push.chain, holding.deadline))
         return holding.missing()
 
-    def chunk_size(self, version: int, index: int) -> int:
+    def _chunk_size(self, version: int, index: int) -> int:
         """The size the manifest gives chunk ``index`` of a version being received (409/404 if none)."""
         holding = self._holding(version)
         if not 0 <= index < len(holding.manifest.chunks):
             raise HTTPException(404, f"version {version} has no chunk {index}")
         return holding.manifest.chunks[index].size
 
-    def store(self, version: int, index: int, data: bytes) -> bool:
+    def _store(self, version: int, index: int, data: bytes) -> bool:
         """Keep a pushed chunk if it passes its hash; if not, fetch it again from a source."""
         holding = self._holding(version)
         try:
@@ -314,7 +314,7 @@ class Inbox:
             return False
         return True
 
-    async def report(self, version: int) -> _Hop:
+    async def _report(self, version: int) -> _Hop:
         holding = self._holding(version)
         waits = [task for task in (holding.settle, holding.forward) if task is not None]
         if waits:
@@ -417,21 +417,21 @@ def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request
     async def open_push(version: int, push: _Open) -> _Opened:
         if push.manifest.version != version:
             raise HTTPException(400, f"the manifest is of version {push.manifest.version}, not {version}")
-        return _Opened(missing=inbox.open(push))
+        return _Opened(missing=inbox._open(push))
 
     @router.put("/versions/{version}/chunks/{index}")
     async def put_chunk(version: int, index: int, request: Request) -> _Stored:
-        limit = inbox.chunk_size(version, index)
+        limit = inbox._chunk_size(version, index)
         body = bytearray()
         async for piece in request.stream():
             body += piece
             if len(body) > limit:
                 raise HTTPException(413, f"chunk {index} is {limit} bytes; more was sent")
-        return _Stored(kept=inbox.store(version, index, bytes(body)))
+        return _Stored(kept=inbox._store(version, index, bytes(body)))
 
     @router.get("/versions/{version}/report")
     async def report(version: int) -> _Hop:
-        return await inbox.report(version)
+        return await inbox._report(version)
 
     return router
 
