@@ -139,16 +139,15 @@ class _Holding:
     def missing(self) -> list[int]:
         return [index for index, data in enumerate(self.chunks) if data is None]
 
-    def offer(self, index: int, data: bytes) -> bool:
-        """Keep ``data`` as chunk ``index`` if it passes its hash; False (nothing kept) if not."""
+    def offer(self, index: int, data: bytes) -> None:
+        """Keep ``data`` as chunk ``index``; ``ShardError`` (nothing kept) if it fails its size or hash."""
         if self.chunks[index] is not None:
-            return True
+            return
         verify_chunk(self.manifest.chunks[index], data)
         self.chunks[index] = data
         self.arrived[index].set()
         if all(self.arrived_flags()):
             self.complete.set()
-        return True
 
 
 class _Forward:
@@ -272,7 +271,7 @@ class Inbox:
         holding = self._holdings.get(version)
         return holding.manifest if holding is not None else None
 
-    def open(self, push: _Open) -> list[int]:
+    def _open(self, push: _Open) -> list[int]:
         """Start (or join) receiving ``push.manifest.version``; start forwarding to ``push.chain``."""
         version = push.manifest.version
         holding = self._holdings.get(version)
@@ -297,24 +296,25 @@ class Inbox:
             holding.forward = asyncio.create_task(forward.run(push.chain, holding.deadline))
         return holding.missing()
 
-    def chunk_size(self, version: int, index: int) -> int:
+    def _chunk_size(self, version: int, index: int) -> int:
         """The size the manifest gives chunk ``index`` of a version being received (409/404 if none)."""
         holding = self._holding(version)
         if not 0 <= index < len(holding.manifest.chunks):
             raise HTTPException(404, f"version {version} has no chunk {index}")
         return holding.manifest.chunks[index].size
 
-    def store(self, version: int, index: int, data: bytes) -> bool:
+    def _store(self, version: int, index: int, data: bytes) -> bool:
         """Keep a pushed chunk if it passes its hash; if not, fetch it again from a source."""
         holding = self._holding(version)
         try:
-            return holding.offer(index, data)
+            holding.offer(index, data)
         except ShardError as exc:
             log.warning("version %d: %s; fetching it again", version, exc)
             self._spawn(self._repair(holding, index))
             return False
+        return True
 
-    async def report(self, version: int) -> _Hop:
+    async def _report(self, version: int) -> _Hop:
         holding = self._holding(version)
         waits = [task for task in (holding.settle, holding.forward) if task is not None]
         if waits:
@@ -344,7 +344,8 @@ class Inbox:
         task.add_done_callback(self._tasks.discard)
 
     async def _settle(self, holding: _Holding) -> None:
-        """Once every chunk is in: keep the version in the depot, then hand it to ``on_version``."""
+        """Once every chunk is in: hand the version to ``on_version``, then keep it in the depot (which
+        lists what this node serves; chunks of a version it could not apply are served while it is held)."""
         try:
             await asyncio.wait_for(holding.complete.wait(), max(0.0, holding.deadline - time.monotonic()))
         except TimeoutError:
@@ -352,13 +353,13 @@ class Inbox:
                         holding.missing())
             return
         chunks = [data for data in holding.chunks if data is not None]
-        self._depot.put(holding.manifest, chunks)
         try:
             await self._on_version(holding.manifest, chunks)
         except Exception:
             log.exception("version %d: on_version failed; this node does not count as holding it",
                           holding.manifest.version)
             return
+        self._depot.put(holding.manifest, chunks)
         holding.applied = True
 
     async def _repair(self, holding: _Holding, index: int) -> None:
@@ -416,21 +417,21 @@ def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request
     async def open_push(version: int, push: _Open) -> _Opened:
         if push.manifest.version != version:
             raise HTTPException(400, f"the manifest is of version {push.manifest.version}, not {version}")
-        return _Opened(missing=inbox.open(push))
+        return _Opened(missing=inbox._open(push))
 
     @router.put("/versions/{version}/chunks/{index}")
     async def put_chunk(version: int, index: int, request: Request) -> _Stored:
-        limit = inbox.chunk_size(version, index)
+        limit = inbox._chunk_size(version, index)
         body = bytearray()
         async for piece in request.stream():
             body += piece
             if len(body) > limit:
                 raise HTTPException(413, f"chunk {index} is {limit} bytes; more was sent")
-        return _Stored(kept=inbox.store(version, index, bytes(body)))
+        return _Stored(kept=inbox._store(version, index, bytes(body)))
 
     @router.get("/versions/{version}/report")
     async def report(version: int) -> _Hop:
-        return await inbox.report(version)
+        return await inbox._report(version)
 
     return router
 

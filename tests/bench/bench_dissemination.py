@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=float, default=48.0, help="model size S")
     parser.add_argument("--rate-mb", type=float, default=10.0, help="upload bandwidth B per sender, MB/s")
     parser.add_argument("--chunk-kb", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="letters training steps for the delta ratio")
     parser.add_argument("--low-lrs", type=float, nargs="*", default=[1e-5, 1e-6],
                         help="learning rates of the extra delta lines")
