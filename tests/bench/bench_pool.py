@@ -5,9 +5,9 @@ large that it never trains, so only rollouts are measured) gets that many ``swar
 torch`` processes, each capped by ``--max-tokens-per-s`` to the same rate (emulating equal machines
 slower than this one's cores, so the pool and not the CPU is what is measured), and ``swarm run``
 drives the letters study against it (32 episodes in flight, one 16-token chat call each). After a
-warm-up the finished episodes are counted over a fixed window.
+warm-up the tokens the workers generate (their own count) are measured over a fixed window.
 
-Ends with ``RESULT pool_scaling_4=<episodes/s with 4 workers / with 1> pool_scaling_2=<2 / 1>``
+Ends with ``RESULT pool_scaling_4=<tokens/s with 4 workers / with 1> pool_scaling_2=<2 / 1>``
 (aim: pool_scaling_4 >= 3).
 
     .venv/bin/python tests/bench/bench_pool.py [--rate 40] [--seconds 40] [--warmup 10]
@@ -34,7 +34,9 @@ CONFIG = "group_size = 8\nbatch_groups = 4096\nmin_group_size = 2\nmax_tokens = 
 
 
 def measure(workers: int, rate: float, seconds: float, warmup: float, tmp: Path) -> float:
-    """Finished episodes per second with ``workers`` workers capped at ``rate`` tokens/s each."""
+    """Tokens per second the pool generates with ``workers`` workers capped at ``rate`` tokens/s each
+    (tokens, not finished episodes: the run's held-out round also takes the pool's time, longest with
+    one worker, and its episodes are not counted as finished)."""
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "config.toml"
     config.write_text(CONFIG)
@@ -61,7 +63,7 @@ def measure(workers: int, rate: float, seconds: float, warmup: float, tmp: Path)
     print(f"{workers} worker(s) at {rate:g} tokens/s each: {after - before} episodes in {elapsed:.1f} s "
           f"= {rate_eps:.2f} episodes/s, {tokens_per_s:.1f} tokens/s ({tokens_per_s / (workers * rate):.0%} of the "
           "pool's cap)", flush=True)
-    return rate_eps
+    return tokens_per_s
 
 
 def _tokens(pool: list[WorkerProcess]) -> int:
