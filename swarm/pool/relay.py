@@ -43,16 +43,17 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from swarm.pool.bucket import TokenBucket
+from swarm.pool.chain import (PREFIX, REQUEST_TIMEOUT_S, Depot, Forward, Holding, HopReport, Opened, OpenPush, Stored,
+                              cancel_holding, get_chunk)
 from swarm.pool.shards import Manifest, ShardError, verify_chunk
+
+__all__ = ["Depot", "Inbox", "RelayReport", "disseminate", "fetch", "relay_router"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/pool/v1"
-WINDOW = 2  # chunk requests in flight per hop
-_REQUEST_TIMEOUT_S = 30.0  # one chunk request or one manifest
 _KEEP_HOLDINGS = 4  # versions an Inbox remembers receiving (for the reports of pushes that finished)
 
 
@@ -64,175 +65,6 @@ class RelayReport(BaseModel):
     bytes_sent: int
     reached: list[str]
     failed: list[str]
-
-
-class _Open(BaseModel):
-    """``POST /pool/v1/versions/{v}``: the version's manifest and who the receiver forwards it to."""
-
-    manifest: Manifest
-    chain: list[str]
-    timeout_s: float = Field(gt=0)
-
-
-class _Opened(BaseModel):
-    missing: list[int]
-
-
-class _Stored(BaseModel):
-    kept: bool
-
-
-class _Hop(BaseModel):
-    """``GET .../report``: whether the node holds (and applied) the version, and who it reached."""
-
-    holds: bool
-    reached: list[str]
-    failed: list[str]
-
-
-class Depot:
-    """The versions this node holds (manifest and chunks), newest ``keep``, for relaying and catch-up."""
-
-    def __init__(self, keep: int = 4) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be at least 1, got {keep}")
-        self._keep = keep
-        self._held: dict[int, tuple[Manifest, list[bytes]]] = {}
-
-    def put(self, manifest: Manifest, chunks: list[bytes]) -> None:
-        if len(chunks) != len(manifest.chunks):
-            raise ValueError(f"version {manifest.version}: {len(chunks)} chunks "
-                             f"for a manifest of {len(manifest.chunks)}")
-        self._held[manifest.version] = (manifest, list(chunks))
-        for old in sorted(self._held)[:-self._keep]:
-            del self._held[old]
-
-    def get(self, version: int) -> tuple[Manifest, list[bytes]] | None:
-        return self._held.get(version)
-
-    def versions(self) -> list[int]:
-        return sorted(self._held)
-
-
-class _Holding:
-    """One version as a node receives it: verified chunks so far, and events for whoever waits on them."""
-
-    def __init__(self, manifest: Manifest, chunks: Sequence[bytes] | None = None) -> None:
-        self.manifest = manifest
-        self.chunks: list[bytes | None] = list(chunks) if chunks is not None else [None] * len(manifest.chunks)
-        self.arrived = [asyncio.Event() for _ in self.chunks]
-        self.complete = asyncio.Event()
-        for index, data in enumerate(self.chunks):
-            if data is not None:
-                self.arrived[index].set()
-        if all(self.arrived_flags()):
-            self.complete.set()
-        self.applied = chunks is not None  # held before this push: on_version ran already
-        self.settle: asyncio.Task[None] | None = None
-        self.forward: asyncio.Task[tuple[list[str], list[str]]] | None = None
-        self.chain: list[str] = []  # who ``forward`` sends to
-        self.deadline = time.monotonic()
-
-    def arrived_flags(self) -> list[bool]:
-        return [data is not None for data in self.chunks]
-
-    def missing(self) -> list[int]:
-        return [index for index, data in enumerate(self.chunks) if data is None]
-
-    def offer(self, index: int, data: bytes) -> None:
-        """Keep ``data`` as chunk ``index``; ``ShardError`` (nothing kept) if it fails its size or hash."""
-        if self.chunks[index] is not None:
-            return
-        verify_chunk(self.manifest.chunks[index], data)
-        self.chunks[index] = data
-        self.arrived[index].set()
-        if all(self.arrived_flags()):
-            self.complete.set()
-
-
-class _Forward:
-    """Send one held (or arriving) version down a chain: open the next member, send it the chunks
-    it lacks in order as they arrive here, wait for its report; on any failure, skip to the member
-    after it."""
-
-    def __init__(self, holding: _Holding, client: httpx.AsyncClient, token: str, bucket: TokenBucket) -> None:
-        self._holding = holding
-        self._client = client
-        self._headers = {"Authorization": f"Bearer {token}"}
-        self._bucket = bucket
-        self.sent = 0
-        self.reached: list[str] = []
-        self.failed: list[str] = []
-
-    async def run(self, chain: Sequence[str], deadline: float) -> tuple[list[str], list[str]]:
-        queue = list(chain)
-        while queue:
-            target, rest = queue[0], queue[1:]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.failed.extend(queue)
-                break
-            try:
-                async with asyncio.timeout(remaining):
-                    hop = await self._hop(target, rest, remaining)
-            except TimeoutError:
-                log.warning("relay of version %d: %s did not report in time", self._holding.manifest.version, target)
-                self.failed.extend(queue)  # nobody after it confirmed either
-                break
-            except (httpx.HTTPError, ValueError) as exc:  # refused, died, or answered nonsense
-                log.warning("relay of version %d: %s failed (%s: %s); going on with the next member",
-                            self._holding.manifest.version, target, type(exc).__name__, exc)
-                self.failed.append(target)
-                queue = rest
-                continue
-            (self.reached if hop.holds else self.failed).append(target)
-            self.reached += hop.reached
-            self.failed += hop.failed
-            break
-        return self.reached, self.failed
-
-    async def _hop(self, target: str, rest: list[str], remaining: float) -> _Hop:
-        version = self._holding.manifest.version
-        # The member must report before our own deadline: leave it a margin for the answer.
-        child_timeout = max(0.1, remaining * 0.95 - 0.25)
-        opened = await self._client.post(
-            f"{target}{PREFIX}/versions/{version}", headers=self._headers, timeout=_REQUEST_TIMEOUT_S,
-            json=_Open(manifest=self._holding.manifest, chain=rest, timeout_s=child_timeout).model_dump(mode="json"))
-        opened.raise_for_status()
-        await self._send(target, _Opened.model_validate(opened.json()).missing)
-        report = await self._client.get(f"{target}{PREFIX}/versions/{version}/report", headers=self._headers,
-                                        timeout=remaining + 1.0)
-        report.raise_for_status()
-        return _Hop.model_validate(report.json())
-
-    async def _send(self, target: str, indices: list[int]) -> None:
-        """Chunks ``indices`` in order, each once it is here, at most ``WINDOW`` requests in flight."""
-        in_flight: set[asyncio.Task[None]] = set()
-        try:
-            for index in indices:
-                await self._holding.arrived[index].wait()
-                while len(in_flight) >= WINDOW:
-                    done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    _raise_first(done)
-                data = self._holding.chunks[index]
-                assert data is not None  # arrived is set only with the chunk in place
-                await self._bucket.take(len(data))
-                self.sent += len(data)
-                in_flight.add(asyncio.create_task(self._put(target, index, data)))
-            if in_flight:
-                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_EXCEPTION)
-                _raise_first(done)
-        finally:
-            for task in in_flight:
-                task.cancel()
-
-    async def _put(self, target: str, index: int, data: bytes) -> None:
-        version = self._holding.manifest.version
-        answer = await self._client.put(f"{target}{PREFIX}/versions/{version}/chunks/{index}", content=data,
-                                        headers=self._headers, timeout=_REQUEST_TIMEOUT_S)
-        answer.raise_for_status()
-        if not _Stored.model_validate(answer.json()).kept:
-            log.warning("relay of version %d: %s got chunk %d corrupted; it refetches it", version, target, index)
 
 
 class Inbox:
@@ -249,7 +81,7 @@ class Inbox:
         self._token = token
         self._bucket = TokenBucket(rate_bytes_per_s)
         self._sources = sources
-        self._holdings: dict[int, _Holding] = {}
+        self._holdings: dict[int, Holding] = {}
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.refetched = 0
@@ -257,7 +89,7 @@ class Inbox:
     async def aclose(self) -> None:
         """Stop pushes under way and close the HTTP client (on the node's shutdown)."""
         for holding in self._holdings.values():
-            _cancel(holding)
+            cancel_holding(holding)
         for task in self._tasks:
             task.cancel()
         if self._client is not None:
@@ -271,27 +103,27 @@ class Inbox:
         holding = self._holdings.get(version)
         return holding.manifest if holding is not None else None
 
-    def _open(self, push: _Open) -> list[int]:
+    def _open(self, push: OpenPush) -> list[int]:
         """Start (or join) receiving ``push.manifest.version``; start forwarding to ``push.chain``."""
         version = push.manifest.version
         holding = self._holdings.get(version)
         if holding is None:
             held = self._depot.get(version)
-            holding = _Holding(held[0] if held else push.manifest, held[1] if held else None)
+            holding = Holding(held[0] if held else push.manifest, held[1] if held else None)
         if holding.manifest != push.manifest:
             if holding.applied:  # another encoding of a version this node already serves
                 raise HTTPException(409, f"version {version} is held here from another manifest "
                                          f"({holding.manifest.kind} over {holding.manifest.base_version})")
-            _cancel(holding)  # an unfinished (or unusable) encoding: the new push replaces it
-            holding = _Holding(push.manifest)
+            cancel_holding(holding)  # an unfinished (or unusable) encoding: the new push replaces it
+            holding = Holding(push.manifest)
         self._holdings[version] = holding
         for old in sorted(self._holdings)[:-_KEEP_HOLDINGS]:
-            _cancel(self._holdings.pop(old))
+            cancel_holding(self._holdings.pop(old))
         holding.deadline = max(holding.deadline, time.monotonic() + push.timeout_s)
         if not holding.applied and (holding.settle is None or holding.settle.done()):
             holding.settle = asyncio.create_task(self._settle(holding))
         if holding.forward is None or holding.forward.done():
-            forward = _Forward(holding, self._http(), self._token, self._bucket)
+            forward = Forward(holding, self._http(), self._token, self._bucket)
             holding.chain = list(push.chain)
             holding.forward = asyncio.create_task(forward.run(push.chain, holding.deadline))
         return holding.missing()
@@ -314,7 +146,7 @@ class Inbox:
             return False
         return True
 
-    async def _report(self, version: int) -> _Hop:
+    async def _report(self, version: int) -> HopReport:
         holding = self._holding(version)
         waits = [task for task in (holding.settle, holding.forward) if task is not None]
         if waits:
@@ -324,9 +156,9 @@ class Inbox:
             reached, failed = forward.result()
         else:  # did not finish by the deadline: nobody downstream confirmed
             reached, failed = [], list(holding.chain)
-        return _Hop(holds=holding.applied, reached=reached, failed=failed)
+        return HopReport(holds=holding.applied, reached=reached, failed=failed)
 
-    def _holding(self, version: int) -> _Holding:
+    def _holding(self, version: int) -> Holding:
         holding = self._holdings.get(version)
         if holding is None:
             raise HTTPException(409, f"no push of version {version} is open here: "
@@ -335,7 +167,7 @@ class Inbox:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=_REQUEST_TIMEOUT_S)
+            self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
         return self._client
 
     def _spawn(self, work: Awaitable[None]) -> None:
@@ -343,7 +175,7 @@ class Inbox:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, holding: _Holding) -> None:
+    async def _settle(self, holding: Holding) -> None:
         """Once every chunk is in: hand the version to ``on_version``, then keep it in the depot (which
         lists what this node serves; chunks of a version it could not apply are served while it is held)."""
         try:
@@ -362,12 +194,12 @@ class Inbox:
         self._depot.put(holding.manifest, chunks)
         holding.applied = True
 
-    async def _repair(self, holding: _Holding, index: int) -> None:
+    async def _repair(self, holding: Holding, index: int) -> None:
         """Fetch chunk ``index`` from the first source that has a good copy."""
         version = holding.manifest.version
         for source in self._sources():
             try:
-                data = await _get_chunk(self._http(), source, version, index, self._token)
+                data = await get_chunk(self._http(), source, version, index, self._token)
                 holding.offer(index, data)
             except (httpx.HTTPError, ShardError) as exc:
                 log.warning("version %d: chunk %d from %s: %s", version, index, source, exc)
@@ -414,23 +246,23 @@ def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request
         return router
 
     @router.post("/versions/{version}")
-    async def open_push(version: int, push: _Open) -> _Opened:
+    async def open_push(version: int, push: OpenPush) -> Opened:
         if push.manifest.version != version:
             raise HTTPException(400, f"the manifest is of version {push.manifest.version}, not {version}")
-        return _Opened(missing=inbox._open(push))
+        return Opened(missing=inbox._open(push))
 
     @router.put("/versions/{version}/chunks/{index}")
-    async def put_chunk(version: int, index: int, request: Request) -> _Stored:
+    async def put_chunk(version: int, index: int, request: Request) -> Stored:
         limit = inbox._chunk_size(version, index)
         body = bytearray()
         async for piece in request.stream():
             body += piece
             if len(body) > limit:
                 raise HTTPException(413, f"chunk {index} is {limit} bytes; more was sent")
-        return _Stored(kept=inbox._store(version, index, bytes(body)))
+        return Stored(kept=inbox._store(version, index, bytes(body)))
 
     @router.get("/versions/{version}/report")
-    async def report(version: int) -> _Hop:
+    async def report(version: int) -> HopReport:
         return await inbox._report(version)
 
     return router
@@ -449,9 +281,9 @@ async def disseminate(depot: Depot, version: int, chain: Sequence[str], *, token
         raise KeyError(f"version {version} is not in the depot")
     members = list(dict.fromkeys(url.rstrip("/") for url in chain))
     started = time.monotonic()
-    http = client or httpx.AsyncClient(timeout=_REQUEST_TIMEOUT_S)
+    http = client or httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
     try:
-        forward = _Forward(_Holding(*held), http, token, bucket or TokenBucket(rate_bytes_per_s))
+        forward = Forward(Holding(*held), http, token, bucket or TokenBucket(rate_bytes_per_s))
         reached, failed = await forward.run(members, started + timeout_s)
     finally:
         if client is None:
@@ -465,7 +297,7 @@ async def fetch(source: str, version: int, *, token: str,
     """Pull ``version`` from ``source`` (a worker or the server): its manifest, then each chunk,
     verified; a bad chunk is fetched once more, then ``ShardError``. A source that does not hold the
     version answers 404 (``httpx.HTTPStatusError``)."""
-    http = client or httpx.AsyncClient(timeout=_REQUEST_TIMEOUT_S)
+    http = client or httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
     source = source.rstrip("/")
     try:
         answer = await http.get(f"{source}{PREFIX}/versions/{version}/manifest",
@@ -474,37 +306,15 @@ async def fetch(source: str, version: int, *, token: str,
         manifest = Manifest.model_validate(answer.json())
         chunks = []
         for info in manifest.chunks:
-            data = await _get_chunk(http, source, version, info.index, token)
+            data = await get_chunk(http, source, version, info.index, token)
             try:
                 verify_chunk(info, data)
             except ShardError as exc:
                 log.warning("version %d from %s: %s; fetching it once more", version, source, exc)
-                data = await _get_chunk(http, source, version, info.index, token)
+                data = await get_chunk(http, source, version, info.index, token)
                 verify_chunk(info, data)
             chunks.append(data)
         return manifest, chunks
     finally:
         if client is None:
             await http.aclose()
-
-
-def _cancel(holding: _Holding) -> None:
-    for task in (holding.settle, holding.forward):
-        if task is not None:
-            task.cancel()
-
-
-def _raise_first(tasks: set[asyncio.Task[None]]) -> None:
-    """Raise the first failure among finished tasks (every one's exception is retrieved, so none is
-    reported as "never retrieved")."""
-    errors = [task.exception() for task in tasks if not task.cancelled()]
-    first = next((error for error in errors if error is not None), None)
-    if first is not None:
-        raise first
-
-
-async def _get_chunk(client: httpx.AsyncClient, source: str, version: int, index: int, token: str) -> bytes:
-    answer = await client.get(f"{source.rstrip('/')}{PREFIX}/versions/{version}/chunks/{index}",
-                              headers={"Authorization": f"Bearer {token}"}, timeout=_REQUEST_TIMEOUT_S)
-    answer.raise_for_status()
-    return answer.content
