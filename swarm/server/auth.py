@@ -126,22 +126,24 @@ def resolve_client_token(client_token: str | None, state_dir: Path, control_toke
     """The client token: the given one; else the one persisted in ``<state_dir>/client_token``;
     else a fresh random one persisted there (0600) on any host (it opens only episode routes)."""
     return _scoped_token("client", client_token, state_dir / CLIENT_TOKEN_FILE, "SWARM_CLIENT_TOKEN",
-                         [control_token])
+                         {"control": control_token})
 
 
-def resolve_worker_token(worker_token: str | None, state_dir: Path, *others: str) -> str:
+def resolve_worker_token(worker_token: str | None, state_dir: Path, control_token: str, client_token: str) -> str:
     """The worker token: the given one; else ``<state_dir>/worker_token``; else a fresh random one
-    persisted there (0600). It must differ from the control and client tokens (``others``)."""
-    return _scoped_token("worker", worker_token, state_dir / WORKER_TOKEN_FILE, "SWARM_WORKER_TOKEN", list(others))
+    persisted there (0600). It must differ from the control and client tokens."""
+    return _scoped_token("worker", worker_token, state_dir / WORKER_TOKEN_FILE, "SWARM_WORKER_TOKEN",
+                         {"control": control_token, "client": client_token})
 
 
-def _scoped_token(name: str, given: str | None, path: Path, env: str, others: list[str]) -> str:
+def _scoped_token(name: str, given: str | None, path: Path, env: str, others: dict[str, str]) -> str:
     token = given or _read_private(path)
     if token is None:
         token = secrets.token_urlsafe(24)
         write_private(path, token)
-    if any(hmac.compare_digest(token.encode(), other.encode()) for other in others):
-        raise ValueError(f"the {name} token must differ from the other tokens (check {env} and {path})")
+    for other_name, other in others.items():
+        if hmac.compare_digest(token.encode(), other.encode()):
+            raise ValueError(f"the {name} token must differ from the {other_name} token (check {env} and {path})")
     if token.startswith(_KEY_PREFIX):
         raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} (that prefix marks episode keys)")
     return token
