@@ -138,8 +138,9 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
         from swarm.pool.relay import relay_router  # torch (shards): only when the app is built
 
         authorize = ctx.keys.worker
-        app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize))
-        app.include_router(relay_router(ctx.roster.publisher.snapshots, None, authorize), prefix=SNAPSHOT_PREFIX)
+        app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize), responses=ERROR_RESPONSES)
+        app.include_router(relay_router(ctx.roster.publisher.snapshots, None, authorize), prefix=SNAPSHOT_PREFIX,
+                           responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
