@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -34,6 +34,7 @@ from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.settings import StudyOptions
+from researcher.state import StudyState
 from researcher.tracking import Tracker
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -77,7 +78,7 @@ def _setup_logging(verbose: bool) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
-def _finish(state: dict[str, Any], layout: StudyLayout) -> None:
+def _finish(state: StudyState, layout: StudyLayout) -> None:
     phase = state.get("phase")
     if phase == "done":
         out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
@@ -179,7 +180,7 @@ def start(
 
 
 def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
-                 verbose: bool = False, window_s: float | None = None) -> dict[str, Any]:
+                 verbose: bool = False, window_s: float | None = None) -> StudyState:
     """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
     from researcher import study
 
@@ -270,8 +271,8 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
         print(layout.report_md.read_text())
     else:
         print(f"(no report.md yet: the study is {state.get('phase', 'not started')})\n")
-    print(written["md"].read_text())
-    print(f"Files: {written['md']} · {written['csv']} · {written['png']}")
+    print(written.md.read_text())
+    print(f"Files: {written.md} · {written.csv} · {written.png}")
 
 
 @app.command("schedule")

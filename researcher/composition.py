@@ -15,9 +15,8 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from researcher import catalog, events, resources
 from researcher.context import StudyContext
@@ -26,10 +25,11 @@ from researcher.layout import StudyLayout
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
+from researcher.planner.usage import LLMCall
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[str, Mapping[str, object]], None]
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -102,7 +102,7 @@ def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> P
 
     counter = itertools.count(1)
 
-    def trace(record: dict[str, Any]) -> None:
+    def trace(record: LLMCall) -> None:
         layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
         name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
         (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))

@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from researcher.records import JsonObject
+
 RUN_FILE = "run.json"
 
 
@@ -34,7 +36,7 @@ class RunRecord(BaseModel):
     trial: int
     experiment: str
     seed: int
-    config: dict[str, Any]                # the full server config the run trains with
+    config: JsonObject                    # the full server config the run trains with
     client: str                           # path of the client.py it runs
     target_step: int                      # the run ends once the server reaches this step
     episodes: int                         # episodes per client start

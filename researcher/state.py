@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from researcher.planner.usage import LLMUsage
+from researcher.records import IterationSummary
 
 Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
                 "reporting", "done", "failed", "stopped", "parked"]
@@ -33,6 +34,24 @@ class Trial(TypedDict):
     status: str              # pending | queued (waits for resources) | running | parked | finished | crashed | …
 
 
+class Validation(TypedDict):
+    attempts: int
+    ok: bool
+    error: str | None
+
+
+class DecisionRecord(TypedDict):
+    action: Literal["continue", "conclude"]
+    reason: str
+
+
+class Parked(TypedDict, total=False):
+    phase: str               # where the study re-enters
+    reason: str
+    at: float
+    runs: list[str]
+
+
 class StudyState(TypedDict, total=False):
     study_id: str
     topic: str
@@ -42,15 +61,21 @@ class StudyState(TypedDict, total=False):
     iteration: int
     framing: dict[str, Any]          # planner.schema.Framing as a dict
     experiments: list[str]           # names of this iteration's experiments (files under studies/)
-    validation: dict[str, Any]       # {attempts, ok, error}
+    validation: Validation
     trials: list[Trial]              # this iteration's runs
     runs_launched: int               # over the whole study (budget: max_runs)
     run_seconds: list[float]         # measured wall time of finished runs (for planning the budget)
-    iterations: list[dict[str, Any]]  # per-iteration summaries: best experiment, aucs, verdicts
-    decision: dict[str, Any]         # {action: continue|conclude, reason}
+    iterations: list[dict[str, Any]]  # records.IterationSummary.dump() each (read with summaries())
+    decision: DecisionRecord
     llm: LLMUsage
     mlflow_parent_run: str | None
     error: str | None
     stop_requested: bool
-    parked: dict[str, Any] | None    # {phase, reason, at, runs}: where a parked study re-enters
+    parked: Parked | None            # where a parked study re-enters
+
+
+
+def summaries(state: StudyState) -> list[IterationSummary]:
+    """The state's per-iteration summaries, read into models (the state holds their JSON)."""
+    return IterationSummary.load_all(state.get("iterations") or [])
 

@@ -13,7 +13,6 @@ example task, a framing on another knob or task is re-asked, then refused.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from researcher import catalog, studyfiles, verdicts
 from researcher.context import StudyContext
@@ -23,7 +22,7 @@ from researcher.planner.usage import add_usage, new_usage
 from researcher.state import StudyState
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     usage = state.get("llm") or new_usage()
     examples = catalog.examples(ctx.settings.examples_root)
     text = catalog.describe(ctx.settings.examples_root)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from researcher import budget, resources, runs, studyfiles
 from researcher.context import StudyContext
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 EPISODE_SLACK = 1.75
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
     trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
     launched_total = _count_launched(ctx)
@@ -152,8 +151,8 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
 
 
 def _hypothesis_of(ctx: StudyContext, iteration: int, experiment: str) -> str:
-    planned = studyfiles.read_plan(ctx.layout).get("iterations", {}).get(str(iteration), {})
-    return next((e.get("hypothesis", "") for e in planned.get("experiments", []) if e["name"] == experiment), "")
+    planned = studyfiles.read_plan(ctx.layout).iteration(iteration).experiment(experiment)
+    return planned.hypothesis if planned else ""
 
 
 def _free_server(ctx: StudyContext) -> str:

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"}
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
     trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
     seconds = list(state.get("run_seconds") or [])

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from researcher import runs, studyfiles
 from researcher.context import StudyContext
 from researcher.state import StudyState, Trial
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     reason = ctx.should_park() or "parked"
     trials: list[Trial] = [dict(t) for t in state.get("trials") or []]  # type: ignore[misc]
     parked_runs = []

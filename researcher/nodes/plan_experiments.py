@@ -17,15 +17,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
 from researcher import budget, catalog, factorial, studyfiles
 from researcher.context import StudyContext
 from researcher.layout import run_key
 from researcher.planner import topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
-from researcher.state import StudyState, Trial
+from researcher.records import IterationPlan, IterationSummary, JsonObject
+from researcher.state import StudyState, Trial, summaries
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 
@@ -41,7 +40,7 @@ class CheckedPlan:
 ConfigCheck = Callable[[Plan], str | None]
 
 
-def ask_checked(planner: Planner, framing: Framing, context: dict[str, Any],
+def ask_checked(planner: Planner, framing: Framing, context: JsonObject,
                 question: topic.TopicQuestion, check: ConfigCheck | None = None) -> CheckedPlan:
     """Ask for a plan; when it does not test ``question``, does not run the framed design, or (with
     ``check``, e.g. ``config_check``) holds a config the server refuses, ask once more with the
@@ -56,7 +55,7 @@ def ask_checked(planner: Planner, framing: Framing, context: dict[str, Any],
     for _ in range(2):
         reply = planner.plan(framing, asked)
         usage = add_usage(usage, reply.usage)
-        arms = [factorial.arm_settings(e.model_dump()) for e in reply.value.experiments]
+        arms = [factorial.arm_settings(e) for e in reply.value.experiments]
         # A factorial runs two levels of each factor: the named values still run, but no dose-response curve.
         read = replace(question, shape="comparison") if reply.value.shape == "factorial" else question
         found = [topic.plan_complaint(read, knob, arms, tested, room),
@@ -93,28 +92,28 @@ def config_check(swarm_command: Sequence[str], base_config: Path) -> ConfigCheck
     return check
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     framing = Framing.model_validate(state["framing"])
     options = state["options"]
     iteration = state.get("iteration", 0) + 1
-    history = state.get("iterations", [])
-    used_names = {e["name"] for s in history for e in s["experiments"]}
-    tested = [e["value"] for s in history for e in s["experiments"]]
-    best = history[-1]["best_value"] if history else None
+    history = summaries(state)
+    used_names = {e.name for s in history for e in s.experiments}
+    tested = [e.value for s in history for e in s.experiments]
+    best = history[-1].best_value if history else None
     question = topic.parse(state["topic"])
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
     task_config = studyfiles.server_config(example.config, {}) if example else {}
-    earlier = studyfiles.read_plan(ctx.layout).get("iterations", {})
+    earlier = studyfiles.read_plan(ctx.layout).iterations
     context = {"iteration": iteration, "topic": state["topic"], "named": question.summary(),
                "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
                "min_effect": options["min_effect"], "task_config": task_config, "tested_values": tested,
                "best_value": best, "time_left_s": round(budget.time_left(state, ctx.clock())),
                "runs_left": budget.runs_left(state),
-               "history": [{**{k: s[k] for k in ("iteration", "best", "best_value", "comparison", "plateau")},
-                            "values": {e["name"]: e["value"] for e in s["experiments"]},
+               "history": [{**s.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
+                            "values": {e.name: e.value for e in s.experiments},
                             **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
                "config_keys": catalog.CONFIG_KEYS,
-               "code_changes": {it: p["code_change"] for it, p in earlier.items() if p.get("code_change")}}
+               "code_changes": {str(it): p.code_change for it, p in earlier.items() if p.code_change}}
     if any(k.key == framing.knob for k in catalog.KNOBS):
         context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
     check = None
@@ -154,16 +153,13 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
 
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
-    studyfiles.write_plan(ctx.layout, iteration, {"rationale": plan.rationale, "shape": plan.shape,
-                                                  "stage": plan.stage, "assumptions": assumptions,
-                                                  "code_change": plan.code_change,
-                                                  "question": {k: v for k, v in question.summary().items()
-                                                               if k != "assumptions"},
-                                                  "hypotheses": [h.model_dump() for h in plan.hypotheses],
-                                                  "experiments": [e.model_dump() for e in experiments],
-                                                  "seeds": [iteration * SEED_STRIDE + k for k in range(seeds)],
-                                                  "steps_per_run": options["steps_per_run"]},
-                          framing.model_dump())
+    written = IterationPlan.model_validate({
+        "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
+        "code_change": plan.code_change,
+        "question": {k: v for k, v in question.summary().items() if k != "assumptions"},
+        "hypotheses": [h.model_dump() for h in plan.hypotheses], "experiments": [e.model_dump() for e in experiments],
+        "seeds": [iteration * SEED_STRIDE + k for k in range(seeds)], "steps_per_run": options["steps_per_run"]})
+    studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump())
     trials: list[Trial] = []
     # Seed-major order: every configuration gets its first seed before any gets its second.
     for k in range(seeds):
@@ -211,8 +207,8 @@ def _show(exp: Experiment) -> str:
     return f"{exp.name} {json.dumps(exp.overrides)}" + (f" client {json.dumps(exp.factors)}" if exp.factors else "")
 
 
-def _effects(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _effects(summary: IterationSummary) -> list[JsonObject]:
     """A factorial iteration's effects as the planner needs them (estimate, interval, resolved)."""
-    return [{k: e[k] for k in ("name", "estimate", "low", "high", "resolved", "aliases")}
-            for e in (summary.get("study") or {}).get("effects") or []]
+    return [e.model_dump(include={"name", "estimate", "low", "high", "resolved", "aliases"})
+            for e in (summary.study.effects if summary.study else [])]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from researcher.records import IterationPlan
 from researcher import preflight, studyfiles
 from researcher.context import StudyContext
 from researcher.launcher import Launcher
@@ -92,7 +93,7 @@ def _context(tmp_path: Path, study_id: str, server: tuple[str, str] | None = Non
 
 
 def _validate(ctx: StudyContext, source: str) -> dict:
-    studyfiles.write_plan(ctx.layout, 1, {"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}, {})
+    studyfiles.write_plan(ctx.layout, 1, IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}), {})
     studyfiles.write_experiment(ctx.layout, "e1", source, dict(group_size=4), "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 4, "smoke_timeout_s": 120.0},
              "budget": {"max_repairs": 3}, "validation": None}
