@@ -37,9 +37,10 @@ from typing import Any
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import resources, runs
+from researcher import resources, run_status, runs
 from researcher.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
 from researcher.ray_entry import ADDRESS_FILE
+from researcher.run_status import RunStatus
 from researcher.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ class RayLauncher(Launcher):
 
     def start_server(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
         record.state_dir = str(run_dir / STATE_DIR)
-        record.status, record.started_at = "running", time.time()
+        run_status.move(record, RunStatus.RUNNING)
+        record.started_at = time.time()
         self._submit_server(run_dir, config_path, record)
         record.launches += 1
         record.last_progress_at = time.time()
@@ -163,7 +165,8 @@ class RayLauncher(Launcher):
         now = time.time()
         record.parked_s += now - (record.parked_at or now)
         record.parked_at, record.resumed_at = None, now
-        record.status, record.reason, record.last_progress_at = "running", "", now
+        run_status.move(record, RunStatus.RUNNING, "")
+        record.last_progress_at = now
         record.finished_seen, record.finished_seen_at = 0, now
         self._submit_server(run_dir, config_path, record)
         record.resumes += 1
@@ -291,12 +294,13 @@ class RayLauncher(Launcher):
             _wait(lambda: self._status(server) not in _LIVE, 15.0)
 
     def stop(self, run_dir: Path, record: RunRecord, status: str, reason: str = "") -> RunRecord:
-        record.ending, record.reason = status, reason
+        record.ending, record.reason = run_status.check(record.status, status), reason
         runs.save(run_dir, record)
         self.stop_client(record)
         self._stop_server(record, checkpoint_first=False)
         self._fetch_logs(run_dir, record)
-        record.status, record.ending, record.ended_at = status, None, time.time()
+        run_status.move(record, status)
+        record.ending, record.ended_at = None, time.time()
         if record.queued_at is not None:
             record.queued_s += record.ended_at - record.queued_at
             record.queued_at = None
@@ -307,7 +311,8 @@ class RayLauncher(Launcher):
         self.stop_client(record)
         self._stop_server(record, checkpoint_first=True)
         self._fetch_logs(run_dir, record)
-        record.status, record.reason, record.parked_at = "parked", reason, time.time()
+        run_status.move(record, RunStatus.PARKED, reason)
+        record.parked_at = time.time()
         runs.save(run_dir, record)
         return record
 

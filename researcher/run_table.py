@@ -106,7 +106,7 @@ def _row(layout: StudyLayout, record: runs.RunRecord, planned: IterationPlan, su
         hypothesis=f"{hyp_id}: {hypotheses.get(hyp_id, '')}".strip(": ") if hyp_id else "",
         hypothesis_id=hyp_id, experiment=record.experiment,
         config=json.dumps(experiment.overrides if experiment else {}, sort_keys=True),
-        seed=record.seed, status=record.status, steps=record.last_step,
+        seed=record.seed, status=str(record.status), steps=record.last_step,
         final_reward=round(stats.final_level(values), 4) if values else None,
         best_reward=round(max(values), 4) if values else None,
         auc=round(stats.auc(steps, values, horizon), 4) if values else None,

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from researcher.records import JsonObject
+from researcher.run_status import ENDED, RunStatus
 
 RUN_FILE = "run.json"
 
@@ -57,9 +58,9 @@ class RunRecord(BaseModel):
     client_starts: int = 0                # client processes started: the first, top-ups and restarts
     client_restarts: int = 0              # of those, restarts after a client failed (a top-up is not one)
     client_log_offset: int = 0            # client.log's size when the current client started
-    status: str = "pending"               # pending|running|parked|finished|crashed|stalled|diverged|cut|stopped
+    status: RunStatus = RunStatus.PENDING  # moved only by run_status.move (its table of allowed moves)
     reason: str = ""
-    ending: str | None = None             # the end status decided before stopping the processes
+    ending: RunStatus | None = None       # the end status decided before stopping the processes
     started_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
     last_step: int = 0
@@ -90,7 +91,7 @@ class RunRecord(BaseModel):
 
     @property
     def ended(self) -> bool:
-        return self.status not in ("pending", "running", "parked")
+        return self.status in ENDED
 
     @property
     def wall_s(self) -> float | None:

@@ -6,10 +6,14 @@ overwritten by the node that returns it (no reducers): nodes return only what th
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from researcher.planner.usage import LLMUsage
 from researcher.records import IterationSummary
+from researcher.run_status import RunStatus, check
+
+if TYPE_CHECKING:
+    from researcher.runs import RunRecord
 
 Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
                 "reporting", "done", "failed", "stopped", "parked"]
@@ -31,7 +35,7 @@ class Trial(TypedDict):
     experiment: str
     seed: int
     run_dir: str
-    status: str              # pending | queued (waits for resources) | running | parked | finished | crashed | …
+    status: str              # a RunStatus value: its run record's once it has one (``sync_trial``)
 
 
 class Validation(TypedDict):
@@ -79,3 +83,17 @@ def summaries(state: StudyState) -> list[IterationSummary]:
     """The state's per-iteration summaries, read into models (the state holds their JSON)."""
     return IterationSummary.load_all(state.get("iterations") or [])
 
+
+def sync_trial(trial: Trial, record: RunRecord | None) -> RunStatus:
+    """The trial's status copied from its run record, the status' one owner (a trial without a record
+    keeps its own). The state holds the plain value: a checkpoint never stores an enum."""
+    if record is not None:
+        trial["status"] = RunStatus(record.status).value
+    return RunStatus(trial["status"])
+
+
+def advance_trial(trial: Trial, to: RunStatus) -> RunStatus:
+    """Move a trial that has no run record of its own (pending, queued, skipped, stopped before its
+    launch) along the run-status table; refuses an illegal move like ``run_status.move``."""
+    trial["status"] = check(trial["status"], to).value
+    return to

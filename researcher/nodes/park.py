@@ -12,7 +12,8 @@ from pathlib import Path
 
 from researcher import runs, studyfiles
 from researcher.context import StudyContext
-from researcher.state import StudyState, Trial
+from researcher.run_status import RunStatus
+from researcher.state import StudyState, Trial, sync_trial
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -20,14 +21,13 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     trials: list[Trial] = [dict(t) for t in state.get("trials") or []]  # type: ignore[misc]
     parked_runs = []
     for trial in trials:
-        if trial["status"] != "running":
+        if trial["status"] != RunStatus.RUNNING:
             continue
         run_dir = Path(trial["run_dir"])
         record = runs.load(run_dir)
         if record is None or record.ended:
             continue
-        ctx.launcher.park(run_dir, record, reason)
-        trial["status"] = "parked"
+        sync_trial(trial, ctx.launcher.park(run_dir, record, reason))
         parked_runs.append(f"{record.key} at step {record.last_step}")
     phase = state.get("phase") or "framing"
     studyfiles.log(ctx.layout, f"Parked in phase {phase} (iteration {state.get('iteration', 0)}): {reason}. "

@@ -19,6 +19,7 @@ import pytest
 
 from researcher import procs, resources, runs
 from researcher.launcher import Launcher
+from researcher.run_status import RunStatus
 from researcher.runs import RunRecord
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
@@ -86,7 +87,7 @@ def test_reserve_gives_each_run_its_own_devices_and_queues_the_rest(tmp_path: Pa
     runs.save(root / "t" / "runs" / "1-0", stranger)
     assert not other.reserve(root / "t" / "runs" / "1-0", stranger)
     # A run ends: its device goes to the one that waited, which records how long it waited.
-    records[0].status = "finished"
+    records[0].status = RunStatus.FINISHED  # as if it had run (a pending record cannot move there)
     runs.save(dirs[0], records[0])
     time.sleep(0.05)
     assert launcher.reserve(dirs[2], records[2])
