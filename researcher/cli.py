@@ -25,14 +25,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, datatask, events, flags, terminal, overview, resources, run_table, scheduler, studystore
+from researcher import catalog, datatask, events, flags, overview, scheduler, studystore, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
+from researcher.evidence import run_table
 from researcher.flags import parse_duration
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
+from researcher.runs import resources
+from researcher.runs.launcher import Launcher
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.tracking import Tracker
@@ -58,7 +60,7 @@ def _check_cluster(ctx: StudyContext) -> None:
     """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
     if ctx.launcher.placement != "ray":
         return
-    from researcher.ray_launcher import ClusterNotShared
+    from researcher.runs.ray_launcher import ClusterNotShared
 
     try:
         ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]

@@ -18,14 +18,15 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from researcher import catalog, events, resources
+from researcher import catalog, events
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
 from researcher.planner.usage import LLMCall
+from researcher.runs import resources
+from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 
@@ -88,7 +89,7 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
 def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int) -> Launcher:
     """The study's placement: Ray when it names a cluster, else local processes sharing this machine's GPUs."""
     if options.ray_address and not settings.servers:
-        from researcher.ray_launcher import RayLauncher
+        from researcher.runs.ray_launcher import RayLauncher
 
         return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
                            mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.planner.schema import Planner
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker
 

@@ -36,7 +36,7 @@ class Record(BaseModel):
         return [cls.model_validate(item) for item in items]
 
 
-# ---------------------------------------------------------------------- evidence (researcher.analysis)
+# ---------------------------------------------------------------------- evidence (researcher.evidence.analysis)
 
 
 class Cell(Record):
@@ -74,7 +74,7 @@ class Noise(Record):
 
 
 class Effect(Record):
-    """A factorial's main effect or two-factor interaction on the verdict axis (``researcher.factorial``)."""
+    """A factorial's main effect or two-factor interaction on the verdict axis (``researcher.evidence.factorial``)."""
 
     name: str
     key: str = ""

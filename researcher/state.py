@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from researcher.planner.usage import LLMUsage
 from researcher.records import IterationSummary
-from researcher.run_status import RunStatus, check
+from researcher.runs.status import RunStatus, check
 
 if TYPE_CHECKING:
-    from researcher.runs import RunRecord
+    from researcher.runs.record import RunRecord
 
 Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
                 "reporting", "done", "failed", "stopped", "parked"]

@@ -10,7 +10,7 @@ With a spool folder, a write that fails because the store is unreachable is spoo
 (``researcher.spool``) and replayed later, instead of failing the study; a store error caused by
 the write itself (an invalid value) is logged and dropped.
 
-Nothing secret is uploaded: run.json holds no token (``researcher.runs``), and a server's credential
+Nothing secret is uploaded: run.json holds no token (``researcher.runs.record``), and a server's credential
 files (``token``, ``client_token``, ``secret``) are never uploaded, even inside a folder logged whole.
 """
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from researcher import analysis, factorial, plots, runs, studyfiles
+
+from researcher import studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import analysis, factorial, plots
 from researcher.layout import StudyLayout
 from researcher.planner.schema import Framing
 from researcher.records import Cell, Comparison, Evidence, IterationSummary
+from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import itertools
 
-from researcher import catalog, studyfiles, verdicts
+from researcher import catalog, studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import verdicts
 from researcher.planner import topic
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.planner.usage import add_usage, new_usage

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from researcher import budget, resources, runs, studyfiles
+from researcher import budget, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import LaunchError
-from researcher.run_status import RunStatus
-from researcher.runs import RunRecord
+from researcher.runs import record as runs, resources
+from researcher.runs.launcher import LaunchError
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
 
 log = logging.getLogger(__name__)

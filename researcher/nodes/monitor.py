@@ -32,10 +32,12 @@ from typing import Any
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
-from researcher import analysis, budget, runs, studyfiles, watchdogs
+from researcher import budget, studyfiles, watchdogs
 from researcher.context import StudyContext
-from researcher.runs import RunRecord
-from researcher.run_status import RunStatus
+from researcher.evidence import analysis
+from researcher.runs import record as runs
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from researcher import runs, studyfiles
+from researcher import studyfiles
 from researcher.context import StudyContext
-from researcher.run_status import RunStatus
+from researcher.runs import record as runs
+from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, sync_trial
 
 

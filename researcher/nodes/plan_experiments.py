@@ -17,8 +17,10 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from researcher import budget, catalog, factorial, studyfiles
+
+from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import factorial
 from researcher.layout import run_key
 from researcher.planner import topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner
@@ -97,25 +99,9 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
     iteration = state.get("iteration", 0) + 1
     history = summaries(state)
-    used_names = {e.name for s in history for e in s.experiments}
-    tested = [e.value for s in history for e in s.experiments]
-    best = history[-1].best_value if history else None
     question = topic.parse(state["topic"])
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
-    task_config = studyfiles.server_config(example.config, {}) if example else {}
-    earlier = studyfiles.read_plan(ctx.layout).iterations
-    context = {"iteration": iteration, "topic": state["topic"], "named": question.summary(),
-               "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
-               "min_effect": options["min_effect"], "task_config": task_config, "tested_values": tested,
-               "best_value": best, "time_left_s": round(budget.time_left(state, ctx.clock())),
-               "runs_left": budget.runs_left(state),
-               "history": [{**s.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
-                            "values": {e.name: e.value for e in s.experiments},
-                            **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
-               "config_keys": catalog.CONFIG_KEYS,
-               "code_changes": {str(it): p.code_change for it, p in earlier.items() if p.code_change}}
-    if any(k.key == framing.knob for k in catalog.KNOBS):
-        context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
+    context = _context(state, ctx, framing, question, history, example.config if example else None)
     check = None
     if ctx.planner.name != "offline" and example is not None:
         check = config_check(ctx.settings.swarm_command, example.config)
@@ -132,26 +118,13 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         error = (f"The {ctx.planner.name} planner's plan was refused, even after a repair round: "
                  f"{checked.complaints[-1]}")
         return {"phase": "failed", "error": error, "llm": usage}
-
-    experiments, seen, notes = [], set(used_names), []
-    for exp in plan.experiments:
-        if exp.name in seen:
-            notes.append(f"{exp.name} already ran; not repeated")
-            continue  # never repeat an experiment that already ran
-        seen.add(exp.name)
-        experiments.append(exp)
     seeds = options["seeds"]
-    fit = budget.runs_left(state) // seeds
-    if fit < len(experiments):
-        dropped = experiments[fit:]
-        notes.append(f"the run budget ({budget.runs_left(state)} runs left, {seeds} seeds each) fits {fit} of "
-                     f"{len(experiments)} configurations: not run " + ", ".join(_show(e) for e in dropped))
-    experiments = experiments[:fit]
+    experiments, notes = _runnable(plan, {e.name for s in history for e in s.experiments},
+                                   budget.runs_left(state), seeds)
     if len(experiments) < min(2, len(plan.experiments)):
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
                                    f"({len(experiments)} configuration(s)); concluding.")
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
-
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
     written = IterationPlan.model_validate({
         "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
@@ -168,6 +141,59 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
             trials.append({"trial": index, "key": run_key(state["study_id"], iteration, index),
                            "experiment": exp.name, "seed": iteration * SEED_STRIDE + k,
                            "run_dir": str(ctx.layout.run_dir(iteration, index)), "status": "pending"})
+    parent = _record_plan(state, ctx, framing, plan, experiments, assumptions)
+    return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
+            "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
+            "phase": "writing", "llm": usage}
+
+
+def _context(state: StudyState, ctx: StudyContext, framing: Framing, question: topic.TopicQuestion,
+             history: list[IterationSummary], example_config: Path | None) -> JsonObject:
+    """What the planner plans from: the question's reading, the budget, the task's config and the
+    study's history (each iteration's pooled comparison, values and factorial effects)."""
+    options = state["options"]
+    earlier = studyfiles.read_plan(ctx.layout).iterations
+    context: JsonObject = {
+        "iteration": state.get("iteration", 0) + 1, "topic": state["topic"], "named": question.summary(),
+        "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
+        "min_effect": options["min_effect"],
+        "task_config": studyfiles.server_config(example_config, {}) if example_config else {},
+        "tested_values": [e.value for s in history for e in s.experiments],
+        "best_value": history[-1].best_value if history else None,
+        "time_left_s": round(budget.time_left(state, ctx.clock())), "runs_left": budget.runs_left(state),
+        "history": [{**s.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
+                     "values": {e.name: e.value for e in s.experiments},
+                     **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
+        "config_keys": catalog.CONFIG_KEYS,
+        "code_changes": {str(it): p.code_change for it, p in earlier.items() if p.code_change}}
+    if any(k.key == framing.knob for k in catalog.KNOBS):
+        context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
+    return context
+
+
+def _runnable(plan: Plan, used_names: set[str], runs_left: int, seeds: int) -> tuple[list[Experiment], list[str]]:
+    """The plan's experiments that run: none that already ran, and as many as the run budget fits
+    (``seeds`` runs each); with a note for each left out."""
+    experiments, seen, notes = [], set(used_names), []
+    for exp in plan.experiments:
+        if exp.name in seen:
+            notes.append(f"{exp.name} already ran; not repeated")
+            continue  # never repeat an experiment that already ran
+        seen.add(exp.name)
+        experiments.append(exp)
+    fit = runs_left // seeds
+    if fit < len(experiments):
+        dropped = experiments[fit:]
+        notes.append(f"the run budget ({runs_left} runs left, {seeds} seeds each) fits {fit} of "
+                     f"{len(experiments)} configurations: not run " + ", ".join(_show(e) for e in dropped))
+    return experiments[:fit], notes
+
+
+def _record_plan(state: StudyState, ctx: StudyContext, framing: Framing, plan: Plan, experiments: list[Experiment],
+                 assumptions: list[str]) -> str:
+    """The plan in LOG.md and on a new MLflow parent run of the iteration (returned), with plan.json."""
+    options, iteration = state["options"], state.get("iteration", 0) + 1
+    seeds = options["seeds"]
     hypotheses = "; ".join(f"{h.id}: {h.statement} Expected: {h.expected_effect}" for h in plan.hypotheses)
     studyfiles.log(ctx.layout, f"Iteration {iteration} planned ({plan.shape}, {plan.stage}; {plan.rationale}) "
                                f"Hypotheses, written before running: {hypotheses} Experiments: "
@@ -194,9 +220,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     ctx.tracker.log_files(parent, [ctx.layout.plan_json])
     ctx.say("planned", iteration=iteration, experiments=[e.name for e in experiments], seeds=seeds,
             rationale=plan.rationale, hypotheses=[h.statement for h in plan.hypotheses])
-    return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
-            "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
-            "phase": "writing", "llm": usage}
+    return parent
 
 
 def _unique(items: list[str]) -> list[str]:

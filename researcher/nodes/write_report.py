@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from researcher import analysis, factorial, run_table, runs, studyfiles, verdicts
-from researcher.analysis import AXES, AXIS_TEXT, AXIS_UNIT
+from researcher import studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import analysis, factorial, run_table, verdicts
+from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
+from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
 
 

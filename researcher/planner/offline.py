@@ -15,13 +15,12 @@ Its client is the example's own code.
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
 from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
-from researcher.analysis import AXIS_TEXT, primary_axis
+from researcher.axes import AXIS_TEXT, primary_axis
+from researcher.planner import ladder
 from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
                                        ReportText, TopicNotMappable, free)
 from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
@@ -167,14 +166,14 @@ class OfflinePlanner:
             return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))
         best = last.get("best_value")
         if question.shape == "sweep":
-            around = _around(knob, best, tested)
+            around = ladder.around(knob, best, tested)
             if not around:
                 return free(Decision(action="conclude", reason=f"every value next to {knob.key}={best} has been tested"))
             return free(Decision(action="continue", reason=f"refine the curve around {knob.key}={best} with "
                                                            f"{_shows(around)}"))
         if last.get("plateau"):
             return free(Decision(action="conclude", reason=last["plateau"]))
-        if _untested_neighbour(knob, best, tested) is None:
+        if ladder.untested_neighbour(knob, best, tested) is None:
             return free(Decision(action="conclude", reason="every neighbour of the best value has been tested"))
         return free(Decision(action="continue", reason=f"refine around the best value {knob.key}={best}"))
 
@@ -270,9 +269,9 @@ def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: JsonObjec
 def _refine_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, best: Any, tested: list[Any],
                    min_effect: float) -> _Design:
     if question.shape == "sweep":
-        around = _around(knob, best, tested)
+        around = ladder.around(knob, best, tested)
     else:
-        challenger = _untested_neighbour(knob, best, tested)
+        challenger = ladder.untested_neighbour(knob, best, tested)
         around = [] if challenger is None else [challenger]
     key, new = knob.key, _shows(around) or "nothing new"
     return _Design("refine", [best, *around],
@@ -288,7 +287,7 @@ def _initial(question: TopicQuestion, knob: catalog.Knob, task_config: JsonObjec
     named, key, notes = list(question.values), knob.key, []
     if question.shape == "sweep":
         if question.span:
-            values = _spread(knob, named[0], named[1])
+            values = ladder.spread(knob, named[0], named[1])
             notes.append(f"swept {len(values)} values of {key} from {_show(min(values))} to {_show(max(values))}: the "
                          "named ends and points between them")
         elif len(named) >= 3:
@@ -355,66 +354,3 @@ def _unresolved(summary: JsonObject, min_effect: float) -> tuple[Any, Any] | Non
 def _equivalent(c: Comparison, min_effect: float) -> bool:
     """The whole 95% CI of the difference lies inside ±min_effect: no meaningful difference."""
     return c.hw is not None and abs(c.diff) + c.hw < min_effect
-
-
-def _round(knob: catalog.Knob, value: float) -> Any:
-    return round(value) if knob.kind == "int" else float(f"{value:.2g}")
-
-
-def _mid(knob: catalog.Knob, a: float, b: float) -> Any:
-    return _round(knob, math.sqrt(a * b) if knob.log_scale and min(a, b) > 0 else (a + b) / 2)
-
-
-def _spread(knob: catalog.Knob, a: Any, b: Any) -> list[Any]:
-    """At least 4 values from a to b: the ends, the catalog's values between, midpoints of the widest gaps."""
-    low, high = sorted((a, b))
-    points = [low, high, *[v for v in knob.ladder if low < v < high]]
-    while len(points) < MIN_SWEEP:
-        points.sort()
-        gaps = list(itertools.pairwise(points))
-        x, y = max(gaps, key=lambda g: (g[1] / g[0]) if knob.log_scale and g[0] > 0 else g[1] - g[0])
-        mid = _mid(knob, x, y)
-        if any(same_value(mid, p) for p in points):
-            break
-        points.append(mid)
-    return sorted(points)
-
-
-def _around(knob: catalog.Knob, best: Any, tested: list[Any]) -> list[Any]:
-    """Untested values next to the best of a sweep: midpoints towards its tested neighbours, or one
-    step outward (within the knob's range) where the best is at the edge of what was tested."""
-    if knob.kind not in ("int", "float") or not isinstance(best, (int, float)) or isinstance(best, bool):
-        return []
-    numbers = sorted(v for v in tested if isinstance(v, (int, float)) and not isinstance(v, bool))
-    lower = [v for v in numbers if v < best and not same_value(v, best)]
-    upper = [v for v in numbers if v > best and not same_value(v, best)]
-    low, high = knob.bounds or (-math.inf, math.inf)
-    candidates = []
-    for near, far in ((lower[-1] if lower else None, upper[0] if upper else None),
-                      (upper[0] if upper else None, lower[-1] if lower else None)):
-        if near is not None:
-            candidates.append(_mid(knob, near, best))
-        elif far is not None:  # best is at the edge: step outward by the same ratio (or distance)
-            step = best * best / far if knob.log_scale and far > 0 and best > 0 else 2 * best - far
-            candidates.append(_round(knob, min(max(step, low), high)))
-    out: list[Any] = []
-    for v in candidates:
-        if not any(same_value(v, x) for x in [best, *numbers, *out]) and low <= v <= high:
-            out.append(v)
-    return sorted(out)
-
-
-def _untested_neighbour(knob: catalog.Knob, best: Any, tested: list[Any]) -> Any:
-    """The ladder value next to ``best`` not yet tested, preferring the direction that won so far."""
-    ladder = list(knob.ladder)
-    if best not in ladder:
-        return None
-    i = ladder.index(best)
-    tested_set = {repr(v) for v in tested}
-    # Prefer moving further in the direction that won: if best is above the other tested values, go up.
-    others = [ladder.index(v) for v in tested if v in ladder and v != best]
-    order = [i + 1, i - 1] if not others or max(others) < i else [i - 1, i + 1]
-    for j in order:
-        if 0 <= j < len(ladder) and repr(ladder[j]) not in tested_set:
-            return ladder[j]
-    return None

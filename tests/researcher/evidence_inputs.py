@@ -1,11 +1,11 @@
 """Tests build runs and plans as plain dicts (as a study's files hold them); these read them into the
-typed inputs of ``researcher.analysis``, the way the analyze node does from plan.json and the state."""
+typed inputs of ``researcher.evidence.analysis``, the way the analyze node does from plan.json and the state."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from researcher import analysis
+from researcher.evidence import analysis
 from researcher.records import Evidence, IterationSummary, PlannedExperiment
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import runs, study, verdicts
+from researcher import study
 from researcher.cli import parse_duration
+from researcher.evidence import verdicts
 from researcher.layout import StudyLayout
+from researcher.runs import record as runs
 from swarm.protocol import StepMetrics
 from evidence_inputs import summarize
 

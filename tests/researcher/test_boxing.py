@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher.records import IterationPlan
-from researcher import catalog, procs, runs, sandbox, studyfiles
+from researcher import catalog, procs, sandbox, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout, check_study_id
 from researcher.nodes import validate, write_client
 from researcher.planner.offline import OfflinePlanner
+from researcher.records import IterationPlan
+from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
 from researcher.sandbox import Limits, check_client
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, budget, catalog, plots, runs, studyfiles, verdicts
+from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
+from researcher.evidence import analysis, plots, verdicts
 from researcher.layout import StudyLayout
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
 from researcher.records import Evidence, IterationPlan, IterationSummary
+from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 from swarm.protocol import StepMetrics

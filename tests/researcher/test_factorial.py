@@ -1,6 +1,6 @@
 """Factorial designs: client factor levels written into client.py, old plans and states still load, the
 plan checks of a factorial, and main effects and interactions recovered with their intervals from
-hand-made learning curves (real metrics.jsonl files scored by ``researcher.analysis``)."""
+hand-made learning curves (real metrics.jsonl files scored by ``researcher.evidence.analysis``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import catalog, factorial, runs, stats, studyfiles, verdicts
+from researcher import catalog, studyfiles
+from researcher.evidence import factorial, stats, verdicts
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.records import Arm, Evidence, IterationSummary, PlannedExperiment
+from researcher.runs import record as runs
 from swarm.protocol import StepMetrics
 from swarm.server.settings import ENGINE_KEYS, ServerConfig
 

@@ -18,10 +18,8 @@ from typing import Any
 
 from scripted_llm import ScriptedLLM
 
-from researcher.records import IterationPlan
 from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.nodes import frame_topic, plan_experiments, write_client
 from researcher.planner import topic
@@ -30,6 +28,8 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing
 from researcher.planner.usage import new_usage
+from researcher.records import IterationPlan
+from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 from swarm.client import load_study

@@ -1,6 +1,6 @@
 """Runs placed by resources: GPU discovery, local GPU assignment and the run queue.
 
-GPUs are faked the two ways ``researcher.resources`` reads them: a ``CUDA_VISIBLE_DEVICES`` list, or
+GPUs are faked the two ways ``researcher.runs.resources`` reads them: a ``CUDA_VISIBLE_DEVICES`` list, or
 an ``nvidia-smi`` script first on PATH that prints one index a line. The tiny CPU model ignores
 CUDA_VISIBLE_DEVICES, so a study on "4 GPUs" runs for real on this CPU machine, and each server's
 environment (``/proc/<pid>/environ``) shows which devices it was given.
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import procs, resources, runs
-from researcher.launcher import Launcher
-from researcher.run_status import RunStatus
-from researcher.runs import RunRecord
+from researcher import procs
+from researcher.runs import record as runs, resources
+from researcher.runs.launcher import Launcher
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 
@@ -166,7 +167,7 @@ def test_four_fake_gpus_one_run_each_queue_and_survive_a_restart(cli, tmp_path: 
 
 def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> None:
     """Refused when a node is another machine and the artifacts or MLflow are this machine's only."""
-    from researcher.ray_launcher import ClusterNotShared, RayLauncher
+    from researcher.runs.ray_launcher import ClusterNotShared, RayLauncher
 
     class TwoMachines(RayLauncher):
         def __init__(self, ips: list[str]) -> None:
@@ -183,7 +184,7 @@ def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> No
 
 
 def test_a_server_bound_off_loopback_gets_a_private_token(tmp_path: Path) -> None:
-    from researcher import ray_entry
+    from researcher.runs import ray_entry
 
     state = tmp_path / "server"
     ray_entry._ensure_token("127.0.0.1", ["swarm", "serve", "--state-dir", str(state)])

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from researcher.records import IterationPlan
 from researcher import preflight, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
+from researcher.records import IterationPlan
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker
 from swarm.client import RewardRecord

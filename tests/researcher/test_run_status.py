@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from researcher import run_status, runs
-from researcher.run_status import ENDED, LIVE, TRANSITIONS, IllegalTransition, RunStatus
+from researcher.runs import record as runs, status as run_status
+from researcher.runs.status import ENDED, LIVE, TRANSITIONS, IllegalTransition, RunStatus
 from researcher.state import Trial, advance_trial, sync_trial
 
 

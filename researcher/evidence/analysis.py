@@ -6,7 +6,7 @@ Seeds of the same configuration (same overrides) are pooled across iterations, s
 replicate iteration adds narrow the interval of the comparison it re-ran, and the answer reads the
 whole study. Verdicts use ``eval/reward_mean`` (held-out evaluation) when every run holds it, else
 ``train/reward_mean``. Results are small dicts (they go into the graph state and analysis.json);
-curves are read from each run's metrics.jsonl; ``researcher.verdicts`` words the answer from them.
+curves are read from each run's metrics.jsonl; ``researcher.evidence.verdicts`` words the answer from them.
 ``backfill`` gives summaries written before pooled evidence existed their ``study``, from the runs on disk.
 """
 
@@ -19,8 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from researcher import runs, stats
+from researcher.axes import AXES, AXIS_TEXT, AXIS_UNIT, primary_axis  # re-exported for plots and reports
+from researcher.evidence import stats
 from researcher.layout import StudyLayout
+from researcher.runs import record as runs
 from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
                                 PlannedExperiment)
 
@@ -28,23 +30,7 @@ OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = 
 MIN_POINTS = 3
 MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
 TRAIN_METRIC, EVAL_METRIC = "train/reward_mean", "eval/reward_mean"
-AXES = ("step", "episode", "second")
-AXIS_TEXT = {"step": "per training step", "episode": "per episode consumed", "second": "per wall-clock second"}
-AXIS_UNIT = {"step": "steps", "episode": "episodes", "second": "s"}
 SWEEP_MIN = 4  # a curve needs at least this many values
-# Knobs that change how many episodes a training step consumes: judged per episode, since per step the
-# larger setting trivially sees more samples.
-_PER_EPISODE = {"group_size": "a larger group sees more samples per training step",
-                "batch_groups": "a larger batch sees more samples per training step"}
-
-
-def primary_axis(knob: str) -> tuple[str, str]:
-    """The axis a knob's verdict is judged on, and why (wall-clock is never primary: runs share 2 CPU
-    cores, so seconds measure contention as much as learning)."""
-    if knob in _PER_EPISODE:
-        return "episode", f"judged per episode consumed, not per training step: {_PER_EPISODE[knob]}"
-    return "step", ("judged per training step (every configuration trains on the same number of episodes per "
-                    "step); per wall-clock second is shown but not judged, since runs share the CPU cores")
 
 
 class Curve(NamedTuple):

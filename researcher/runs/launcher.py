@@ -30,9 +30,10 @@ from pathlib import Path
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import procs, resources, run_status, runs, sandbox
-from researcher.run_status import RunStatus
-from researcher.runs import RunRecord
+from researcher import procs, sandbox
+from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 from researcher.spool import LOCAL_PREFIX
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class LaunchError(RuntimeError):
 class Launcher:
     """Local placement: runs are processes on this machine; GPUs (if any) are partitioned per run.
 
-    The Ray launcher (``researcher.ray_launcher``) keeps this interface and places the processes on a
+    The Ray launcher (``researcher.runs.ray_launcher``) keeps this interface and places the processes on a
     cluster instead; the nodes never ask which one they have."""
 
     placement = "local"

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from researcher.records import JsonObject
-from researcher.run_status import ENDED, RunStatus
+from researcher.runs.status import ENDED, RunStatus
 
 RUN_FILE = "run.json"
 
@@ -73,7 +73,7 @@ class RunRecord(BaseModel):
     resumed_at: float | None = None
     finished_seen: int = 0                # server's finished-episode count at the last poll (stuck-client watchdog)
     finished_seen_at: float = Field(default_factory=time.time)
-    # Where the run is placed (``researcher.resources``, ``researcher.ray_launcher``).
+    # Where the run is placed (``researcher.runs.resources``, ``researcher.runs.ray_launcher``).
     placement: str = "local"              # local | ray
     node: str = ""                        # the host (local) or Ray node id its server runs on
     resources: dict[str, float] = Field(default_factory=dict)  # what it asks for: {"CPU": 1, "GPU": 1, ...}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from researcher import analysis
+from researcher.evidence import analysis
 from researcher.records import Evidence, IterationSummary
 
 

@@ -14,12 +14,12 @@ Why Ray Jobs (``JobSubmissionClient``) rather than actors:
 
 Job ids: ``<study>-<iteration>-<trial>-server-<n>`` (n = server starts: first launch, resumes) and
 ``…-client-<n>``; all are kept in run.json (``jobs``). The server reports its address through the
-run dir (``researcher.ray_entry``), which every node shares; the control and client tokens stay in
+run dir (``researcher.runs.ray_entry``), which every node shares; the control and client tokens stay in
 the server's state dir (0600) on that shared path — never on a command line, in a job's entrypoint,
 metadata or runtime env. A run whose server job fails (its node died) is resubmitted and resumes
 from its last checkpoint in the shared state dir (``resumes`` counted), up to ``MAX_REVIVES``.
 
-Only this module (and the cluster-side ``researcher.ray_entry``) imports ray, lazily.
+Only this module (and the cluster-side ``researcher.runs.ray_entry``) imports ray, lazily.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Any
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import resources, run_status, runs
-from researcher.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
-from researcher.ray_entry import ADDRESS_FILE
-from researcher.run_status import RunStatus
-from researcher.runs import RunRecord
+from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
+from researcher.runs.ray_entry import ADDRESS_FILE
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 
 log = logging.getLogger(__name__)
 MAX_REVIVES = 3
@@ -122,7 +122,7 @@ class RayLauncher(Launcher):
         env = {"OMP_NUM_THREADS": str(self.threads), "RESEARCHER_SUBMISSION_ID": sid, "PYTHONUNBUFFERED": "1"}
         if self.mlflow_uri and "@" not in self.mlflow_uri and record.server_logs_mlflow and "-server-" in sid:
             env["MLFLOW_TRACKING_URI"] = self.mlflow_uri  # credentials never go into a job's runtime env
-        entrypoint = shlex.join([self.python, "-m", "researcher.ray_entry", *entry, "--", *argv])
+        entrypoint = shlex.join([self.python, "-m", "researcher.runs.ray_entry", *entry, "--", *argv])
         custom = {k: v for k, v in request.items() if k not in (resources.CPU, resources.GPU)}
         try:
             self.jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env={"env_vars": env},

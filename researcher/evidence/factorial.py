@@ -2,7 +2,7 @@
 
 A factorial varies several factors at two levels each (server config keys and client-side factors
 alike) over every combination (2^k) or a fraction of them. Arms are the configurations (server
-overrides + client factor levels: ``arm_settings``), scored by ``researcher.analysis`` with per-seed
+overrides + client factor levels: ``arm_settings``), scored by ``researcher.evidence.analysis`` with per-seed
 areas under the reward curve; here each effect is a contrast of arm means on the verdict's axis:
 
 - main effect of A = mean of the arms at A's high level − mean of the arms at its low level (the
@@ -25,11 +25,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from researcher import catalog, stats
-from researcher.analysis import AXIS_TEXT
+from researcher import catalog
+from researcher.evidence import stats
+from researcher.evidence.analysis import AXIS_TEXT
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
-from researcher.records import Effect, Evidence, JsonObject
 from researcher.planner.topic import same_value
+from researcher.records import Effect, Evidence, JsonObject
 
 __all__ = ["arm_settings", "design_complaint", "effects", "effects_section", "mlflow_values"]
 

@@ -1,4 +1,4 @@
-"""The study's answer in words, from the evidence ``researcher.analysis`` computes: the one place
+"""The study's answer in words, from the evidence ``researcher.evidence.analysis`` computes: the one place
 numbers become a verdict ("Yes", "No", "No meaningful difference", "Inconclusive", a sweep's best value,
 a factorial's effects), so the report, ``researcher status`` and the offline planner say the same thing.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from researcher.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
+from researcher.evidence.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
 from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
 
 
