@@ -19,21 +19,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from researcher import catalog, datatask, events, flags, terminal, overview, resources, run_table, scheduler, studystore
+from researcher import catalog, datatask, events, flags, overview, scheduler, studystore, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
+from researcher.evidence import run_table
 from researcher.flags import parse_duration
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
+from researcher.runs import resources
+from researcher.runs.launcher import Launcher
 from researcher.settings import StudyOptions
+from researcher.state import StudyState
 from researcher.tracking import Tracker
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -57,7 +60,7 @@ def _check_cluster(ctx: StudyContext) -> None:
     """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
     if ctx.launcher.placement != "ray":
         return
-    from researcher.ray_launcher import ClusterNotShared
+    from researcher.runs.ray_launcher import ClusterNotShared
 
     try:
         ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]
@@ -77,7 +80,7 @@ def _setup_logging(verbose: bool) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
-def _finish(state: dict[str, Any], layout: StudyLayout) -> None:
+def _finish(state: StudyState, layout: StudyLayout) -> None:
     phase = state.get("phase")
     if phase == "done":
         out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
@@ -179,7 +182,7 @@ def start(
 
 
 def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
-                 verbose: bool = False, window_s: float | None = None) -> dict[str, Any]:
+                 verbose: bool = False, window_s: float | None = None) -> StudyState:
     """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
     from researcher import study
 
@@ -270,8 +273,8 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
         print(layout.report_md.read_text())
     else:
         print(f"(no report.md yet: the study is {state.get('phase', 'not started')})\n")
-    print(written["md"].read_text())
-    print(f"Files: {written['md']} · {written['csv']} · {written['png']}")
+    print(written.md.read_text())
+    print(f"Files: {written.md} · {written.csv} · {written.png}")
 
 
 @app.command("schedule")

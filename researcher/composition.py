@@ -15,21 +15,22 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
-from researcher import catalog, events, resources
+from researcher import catalog, events
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
+from researcher.planner.usage import LLMCall
+from researcher.runs import resources
+from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[str, Mapping[str, object]], None]
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -88,7 +89,7 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
 def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int) -> Launcher:
     """The study's placement: Ray when it names a cluster, else local processes sharing this machine's GPUs."""
     if options.ray_address and not settings.servers:
-        from researcher.ray_launcher import RayLauncher
+        from researcher.runs.ray_launcher import RayLauncher
 
         return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
                            mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
@@ -102,7 +103,7 @@ def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> P
 
     counter = itertools.count(1)
 
-    def trace(record: dict[str, Any]) -> None:
+    def trace(record: LLMCall) -> None:
         layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
         name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
         (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))

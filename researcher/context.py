@@ -9,18 +9,18 @@ study's iteration run (``researcher.llm_traces``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.planner.schema import Planner
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker
 
 
-def _quiet(event: str, data: dict[str, Any]) -> None:
+def _quiet(event: str, data: Mapping[str, object]) -> None:
     return None
 
 
@@ -31,7 +31,7 @@ class StudyContext:
     planner: Planner
     tracker: Tracker
     launcher: Launcher
-    emit: Callable[[str, dict[str, Any]], None] = field(default=_quiet)  # live progress for the terminal
+    emit: Callable[[str, Mapping[str, object]], None] = field(default=_quiet)  # live progress for the terminal
     clock: Callable[[], float] = time.time
     window_end: float | None = None      # a scheduled session parks the study at this time
     min_free_disk_mb: float = 0.0        # park the study when the artifacts disk has less free space

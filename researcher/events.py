@@ -41,6 +41,8 @@ from typing import Any
 from filelock import FileLock
 
 from researcher.layout import StudyLayout
+from researcher.planner.usage import LLMCall
+from researcher.records import JsonObject
 
 log = logging.getLogger(__name__)
 __all__ = ["EventLog", "Follower", "NODE_DOING", "events_path", "llm_call_listener", "read_events", "recorder"]
@@ -75,7 +77,7 @@ class EventLog:
         self.path = path
         self._lock = FileLock(str(path) + ".lock")
 
-    def append(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def append(self, kind: str, **fields: Any) -> JsonObject:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             last_id, needs_newline = _last_id(self.path)
@@ -113,7 +115,7 @@ def _last_id(path: Path) -> tuple[int, bool]:
         return 0, False
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
+def _parse(raw: bytes) -> JsonObject | None:
     try:
         event = json.loads(raw)
     except ValueError:
@@ -130,7 +132,7 @@ class Follower:
         self.after_id = after_id
         self._offset = 0
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[JsonObject]:
         try:
             with open(self.path, "rb") as file:
                 file.seek(0, os.SEEK_END)
@@ -150,25 +152,25 @@ class Follower:
                 self.after_id = event["id"]
         return found
 
-    def follow(self, interval_s: float = 0.25, stop: Callable[[], bool] = lambda: False) -> Iterator[dict[str, Any]]:
+    def follow(self, interval_s: float = 0.25, stop: Callable[[], bool] = lambda: False) -> Iterator[JsonObject]:
         while not stop():
             yield from self.poll()
             time.sleep(interval_s)
 
 
-def read_events(path: Path, after_id: int = 0) -> list[dict[str, Any]]:
+def read_events(path: Path, after_id: int = 0) -> list[JsonObject]:
     """Every whole event with an id above ``after_id``."""
     return Follower(path, after_id).poll()
 
 
-def recorder(layout: StudyLayout, then: Callable[[str, dict[str, Any]], None] | None = None
-             ) -> Callable[[str, dict[str, Any]], None]:
+def recorder(layout: StudyLayout, then: Callable[[str, JsonObject], None] | None = None
+             ) -> Callable[[str, JsonObject], None]:
     """A ``StudyContext.emit`` that appends each event to the study's log, then hands it to ``then``
     (the terminal printer) unless it is one of the kinds only ``researcher watch`` shows. Writing is
     best effort: a full disk must not stop the study (the disk watchdog parks it)."""
     events = EventLog(events_path(layout))
 
-    def emit(kind: str, data: dict[str, Any]) -> None:
+    def emit(kind: str, data: JsonObject) -> None:
         try:
             events.append(kind, **data)
         except OSError as exc:
@@ -179,10 +181,10 @@ def recorder(layout: StudyLayout, then: Callable[[str, dict[str, Any]], None] | 
     return emit
 
 
-def llm_call_listener(say: Callable[..., None]) -> Callable[[dict[str, Any]], None]:
+def llm_call_listener(say: Callable[..., None]) -> Callable[[LLMCall], None]:
     """A planner listener that reports each LLM call as a short ``llm_call`` event."""
 
-    def listen(record: dict[str, Any]) -> None:
+    def listen(record: LLMCall) -> None:
         usage = record.get("usage") or {}
         answer = " ".join(str(record.get("answer") or "").split())
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
@@ -41,9 +40,9 @@ ENTRY = {"framing": "frame_topic", "planning": "plan_experiments", "writing": "w
 NO_PARK = ("reporting", "done", "failed", "stopped")
 
 
-def _bind(name: str, node: Callable[[StudyState, StudyContext], dict[str, Any]],
-          ctx: StudyContext) -> Callable[[StudyState], dict[str, Any]]:
-    def bound(state: StudyState) -> dict[str, Any]:
+def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState],
+          ctx: StudyContext) -> Callable[[StudyState], StudyState]:
+    def bound(state: StudyState) -> StudyState:
         ctx.say("node", action="enter", node=name, doing=NODE_DOING.get(name, name), phase=state.get("phase"))
         try:
             result = node(state, ctx)

@@ -29,6 +29,8 @@ from functools import partial
 from typing import Any
 
 from researcher.layout import StudyLayout
+from researcher.planner.usage import LLMCall
+from researcher.records import JsonObject
 from researcher.state import StudyState
 from researcher.studystore import read_state
 from researcher.tracking import Tracker
@@ -55,7 +57,7 @@ class PlannerTraces:
         self._writer: Any = None
         self._maybe_pending = True  # unknown after a restart: look once
 
-    def record(self, call: dict[str, Any]) -> str | None:
+    def record(self, call: LLMCall) -> str | None:
         """Trace one planner call; the trace id, or None when tracing failed (logged, never raised)."""
         try:
             return self._record(call)
@@ -64,7 +66,7 @@ class PlannerTraces:
                         "in %s", call.get("step"), type(exc).__name__, exc, self.layout.llm_calls_dir)
             return None
 
-    def _record(self, call: dict[str, Any]) -> str:
+    def _record(self, call: LLMCall) -> str:
         state = self._current_state() or {}
         current = int(state.get("iteration") or 0)
         run = self.tracker.real_id(state.get("mlflow_parent_run"))
@@ -84,7 +86,7 @@ class PlannerTraces:
             self._experiment = self.tracker.experiment_id(self.layout.study_id)
         return self._experiment
 
-    def _write(self, experiment: str, call: dict[str, Any], iteration: int, run_id: str | None) -> str:
+    def _write(self, experiment: str, call: LLMCall, iteration: int, run_id: str | None) -> str:
         from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
         from mlflow.tracing.client import TracingClient
 
@@ -133,12 +135,12 @@ class PlannerTraces:
             log.info("linked %d earlier planner traces to iteration run %s", len(due), run_id)
 
 
-def _attributes(trace_id: str, call: dict[str, Any]) -> dict[str, Any]:
+def _attributes(trace_id: str, call: LLMCall) -> JsonObject:
     """The span's attributes in MLflow's keys, so the UI renders a chat with its tokens and cost."""
     usage = call.get("usage") or {}
     cost = call.get("cost") or {}
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    attributes: dict[str, Any] = {
+    attributes: JsonObject = {
         "mlflow.traceRequestId": trace_id,
         "mlflow.spanType": "CHAT_MODEL",
         "mlflow.message.format": "openai",
@@ -161,7 +163,7 @@ def _attributes(trace_id: str, call: dict[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _last_user_message(call: dict[str, Any]) -> str:
+def _last_user_message(call: LLMCall) -> str:
     users = [m.get("content") or "" for m in call.get("messages") or [] if m.get("role") == "user"]
     return str(users[-1]) if users else ""
 

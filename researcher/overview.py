@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from researcher import runs, scheduler, studyfiles
+from researcher import scheduler, studyfiles
 from researcher.layout import StudyLayout
+from researcher.runs import record as runs
 from researcher.studystore import is_locked, read_state
 
 

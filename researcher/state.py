@@ -6,9 +6,14 @@ overwritten by the node that returns it (no reducers): nodes return only what th
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from researcher.planner.usage import LLMUsage
+from researcher.records import IterationSummary
+from researcher.runs.status import RunStatus, check
+
+if TYPE_CHECKING:
+    from researcher.runs.record import RunRecord
 
 Phase = Literal["framing", "planning", "writing", "validating", "running", "analyzing", "deciding",
                 "reporting", "done", "failed", "stopped", "parked"]
@@ -30,7 +35,25 @@ class Trial(TypedDict):
     experiment: str
     seed: int
     run_dir: str
-    status: str              # pending | queued (waits for resources) | running | parked | finished | crashed | …
+    status: str              # a RunStatus value: its run record's once it has one (``sync_trial``)
+
+
+class Validation(TypedDict):
+    attempts: int
+    ok: bool
+    error: str | None
+
+
+class DecisionRecord(TypedDict):
+    action: Literal["continue", "conclude"]
+    reason: str
+
+
+class Parked(TypedDict, total=False):
+    phase: str               # where the study re-enters
+    reason: str
+    at: float
+    runs: list[str]
 
 
 class StudyState(TypedDict, total=False):
@@ -42,15 +65,35 @@ class StudyState(TypedDict, total=False):
     iteration: int
     framing: dict[str, Any]          # planner.schema.Framing as a dict
     experiments: list[str]           # names of this iteration's experiments (files under studies/)
-    validation: dict[str, Any]       # {attempts, ok, error}
+    validation: Validation
     trials: list[Trial]              # this iteration's runs
     runs_launched: int               # over the whole study (budget: max_runs)
     run_seconds: list[float]         # measured wall time of finished runs (for planning the budget)
-    iterations: list[dict[str, Any]]  # per-iteration summaries: best experiment, aucs, verdicts
-    decision: dict[str, Any]         # {action: continue|conclude, reason}
+    iterations: list[dict[str, Any]]  # records.IterationSummary.dump() each (read with summaries())
+    decision: DecisionRecord
     llm: LLMUsage
     mlflow_parent_run: str | None
     error: str | None
     stop_requested: bool
-    parked: dict[str, Any] | None    # {phase, reason, at, runs}: where a parked study re-enters
+    parked: Parked | None            # where a parked study re-enters
 
+
+
+def summaries(state: StudyState) -> list[IterationSummary]:
+    """The state's per-iteration summaries, read into models (the state holds their JSON)."""
+    return IterationSummary.load_all(state.get("iterations") or [])
+
+
+def sync_trial(trial: Trial, record: RunRecord | None) -> RunStatus:
+    """The trial's status copied from its run record, the status' one owner (a trial without a record
+    keeps its own). The state holds the plain value: a checkpoint never stores an enum."""
+    if record is not None:
+        trial["status"] = RunStatus(record.status).value
+    return RunStatus(trial["status"])
+
+
+def advance_trial(trial: Trial, to: RunStatus) -> RunStatus:
+    """Move a trial that has no run record of its own (pending, queued, skipped, stopped before its
+    launch) along the run-status table; refuses an illegal move like ``run_status.move``."""
+    trial["status"] = check(trial["status"], to).value
+    return to

@@ -13,10 +13,11 @@ import logging
 import os
 import time
 
-from researcher import budget, runs, studyfiles
+from researcher import budget, studyfiles
 from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
+from researcher.runs import record as runs
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.studystore import (StudyBusy, StudyNotFound, checkpointer, config_for, read_state, request_stop,

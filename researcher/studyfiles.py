@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.layout import StudyLayout
+from researcher.records import IterationPlan, JsonObject, PlanFile
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _CONFIG_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")  # the server's config keys: lowercase snake_case
@@ -53,7 +54,7 @@ def _toml_value(value: Any) -> str:
     raise ValueError(f"cannot write {type(value).__name__} to TOML")
 
 
-def dumps_toml(data: dict[str, Any], header: str = "") -> str:
+def dumps_toml(data: Mapping[str, object], header: str = "") -> str:
     lines = [f"# {line}" for line in header.splitlines()]
     tables = {k: v for k, v in data.items() if isinstance(v, dict) and v and all(not isinstance(x, dict) for x in v.values())
               and k in ("server", "study", "budget", "options", "llm")}
@@ -73,7 +74,7 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+def check_overrides(overrides: JsonObject) -> JsonObject:
     """The planner's config overrides, refused (ValueError) unless every key looks like a server config
     key; the server itself refuses a well-formed key it does not know when the run starts."""
     bad = [key for key in overrides if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key)]
@@ -83,7 +84,7 @@ def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
-def server_config(example_config: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+def server_config(example_config: Path, overrides: JsonObject) -> JsonObject:
     """The example's flat server config (or its [server] table) with ``overrides`` applied."""
     data = tomllib.loads(example_config.read_text())
     return {**data.get("server", data), **check_overrides(overrides)}
@@ -93,7 +94,7 @@ class ConfigCheckError(RuntimeError):
     """``swarm serve --check`` could not be run or answered something unreadable (not a config problem)."""
 
 
-def check_configs(swarm_command: Sequence[str], configs: Mapping[str, dict[str, Any]],
+def check_configs(swarm_command: Sequence[str], configs: Mapping[str, JsonObject],
                   timeout_s: float = 120.0) -> dict[str, str]:
     """Ask the server's own validation about every config at once; ``{name: why}`` for those it refuses.
 
@@ -171,7 +172,7 @@ def set_factors(source: str, levels: Mapping[str, Any]) -> str:
     return (raw[:start] + text.encode() + raw[end:]).decode()
 
 
-def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dict[str, Any],
+def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: Mapping[str, object],
                      deadline: float) -> None:
     data = {"study": {"id": layout.study_id, "topic": topic, "planner": planner,
                       "created": _now(), "deadline": _iso(deadline)},
@@ -180,28 +181,30 @@ def write_study_toml(layout: StudyLayout, topic: str, planner: str, options: dic
                                                      "in plan.json, LOG.md and report.md."))
 
 
-def read_study_toml(layout: StudyLayout) -> dict[str, Any]:
+def read_study_toml(layout: StudyLayout) -> JsonObject:
     try:
         return tomllib.loads(layout.study_toml.read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return {}
 
 
-def write_plan(layout: StudyLayout, iteration: int, plan: dict[str, Any], framing: dict[str, Any]) -> None:
+def write_plan(layout: StudyLayout, iteration: int, plan: IterationPlan, framing: JsonObject) -> None:
     """plan.json keeps every iteration's plan (hypotheses are written here before any run)."""
-    current = json.loads(layout.plan_json.read_text()) if layout.plan_json.is_file() else {}
-    current["framing"] = framing
-    iterations = {str(k): v for k, v in current.get("iterations", {}).items()}
-    iterations[str(iteration)] = {"written": _now(), **plan}
-    current["iterations"] = iterations
-    write_atomic(layout.plan_json, json.dumps(current, indent=2, default=str) + "\n")
+    current = read_plan(layout)
+    current.framing = framing
+    written = IterationPlan.model_validate({"written": _now(), **plan.dump()})
+    current.iterations = {**current.iterations, iteration: written}
+    write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")
 
 
-def read_plan(layout: StudyLayout) -> dict[str, Any]:
-    return json.loads(layout.plan_json.read_text()) if layout.plan_json.is_file() else {}
+def read_plan(layout: StudyLayout) -> PlanFile:
+    """plan.json as a model (an empty plan when there is none yet)."""
+    if not layout.plan_json.is_file():
+        return PlanFile()
+    return PlanFile.model_validate_json(layout.plan_json.read_text())
 
 
-def write_experiment(layout: StudyLayout, name: str, client_code: str, config: dict[str, Any],
+def write_experiment(layout: StudyLayout, name: str, client_code: str, config: JsonObject,
                      hypothesis: str) -> Path:
     folder = layout.experiment_dir(name)
     write_atomic(folder / "client.py", client_code)

@@ -4,8 +4,7 @@ the printer of a study's events."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from rich.console import Console
 
@@ -23,12 +22,12 @@ def _console() -> Console:
 out = _console()
 
 
-def printer() -> Callable[[str, dict[str, Any]], None]:
+def printer() -> Callable[[str, Mapping[str, object]], None]:
     """The study's events as terminal lines (``researcher start`` without ``--quiet``): progress once
     per 5 steps a run, the analysis and report in full, the rest as ``kind key=value``."""
     shown: dict[str, int] = {}
 
-    def emit(event: str, data: dict[str, Any]) -> None:
+    def emit(event: str, data: Mapping[str, object]) -> None:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         if event == "progress":
             last = shown.get(data["key"], -10)

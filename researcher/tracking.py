@@ -10,7 +10,7 @@ With a spool folder, a write that fails because the store is unreachable is spoo
 (``researcher.spool``) and replayed later, instead of failing the study; a store error caused by
 the write itself (an invalid value) is logged and dropped.
 
-Nothing secret is uploaded: run.json holds no token (``researcher.runs``), and a server's credential
+Nothing secret is uploaded: run.json holds no token (``researcher.runs.record``), and a server's credential
 files (``token``, ``client_token``, ``secret``) are never uploaded, even inside a folder logged whole.
 """
 
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from swarm.protocol import StepMetrics
 
+from researcher.records import JsonObject
 from researcher.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ delivery
 
-    def _deliver(self, op: str, args: dict[str, Any]) -> Any:
+    def _deliver(self, op: str, args: JsonObject) -> Any:
         """Run one write now, or spool it when the store is unreachable (or earlier writes wait)."""
         if self.spool is None:
             return self._apply(op, args)
@@ -95,7 +96,7 @@ class Tracker:
             raise LookupError(f"run {run_id} was never created")
         return real
 
-    def _apply(self, op: str, args: dict[str, Any]) -> Any:
+    def _apply(self, op: str, args: JsonObject) -> Any:
         from mlflow.entities import Metric, Param
 
         if op == "create_run":
@@ -199,7 +200,7 @@ class Tracker:
                             {"researcher.study_id": study_id, "researcher.iteration": str(iteration),
                              "researcher.kind": "iteration", **tags}, description)
 
-    def start_child(self, study_id: str, parent_run_id: str | None, name: str, params: dict[str, Any],
+    def start_child(self, study_id: str, parent_run_id: str | None, name: str, params: Mapping[str, object],
                     tags: dict[str, str], description: str | None = None) -> str:
         all_tags = {"researcher.study_id": study_id, "researcher.kind": "training-run", **tags}
         if parent_run_id:
@@ -208,7 +209,7 @@ class Tracker:
         self.log_params(run_id, params)
         return run_id
 
-    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+    def log_params(self, run_id: str, params: Mapping[str, object]) -> None:
         self._deliver("params", {"run_id": run_id, "params": [[str(k), str(v)[:6000]] for k, v in sorted(params.items())]})
 
     def log_steps(self, run_id: str, steps: Sequence[StepMetrics]) -> int:

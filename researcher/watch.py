@@ -29,6 +29,7 @@ from rich.text import Text
 from researcher import overview
 from researcher.events import Follower, events_path
 from researcher.layout import StudyLayout
+from researcher.records import JsonObject
 from researcher.studystore import is_locked
 
 __all__ = ["WatchState", "format_line", "pick_study", "render", "sparkline", "watch"]
@@ -76,10 +77,10 @@ class WatchState:
     node_since: float | None = None
     phase: str | None = None
     runs: dict[str, RunView] = field(default_factory=dict)
-    decisions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=6))
-    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10))
+    decisions: deque[JsonObject] = field(default_factory=lambda: deque(maxlen=6))
+    recent: deque[JsonObject] = field(default_factory=lambda: deque(maxlen=10))
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: JsonObject) -> None:
         self.last_id, self.last_ts = event["id"], event.get("ts")
         kind = event.get("kind")
         if kind == "node":
@@ -103,7 +104,7 @@ class WatchState:
                     run.status = "parked"
         self._apply_run(kind, event)
 
-    def _apply_run(self, kind: str | None, event: dict[str, Any]) -> None:
+    def _apply_run(self, kind: str | None, event: JsonObject) -> None:
         key = event.get("key")
         if not key or kind not in ("launched", "progress", "ended", "client_restart", "unparked", "watchdog"):
             return
@@ -130,7 +131,7 @@ def _clock(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "--:--:--"
 
 
-def _fields(event: dict[str, Any], skip: tuple[str, ...] = ("id", "ts", "kind")) -> str:
+def _fields(event: JsonObject, skip: tuple[str, ...] = ("id", "ts", "kind")) -> str:
     parts = []
     for name, value in event.items():
         if name in skip or value is None or value == "":
@@ -143,12 +144,12 @@ def _fields(event: dict[str, Any], skip: tuple[str, ...] = ("id", "ts", "kind"))
     return " ".join(parts)
 
 
-def format_line(event: dict[str, Any]) -> str:
+def format_line(event: JsonObject) -> str:
     """One event as one plain line: ``#id HH:MM:SS kind field=value …``."""
     return f"#{event['id']} {_clock(event.get('ts'))} {event.get('kind')} {_fields(event)}".rstrip()
 
 
-def _describe(event: dict[str, Any]) -> str:
+def _describe(event: JsonObject) -> str:
     kind = event.get("kind")
     if kind == "framed":
         return f"framed: {event.get('question')}"

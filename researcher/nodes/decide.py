@@ -7,17 +7,15 @@ tell an unresolved difference (re-run those arms on fresh seeds) from a resolved
 
 from __future__ import annotations
 
-from typing import Any
-
 from researcher import budget, studyfiles
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
-from researcher.state import StudyState
+from researcher.state import DecisionRecord, StudyState, summaries
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
-    options, history = state["options"], state.get("iterations", [])
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
+    options, history = state["options"], summaries(state)
     last = history[-1]
     n_next = 2 * options["seeds"]
     left = budget.time_left(state, ctx.clock())
@@ -25,7 +23,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     hard = None
     if ctx.stop_requested():
         hard = "a stop was requested"
-    elif last.get("best") is None:
+    elif last.best is None:
         hard = "this iteration produced no usable run; nothing to refine"
     elif state["iteration"] >= state["budget"]["max_iterations"]:
         hard = f"reached the iteration limit ({state['budget']['max_iterations']})"
@@ -36,20 +34,22 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     elif budget.llm_exhausted(state):
         hard = budget.llm_exhausted(state)
     usage = state.get("llm") or new_usage()
+    decision: DecisionRecord
     if hard:
         decision = {"action": "conclude", "reason": hard}
     else:
+        study = last.study.dump() if last.study else {}
         context = {"topic": state["topic"],
-                   "last": {**{k: last.get(k) for k in ("iteration", "best", "best_value", "comparison", "plateau")},
-                            "values": {e["name"]: e["value"] for e in last["experiments"]},
+                   "last": {**last.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
+                            "values": {e.name: e.value for e in last.experiments},
                             # the whole study's evidence behind ``comparison`` (seeds pooled over iterations),
                             # and a factorial's main effects and interactions with their intervals
-                            **{k: (last.get("study") or {}).get(k) for k in ("metric", "axis", "noise_floor", "effects")}},
-                   "tested_values": [e["value"] for s in history for e in s["experiments"]],
+                            **{k: study.get(k) for k in ("metric", "axis", "noise_floor", "effects")}},
+                   "tested_values": [e.value for s in history for e in s.experiments],
                    "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options["min_effect"]}
         reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)
         usage = add_usage(usage, reply.usage)
-        decision = reply.value.model_dump()
+        decision = {"action": reply.value.action, "reason": reply.value.reason}
     studyfiles.log(ctx.layout, f"Decision after iteration {state['iteration']}: {decision['action']} — "
                                f"{decision['reason']}.")
     ctx.say("decided", **decision)

@@ -13,17 +13,17 @@ example task, a framing on another knob or task is re-asked, then refused.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
-from researcher import catalog, studyfiles, verdicts
+from researcher import catalog, studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import verdicts
 from researcher.planner import topic
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.planner.usage import add_usage, new_usage
 from researcher.state import StudyState
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     usage = state.get("llm") or new_usage()
     examples = catalog.examples(ctx.settings.examples_root)
     text = catalog.describe(ctx.settings.examples_root)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
-from researcher import budget, resources, runs, studyfiles
+from researcher import budget, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import LaunchError
-from researcher.runs import RunRecord
-from researcher.state import StudyState, Trial
+from researcher.runs import record as runs, resources
+from researcher.runs.launcher import LaunchError
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
+from researcher.state import StudyState, Trial, advance_trial, sync_trial
 
 log = logging.getLogger(__name__)
 # Episodes per client start: a little over what the step budget consumes, so a run left alone (the
@@ -29,36 +30,36 @@ log = logging.getLogger(__name__)
 EPISODE_SLACK = 1.75
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
     trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
     launched_total = _count_launched(ctx)
     for trial in trials:
         run_dir = Path(trial["run_dir"])
         record = runs.load(run_dir)
-        if record is not None and record.status == "parked":
-            trial["status"] = _unpark(state, ctx, trials, run_dir, record, trial)
+        if record is not None and record.status == RunStatus.PARKED:
+            _unpark(state, ctx, trials, run_dir, record, trial)
             continue
         if record is not None and (record.launches > 0 or record.ended):
-            trial["status"] = record.status  # re-attach: the monitor keeps polling it (or it is done)
+            sync_trial(trial, record)  # re-attach: the monitor keeps polling it (or it is done)
             continue
-        if trial["status"] not in ("pending", "queued"):
+        if trial["status"] not in (RunStatus.PENDING, RunStatus.QUEUED):
             continue
-        active = sum(1 for t in trials if t["status"] == "running")
+        active = sum(1 for t in trials if t["status"] == RunStatus.RUNNING)
         if active >= options["parallel_runs"]:
             break
         if ctx.stop_requested():
-            trial["status"] = "stopped"
-            _end_queued(ctx, run_dir, record, "stopped", "stop requested while waiting for resources")
+            advance_trial(trial, RunStatus.STOPPED)
+            _end_queued(ctx, run_dir, record, RunStatus.STOPPED, "stop requested while waiting for resources")
             continue
         if state["budget"]["max_runs"] - launched_total <= 0:
-            trial["status"] = "skipped"
-            _end_queued(ctx, run_dir, record, "stopped", "the study's run budget was spent while it waited")
+            advance_trial(trial, RunStatus.SKIPPED)
+            _end_queued(ctx, run_dir, record, RunStatus.STOPPED, "the study's run budget was spent while it waited")
             continue
         left = budget.time_left(state, ctx.clock())
         if left <= 0 or (state.get("run_seconds") and left < 0.6 * budget.run_estimate_s(state)):
-            trial["status"] = "skipped"
-            _end_queued(ctx, run_dir, record, "cut", "too little time left while it waited for resources")
+            advance_trial(trial, RunStatus.SKIPPED)
+            _end_queued(ctx, run_dir, record, RunStatus.CUT, "too little time left while it waited for resources")
             studyfiles.log(ctx.layout, f"Skipped run {trial['key']}: {left:.0f} s left, a run takes about "
                                        f"{budget.run_estimate_s(state):.0f} s.")
             continue
@@ -68,7 +69,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             _fail(ctx, run_dir, record, trial, unmet)
             continue
         if not ctx.launcher.reserve(run_dir, record):
-            trial["status"] = "queued"  # retried on the next pass; the monitor wakes it
+            advance_trial(trial, RunStatus.QUEUED)  # retried on the next pass; the monitor wakes it
             continue
         try:
             record = ctx.launcher.start_server(run_dir, record, _config_path(ctx, trial))
@@ -76,7 +77,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             _fail(ctx, run_dir, record, trial, str(exc))
             continue
         launched_total += 1
-        trial["status"] = record.status  # running: a trial's status is its record's once it has one
+        sync_trial(trial, record)  # running: a trial's status is its record's once it has one
         ctx.say("launched", key=trial["key"], experiment=trial["experiment"], seed=trial["seed"], url=record.url,
                 placement=record.placement, node=record.node, devices=",".join(record.devices) or "-")
     # Servers take a while to load; the monitor starts each client once its server answers, so
@@ -85,30 +86,35 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
 
 
 def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: Path, record: RunRecord,
-            trial: Trial) -> str:
+            trial: Trial) -> None:
     """A run parked by an earlier session: resume it from its checkpoint when a slot is free, or end it
-    (stop requested, deadline passed). Returns the trial's new status."""
+    (stop requested, deadline passed); the trial's status follows."""
     if ctx.stop_requested():
-        ctx.launcher.end_parked(run_dir, record, "stopped", "stop requested while parked")
+        ctx.launcher.end_parked(run_dir, record, RunStatus.STOPPED, "stop requested while parked")
     elif budget.time_left(state, ctx.clock()) <= 0:
-        ctx.launcher.end_parked(run_dir, record, "cut", f"deadline reached while parked at step {record.last_step}")
-    elif sum(1 for t in trials if t["status"] == "running") >= state["options"]["parallel_runs"]:
-        return "parked"
+        ctx.launcher.end_parked(run_dir, record, RunStatus.CUT,
+                                f"deadline reached while parked at step {record.last_step}")
+    elif sum(1 for t in trials if t["status"] == RunStatus.RUNNING) >= state["options"]["parallel_runs"]:
+        sync_trial(trial, record)  # parked
+        return
     elif not ctx.launcher.reserve(run_dir, record):
-        return "queued"  # its record stays parked: the next pass tries again
+        sync_trial(trial, record)
+        advance_trial(trial, RunStatus.QUEUED)  # its record stays parked: the next pass tries again
+        return
     else:
         try:
             ctx.launcher.unpark(run_dir, record, _config_path(ctx, trial))
         except OSError as exc:
             _fail(ctx, run_dir, record, trial, str(exc))
-            return record.status
+            return
         studyfiles.log(ctx.layout, f"Run {record.key} resumed from its checkpoint at step {record.last_step} "
                                    f"(resume {record.resumes}).")
         ctx.say("unparked", key=record.key, step=record.last_step)
-        return record.status
-    ctx.tracker.end(record.mlflow_run_id, "KILLED" if record.status == "stopped" else "FINISHED")
+        sync_trial(trial, record)
+        return
+    ctx.tracker.end(record.mlflow_run_id, "KILLED" if record.status == RunStatus.STOPPED else "FINISHED")
     studyfiles.log(ctx.layout, f"Run {record.key} ended {record.status}: {record.reason}.")
-    return record.status
+    sync_trial(trial, record)
 
 
 def _count_launched(ctx: StudyContext) -> int:
@@ -152,8 +158,8 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
 
 
 def _hypothesis_of(ctx: StudyContext, iteration: int, experiment: str) -> str:
-    planned = studyfiles.read_plan(ctx.layout).get("iterations", {}).get(str(iteration), {})
-    return next((e.get("hypothesis", "") for e in planned.get("experiments", []) if e["name"] == experiment), "")
+    planned = studyfiles.read_plan(ctx.layout).iteration(iteration).experiment(experiment)
+    return planned.hypothesis if planned else ""
 
 
 def _free_server(ctx: StudyContext) -> str:
@@ -163,7 +169,7 @@ def _free_server(ctx: StudyContext) -> str:
     return (free or ctx.settings.servers)[0]
 
 
-def _end_queued(ctx: StudyContext, run_dir: Path, record: RunRecord | None, status: str, reason: str) -> None:
+def _end_queued(ctx: StudyContext, run_dir: Path, record: RunRecord | None, status: RunStatus, reason: str) -> None:
     """A run that waited for resources and will not start now ends (its MLflow run with it)."""
     if record is None or record.ended or record.launches or record.queued_at is None:
         return
@@ -174,6 +180,6 @@ def _end_queued(ctx: StudyContext, run_dir: Path, record: RunRecord | None, stat
 def _fail(ctx: StudyContext, run_dir: Path, record: RunRecord, trial: Trial, error: str) -> None:
     ctx.launcher.fail_start(run_dir, record, error)
     ctx.tracker.end(record.mlflow_run_id, "FAILED")
-    trial["status"] = record.status
+    sync_trial(trial, record)
     studyfiles.log(ctx.layout, f"Run {trial['key']} failed to start: {error.strip().splitlines()[-1][:300]}")
     log.warning("run %s failed to start: %s", trial["key"], error)

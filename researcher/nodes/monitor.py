@@ -32,16 +32,19 @@ from typing import Any
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
-from researcher import analysis, budget, runs, studyfiles, watchdogs
+from researcher import budget, studyfiles, watchdogs
 from researcher.context import StudyContext
-from researcher.runs import RunRecord
-from researcher.state import StudyState, Trial
+from researcher.evidence import analysis
+from researcher.runs import record as runs
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
+from researcher.state import StudyState, Trial, advance_trial, sync_trial
 
 log = logging.getLogger(__name__)
 _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"}
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
     trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
     seconds = list(state.get("run_seconds") or [])
@@ -50,25 +53,25 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             break
         ended_now = 0
         for trial in trials:
-            if trial["status"] != "running":
+            if trial["status"] != RunStatus.RUNNING:
                 continue
             run_dir = Path(trial["run_dir"])
             record = runs.load(run_dir)
             if record is None:
-                trial["status"] = "crashed"
+                advance_trial(trial, RunStatus.CRASHED)  # its run.json is gone: nothing to own the status
                 ended_now += 1
                 continue
             if not record.ended:
                 record = _poll(ctx, state, run_dir, record)
             if record.ended:
                 _close(ctx, run_dir, record)
-                trial["status"] = record.status
-                if record.status == "finished" and record.wall_s is not None:
+                sync_trial(trial, record)
+                if record.status == RunStatus.FINISHED and record.wall_s is not None:
                     seconds.append(round(record.wall_s, 1))
                 ended_now += 1
-        running = [t for t in trials if t["status"] == "running"]
+        running = [t for t in trials if t["status"] == RunStatus.RUNNING]
         if ended_now or not running:
-            if not running and not ended_now and any(t["status"] == "queued" for t in trials):
+            if not running and not ended_now and any(t["status"] == RunStatus.QUEUED for t in trials):
                 time.sleep(options["poll_interval_s"])  # all wait for resources held elsewhere: retry soon
             break
         time.sleep(options["poll_interval_s"])

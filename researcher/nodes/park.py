@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
-from researcher import runs, studyfiles
+from researcher import studyfiles
 from researcher.context import StudyContext
-from researcher.state import StudyState, Trial
+from researcher.runs import record as runs
+from researcher.runs.status import RunStatus
+from researcher.state import StudyState, Trial, sync_trial
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     reason = ctx.should_park() or "parked"
     trials: list[Trial] = [dict(t) for t in state.get("trials") or []]  # type: ignore[misc]
     parked_runs = []
     for trial in trials:
-        if trial["status"] != "running":
+        if trial["status"] != RunStatus.RUNNING:
             continue
         run_dir = Path(trial["run_dir"])
         record = runs.load(run_dir)
         if record is None or record.ended:
             continue
-        ctx.launcher.park(run_dir, record, reason)
-        trial["status"] = "parked"
+        sync_trial(trial, ctx.launcher.park(run_dir, record, reason))
         parked_runs.append(f"{record.key} at step {record.last_step}")
     phase = state.get("phase") or "framing"
     studyfiles.log(ctx.layout, f"Parked in phase {phase} (iteration {state.get('iteration', 0)}): {reason}. "

@@ -17,15 +17,16 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from researcher import budget, catalog, factorial, studyfiles
+from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import factorial
 from researcher.layout import run_key
 from researcher.planner import topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
-from researcher.state import StudyState, Trial
+from researcher.records import IterationPlan, IterationSummary, JsonObject
+from researcher.state import StudyState, Trial, summaries
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 
@@ -41,7 +42,7 @@ class CheckedPlan:
 ConfigCheck = Callable[[Plan], str | None]
 
 
-def ask_checked(planner: Planner, framing: Framing, context: dict[str, Any],
+def ask_checked(planner: Planner, framing: Framing, context: JsonObject,
                 question: topic.TopicQuestion, check: ConfigCheck | None = None) -> CheckedPlan:
     """Ask for a plan; when it does not test ``question``, does not run the framed design, or (with
     ``check``, e.g. ``config_check``) holds a config the server refuses, ask once more with the
@@ -56,7 +57,7 @@ def ask_checked(planner: Planner, framing: Framing, context: dict[str, Any],
     for _ in range(2):
         reply = planner.plan(framing, asked)
         usage = add_usage(usage, reply.usage)
-        arms = [factorial.arm_settings(e.model_dump()) for e in reply.value.experiments]
+        arms = [factorial.arm_settings(e) for e in reply.value.experiments]
         # A factorial runs two levels of each factor: the named values still run, but no dose-response curve.
         read = replace(question, shape="comparison") if reply.value.shape == "factorial" else question
         found = [topic.plan_complaint(read, knob, arms, tested, room),
@@ -93,30 +94,14 @@ def config_check(swarm_command: Sequence[str], base_config: Path) -> ConfigCheck
     return check
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     framing = Framing.model_validate(state["framing"])
     options = state["options"]
     iteration = state.get("iteration", 0) + 1
-    history = state.get("iterations", [])
-    used_names = {e["name"] for s in history for e in s["experiments"]}
-    tested = [e["value"] for s in history for e in s["experiments"]]
-    best = history[-1]["best_value"] if history else None
+    history = summaries(state)
     question = topic.parse(state["topic"])
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
-    task_config = studyfiles.server_config(example.config, {}) if example else {}
-    earlier = studyfiles.read_plan(ctx.layout).get("iterations", {})
-    context = {"iteration": iteration, "topic": state["topic"], "named": question.summary(),
-               "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
-               "min_effect": options["min_effect"], "task_config": task_config, "tested_values": tested,
-               "best_value": best, "time_left_s": round(budget.time_left(state, ctx.clock())),
-               "runs_left": budget.runs_left(state),
-               "history": [{**{k: s[k] for k in ("iteration", "best", "best_value", "comparison", "plateau")},
-                            "values": {e["name"]: e["value"] for e in s["experiments"]},
-                            **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
-               "config_keys": catalog.CONFIG_KEYS,
-               "code_changes": {it: p["code_change"] for it, p in earlier.items() if p.get("code_change")}}
-    if any(k.key == framing.knob for k in catalog.KNOBS):
-        context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
+    context = _context(state, ctx, framing, question, history, example.config if example else None)
     check = None
     if ctx.planner.name != "offline" and example is not None:
         check = config_check(ctx.settings.swarm_command, example.config)
@@ -133,37 +118,21 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
         error = (f"The {ctx.planner.name} planner's plan was refused, even after a repair round: "
                  f"{checked.complaints[-1]}")
         return {"phase": "failed", "error": error, "llm": usage}
-
-    experiments, seen, notes = [], set(used_names), []
-    for exp in plan.experiments:
-        if exp.name in seen:
-            notes.append(f"{exp.name} already ran; not repeated")
-            continue  # never repeat an experiment that already ran
-        seen.add(exp.name)
-        experiments.append(exp)
     seeds = options["seeds"]
-    fit = budget.runs_left(state) // seeds
-    if fit < len(experiments):
-        dropped = experiments[fit:]
-        notes.append(f"the run budget ({budget.runs_left(state)} runs left, {seeds} seeds each) fits {fit} of "
-                     f"{len(experiments)} configurations: not run " + ", ".join(_show(e) for e in dropped))
-    experiments = experiments[:fit]
+    experiments, notes = _runnable(plan, {e.name for s in history for e in s.experiments},
+                                   budget.runs_left(state), seeds)
     if len(experiments) < min(2, len(plan.experiments)):
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
                                    f"({len(experiments)} configuration(s)); concluding.")
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
-
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
-    studyfiles.write_plan(ctx.layout, iteration, {"rationale": plan.rationale, "shape": plan.shape,
-                                                  "stage": plan.stage, "assumptions": assumptions,
-                                                  "code_change": plan.code_change,
-                                                  "question": {k: v for k, v in question.summary().items()
-                                                               if k != "assumptions"},
-                                                  "hypotheses": [h.model_dump() for h in plan.hypotheses],
-                                                  "experiments": [e.model_dump() for e in experiments],
-                                                  "seeds": [iteration * SEED_STRIDE + k for k in range(seeds)],
-                                                  "steps_per_run": options["steps_per_run"]},
-                          framing.model_dump())
+    written = IterationPlan.model_validate({
+        "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
+        "code_change": plan.code_change,
+        "question": {k: v for k, v in question.summary().items() if k != "assumptions"},
+        "hypotheses": [h.model_dump() for h in plan.hypotheses], "experiments": [e.model_dump() for e in experiments],
+        "seeds": [iteration * SEED_STRIDE + k for k in range(seeds)], "steps_per_run": options["steps_per_run"]})
+    studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump())
     trials: list[Trial] = []
     # Seed-major order: every configuration gets its first seed before any gets its second.
     for k in range(seeds):
@@ -172,6 +141,59 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             trials.append({"trial": index, "key": run_key(state["study_id"], iteration, index),
                            "experiment": exp.name, "seed": iteration * SEED_STRIDE + k,
                            "run_dir": str(ctx.layout.run_dir(iteration, index)), "status": "pending"})
+    parent = _record_plan(state, ctx, framing, plan, experiments, assumptions)
+    return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
+            "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
+            "phase": "writing", "llm": usage}
+
+
+def _context(state: StudyState, ctx: StudyContext, framing: Framing, question: topic.TopicQuestion,
+             history: list[IterationSummary], example_config: Path | None) -> JsonObject:
+    """What the planner plans from: the question's reading, the budget, the task's config and the
+    study's history (each iteration's pooled comparison, values and factorial effects)."""
+    options = state["options"]
+    earlier = studyfiles.read_plan(ctx.layout).iterations
+    context: JsonObject = {
+        "iteration": state.get("iteration", 0) + 1, "topic": state["topic"], "named": question.summary(),
+        "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
+        "min_effect": options["min_effect"],
+        "task_config": studyfiles.server_config(example_config, {}) if example_config else {},
+        "tested_values": [e.value for s in history for e in s.experiments],
+        "best_value": history[-1].best_value if history else None,
+        "time_left_s": round(budget.time_left(state, ctx.clock())), "runs_left": budget.runs_left(state),
+        "history": [{**s.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
+                     "values": {e.name: e.value for e in s.experiments},
+                     **({"effects": _effects(s)} if _effects(s) else {})} for s in history],
+        "config_keys": catalog.CONFIG_KEYS,
+        "code_changes": {str(it): p.code_change for it, p in earlier.items() if p.code_change}}
+    if any(k.key == framing.knob for k in catalog.KNOBS):
+        context["knob_ladder"] = list(catalog.knob(framing.knob).ladder)
+    return context
+
+
+def _runnable(plan: Plan, used_names: set[str], runs_left: int, seeds: int) -> tuple[list[Experiment], list[str]]:
+    """The plan's experiments that run: none that already ran, and as many as the run budget fits
+    (``seeds`` runs each); with a note for each left out."""
+    experiments, seen, notes = [], set(used_names), []
+    for exp in plan.experiments:
+        if exp.name in seen:
+            notes.append(f"{exp.name} already ran; not repeated")
+            continue  # never repeat an experiment that already ran
+        seen.add(exp.name)
+        experiments.append(exp)
+    fit = runs_left // seeds
+    if fit < len(experiments):
+        dropped = experiments[fit:]
+        notes.append(f"the run budget ({runs_left} runs left, {seeds} seeds each) fits {fit} of "
+                     f"{len(experiments)} configurations: not run " + ", ".join(_show(e) for e in dropped))
+    return experiments[:fit], notes
+
+
+def _record_plan(state: StudyState, ctx: StudyContext, framing: Framing, plan: Plan, experiments: list[Experiment],
+                 assumptions: list[str]) -> str:
+    """The plan in LOG.md and on a new MLflow parent run of the iteration (returned), with plan.json."""
+    options, iteration = state["options"], state.get("iteration", 0) + 1
+    seeds = options["seeds"]
     hypotheses = "; ".join(f"{h.id}: {h.statement} Expected: {h.expected_effect}" for h in plan.hypotheses)
     studyfiles.log(ctx.layout, f"Iteration {iteration} planned ({plan.shape}, {plan.stage}; {plan.rationale}) "
                                f"Hypotheses, written before running: {hypotheses} Experiments: "
@@ -198,9 +220,7 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     ctx.tracker.log_files(parent, [ctx.layout.plan_json])
     ctx.say("planned", iteration=iteration, experiments=[e.name for e in experiments], seeds=seeds,
             rationale=plan.rationale, hypotheses=[h.statement for h in plan.hypotheses])
-    return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
-            "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
-            "phase": "writing", "llm": usage}
+    return parent
 
 
 def _unique(items: list[str]) -> list[str]:
@@ -211,8 +231,8 @@ def _show(exp: Experiment) -> str:
     return f"{exp.name} {json.dumps(exp.overrides)}" + (f" client {json.dumps(exp.factors)}" if exp.factors else "")
 
 
-def _effects(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _effects(summary: IterationSummary) -> list[JsonObject]:
     """A factorial iteration's effects as the planner needs them (estimate, interval, resolved)."""
-    return [{k: e[k] for k in ("name", "estimate", "low", "high", "resolved", "aliases")}
-            for e in (summary.get("study") or {}).get("effects") or []]
+    return [e.model_dump(include={"name", "estimate", "low", "high", "resolved", "aliases"})
+            for e in (summary.study.effects if summary.study else [])]
 

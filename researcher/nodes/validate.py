@@ -12,7 +12,6 @@ LOG.md records which checks passed. After ``max_repairs`` failed rounds the stud
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from researcher import preflight, studyfiles
 from researcher.context import StudyContext
@@ -20,11 +19,11 @@ from researcher.preflight import Failure
 from researcher.state import StudyState
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     if state.get("phase") == "failed":
         return {}  # write_client refused the plan: nothing to validate, the report follows
-    plan = studyfiles.read_plan(ctx.layout)["iterations"][str(state["iteration"])]
-    first = plan["experiments"][0]["name"]
+    plan = studyfiles.read_plan(ctx.layout).iteration(state["iteration"])
+    first = plan.experiments[0].name
     folder = ctx.layout.experiment_dir(first)
     validation = dict(state.get("validation") or {"attempts": 0, "ok": False, "error": None})
     attempt = validation.get("attempts", 0) + 1

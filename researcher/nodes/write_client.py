@@ -14,16 +14,16 @@ written or any planner call is made (validate passes a failed study on to the re
 
 from __future__ import annotations
 
-from typing import Any
 
 from researcher import budget, catalog, preflight, studyfiles
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
-from researcher.state import StudyState
+from researcher.records import IterationPlan, JsonObject, PlanFile
+from researcher.state import StudyState, Validation
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     framing = Framing.model_validate(state["framing"])
     iteration = state["iteration"]
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
@@ -31,11 +31,10 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
         error = f"the example study {framing.example!r} the framing starts from is missing"
         studyfiles.log(ctx.layout, f"Iteration {iteration}: {error}.")
         return {"phase": "failed", "error": error}
-    plans = studyfiles.read_plan(ctx.layout)["iterations"]
-    plan = plans[str(iteration)]
+    plans = studyfiles.read_plan(ctx.layout)
+    plan = plans.iteration(iteration)
     try:
-        configs = {exp["name"]: studyfiles.server_config(example.config, exp["overrides"])
-                   for exp in plan["experiments"]}
+        configs = {exp.name: studyfiles.server_config(example.config, exp.overrides) for exp in plan.experiments}
     except ValueError as exc:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the plan is unusable: {exc}")
         return {"phase": "failed", "error": f"the plan of iteration {iteration} is unusable: {exc}"}
@@ -43,23 +42,22 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     previous = _previous_client(ctx, plans, iteration)
     start = previous or example.client.read_text()  # the code the planner starts from
     context = _context(state, framing, plan, validation, bool(previous), ctx.clock())
-    first = ctx.layout.experiment_dir(plan["experiments"][0]["name"]) / "client.py"
+    first = ctx.layout.experiment_dir(plan.experiments[0].name) / "client.py"
     usage = state.get("llm") or new_usage()
     if validation.get("error") and first.is_file():
         reply = ctx.planner.repair_client(first.read_text(), validation["error"], start, context)
         code, usage = reply.value.code, add_usage(usage, reply.usage)
         what = f"Repaired the client after validation attempt {validation['attempts']} ({reply.value.notes})."
-    elif previous and not plan.get("code_change"):
+    elif previous and not plan.code_change:
         code = previous
         what = f"Reused the client of iteration {iteration - 1} (the plan changes no code)."
     else:
-        reply = ctx.planner.write_client(framing, start, plan["experiments"], context)
+        reply = ctx.planner.write_client(framing, start, [e.dump() for e in plan.experiments], context)
         code, usage = reply.value.code, add_usage(usage, reply.usage)
         what = f"Wrote the client for iteration {iteration} ({reply.value.notes or 'no notes'})."
     for attempt in range(2):
         try:
-            sources = {exp["name"]: studyfiles.set_factors(code, exp.get("factors") or {})
-                       for exp in plan["experiments"]}
+            sources = {exp.name: studyfiles.set_factors(code, exp.factors) for exp in plan.experiments}
             break
         except ValueError as exc:
             problem = f"The experiments' client factors cannot be set in the client: {exc}"
@@ -69,25 +67,24 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             reply = ctx.planner.repair_client(code, problem, start, context)
             code, usage = reply.value.code, add_usage(usage, reply.usage)
             what += f" Repaired it to take the client factors ({reply.value.notes})."
-    for exp in plan["experiments"]:
-        studyfiles.write_experiment(ctx.layout, exp["name"], sources[exp["name"]], configs[exp["name"]],
-                                    exp["hypothesis"])
+    for exp in plan.experiments:
+        studyfiles.write_experiment(ctx.layout, exp.name, sources[exp.name], configs[exp.name], exp.hypothesis)
     studyfiles.log(ctx.layout, what)
     ctx.say("client", iteration=iteration, repaired=bool(validation.get("error")))
     return {"phase": "validating", "llm": usage, "validation": validation}
 
 
-def _previous_client(ctx: StudyContext, plans: dict[str, Any], iteration: int) -> str | None:
+def _previous_client(ctx: StudyContext, plans: PlanFile, iteration: int) -> str | None:
     """The client the last iteration ran (its first experiment's file), if it is on disk."""
-    earlier = plans.get(str(iteration - 1), {}).get("experiments") or []
+    earlier = plans.iteration(iteration - 1).experiments
     if not earlier:
         return None
-    path = ctx.layout.experiment_dir(earlier[0]["name"]) / "client.py"
+    path = ctx.layout.experiment_dir(earlier[0].name) / "client.py"
     return path.read_text() if path.is_file() else None
 
 
-def _context(state: StudyState, framing: Framing, plan: dict[str, Any], validation: dict[str, Any],
-             continued: bool, now: float) -> dict[str, Any]:
+def _context(state: StudyState, framing: Framing, plan: IterationPlan, validation: Validation,
+             continued: bool, now: float) -> JsonObject:
     """What the client writer and the repair step need beyond the code: the change asked for, the client
     factors and the budget left (repair rounds, runs, time, the smoke run's size)."""
     options = state["options"]
@@ -95,7 +92,7 @@ def _context(state: StudyState, framing: Framing, plan: dict[str, Any], validati
     return {"iteration": state["iteration"], "task": framing.task, "base_example": framing.example,
             "new_task": framing.task != framing.example,
             "starting_code": "the previous iteration's client" if continued else f"the {framing.example} example",
-            "code_change": plan.get("code_change", ""),
+            "code_change": plan.code_change,
             "client_factors": {name: f.levels for name, f in framing.client_factors().items()},
             "budget": {"repair_rounds_left": max(state["budget"]["max_repairs"] - validation.get("attempts", 0), 0),
                        "runs_left": budget.runs_left(state), "time_left_s": round(budget.time_left(state, now)),

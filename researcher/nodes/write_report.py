@@ -4,47 +4,49 @@ hypotheses as written before running, negative results, and the budget used."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from researcher import analysis, factorial, run_table, runs, studyfiles, verdicts
-from researcher.analysis import AXES, AXIS_TEXT, AXIS_UNIT
+from researcher import studyfiles
 from researcher.context import StudyContext
+from researcher.evidence import analysis, factorial, run_table, verdicts
+from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
-from researcher.planner.usage import add_usage, new_usage
-from researcher.state import StudyState
+from researcher.planner.usage import LLMUsage, add_usage, new_usage
+from researcher.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
+from researcher.runs import record as runs
+from researcher.state import StudyState, summaries
 
 
-def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
+def run(state: StudyState, ctx: StudyContext) -> StudyState:
     usage = state.get("llm") or new_usage()
     # A state from before pooled evidence: recompute it from the runs on disk (else "No answer").
     min_effect = (state.get("options") or {}).get("min_effect", 0.02)
-    history = analysis.backfill(state.get("iterations", []), ctx.layout, min_effect)
-    framing = state.get("framing")
+    history = analysis.backfill(summaries(state), ctx.layout, min_effect)
+    framing = Framing.model_validate(state["framing"]) if state.get("framing") is not None else None
     phase = state.get("phase")
     final_phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
     if framing is None:
         answer, caveats = "No answer: the topic could not be framed.", state.get("error") or ""
     else:
-        answer, caveats = verdicts.verdict(framing["question"], history)
+        answer, caveats = verdicts.verdict(framing.question, history)
         if final_phase == "failed" and not history:
             answer = f"No answer: the study failed before any comparison. {(state.get('error') or '')[:500]}"
         elif history:
             try:
-                reply = ctx.planner.report(Framing.model_validate(framing), {
+                reply = ctx.planner.report(framing, {
                     "verdict": answer, "caveats": caveats,
-                    "iterations": [{k: s.get(k) for k in ("iteration", "experiments", "comparison", "plateau", "best")}
+                    "iterations": [s.model_dump(include={"iteration", "experiments", "comparison", "plateau", "best"}, exclude_unset=True)
                                    for s in history],
-                    "effects": (history[-1].get("study") or {}).get("effects") or []})
+                    "effects": [e.dump() for e in (history[-1].study.effects if history[-1].study else [])]})
                 usage = add_usage(usage, reply.usage)
                 answer, caveats = reply.value.answer, reply.value.discussion
             except PlannerError as exc:
                 caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
         # Whoever worded it: the first sentence names both axes when the question states another.
-        answer = verdicts.answer_naming_axes(framing["question"], history[-1].get("study") if history else None, answer)
-    text = _render({**state, "iterations": history}, ctx, answer, caveats, usage, final_phase)  # type: ignore
+        answer = verdicts.answer_naming_axes(framing.question, history[-1].study if history else None, answer)
+    text = _render(state, history, ctx, answer, caveats, usage, final_phase)
     studyfiles.write_atomic(ctx.layout.report_md, text)
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
-    review = run_table.write(ctx.layout, framing["metric"] if framing else "train/reward_mean")
+    review = run_table.write(ctx.layout, framing.metric if framing else "train/reward_mean")
     run_table.log_to_mlflow(ctx.tracker, ctx.layout, review)
     parent = state.get("mlflow_parent_run")
     if parent:
@@ -55,8 +57,9 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
             ctx.tracker.log_files(parent, [figures], "figures")
         if ctx.layout.llm_calls_dir.is_dir():  # includes the decide/report calls made after analysis
             ctx.tracker.log_files(parent, [ctx.layout.llm_calls_dir], "planner_calls")
-    question = f"Question: {framing['question']}\n\n" if framing else ""
-    shown = list(((history[-1].get("study") or {}).get("plots") or {}).values()) if history else []
+    question = f"Question: {framing.question}\n\n" if framing else ""
+    last = history[-1].study if history else None
+    shown = list(last.plots.values()) if last else []
     report = ctx.tracker.report_markdown(state["study_id"], parent, "report.md", shown) if parent else ""
     # The answer first: MLflow shows a description's first line above the runs, the rest on expanding it.
     ctx.tracker.describe_study(state["study_id"], f"Answer ({final_phase}): {answer}\n\n{question}Topic: {state['topic']}"
@@ -65,8 +68,8 @@ def run(state: StudyState, ctx: StudyContext) -> dict[str, Any]:
     return {"phase": final_phase, "llm": usage}
 
 
-def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usage: dict[str, Any],
-            phase: str) -> str:
+def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContext, answer: str, caveats: str,
+            usage: LLMUsage, phase: str) -> str:
     framing = state.get("framing") or {}
     plan = studyfiles.read_plan(ctx.layout)
     records = runs.all_records(ctx.layout.runs_dir)
@@ -74,42 +77,17 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
            f"**Topic:** {state['topic']}  ", f"**Question:** {framing.get('question', 'n/a')}  ",
            f"**Status:** {phase} · written {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}", "",
            "## Answer", "", answer, ""]
-    history = state.get("iterations", [])
-    if history and history[-1].get("study"):
-        out += evidence_section(history[-1]["study"]) + factorial.effects_section(history[-1]["study"])
+    last = history[-1].study if history else None
+    if last:
+        out += evidence_section(last) + factorial.effects_section(last)
     for summary in history:
-        it = str(summary["iteration"])
-        planned = plan.get("iterations", {}).get(it, {})
-        out += [f"## Iteration {it}", ""]
-        for hyp in planned.get("hypotheses", []):
-            out.append(f"- Hypothesis {hyp['id']} (written before running): {hyp['statement']} "
-                       f"Metric `{hyp['metric']}`; expected: {hyp['expected_effect']}")
-        out += ["", f"This iteration alone: area under the `{summary['metric']}` curve (mean height over "
-                    f"{summary['horizon']} training steps; per episode and per second over the budgets every run of the "
-                    "iteration reached) and final reward (mean of the last 5 points), mean ± 95% CI over seeds:", "",
-                f"| experiment | {summary['knob']} | AUC per step | AUC per episode | AUC per second | final reward "
-                "| usable runs | statuses |", "|---|---|---|---|---|---|---|---|"]
-        for row in summary["experiments"]:
-            axes = row.get("axes") or {}
-            out.append(f"| {row['name']} | {row['value']} | {_cell(row.get('auc'))} | {_cell(axes.get('episode'))} | "
-                       f"{_cell(axes.get('second'))} | {_cell(row.get('final'))} | "
-                       f"{len(row['aucs'])}/{len(row['statuses'])} | {', '.join(row['statuses'])} |")
-        comparison = summary.get("iteration_comparison", summary.get("comparison"))
-        if comparison:
-            hw = f" ± {comparison['hw']:.3f}" if comparison["hw"] is not None else ""
-            out += ["", f"Difference {comparison['better']} − {comparison['worse']}: {comparison['diff']:+.3f}{hw} "
-                        f"({'clear' if comparison['clear'] else 'CI includes 0'})."]
-        if summary.get("plateau"):
-            out += ["", f"Plateau: {summary['plateau']}."]
-        if summary.get("plot"):
-            out += ["", f"![reward curves, iteration {it}]({summary['plot']})"]
-        out.append("")
+        out += _iteration_section(summary, plan.iteration(summary.iteration))
     out += ["## Discussion", "", caveats, "", "## Runs", "",
             "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
     for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
         out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
                    f"| {r.client_restarts} |")
-    decision = state.get("decision") or {}
+    decision = state.get("decision") or {"action": "n/a", "reason": ""}
     out += ["", "## Budget", "",
             f"- Runs launched: {sum(1 for r in records if r.launches)} (max {state['budget']['max_runs']})",
             f"- Iterations: {state.get('iteration', 0)}; last decision: {decision.get('action', 'n/a')} — "
@@ -122,63 +100,99 @@ def _render(state: StudyState, ctx: StudyContext, answer: str, caveats: str, usa
     return "\n".join(out)
 
 
-def _cell(cell: dict[str, Any] | None) -> str:
-    if not cell:
+def _iteration_section(summary: IterationSummary, planned: IterationPlan) -> list[str]:
+    """One iteration: its hypotheses as written before running, its table, comparison, plateau and plot."""
+    it = str(summary.iteration)
+    out = [f"## Iteration {it}", ""]
+    for hyp in planned.hypotheses:
+        out.append(f"- Hypothesis {hyp.id} (written before running): {hyp.statement} "
+                   f"Metric `{hyp.metric}`; expected: {hyp.expected_effect}")
+    out += ["", f"This iteration alone: area under the `{summary.metric}` curve (mean height over "
+                f"{summary.horizon} training steps; per episode and per second over the budgets every run of the "
+                "iteration reached) and final reward (mean of the last 5 points), mean ± 95% CI over seeds:", "",
+            f"| experiment | {summary.knob} | AUC per step | AUC per episode | AUC per second | final reward "
+            "| usable runs | statuses |", "|---|---|---|---|---|---|---|---|"]
+    for row in summary.experiments:
+        axes = row.axes
+        out.append(f"| {row.name} | {row.value} | {_cell(row.auc)} | {_cell(axes.get('episode'))} | "
+                   f"{_cell(axes.get('second'))} | {_cell(row.final)} | "
+                   f"{len(row.aucs)}/{len(row.statuses)} | {', '.join(row.statuses)} |")
+    comparison = summary.own_comparison
+    if comparison:
+        hw = f" ± {comparison.hw:.3f}" if comparison.hw is not None else ""
+        out += ["", f"Difference {comparison.better} − {comparison.worse}: {comparison.diff:+.3f}{hw} "
+                    f"({'clear' if comparison.clear else 'CI includes 0'})."]
+    if summary.plateau:
+        out += ["", f"Plateau: {summary.plateau}."]
+    if summary.plot:
+        out += ["", f"![reward curves, iteration {it}]({summary.plot})"]
+    out.append("")
+    return out
+
+
+def _cell(cell: Cell | None) -> str:
+    if cell is None:
         return "n/a"
-    return f"{cell['mean']:.3f}" + (f" ± {cell['hw']:.3f}" if cell.get("hw") is not None else f" (n={cell['n']})")
+    return f"{cell.mean:.3f}" + (f" ± {cell.hw:.3f}" if cell.hw is not None else f" (n={cell.n})")
 
 
-def evidence_section(study: dict[str, Any]) -> list[str]:
+def evidence_section(study: Evidence) -> list[str]:
     """The whole study's pooled evidence: metric, verdict axis, noise floor and minimum effect, every
     configuration on the three axes, the comparison behind the answer, and for a sweep the curve."""
-    knob, axis, metric = study["knob"], study["axis"], study["metric"]
-    iterations = sorted({i for r in study["arms"] for i in r.get("iterations", [])})
-    budgets = ", ".join(f"{AXIS_TEXT[a]} over {study['budgets'][a]:.0f} {AXIS_UNIT[a]}" for a in study["measured"])
+    knob, axis, metric = study.knob, study.axis, study.metric
+    iterations = sorted({i for r in study.arms for i in r.iterations})
+    budgets = ", ".join(f"{AXIS_TEXT[a]} over {study.budgets[a]:.0f} {AXIS_UNIT[a]}" for a in study.measured)
     out = ["## Evidence (whole study)", "",
            f"Seeds of the same configuration are pooled over iterations {', '.join(map(str, iterations))}. "
-           f"{study['metric_note']} "
-           f"The verdict axis is {AXIS_TEXT[axis]}: {study['axis_why']}.", "",
+           f"{study.metric_note} "
+           f"The verdict axis is {AXIS_TEXT[axis]}: {study.axis_why}.", "",
            f"- Metric: `{metric}`; areas under its curve {budgets} (mean height; each axis over the budget every run "
-           "reached).", f"- Minimum effect: {study['min_effect']}"]
-    for a in study["measured"]:
-        noise = study["noise_floor"][a]
-        sd = f"{noise['sd']:.4f}" if noise["sd"] is not None else "not measured"
+           "reached).", f"- Minimum effect: {study.min_effect}"]
+    for a in study.measured:
+        noise = study.noise_floor[a]
+        sd = f"{noise.sd:.4f}" if noise.sd is not None else "not measured"
         out.append(f"- Noise floor {AXIS_TEXT[a]} (pooled within-configuration sd of the AUC): {sd}, from "
-                   f"{noise['seeds']} seeds in {noise['arms']} configurations")
-    rows = [r for r in study["arms"] if "axes" in r]
-    if study["sweep"] and all(isinstance(r["value"], (int, float)) for r in rows):
-        rows.sort(key=lambda r: r["value"])
+                   f"{noise.seeds} seeds in {noise.arms} configurations")
+    rows = [r for r in study.arms if r.scored]
+    if study.sweep and all(isinstance(r.value, (int, float)) for r in rows):
+        rows.sort(key=lambda r: r.value)
     header = " | ".join(f"AUC {AXIS_TEXT[a]}" + (" (verdict)" if a == axis else "") for a in AXES)
     out += ["", f"| {knob} | experiment | seeds | iterations | {header} | final reward |",
             "|---|---|---|---|" + "---|" * len(AXES) + "---|"]
+    c = study.comparison
     for r in rows:
-        cells = " | ".join(_cell(r["axes"].get(a)) for a in AXES)
-        c = study.get("comparison")
-        best = ("" if r["name"] != study["best"] else " **best**" if c is None or c["clear"] else " (leading)")
-        out.append(f"| {r['value']}{best} | {r['name']} | {len(r['aucs'])} | {', '.join(map(str, r['iterations']))} | "
-                   f"{cells} | {_cell(r.get('final'))} |")
-    c = study.get("comparison")
+        cells = " | ".join(_cell(r.axes.get(a)) for a in AXES)
+        best = ("" if r.name != study.best else " **best**" if c is None or c.clear else " (leading)")
+        out.append(f"| {r.value}{best} | {r.name} | {len(r.aucs)} | {', '.join(map(str, r.iterations))} | "
+                   f"{cells} | {_cell(r.final)} |")
     if c:
-        verdict = ("resolved: the 95% CI excludes 0" if c["clear"] else
-                   f"no meaningful difference: the whole CI lies within ±{study['min_effect']}" if c["equivalent"] else
-                   f"unresolved: the 95% CI includes 0; {verdicts.seeds_text(c, study['noise_floor'][axis])}")
-        hw = f" ± {c['hw']:.3f}" if c["hw"] is not None else " (no interval)"
-        out += ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c['better_label']} − {c['worse_label']} = "
-                    f"{c['diff']:+.3f}{hw} ({verdict})."]
-        for a, other in (study.get("axes_compared") or {}).items():
-            if a != axis:
-                ohw = f" ± {other['hw']:.3f}" if other["hw"] is not None else " (no interval)"
-                out.append(f"- {AXIS_TEXT[a]}: {other['diff']:+.3f}{ohw}")
-    plots = study.get("plots") or {}
-    if study["sweep"] and rows:
-        best = next((r for r in rows if r["name"] == study["best"]), rows[0])
-        resolved = "resolved" if c and c["clear"] else "not resolved"
-        out += ["", f"Dose-response curve of {knob} ({AXIS_TEXT[axis]}): best {knob}={best['value']} with AUC "
-                    f"{_cell(best['axes'].get(axis))}, {resolved} against the runner-up.", "",
+        out += _comparison_lines(study, c)
+    plots = study.plots
+    if study.sweep and rows:
+        top = next((r for r in rows if r.name == study.best), rows[0])
+        resolved = "resolved" if c and c.clear else "not resolved"
+        out += ["", f"Dose-response curve of {knob} ({AXIS_TEXT[axis]}): best {knob}={top.value} with AUC "
+                    f"{_cell(top.axes.get(axis))}, {resolved} against the runner-up.", "",
                 f"| {knob} | AUC {AXIS_TEXT[axis]} (mean ± 95% CI) | seeds |", "|---|---|---|"]
-        out += [f"| {r['value']} | {_cell(r['axes'].get(axis))} | {len(r['aucs'])} |" for r in rows]
+        out += [f"| {r.value} | {_cell(r.axes.get(axis))} | {len(r.aucs)} |" for r in rows]
         if plots.get("curve"):
             out += ["", f"![dose-response curve of {knob}]({plots['curve']})"]
     if plots.get("axes"):
         out += ["", f"![reward curves per step, per episode and per second]({plots['axes']})"]
     return out + [""]
+
+
+def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
+    """Best vs runner-up on the verdict axis (what it resolves), then the difference on the other axes."""
+    axis = study.axis
+    verdict = ("resolved: the 95% CI excludes 0" if c.clear else
+               f"no meaningful difference: the whole CI lies within ±{study.min_effect}" if c.equivalent else
+               f"unresolved: the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}")
+    hw = f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)"
+    out = ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c.better_label} − {c.worse_label} = "
+               f"{c.diff:+.3f}{hw} ({verdict})."]
+    for a, other in study.axes_compared.items():
+        if a != axis:
+            ohw = f" ± {other.hw:.3f}" if other.hw is not None else " (no interval)"
+            out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw}")
+    return out

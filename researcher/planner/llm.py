@@ -25,7 +25,8 @@ from pydantic import BaseModel, ValidationError
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import (ClientCode, Decision, Framing, Plan, PlannerError, QuotaExhausted, Reply,
                                       ReportText)
-from researcher.planner.usage import LLMUsage, add_usage, new_usage
+from researcher.planner.usage import LLMCall, LLMUsage, add_usage, new_usage
+from researcher.records import JsonObject
 from researcher.settings import LLMSettings
 from researcher.watchdogs import is_quota_error, is_transient
 
@@ -42,16 +43,16 @@ class LLMPlanner:
     name = "llm"
 
     def __init__(self, settings: LLMSettings, prompts: PromptLibrary,
-                 on_call: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_call: Callable[[LLMCall], None] | None = None) -> None:
         self.settings = settings
         self.prompts = prompts
         self.on_call = on_call or (lambda record: None)
-        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._listeners: list[Callable[[LLMCall], None]] = []
         self._client = openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key,
                                      timeout=settings.timeout_s, max_retries=settings.max_retries)
         self._structured = True  # switched off after the server rejects or ignores json_schema once
 
-    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+    def add_listener(self, listener: Callable[[LLMCall], None]) -> None:
         """Also report every call record to ``listener`` (after ``on_call``); it must not raise."""
         self._listeners.append(listener)
 
@@ -60,26 +61,26 @@ class LLMPlanner:
     def frame(self, topic: str, catalog: str) -> Reply[Framing]:
         return self._ask("frame_topic", Framing, topic=topic, catalog=catalog)
 
-    def plan(self, framing: Framing, context: dict[str, Any]) -> Reply[Plan]:
+    def plan(self, framing: Framing, context: JsonObject) -> Reply[Plan]:
         return self._ask("plan_experiments", Plan, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
-    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]],
-                     context: dict[str, Any] | None = None) -> Reply[ClientCode]:
+    def write_client(self, framing: Framing, example_source: str, experiments: list[JsonObject],
+                     context: JsonObject | None = None) -> Reply[ClientCode]:
         return self._ask("write_client", ClientCode, framing=framing.model_dump_json(indent=2),
                          example=example_source, experiments=json.dumps(experiments, indent=2, default=str),
                          context=json.dumps(context or {}, indent=2, default=str))
 
     def repair_client(self, code: str, error: str, example_source: str,
-                      context: dict[str, Any] | None = None) -> Reply[ClientCode]:
+                      context: JsonObject | None = None) -> Reply[ClientCode]:
         return self._ask("repair_client", ClientCode, code=code, error=error[-6000:], example=example_source,
                          context=json.dumps(context or {}, indent=2, default=str))
 
-    def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]:
+    def decide(self, framing: Framing, context: JsonObject) -> Reply[Decision]:
         return self._ask("decide", Decision, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
-    def report(self, framing: Framing, context: dict[str, Any]) -> Reply[ReportText]:
+    def report(self, framing: Framing, context: JsonObject) -> Reply[ReportText]:
         return self._ask("write_report", ReportText, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
@@ -166,7 +167,7 @@ class LLMPlanner:
     def _trace(self, step: str, messages: list[dict[str, str]], answer: str | None, usage: LLMUsage,
                started: float, *, mode: str, error: str | None = None) -> None:
         cost_in, cost_out = self._costs(usage["prompt_tokens"], usage["completion_tokens"])
-        record = {"step": step, "mode": mode, "model": self.settings.model, "messages": messages,
+        record: LLMCall = {"step": step, "mode": mode, "model": self.settings.model, "messages": messages,
                   "answer": answer, "error": error, "usage": usage,
                   "cost": {"input_usd": cost_in, "output_usd": cost_out},
                   "seconds": round(time.monotonic() - started, 3), "time": time.time()}

@@ -15,16 +15,16 @@ Its client is the example's own code.
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
 from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
-from researcher.analysis import AXIS_TEXT, primary_axis
+from researcher.axes import AXIS_TEXT, primary_axis
+from researcher.planner import ladder
 from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
                                        ReportText, TopicNotMappable, free)
 from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
+from researcher.records import Comparison, JsonObject
 
 MAX_ARMS = 8  # Plan.experiments holds at most 8 configurations
 
@@ -100,7 +100,7 @@ class OfflinePlanner:
 
     # ------------------------------------------------------------------ plan
 
-    def plan(self, framing: Framing, context: dict[str, Any]) -> Reply[Plan]:
+    def plan(self, framing: Framing, context: JsonObject) -> Reply[Plan]:
         """The first design the topic asks for; later, more seeds for an unresolved difference, else a refinement."""
         knob = catalog.knob(framing.knob)
         question = _question(framing, context)
@@ -128,56 +128,56 @@ class OfflinePlanner:
 
     # ------------------------------------------------------------------ client code
 
-    def write_client(self, framing: Framing, example_source: str, experiments: list[dict[str, Any]],
-                     context: dict[str, Any] | None = None) -> Reply[ClientCode]:
+    def write_client(self, framing: Framing, example_source: str, experiments: list[JsonObject],
+                     context: JsonObject | None = None) -> Reply[ClientCode]:
         return free(ClientCode(code=example_source, notes=f"the {framing.task} example client, unchanged"))
 
     def repair_client(self, code: str, error: str, example_source: str,
-                      context: dict[str, Any] | None = None) -> Reply[ClientCode]:
+                      context: JsonObject | None = None) -> Reply[ClientCode]:
         # The offline planner cannot reason about a traceback; the example is its known-good fallback.
         return free(ClientCode(code=example_source, notes="reverted to the example client"))
 
     # ------------------------------------------------------------------ decide and report
 
-    def decide(self, framing: Framing, context: dict[str, Any]) -> Reply[Decision]:
+    def decide(self, framing: Framing, context: JsonObject) -> Reply[Decision]:
         """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds."""
         knob = catalog.knob(framing.knob)
         question = _question(framing, context)
         last, tested = context["last"], context.get("tested_values", [])
         min_effect = float(context.get("min_effect", 0.02))
-        c = last.get("comparison")
+        c = Comparison.model_validate(last["comparison"]) if last.get("comparison") else None
         if c:
-            spread = f"{c['diff']:+.3f}" + (f" ± {c['hw']:.3f}" if c.get("hw") is not None else " (no interval)")
+            spread = f"{c.diff:+.3f}" + (f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)")
             if _equivalent(c, min_effect):
-                return free(Decision(action="conclude", reason=f"no meaningful difference: {c['better']} − {c['worse']} "
+                return free(Decision(action="conclude", reason=f"no meaningful difference: {c.better} − {c.worse} "
                                                                f"= {spread}, inside ±{min_effect}"))
-            if not c.get("clear"):
+            if not c.clear:
                 return free(Decision(action="continue", reason=(
-                    f"{c['better']} vs {c['worse']} is unresolved (the 95% CI of the difference, {spread}, includes 0): "
+                    f"{c.better} vs {c.worse} is unresolved (the 95% CI of the difference, {spread}, includes 0): "
                     "the next iteration re-runs these two arms on fresh seeds instead of a new pair")))
             if question.identical:
                 return free(Decision(action="conclude", reason=f"the A/A check is resolved, against expectation: "
-                                                               f"{c['better']} − {c['worse']} = {spread} between "
+                                                               f"{c.better} − {c.worse} = {spread} between "
                                                                "identical configurations"))
             if question.shape == "comparison" and question.values:
                 return free(Decision(action="conclude", reason=f"the comparison of the named arms is resolved: "
-                                                               f"{c['better']} beat {c['worse']} ({spread})"))
+                                                               f"{c.better} beat {c.worse} ({spread})"))
         if question.identical:  # nothing to refine: two arms of one configuration
             return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))
         best = last.get("best_value")
         if question.shape == "sweep":
-            around = _around(knob, best, tested)
+            around = ladder.around(knob, best, tested)
             if not around:
                 return free(Decision(action="conclude", reason=f"every value next to {knob.key}={best} has been tested"))
             return free(Decision(action="continue", reason=f"refine the curve around {knob.key}={best} with "
                                                            f"{_shows(around)}"))
         if last.get("plateau"):
             return free(Decision(action="conclude", reason=last["plateau"]))
-        if _untested_neighbour(knob, best, tested) is None:
+        if ladder.untested_neighbour(knob, best, tested) is None:
             return free(Decision(action="conclude", reason="every neighbour of the best value has been tested"))
         return free(Decision(action="continue", reason=f"refine around the best value {knob.key}={best}"))
 
-    def report(self, framing: Framing, context: dict[str, Any]) -> Reply[ReportText]:
+    def report(self, framing: Framing, context: JsonObject) -> Reply[ReportText]:
         """The analysis' wording, minus any plateau claim made from an unresolved difference."""
         caveats = context["caveats"]
         for summary in context.get("iterations", []):
@@ -191,7 +191,7 @@ class OfflinePlanner:
 # ---------------------------------------------------------------------- strategies
 
 
-def _question(framing: Framing, context: dict[str, Any]) -> TopicQuestion:
+def _question(framing: Framing, context: JsonObject) -> TopicQuestion:
     """The topic's reading when it is about the framed knob; otherwise one that names nothing."""
     question = parse(str(context.get("topic") or ""))
     if question.knob == framing.knob:
@@ -199,7 +199,7 @@ def _question(framing: Framing, context: dict[str, Any]) -> TopicQuestion:
     return TopicQuestion(question.text, framing.knob, framing.task, False)
 
 
-def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: dict[str, Any],
+def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: JsonObject,
                     iteration: int, min_effect: float) -> Plan:
     """An A/A check: two arms with the identical configuration (the task's, plus what the topic pins),
     named apart; a later iteration re-runs both under fresh names on fresh seeds."""
@@ -236,7 +236,7 @@ class _Design(NamedTuple):
     assumptions: list[str]
 
 
-def _initial_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: dict[str, Any],
+def _initial_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: JsonObject,
                     min_effect: float) -> _Design:
     values, claim, assumptions = _initial(question, knob, task_config)
     key, task, metric = knob.key, framing.task, framing.metric
@@ -254,9 +254,9 @@ def _initial_design(question: TopicQuestion, knob: catalog.Knob, framing: Framin
                    "Controlled comparison: only the knob differs; every configuration runs the same seeds.", assumptions)
 
 
-def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: dict[str, Any], min_effect: float) -> _Design:
-    c, key = last["comparison"], knob.key
-    spread = f"{c['diff']:+.3f}" + (f" ± {c['hw']:.3f}" if c.get("hw") is not None else "")
+def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: JsonObject, min_effect: float) -> _Design:
+    c, key = Comparison.model_validate(last["comparison"]), knob.key
+    spread = f"{c.diff:+.3f}" + (f" ± {c.hw:.3f}" if c.hw is not None else "")
     return _Design("replicate", list(pair),
                    f"The difference between {key}={_show(pair[0])} and {key}={_show(pair[1])} seen in iteration "
                    f"{last.get('iteration')} ({spread}, 95% CI includes 0) is real.",
@@ -269,9 +269,9 @@ def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: dict[str,
 def _refine_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, best: Any, tested: list[Any],
                    min_effect: float) -> _Design:
     if question.shape == "sweep":
-        around = _around(knob, best, tested)
+        around = ladder.around(knob, best, tested)
     else:
-        challenger = _untested_neighbour(knob, best, tested)
+        challenger = ladder.untested_neighbour(knob, best, tested)
         around = [] if challenger is None else [challenger]
     key, new = knob.key, _shows(around) or "nothing new"
     return _Design("refine", [best, *around],
@@ -282,12 +282,12 @@ def _refine_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing
                    "next to it, on fresh seeds.", [])
 
 
-def _initial(question: TopicQuestion, knob: catalog.Knob, task_config: dict[str, Any]) -> tuple[list[Any], Any, list[str]]:
+def _initial(question: TopicQuestion, knob: catalog.Knob, task_config: JsonObject) -> tuple[list[Any], Any, list[str]]:
     """The first design's values, the one the hypothesis names as the winner, and what was assumed."""
     named, key, notes = list(question.values), knob.key, []
     if question.shape == "sweep":
         if question.span:
-            values = _spread(knob, named[0], named[1])
+            values = ladder.spread(knob, named[0], named[1])
             notes.append(f"swept {len(values)} values of {key} from {_show(min(values))} to {_show(max(values))}: the "
                          "named ends and points between them")
         elif len(named) >= 3:
@@ -319,7 +319,7 @@ def _initial(question: TopicQuestion, knob: catalog.Knob, task_config: dict[str,
     return values, values[-1], notes
 
 
-def _baseline(knob: catalog.Knob, task_config: dict[str, Any]) -> tuple[Any, str]:
+def _baseline(knob: catalog.Knob, task_config: JsonObject) -> tuple[Any, str]:
     """What a single named value is compared with: the off/standard value, else the task's setting."""
     if knob.reference is not None:
         return knob.reference, f"{knob.label}'s off/standard value"
@@ -339,77 +339,18 @@ def _sorted(knob: catalog.Knob, values: list[Any]) -> list[Any]:
     return sorted(values) if knob.kind in ("bool", "int", "float") else values
 
 
-def _unresolved(summary: dict[str, Any], min_effect: float) -> tuple[Any, Any] | None:
-    """The values of the last iteration's two compared arms when their difference is unresolved."""
-    c, values = summary.get("comparison"), summary.get("values") or {}
-    if not c or c.get("clear") or _equivalent(c, min_effect) or c["better"] not in values or c["worse"] not in values:
+def _unresolved(summary: JsonObject, min_effect: float) -> tuple[Any, Any] | None:
+    """The values of the last iteration's two compared arms (the history entry the planner context
+    holds: the summary's comparison and its arms' ``values``) when their difference is unresolved."""
+    found, values = summary.get("comparison"), summary.get("values") or {}
+    if not found or not isinstance(values, dict):
         return None
-    return values[c["better"]], values[c["worse"]]
+    c = Comparison.model_validate(found)
+    if c.clear or _equivalent(c, min_effect) or c.better not in values or c.worse not in values:
+        return None
+    return values[c.better], values[c.worse]
 
 
-def _equivalent(c: dict[str, Any], min_effect: float) -> bool:
+def _equivalent(c: Comparison, min_effect: float) -> bool:
     """The whole 95% CI of the difference lies inside ±min_effect: no meaningful difference."""
-    return c.get("hw") is not None and abs(c["diff"]) + c["hw"] < min_effect
-
-
-def _round(knob: catalog.Knob, value: float) -> Any:
-    return round(value) if knob.kind == "int" else float(f"{value:.2g}")
-
-
-def _mid(knob: catalog.Knob, a: float, b: float) -> Any:
-    return _round(knob, math.sqrt(a * b) if knob.log_scale and min(a, b) > 0 else (a + b) / 2)
-
-
-def _spread(knob: catalog.Knob, a: Any, b: Any) -> list[Any]:
-    """At least 4 values from a to b: the ends, the catalog's values between, midpoints of the widest gaps."""
-    low, high = sorted((a, b))
-    points = [low, high, *[v for v in knob.ladder if low < v < high]]
-    while len(points) < MIN_SWEEP:
-        points.sort()
-        gaps = list(itertools.pairwise(points))
-        x, y = max(gaps, key=lambda g: (g[1] / g[0]) if knob.log_scale and g[0] > 0 else g[1] - g[0])
-        mid = _mid(knob, x, y)
-        if any(same_value(mid, p) for p in points):
-            break
-        points.append(mid)
-    return sorted(points)
-
-
-def _around(knob: catalog.Knob, best: Any, tested: list[Any]) -> list[Any]:
-    """Untested values next to the best of a sweep: midpoints towards its tested neighbours, or one
-    step outward (within the knob's range) where the best is at the edge of what was tested."""
-    if knob.kind not in ("int", "float") or not isinstance(best, (int, float)) or isinstance(best, bool):
-        return []
-    numbers = sorted(v for v in tested if isinstance(v, (int, float)) and not isinstance(v, bool))
-    lower = [v for v in numbers if v < best and not same_value(v, best)]
-    upper = [v for v in numbers if v > best and not same_value(v, best)]
-    low, high = knob.bounds or (-math.inf, math.inf)
-    candidates = []
-    for near, far in ((lower[-1] if lower else None, upper[0] if upper else None),
-                      (upper[0] if upper else None, lower[-1] if lower else None)):
-        if near is not None:
-            candidates.append(_mid(knob, near, best))
-        elif far is not None:  # best is at the edge: step outward by the same ratio (or distance)
-            step = best * best / far if knob.log_scale and far > 0 and best > 0 else 2 * best - far
-            candidates.append(_round(knob, min(max(step, low), high)))
-    out: list[Any] = []
-    for v in candidates:
-        if not any(same_value(v, x) for x in [best, *numbers, *out]) and low <= v <= high:
-            out.append(v)
-    return sorted(out)
-
-
-def _untested_neighbour(knob: catalog.Knob, best: Any, tested: list[Any]) -> Any:
-    """The ladder value next to ``best`` not yet tested, preferring the direction that won so far."""
-    ladder = list(knob.ladder)
-    if best not in ladder:
-        return None
-    i = ladder.index(best)
-    tested_set = {repr(v) for v in tested}
-    # Prefer moving further in the direction that won: if best is above the other tested values, go up.
-    others = [ladder.index(v) for v in tested if v in ladder and v != best]
-    order = [i + 1, i - 1] if not others or max(others) < i else [i - 1, i + 1]
-    for j in order:
-        if 0 <= j < len(ladder) and repr(ladder[j]) not in tested_set:
-            return ladder[j]
-    return None
+    return c.hw is not None and abs(c.diff) + c.hw < min_effect

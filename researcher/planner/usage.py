@@ -16,6 +16,26 @@ class LLMUsage(TypedDict):
     cost_usd: float
 
 
+class LLMCost(TypedDict):
+    input_usd: float
+    output_usd: float
+
+
+class LLMCall(TypedDict):
+    """One planner call as ``llm_calls/*.json`` holds it and the trace writer and listeners get it."""
+
+    step: str                    # the planner step (``plan_experiments``; ``…:repair`` for a repair round)
+    mode: str                    # structured | json
+    model: str
+    messages: list[dict[str, str]]  # the chat messages sent (role, content)
+    answer: str | None
+    error: str | None
+    usage: LLMUsage
+    cost: LLMCost
+    seconds: float
+    time: float
+
+
 def new_usage() -> LLMUsage:
     return {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
 

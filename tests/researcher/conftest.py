@@ -54,7 +54,8 @@ def cli(tmp_path: Path) -> Cli:
 @pytest.fixture
 def no_leftover_servers() -> Callable[[Path], None]:
     """A check that every server and client a study started has exited."""
-    from researcher import procs, runs
+    from researcher import procs
+    from researcher.runs import record as runs
 
     def check(runs_dir: Path) -> None:
         for record in runs.all_records(runs_dir):

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, runs, study, verdicts
+from researcher import study
 from researcher.cli import parse_duration
+from researcher.evidence import verdicts
 from researcher.layout import StudyLayout
+from researcher.runs import record as runs
 from swarm.protocol import StepMetrics
+from evidence_inputs import summarize
 
 
 def _write_run(run_dir: Path, rewards: list[float]) -> None:
@@ -37,9 +40,9 @@ EXPERIMENTS = [{"name": "small", "overrides": {"group_size": 2}}, {"name": "larg
 def test_clear_difference_gives_a_yes_with_numbers(tmp_path: Path) -> None:
     trials = _trials(tmp_path, {("small", 1): [0.0, 0.1, 0.1, 0.2], ("small", 2): [0.0, 0.1, 0.2, 0.2],
                                 ("large", 1): [0.1, 0.4, 0.6, 0.7], ("large", 2): [0.1, 0.45, 0.6, 0.75]})
-    summary = analysis.summarize(1, "group_size", "train/reward_mean", 4, EXPERIMENTS, trials, 0.02, None)
-    assert summary["best"] == "large" and summary["best_value"] == 8
-    assert summary["comparison"]["clear"] is True
+    summary = summarize(1, "group_size", "train/reward_mean", 4, EXPERIMENTS, trials, 0.02, None)
+    assert summary.best == "large" and summary.best_value == 8
+    assert summary.comparison.clear is True
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes") and "group_size=8" in answer and "95% CI" in answer
     assert "per training step" in caveats
@@ -50,12 +53,12 @@ def test_overlapping_results_are_inconclusive_and_crashes_are_excluded(tmp_path:
                                 ("large", 1): [0.1, 0.2, 0.3], ("large", 2): [0.0, 0.1, 0.2]})
     trials.append({"trial": 9, "key": "s/1/9", "experiment": "large", "seed": 3, "run_dir": str(tmp_path / "none"),
                    "status": "crashed"})
-    summary = analysis.summarize(1, "group_size", "train/reward_mean", 3, EXPERIMENTS, trials, 0.02, None)
+    summary = summarize(1, "group_size", "train/reward_mean", 3, EXPERIMENTS, trials, 0.02, None)
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Inconclusive")
     assert "1 run(s) did not finish cleanly (crashed)" in caveats
-    large = next(r for r in summary["experiments"] if r["name"] == "large")
-    assert large["statuses"] == ["finished", "finished", "crashed"] and len(large["aucs"]) == 2
+    large = next(r for r in summary.experiments if r.name == "large")
+    assert large.statuses == ["finished", "finished", "crashed"] and len(large.aucs) == 2
 
 
 def test_plateau_needs_a_resolved_comparison_not_one_noisy_seed(tmp_path: Path) -> None:
@@ -63,21 +66,21 @@ def test_plateau_needs_a_resolved_comparison_not_one_noisy_seed(tmp_path: Path) 
     incumbent = {"name": "it1-8", "value": 8}
     # One seed per arm: the CI of the difference is unbounded, so "plateau" would be a claim from noise.
     one_seed = _trials(tmp_path / "one", {("it2-8", 1): [0.2, 0.4, 0.5], ("it2-16", 1): [0.2, 0.4, 0.5]})
-    assert analysis.summarize(2, "group_size", "train/reward_mean", 3, experiments, one_seed, 0.02,
-                              incumbent)["plateau"] is None
+    assert summarize(2, "group_size", "train/reward_mean", 3, experiments, one_seed, 0.02,
+                              incumbent).plateau is None
     # Three seeds each, the challenger's gain bounded below min_effect: a plateau the evidence supports.
     seeds = {("it2-8", s): [0.2, 0.4, 0.5 + 0.001 * s] for s in (1, 2, 3)}
     seeds |= {("it2-16", s): [0.2, 0.4, 0.5 + 0.001 * s] for s in (1, 2, 3)}
-    summary = analysis.summarize(2, "group_size", "train/reward_mean", 3, experiments,
+    summary = summarize(2, "group_size", "train/reward_mean", 3, experiments,
                                  _trials(tmp_path / "three", seeds), 0.02, incumbent)
-    assert summary["plateau"] and "plateaued" in summary["plateau"]
+    assert summary.plateau and "plateaued" in summary.plateau
 
 
 def test_cut_runs_are_compared_over_the_steps_all_reached(tmp_path: Path) -> None:
     trials = _trials(tmp_path, {("small", 1): [0.0, 0.1, 0.2, 0.9, 0.9, 0.9], ("large", 1): [0.0, 0.1, 0.2]})
-    summary = analysis.summarize(1, "group_size", "train/reward_mean", 6, EXPERIMENTS, trials, 0.02, None)
-    assert summary["horizon"] == 3
-    assert [r["auc"]["mean"] for r in summary["experiments"]] == pytest.approx([0.1, 0.1])
+    summary = summarize(1, "group_size", "train/reward_mean", 6, EXPERIMENTS, trials, 0.02, None)
+    assert summary.horizon == 3
+    assert [r.auc.mean for r in summary.experiments] == pytest.approx([0.1, 0.1])
 
 
 def test_durations() -> None:

@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import catalog, procs, runs, sandbox, studyfiles
+from researcher import catalog, procs, sandbox, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout, check_study_id
 from researcher.nodes import validate, write_client
 from researcher.planner.offline import OfflinePlanner
+from researcher.records import IterationPlan
+from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
 from researcher.sandbox import Limits, check_client
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker
@@ -203,7 +205,7 @@ def test_import_check_fails_validation_before_the_client_runs(tmp_path: Path) ->
     marker = tmp_path / "it-ran"
     example = (LETTERS / "client.py").read_text()
     line = len(example.splitlines()) + 1
-    studyfiles.write_plan(layout, 1, {"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}, {})
+    studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}), {})
     studyfiles.write_experiment(layout, "e1", f"{example}import subprocess\nopen({str(marker)!r}, 'w').write('x')\n",
                                 {"group_size": 2}, "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 2, "smoke_timeout_s": 30.0}, "budget": {"max_repairs": 3},
@@ -253,7 +255,7 @@ def test_a_plan_with_a_bad_override_key_fails_the_study_before_anything_is_writt
                        launcher=Launcher(settings.swarm_command))
     framing = planner.frame("group size on letters", catalog.describe(settings.examples_root)).value
     bad = {"name": "e1", "hypothesis": "h1", "overrides": {"lr = 1\n[evil]\nx": 2}}
-    studyfiles.write_plan(layout, 1, {"experiments": [bad]}, framing.model_dump())
+    studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [bad]}), framing.model_dump())
     state = {"iteration": 1, "framing": framing.model_dump(), "validation": None}
 
     result = write_client.run(state, ctx)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import runs
+from researcher.runs import record as runs
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 

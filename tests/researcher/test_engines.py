@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import runs
+from researcher.runs import record as runs
 
 
 @pytest.mark.slow

@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from researcher import analysis, budget, catalog, plots, runs, studyfiles, verdicts
+from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
+from researcher.evidence import analysis, plots, verdicts
 from researcher.layout import StudyLayout
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
+from researcher.records import Evidence, IterationPlan, IterationSummary
+from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 from swarm.protocol import StepMetrics
+from evidence_inputs import summarize
 
 STEPS = 10
 EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
@@ -61,14 +65,14 @@ def test_an_a_a_pair_never_ends_yes(tmp_path: Path) -> None:
     rng = random.Random(7)
     experiments = [_exp("a", lr=1e-3), _exp("a-again", lr=1e-3)]  # identical configuration, different names
     trials = _arm(tmp_path, "a", range(4), 0.05, 0.03, rng) + _arm(tmp_path, "a-again", range(4), 0.05, 0.03, rng)
-    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    study = summary["study"]
-    assert [len(r["aucs"]) for r in study["arms"]] == [4, 4]  # the twins stay two arms
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    study = summary.study
+    assert [len(r.aucs) for r in study.arms] == [4, 4]  # the twins stay two arms
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith(("No meaningful difference", "Inconclusive")), answer
-    noise = study["noise_floor"]["step"]
-    assert noise["seeds"] == 8 and 0 < noise["sd"] < 0.1
-    assert f"Noise floor (pooled within-configuration sd of the AUC per training step): {noise['sd']:.4f}" in caveats
+    noise = study.noise_floor["step"]
+    assert noise.seeds == 8 and 0 < noise.sd < 0.1
+    assert f"Noise floor (pooled within-configuration sd of the AUC per training step): {noise.sd:.4f}" in caveats
     if answer.startswith("Inconclusive"):
         assert "seeds per arm would resolve it" in answer and "estimated with Student t" in answer
 
@@ -77,14 +81,14 @@ def test_a_large_effect_ends_yes_or_no_with_the_right_direction(tmp_path: Path) 
     rng = random.Random(1)
     experiments = [_exp("slow", lr=3e-5), _exp("fast", lr=3e-3)]
     trials = _arm(tmp_path, "slow", range(3), 0.005, 0.02, rng) + _arm(tmp_path, "fast", range(3), 0.08, 0.02, rng)
-    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer
-    assert summary["comparison"]["clear"] and summary["best_value"] == 3e-3
+    assert summary.comparison.clear and summary.best_value == 3e-3
     assert "Verdicts use `train/reward_mean`" in caveats and "One iteration ran" in caveats
     # The same runs with the arms' values swapped: the larger value is now the slower one.
     swapped = [_exp("slow", lr=3e-3), _exp("fast", lr=3e-5)]
-    answer, _ = verdicts.verdict("q", [analysis.summarize(1, "lr", "train/reward_mean", STEPS, swapped, trials, 0.02,
+    answer, _ = verdicts.verdict("q", [summarize(1, "lr", "train/reward_mean", STEPS, swapped, trials, 0.02,
                                                           None)])
     assert answer.startswith("No: the larger lr (0.003) learned slower per training step"), answer
 
@@ -94,30 +98,30 @@ def test_a_replicate_iteration_pools_seeds_and_resolves_the_pair(tmp_path: Path)
     first = [_exp("it1-lr-1e-3", lr=1e-3), _exp("it1-lr-3e-3", lr=3e-3)]
     trials1 = (_arm(tmp_path, "it1-lr-1e-3", range(2), 0.04, 0.05, rng)
                + _arm(tmp_path, "it1-lr-3e-3", range(2), 0.055, 0.05, rng))
-    s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.01, None)
+    s1 = summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.01, None)
     answer1, _ = verdicts.verdict("q", [s1])
     assert answer1.startswith("Inconclusive") and "seeds per arm would resolve it" in answer1, answer1
-    assert s1["comparison"]["seeds"] == 2 and s1["comparison"]["seeds_needed"] > 2
+    assert s1.comparison.seeds == 2 and s1.comparison.seeds_needed > 2
     # The offline planner reads this summary (as plan_experiments hands it over) and re-runs the same pair.
     planner = OfflinePlanner(sorted(catalog.examples(EXAMPLES)))
     topic = "Does lr 1e-3 beat lr 3e-3 on letters?"
     framing = planner.frame(topic, "").value
-    history = [{**{k: s1[k] for k in ("iteration", "best", "best_value", "comparison", "plateau")},
-                "values": {e["name"]: e["value"] for e in s1["experiments"]}}]
+    history = [{**s1.model_dump(include={"iteration", "best", "best_value", "comparison", "plateau"}),
+                "values": {e.name: e.value for e in s1.experiments}}]
     plan = planner.plan(framing, {"topic": topic, "iteration": 2, "history": history, "min_effect": 0.01,
-                                  "best_value": s1["best_value"], "tested_values": [1e-3, 3e-3]}).value
+                                  "best_value": s1.best_value, "tested_values": [1e-3, 3e-3]}).value
     assert plan.stage == "replicate" and sorted(e.overrides["lr"] for e in plan.experiments) == [1e-3, 3e-3]
     second = [_exp("it2-lr-3e-3", lr=3e-3), _exp("it2-lr-1e-3", lr=1e-3)]  # the replicate iteration's arms
     trials2 = (_arm(tmp_path, "it2-lr-1e-3", range(10, 20), 0.04, 0.05, rng)
                + _arm(tmp_path, "it2-lr-3e-3", range(10, 20), 0.055, 0.05, rng))
     earlier = [{**t, "iteration": 1, "overrides": next(e["overrides"] for e in first if e["name"] == t["experiment"])}
                for t in trials1]
-    s2 = analysis.summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.01, None, earlier)
-    study = s2["study"]
-    assert sorted(len(r["aucs"]) for r in study["arms"]) == [12, 12]
-    assert {r["name"] for r in study["arms"]} == {"it2-lr-3e-3", "it2-lr-1e-3"}  # named after the latest run
-    assert [r["iterations"] for r in study["arms"]] == [[1, 2], [1, 2]]
-    assert s2["comparison"]["clear"] and s2["comparison"]["seeds"] == 12
+    s2 = summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.01, None, earlier)
+    study = s2.study
+    assert sorted(len(r.aucs) for r in study.arms) == [12, 12]
+    assert {r.name for r in study.arms} == {"it2-lr-3e-3", "it2-lr-1e-3"}  # named after the latest run
+    assert [r.iterations for r in study.arms] == [[1, 2], [1, 2]]
+    assert s2.comparison.clear and s2.comparison.seeds == 12
     answer, caveats = verdicts.verdict("q", [s1, s2])
     assert answer.startswith("Yes: the larger lr (0.003)"), answer
     assert "How refinement changed the picture: iteration 1 alone had" in caveats
@@ -129,18 +133,18 @@ def test_a_sweep_gives_a_curve_with_the_best_value_and_its_interval(tmp_path: Pa
     slopes = {0.0: 0.03, 0.01: 0.06, 0.05: 0.09, 0.2: 0.05, 0.5: 0.02}  # peaks at kl_coef = 0.05
     experiments = [_exp(f"kl-{v}", kl_coef=v) for v in slopes]
     trials = [t for v, slope in slopes.items() for t in _arm(tmp_path, f"kl-{v}", range(3), slope, 0.01, rng)]
-    summary = analysis.summarize(1, "kl_coef", "train/reward_mean", STEPS, experiments, trials, 0.02, None,
+    summary = summarize(1, "kl_coef", "train/reward_mean", STEPS, experiments, trials, 0.02, None,
                                  shape="sweep")
-    study = summary["study"]
-    assert study["sweep"] and study["best_value"] == 0.05 and study["comparison"]["worse_value"] == 0.01
+    study = summary.study
+    assert study.sweep and study.best_value == 0.05 and study.comparison.worse_value == 0.01
     answer, _ = verdicts.verdict("q", [summary])
     assert answer.startswith("Best kl_coef=0.05 (resolved against the runner-up)"), answer
     png = plots.dose_response(study, tmp_path / "figures" / "dose-response.png", "sweep")
     assert png.stat().st_size > 1000
-    study["plots"] = {"curve": "figures/dose-response.png"}
+    study.plots = {"curve": "figures/dose-response.png"}
     text = "\n".join(write_report.evidence_section(study))
-    best = next(r for r in study["arms"] if r["value"] == 0.05)["axes"]["step"]
-    assert f"best kl_coef=0.05 with AUC {best['mean']:.3f} ± {best['hw']:.3f}, resolved against the runner-up" in text
+    best = next(r for r in study.arms if r.value == 0.05).axes["step"]
+    assert f"best kl_coef=0.05 with AUC {best.mean:.3f} ± {best.hw:.3f}, resolved against the runner-up" in text
     table = [line for line in text.splitlines() if line.startswith("| 0") and line.count("|") == 4]
     assert [line.split(" | ")[0] for line in table] == ["| 0.0", "| 0.01", "| 0.05", "| 0.2", "| 0.5"]
     assert "![dose-response curve of kl_coef](figures/dose-response.png)" in text
@@ -152,13 +156,13 @@ def test_axes_disagreeing_is_stated_and_group_size_is_judged_per_episode(tmp_pat
     # The larger group rises faster per step but consumes 4x the episodes a step, and runs slower.
     trials = (_arm(tmp_path, "g2", range(3), 0.04, 0.01, rng, episodes=8, seconds=1.0)
               + _arm(tmp_path, "g8", range(3), 0.07, 0.01, rng, episodes=32, seconds=3.0))
-    summary = analysis.summarize(1, "group_size", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    study = summary["study"]
-    assert study["axis"] == "episode" and study["budgets"]["episode"] == 80 and study["budgets"]["second"] == 9
-    compared = study["axes_compared"]
+    summary = summarize(1, "group_size", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    study = summary.study
+    assert study.axis == "episode" and study.budgets["episode"] == 80 and study.budgets["second"] == 9
+    compared = study.axes_compared
     # Every axis compares the verdict axis' leader (group_size=2) minus the runner-up (group_size=8).
-    assert compared["episode"]["better_value"] == 2 and compared["episode"]["clear"]
-    assert compared["step"]["diff"] + compared["step"]["hw"] < 0  # per step, group_size=8 is clearly ahead
+    assert compared["episode"].better_value == 2 and compared["episode"].clear
+    assert compared["step"].diff + compared["step"].hw < 0  # per step, group_size=8 is clearly ahead
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("No: the larger group_size (8) learned slower per episode consumed"), answer
     assert "The axes disagree: per training step group_size=8 leads" in caveats
@@ -182,8 +186,8 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
             _write_run(run_dir, [0.8 - level + 0.01 * seed] * STEPS,
                        evals={s: level + 0.01 * seed + 0.01 * s for s in (3, 6, 9)})
             trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
-    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    assert summary["metric"] == "eval/reward_mean" and summary["best"] == "high"
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert summary.metric == "eval/reward_mean" and summary.best == "high"
     answer, caveats = verdicts.verdict("q", [summary])
     assert answer.startswith("Yes: the larger lr (0.001)") and "`eval/reward_mean`" in answer
     assert "Verdicts use `eval/reward_mean` (held-out evaluation" in caveats
@@ -192,8 +196,8 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
     _write_run_dir = Path(trials[0]["run_dir"])
     _write_run_dir.rmdir()
     _write_run(_write_run_dir, [0.6] * STEPS)
-    fallback = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    assert fallback["metric"] == "train/reward_mean"
+    fallback = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert fallback.metric == "train/reward_mean"
     assert "not every run holds a held-out `eval/reward_mean`" in verdicts.verdict("q", [fallback])[1]
 
 
@@ -234,8 +238,9 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     trials: dict[int, list[dict]] = {}
     for iteration in (1, 2):
         experiments = [_exp(f"it{iteration}-g2", group_size=2), _exp(f"it{iteration}-g8", group_size=8)]
-        studyfiles.write_plan(layout, iteration, {"experiments": experiments, "hypotheses": [], "steps_per_run": STEPS,
-                                                  "shape": "comparison", "stage": "initial"}, framing)
+        studyfiles.write_plan(layout, iteration, IterationPlan.model_validate(
+            {"experiments": experiments, "hypotheses": [], "steps_per_run": STEPS, "shape": "comparison",
+             "stage": "initial"}), framing)
         trials[iteration] = []
         for index, (exp, seed) in enumerate((e, s) for e in experiments for s in range(3)):
             run_dir = layout.run_dir(iteration, index)
@@ -255,13 +260,13 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
              "budget": budget.make_budget(now, now + 3600, max_runs=12, max_iterations=3, max_repairs=3,
                                           max_llm_tokens=0, max_llm_cost_usd=0.0)}
     out = analyze.run(state, ctx)  # type: ignore[arg-type]
-    study = out["iterations"][-1]["study"]
-    assert sorted(len(r["aucs"]) for r in study["arms"]) == [6, 6] and study["noise_floor"]["episode"]["seeds"] == 12
+    study = IterationSummary.model_validate(out["iterations"][-1]).study
+    assert sorted(len(r.aucs) for r in study.arms) == [6, 6] and study.noise_floor["episode"].seeds == 12
     # The progress lines are the whole study's on the verdict's axis and metric; the first is the "best" shown.
     shown = next(data for event, data in events if event == "analyzed")
-    best = next(r for r in study["arms"] if r["name"] == shown["best"])
-    assert shown["lines"][0].startswith(f"{shown['best']} (group_size={best['value']}): AUC per episode consumed of "
-                                        f"`train/reward_mean` {best['axes']['episode']['mean']:.3f} ± ")
+    best = next(r for r in study.arms if r.name == shown["best"])
+    assert shown["lines"][0].startswith(f"{shown['best']} (group_size={best.value}): AUC per episode consumed of "
+                                        f"`train/reward_mean` {best.axes['episode'].mean:.3f} ± ")
     assert "(6/6 runs usable, iteration(s) 1, 2)" in shown["lines"][0]
     assert (layout.study_dir / "figures" / "axes.png").stat().st_size > 1000
 
@@ -277,8 +282,8 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
         assert ("noise_floor", axis) in rows and (f"auc_{axis}", "it2-g8") in rows
     assert tags["researcher.primary_axis"] == "episode" and tags["researcher.metric"] == "train/reward_mean"
     # A "best" only where the evidence resolved one; the leader is named either way.
-    assert tags["researcher.leader"] == study["best"]
-    assert tags["researcher.best"] == (study["best"] if study["comparison"]["clear"] else
+    assert tags["researcher.leader"] == study.best
+    assert tags["researcher.best"] == (study.best if study.comparison.clear else
                                        f"none ({tags['researcher.evidence']})")
     listed = {f.path for f in tracker.client.list_artifacts(parent, "figures")}
     assert "figures/axes.png" in listed
@@ -299,7 +304,7 @@ def test_twins_are_named_in_the_verdict_and_never_make_a_plateau(tmp_path: Path)
     # Identical configurations whose runs differ anyway (a false positive, or a difference outside the config).
     trials1 = (_arm(tmp_path, "it1-a", range(3), 0.08, 0.005, rng)
                + _arm(tmp_path, "it1-a-copy", range(3), 0.03, 0.005, rng))
-    s1 = analysis.summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.02, None)
+    s1 = summarize(1, "lr", "train/reward_mean", STEPS, first, trials1, 0.02, None)
     answer, _ = verdicts.verdict("q", [s1])
     assert answer.startswith("Yes: it1-a learned faster than it1-a-copy per training step, though both run the "
                              "identical configuration (lr=0.001)"), answer
@@ -309,10 +314,10 @@ def test_twins_are_named_in_the_verdict_and_never_make_a_plateau(tmp_path: Path)
     trials2 = (_arm(tmp_path, "it2-a", range(10, 13), 0.05, 0.002, rng)
                + _arm(tmp_path, "it2-a-copy", range(10, 13), 0.05, 0.002, rng))
     earlier = [{**t, "iteration": 1, "overrides": {"lr": 1e-3}} for t in trials1]
-    s2 = analysis.summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.02,
+    s2 = summarize(2, "lr", "train/reward_mean", STEPS, second, trials2, 0.02,
                             {"name": "it1-a", "value": 1e-3}, earlier)
-    assert [(r["name"], len(r["aucs"])) for r in s2["study"]["arms"]] == [("it2-a", 6), ("it2-a-copy", 6)]
-    assert s2["plateau"] is None
+    assert [(r.name, len(r.aucs)) for r in s2.study.arms] == [("it2-a", 6), ("it2-a-copy", 6)]
+    assert s2.plateau is None
 
 
 def _held_out_run(run_dir: Path, evals: dict[int, float]) -> None:
@@ -336,12 +341,12 @@ def test_runs_evaluated_at_different_steps_compare_over_the_same_steps(tmp_path:
             trials.append({"experiment": name, "seed": seed, "run_dir": str(tmp_path / f"{name}-{seed}"),
                            "status": "finished"})
     experiments = [_exp("early", lr=1e-4), _exp("late", lr=1e-3)]
-    summary = analysis.summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    assert summary["metric"] == "eval/reward_mean" and summary["horizon"] == 6
-    late = next(r for r in summary["study"]["arms"] if r["name"] == "late")
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    assert summary.metric == "eval/reward_mean" and summary.horizon == 6
+    late = next(r for r in summary.study.arms if r.name == "late")
     # Step 6 of 0.01 -> 0.09 over steps 0..7 is 0.0786; of 0.01 -> 0.1 it is 0.0871: mean heights over 0..6.
-    assert late["aucs"] == pytest.approx([(0.01 + 0.01 + 0.08 * 6 / 7) / 2, (0.01 + 0.01 + 0.09 * 6 / 7) / 2])
-    assert summary["best"] == "late"
+    assert late.aucs == pytest.approx([(0.01 + 0.01 + 0.08 * 6 / 7) / 2, (0.01 + 0.01 + 0.09 * 6 / 7) / 2])
+    assert summary.best == "late"
 
 
 def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(tmp_path: Path) -> None:
@@ -374,7 +379,7 @@ def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(t
                         "best": f"it{iteration}-lr-3e-3", "best_value": 3e-3, "plateau": None,
                         "comparison": {"better": f"it{iteration}-lr-3e-3", "worse": f"it{iteration}-lr-3e-4",
                                        "diff": 0.2, "hw": 0.05, "clear": True}})
-    assert verdicts.verdict("q", history)[0].startswith("No answer")  # what such a state read as before
+    assert verdicts.verdict("q", IterationSummary.load_all(history))[0].startswith("No answer")  # what such a state read as before
     now = time.time()
     state = {"study_id": "old", "topic": "Does lr 3e-3 beat 3e-4 on letters?", "iteration": 2, "phase": "reporting",
              "framing": {"answerable": True, "reason": "named", "question": "lr 3e-3 vs 3e-4", "task": "letters",
@@ -402,7 +407,8 @@ def test_the_question_states_the_verdict_axis_and_the_answer_names_both_when_the
     assert other.startswith("Does a larger group size make letters learn faster per step? (The verdict is judged per "
                             "episode consumed, not per training step: ")  # the scripted LLM planner's question
 
-    study = {"axis": "episode", "axis_why": "judged per episode consumed, not per training step: …"}
+    study = Evidence(knob="group_size", metric="train/reward_mean", axis="episode",
+                     axis_why="judged per episode consumed, not per training step: …")
     answer = "No meaningful difference: the whole 95% CI lies within ±0.02."
     assert verdicts.answer_naming_axes(asked, study, answer) == answer
     per_step = "Does a larger group size learn faster, measured as the area under the reward curve per training step?"

@@ -28,7 +28,7 @@ def test_only_the_launcher_writes_run_records() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save" \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "runs":
                 writers.add(path.relative_to(REPO).as_posix())
-    assert writers == {"researcher/launcher.py", "researcher/ray_launcher.py"}
+    assert writers == {"researcher/runs/launcher.py", "researcher/runs/ray_launcher.py"}
 
 
 def test_offline_planner_frames_a_topic_once() -> None:

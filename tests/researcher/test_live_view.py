@@ -21,14 +21,15 @@ import httpx
 import pytest
 from support import wait_for
 
-from researcher import runs
 from researcher.events import EventLog, Follower, llm_call_listener, read_events, recorder
 from researcher.layout import StudyLayout
+from researcher.runs import record as runs
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 _WRITER = """
 import sys
 from pathlib import Path
+
 from researcher.events import EventLog
 log = EventLog(Path(sys.argv[1]))
 for i in range(int(sys.argv[3])):

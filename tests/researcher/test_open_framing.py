@@ -20,7 +20,6 @@ from scripted_llm import ScriptedLLM
 
 from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.nodes import frame_topic, plan_experiments, write_client
 from researcher.planner import topic
@@ -29,6 +28,8 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing
 from researcher.planner.usage import new_usage
+from researcher.records import IterationPlan
+from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 from swarm.client import load_study
@@ -145,12 +146,12 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
     ctx = StudyContext(settings, layout, OfflinePlanner(sorted(catalog.examples(EXAMPLES))),
                        Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"), Launcher(settings.swarm_command))
     framing = _state(layout, 1)["framing"]
-    studyfiles.write_plan(layout, 1, {"experiments": [{"name": "it1-plain", "hypothesis": "h1", "overrides": {},
-                                                       "factors": {"prompt": "plain"}}], "code_change": ""}, framing)
+    studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [{"name": "it1-plain", "hypothesis": "h1", "overrides": {},
+                                                       "factors": {"prompt": "plain"}}], "code_change": ""}), framing)
     studyfiles.write_experiment(layout, "it1-plain", CLIENT, {}, "h1")
     arms = [{"name": f"it2-{p}", "hypothesis": "h1", "overrides": {"lr": 3e-3}, "factors": {"prompt": p}}
             for p in ("plain", "hint")]
-    studyfiles.write_plan(layout, 2, {"experiments": arms, "code_change": ""}, framing)
+    studyfiles.write_plan(layout, 2, IterationPlan.model_validate({"experiments": arms, "code_change": ""}), framing)
 
     out = write_client.run(_state(layout, 2), ctx)  # type: ignore[arg-type]
     assert out["phase"] == "validating"
@@ -163,8 +164,8 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
 
     # A code change whose client does not declare the factor its experiments set: the repair step gets the
     # precise message; still wrong after it, the study fails and no folder of the iteration is written.
-    studyfiles.write_plan(layout, 3, {"experiments": [{**arms[0], "name": "it3-pad", "factors": {"scratchpad": True}}],
-                                      "code_change": "add a scratchpad tool behind FACTORS['scratchpad']"}, framing)
+    studyfiles.write_plan(layout, 3, IterationPlan.model_validate({"experiments": [{**arms[0], "name": "it3-pad", "factors": {"scratchpad": True}}],
+                                      "code_change": "add a scratchpad tool behind FACTORS['scratchpad']"}), framing)
     out = write_client.run(_state(layout, 3), ctx)  # type: ignore[arg-type]
     assert out["phase"] == "failed" and "(even after a repair round)" in out["error"]
     assert "client factor(s) scratchpad that the client's FACTORS does not declare (it declares: prompt)" in out["error"]

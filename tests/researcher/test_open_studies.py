@@ -18,7 +18,7 @@ import pytest
 from scripted_llm import ScriptedLLM
 from tiny_swarm import tiny_server
 
-from researcher import runs
+from researcher.runs import record as runs
 
 CLIENTS = Path(__file__).parent / "clients"
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from researcher import procs, runs
-from researcher.launcher import Launcher
-from researcher.runs import RunRecord
+from researcher import procs
+from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
+from researcher.runs.record import RunRecord
 from researcher.settings import ResearcherSettings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Runs placed by resources: GPU discovery, local GPU assignment and the run queue.
 
-GPUs are faked the two ways ``researcher.resources`` reads them: a ``CUDA_VISIBLE_DEVICES`` list, or
+GPUs are faked the two ways ``researcher.runs.resources`` reads them: a ``CUDA_VISIBLE_DEVICES`` list, or
 an ``nvidia-smi`` script first on PATH that prints one index a line. The tiny CPU model ignores
 CUDA_VISIBLE_DEVICES, so a study on "4 GPUs" runs for real on this CPU machine, and each server's
 environment (``/proc/<pid>/environ``) shows which devices it was given.
@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import procs, resources, runs
-from researcher.launcher import Launcher
-from researcher.runs import RunRecord
+from researcher import procs
+from researcher.runs import record as runs, resources
+from researcher.runs.launcher import Launcher
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 
@@ -86,7 +88,7 @@ def test_reserve_gives_each_run_its_own_devices_and_queues_the_rest(tmp_path: Pa
     runs.save(root / "t" / "runs" / "1-0", stranger)
     assert not other.reserve(root / "t" / "runs" / "1-0", stranger)
     # A run ends: its device goes to the one that waited, which records how long it waited.
-    records[0].status = "finished"
+    records[0].status = RunStatus.FINISHED  # as if it had run (a pending record cannot move there)
     runs.save(dirs[0], records[0])
     time.sleep(0.05)
     assert launcher.reserve(dirs[2], records[2])
@@ -165,7 +167,7 @@ def test_four_fake_gpus_one_run_each_queue_and_survive_a_restart(cli, tmp_path: 
 
 def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> None:
     """Refused when a node is another machine and the artifacts or MLflow are this machine's only."""
-    from researcher.ray_launcher import ClusterNotShared, RayLauncher
+    from researcher.runs.ray_launcher import ClusterNotShared, RayLauncher
 
     class TwoMachines(RayLauncher):
         def __init__(self, ips: list[str]) -> None:
@@ -182,7 +184,7 @@ def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> No
 
 
 def test_a_server_bound_off_loopback_gets_a_private_token(tmp_path: Path) -> None:
-    from researcher import ray_entry
+    from researcher.runs import ray_entry
 
     state = tmp_path / "server"
     ray_entry._ensure_token("127.0.0.1", ["swarm", "serve", "--state-dir", str(state)])

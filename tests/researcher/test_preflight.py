@@ -15,10 +15,11 @@ import pytest
 
 from researcher import preflight, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
+from researcher.records import IterationPlan
+from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.tracking import Tracker
 from swarm.client import RewardRecord
@@ -92,7 +93,7 @@ def _context(tmp_path: Path, study_id: str, server: tuple[str, str] | None = Non
 
 
 def _validate(ctx: StudyContext, source: str) -> dict:
-    studyfiles.write_plan(ctx.layout, 1, {"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}, {})
+    studyfiles.write_plan(ctx.layout, 1, IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}), {})
     studyfiles.write_experiment(ctx.layout, "e1", source, dict(group_size=4), "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 4, "smoke_timeout_s": 120.0},
              "budget": {"max_repairs": 3}, "validation": None}

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from researcher import stats
+from researcher.evidence import stats
 
 
 def test_mean_ci_uses_student_t() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from researcher import runs
+from researcher.runs import record as runs
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from researcher import runs
+from researcher.runs import record as runs
 
 RUN_TIMEOUT_S = 840  # a loaded 2-core machine: the studies take 1-4 minutes
 

@@ -19,7 +19,6 @@ from scripted_llm import ScriptedLLM
 
 from researcher import budget, catalog, studyfiles
 from researcher.context import StudyContext
-from researcher.launcher import Launcher
 from researcher.layout import StudyLayout
 from researcher.nodes import plan_experiments
 from researcher.planner import topic
@@ -28,6 +27,7 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing, Plan, Reply
 from researcher.planner.usage import new_usage
+from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.tracking import Tracker
 

@@ -31,7 +31,8 @@ import httpx
 import pytest
 from support import free_port, wait_for
 
-from researcher import runs, scheduler
+from researcher import scheduler
+from researcher.runs import record as runs
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 SID = "nightly"

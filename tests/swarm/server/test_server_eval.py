@@ -199,10 +199,10 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     metrics.jsonl although the row went out to both before, and a restarted server still reports them."""
     from mlflow.tracking import MlflowClient
 
-    from researcher.analysis import read_axes
-    from researcher.launcher import Launcher
+    from researcher.evidence.analysis import read_axes
+    from researcher.runs.launcher import Launcher
     from researcher.nodes import monitor
-    from researcher.runs import METRICS_FILE, RunRecord
+    from researcher.runs.record import METRICS_FILE, RunRecord
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     server = start_server(group_size=2, min_group_size=2, batch_groups=1, checkpoint_every=1, mlflow_uri=uri)

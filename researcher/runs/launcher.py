@@ -30,8 +30,10 @@ from pathlib import Path
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import procs, resources, runs, sandbox
-from researcher.runs import RunRecord
+from researcher import procs, sandbox
+from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 from researcher.spool import LOCAL_PREFIX
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class LaunchError(RuntimeError):
 class Launcher:
     """Local placement: runs are processes on this machine; GPUs (if any) are partitioned per run.
 
-    The Ray launcher (``researcher.ray_launcher``) keeps this interface and places the processes on a
+    The Ray launcher (``researcher.runs.ray_launcher``) keeps this interface and places the processes on a
     cluster instead; the nodes never ask which one they have."""
 
     placement = "local"
@@ -85,13 +87,14 @@ class Launcher:
 
     def fail_start(self, run_dir: Path, record: RunRecord, error: str) -> RunRecord:
         """A run whose server could not be started ends crashed with the error as its reason."""
-        record.status, record.reason = "crashed", error[-500:]
+        run_status.move(record, RunStatus.CRASHED, error[-500:])
         runs.save(run_dir, record)
         return record
 
     def end_parked(self, run_dir: Path, record: RunRecord, status: str, reason: str) -> RunRecord:
         """End a parked run without restarting it (it has no processes); parked time is not run time."""
-        record.status, record.reason, record.ended_at = status, reason, time.time()
+        run_status.move(record, status, reason)
+        record.ended_at = time.time()
         if record.parked_at:
             record.parked_s += record.ended_at - record.parked_at
         if record.queued_at is not None:  # it waited for resources and never got them
@@ -249,7 +252,7 @@ class Launcher:
                 record.target_step += record.base_step
                 client.patch_config(**{**record.config, "max_steps": record.target_step})
             record.launches += 1
-            record.status = "running"
+            run_status.move(record, RunStatus.RUNNING)
             runs.save(run_dir, record)
             return record
         if record.server_pid is None and record.port:
@@ -257,13 +260,14 @@ class Launcher:
             with self.client_for(record, timeout=2.0) as client:
                 if client.health():
                     log.warning("adopting a live server for %s on port %s", record.key, record.port)
-                    record.status = "running"
+                    run_status.move(record, RunStatus.RUNNING)
                     runs.save(run_dir, record)
                     return record
         record.port = procs.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
         record.state_dir = str(run_dir / STATE_DIR)
-        record.status, record.started_at = "running", time.time()
+        run_status.move(record, RunStatus.RUNNING)
+        record.started_at = time.time()
         runs.save(run_dir, record)  # before spawning: the record must exist if we die right after
         pid, started = self._spawn_server(run_dir, config_path, record)
         record.server_pid, record.server_started = pid, started
@@ -318,7 +322,7 @@ class Launcher:
 
         The decision is saved first (``ending``): a researcher killed mid-stop finds it on resume and
         completes the same ending, instead of judging the server it stopped itself as crashed."""
-        record.ending, record.reason = status, reason
+        record.ending, record.reason = run_status.check(record.status, status), reason
         runs.save(run_dir, record)
         procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
         if not record.external and procs.alive(record.server_pid, record.server_started):
@@ -329,7 +333,8 @@ class Launcher:
                 log.info("control stop of %s failed (%s); terminating it", record.key, exc)
             if not procs.wait_exit(record.server_pid, record.server_started, 20.0):
                 procs.stop_group(record.server_pid, record.server_started)
-        record.status, record.ending, record.ended_at = status, None, time.time()
+        run_status.move(record, status)
+        record.ending, record.ended_at = None, time.time()
         runs.save(run_dir, record)
         return record
 
@@ -364,7 +369,8 @@ class Launcher:
             if not record.external and not (asked_stop and procs.wait_exit(record.server_pid, record.server_started,
                                                                            30.0)):
                 procs.stop_group(record.server_pid, record.server_started)
-        record.status, record.reason, record.parked_at = "parked", reason, time.time()
+        run_status.move(record, RunStatus.PARKED, reason)
+        record.parked_at = time.time()
         self.release(record)
         record.client_pid = record.client_started = None
         if not record.external:
@@ -378,7 +384,8 @@ class Launcher:
         now = time.time()
         record.parked_s += now - (record.parked_at or now)
         record.parked_at, record.resumed_at = None, now
-        record.status, record.reason, record.last_progress_at = "running", "", now
+        run_status.move(record, RunStatus.RUNNING, "")
+        record.last_progress_at = now
         record.finished_seen, record.finished_seen_at = 0, now
         if not record.external:
             record.port = procs.free_port()

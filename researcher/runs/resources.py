@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from researcher import runs
+from researcher.runs import record as runs
 
 GPU = "GPU"
 CPU = "CPU"

@@ -22,6 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from researcher.records import JsonObject
+from researcher.runs.status import ENDED, RunStatus
+
 RUN_FILE = "run.json"
 
 
@@ -34,7 +37,7 @@ class RunRecord(BaseModel):
     trial: int
     experiment: str
     seed: int
-    config: dict[str, Any]                # the full server config the run trains with
+    config: JsonObject                    # the full server config the run trains with
     client: str                           # path of the client.py it runs
     target_step: int                      # the run ends once the server reaches this step
     episodes: int                         # episodes per client start
@@ -55,9 +58,9 @@ class RunRecord(BaseModel):
     client_starts: int = 0                # client processes started: the first, top-ups and restarts
     client_restarts: int = 0              # of those, restarts after a client failed (a top-up is not one)
     client_log_offset: int = 0            # client.log's size when the current client started
-    status: str = "pending"               # pending|running|parked|finished|crashed|stalled|diverged|cut|stopped
+    status: RunStatus = RunStatus.PENDING  # moved only by run_status.move (its table of allowed moves)
     reason: str = ""
-    ending: str | None = None             # the end status decided before stopping the processes
+    ending: RunStatus | None = None       # the end status decided before stopping the processes
     started_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
     last_step: int = 0
@@ -70,7 +73,7 @@ class RunRecord(BaseModel):
     resumed_at: float | None = None
     finished_seen: int = 0                # server's finished-episode count at the last poll (stuck-client watchdog)
     finished_seen_at: float = Field(default_factory=time.time)
-    # Where the run is placed (``researcher.resources``, ``researcher.ray_launcher``).
+    # Where the run is placed (``researcher.runs.resources``, ``researcher.runs.ray_launcher``).
     placement: str = "local"              # local | ray
     node: str = ""                        # the host (local) or Ray node id its server runs on
     resources: dict[str, float] = Field(default_factory=dict)  # what it asks for: {"CPU": 1, "GPU": 1, ...}
@@ -88,7 +91,7 @@ class RunRecord(BaseModel):
 
     @property
     def ended(self) -> bool:
-        return self.status not in ("pending", "running", "parked")
+        return self.status in ENDED
 
     @property
     def wall_s(self) -> float | None:

@@ -11,27 +11,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from researcher import analysis
+from researcher.evidence import analysis
+from researcher.records import Evidence, IterationSummary
 
 
-def reward_curves(summary: dict[str, Any], path: Path, title: str) -> Path:
+def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metric, horizon = summary["metric"], summary["horizon"]
+    metric, horizon = summary.metric, summary.horizon
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for index, row in enumerate(summary["experiments"]):
+    for index, row in enumerate(summary.experiments):
         color = f"C{index % 10}"
-        curves = [(c.steps, c.values) for c in (analysis.read_axes(Path(d), metric, horizon) for d in row["runs"])]
+        curves = [(c.steps, c.values) for c in (analysis.read_axes(Path(d), metric, horizon) for d in row.runs)]
         for steps, values in curves:
             ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
         common = sorted(set.intersection(*(set(s) for s, _ in curves))) if curves else []
         if common:
             lookup = [dict(zip(s, v, strict=True)) for s, v in curves]
             mean = [sum(c[s] for c in lookup) / len(lookup) for s in common]
-            label = f"{summary['knob']}={row['value']} (n={len(curves)})"
+            label = f"{summary.knob}={row.value} (n={len(curves)})"
             ax.plot(common, mean, color=color, linewidth=2.2, label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel(metric)
@@ -63,23 +64,23 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def axes_curves(study: dict[str, Any], path: Path, title: str) -> Path:
+def axes_curves(study: Evidence, path: Path, title: str) -> Path:
     """Each configuration's seeds (pooled over iterations) against steps, episodes consumed and seconds."""
     plt = _pyplot()
-    measured = study.get("measured", ["step"])
+    measured = study.measured
     fig, panels = plt.subplots(1, len(measured), figsize=(4.2 * len(measured), 3.8), dpi=110, squeeze=False)
     for ax, axis in zip(panels[0], measured, strict=True):
-        for index, row in enumerate(study["arms"]):
+        for index, row in enumerate(study.arms):
             color = f"C{index % 10}"
-            for n, run_dir in enumerate(row.get("runs", [])):
-                curve = analysis.read_axes(Path(run_dir), study["metric"], study["horizon"])
+            for n, run_dir in enumerate(row.runs):
+                curve = analysis.read_axes(Path(run_dir), study.metric, study.horizon)
                 ax.plot(curve.axis(axis), curve.values, color=color, alpha=0.6, linewidth=1.0,
-                        label=f"{study['knob']}={row['value']} (n={len(row['runs'])})" if n == 0 else None)
+                        label=f"{study.knob}={row.value} (n={len(row.runs)})" if n == 0 else None)
         if axis != "step":
-            ax.axvline(study["budgets"][axis], color="grey", linestyle=":", linewidth=1)
+            ax.axvline(study.budgets[axis], color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel({"step": "training step", "episode": "episodes consumed", "second": "wall-clock seconds"}[axis])
-        ax.set_ylabel(study["metric"])
-        ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study["axis"] else ""), fontsize=9)
+        ax.set_ylabel(study.metric)
+        ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study.axis else ""), fontsize=9)
         ax.grid(alpha=0.3)
     if panels[0][0].get_legend_handles_labels()[0]:
         panels[0][0].legend(fontsize=7)
@@ -89,32 +90,32 @@ def axes_curves(study: dict[str, Any], path: Path, title: str) -> Path:
     return out
 
 
-def dose_response(study: dict[str, Any], path: Path, title: str) -> Path:
+def dose_response(study: Evidence, path: Path, title: str) -> Path:
     """Knob value against the AUC mean ± 95% CI of each value, one panel per axis; the best value marked."""
     plt = _pyplot()
-    measured = study.get("measured", ["step"])
-    rows = [r for r in study["arms"] if "axes" in r]
-    numeric = all(isinstance(r["value"], (int, float)) for r in rows)
+    measured = study.measured
+    rows = [r for r in study.arms if r.scored]
+    numeric = all(isinstance(r.value, (int, float)) for r in rows)
     if numeric:
-        rows.sort(key=lambda r: r["value"])
+        rows.sort(key=lambda r: r.value)
     fig, panels = plt.subplots(1, len(measured), figsize=(4.2 * len(measured), 3.8), dpi=110, squeeze=False)
     for ax, axis in zip(panels[0], measured, strict=True):
-        xs = [r["value"] if numeric else i for i, r in enumerate(rows)]
-        means = [r["axes"][axis]["mean"] for r in rows]
-        errs = [r["axes"][axis]["hw"] or 0.0 for r in rows]
+        xs = [r.value if numeric else i for i, r in enumerate(rows)]
+        means = [r.axes[axis].mean for r in rows]
+        errs = [r.axes[axis].hw or 0.0 for r in rows]
         ax.errorbar(xs, means, yerr=errs, marker="o", capsize=4, linewidth=1.5)
-        best = [(x, m) for x, m, r in zip(xs, means, rows, strict=True) if r["name"] == study["best"]]
-        if best and axis == study["axis"]:
-            ax.plot(*best[0], marker="*", markersize=14, color="C3", label=f"best {study['knob']}={study['best_value']}")
+        best = [(x, m) for x, m, r in zip(xs, means, rows, strict=True) if r.name == study.best]
+        if best and axis == study.axis:
+            ax.plot(*best[0], marker="*", markersize=14, color="C3", label=f"best {study.knob}={study.best_value}")
             ax.legend(fontsize=7)
         positive = numeric and rows and min(xs) > 0 and max(xs) / min(xs) >= 10
         if positive:
             ax.set_xscale("log")
         if not numeric:
-            ax.set_xticks(xs, [str(r["value"]) for r in rows])
-        ax.set_xlabel(study["knob"])
-        ax.set_ylabel(f"AUC of {study['metric']}")
-        ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study["axis"] else ""), fontsize=9)
+            ax.set_xticks(xs, [str(r.value) for r in rows])
+        ax.set_xlabel(study.knob)
+        ax.set_ylabel(f"AUC of {study.metric}")
+        ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study.axis else ""), fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     out = _save(fig, path)

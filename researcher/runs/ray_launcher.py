@@ -14,12 +14,12 @@ Why Ray Jobs (``JobSubmissionClient``) rather than actors:
 
 Job ids: ``<study>-<iteration>-<trial>-server-<n>`` (n = server starts: first launch, resumes) and
 ``…-client-<n>``; all are kept in run.json (``jobs``). The server reports its address through the
-run dir (``researcher.ray_entry``), which every node shares; the control and client tokens stay in
+run dir (``researcher.runs.ray_entry``), which every node shares; the control and client tokens stay in
 the server's state dir (0600) on that shared path — never on a command line, in a job's entrypoint,
 metadata or runtime env. A run whose server job fails (its node died) is resubmitted and resumes
 from its last checkpoint in the shared state dir (``resumes`` counted), up to ``MAX_REVIVES``.
 
-Only this module (and the cluster-side ``researcher.ray_entry``) imports ray, lazily.
+Only this module (and the cluster-side ``researcher.runs.ray_entry``) imports ray, lazily.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from typing import Any
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher import resources, runs
-from researcher.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
-from researcher.ray_entry import ADDRESS_FILE
-from researcher.runs import RunRecord
+from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
+from researcher.runs.ray_entry import ADDRESS_FILE
+from researcher.runs.record import RunRecord
+from researcher.runs.status import RunStatus
 
 log = logging.getLogger(__name__)
 MAX_REVIVES = 3
@@ -121,7 +122,7 @@ class RayLauncher(Launcher):
         env = {"OMP_NUM_THREADS": str(self.threads), "RESEARCHER_SUBMISSION_ID": sid, "PYTHONUNBUFFERED": "1"}
         if self.mlflow_uri and "@" not in self.mlflow_uri and record.server_logs_mlflow and "-server-" in sid:
             env["MLFLOW_TRACKING_URI"] = self.mlflow_uri  # credentials never go into a job's runtime env
-        entrypoint = shlex.join([self.python, "-m", "researcher.ray_entry", *entry, "--", *argv])
+        entrypoint = shlex.join([self.python, "-m", "researcher.runs.ray_entry", *entry, "--", *argv])
         custom = {k: v for k, v in request.items() if k not in (resources.CPU, resources.GPU)}
         try:
             self.jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env={"env_vars": env},
@@ -152,7 +153,8 @@ class RayLauncher(Launcher):
 
     def start_server(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
         record.state_dir = str(run_dir / STATE_DIR)
-        record.status, record.started_at = "running", time.time()
+        run_status.move(record, RunStatus.RUNNING)
+        record.started_at = time.time()
         self._submit_server(run_dir, config_path, record)
         record.launches += 1
         record.last_progress_at = time.time()
@@ -163,7 +165,8 @@ class RayLauncher(Launcher):
         now = time.time()
         record.parked_s += now - (record.parked_at or now)
         record.parked_at, record.resumed_at = None, now
-        record.status, record.reason, record.last_progress_at = "running", "", now
+        run_status.move(record, RunStatus.RUNNING, "")
+        record.last_progress_at = now
         record.finished_seen, record.finished_seen_at = 0, now
         self._submit_server(run_dir, config_path, record)
         record.resumes += 1
@@ -291,12 +294,13 @@ class RayLauncher(Launcher):
             _wait(lambda: self._status(server) not in _LIVE, 15.0)
 
     def stop(self, run_dir: Path, record: RunRecord, status: str, reason: str = "") -> RunRecord:
-        record.ending, record.reason = status, reason
+        record.ending, record.reason = run_status.check(record.status, status), reason
         runs.save(run_dir, record)
         self.stop_client(record)
         self._stop_server(record, checkpoint_first=False)
         self._fetch_logs(run_dir, record)
-        record.status, record.ending, record.ended_at = status, None, time.time()
+        run_status.move(record, status)
+        record.ending, record.ended_at = None, time.time()
         if record.queued_at is not None:
             record.queued_s += record.ended_at - record.queued_at
             record.queued_at = None
@@ -307,7 +311,8 @@ class RayLauncher(Launcher):
         self.stop_client(record)
         self._stop_server(record, checkpoint_first=True)
         self._fetch_logs(run_dir, record)
-        record.status, record.reason, record.parked_at = "parked", reason, time.time()
+        run_status.move(record, RunStatus.PARKED, reason)
+        record.parked_at = time.time()
         runs.save(run_dir, record)
         return record
 

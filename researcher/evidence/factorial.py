@@ -2,7 +2,7 @@
 
 A factorial varies several factors at two levels each (server config keys and client-side factors
 alike) over every combination (2^k) or a fraction of them. Arms are the configurations (server
-overrides + client factor levels: ``arm_settings``), scored by ``researcher.analysis`` with per-seed
+overrides + client factor levels: ``arm_settings``), scored by ``researcher.evidence.analysis`` with per-seed
 areas under the reward curve; here each effect is a contrast of arm means on the verdict's axis:
 
 - main effect of A = mean of the arms at A's high level − mean of the arms at its low level (the
@@ -25,17 +25,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from researcher import catalog, stats
-from researcher.analysis import AXIS_TEXT
-from researcher.planner.schema import Factor, Framing, Plan
+from researcher import catalog
+from researcher.evidence import stats
+from researcher.evidence.analysis import AXIS_TEXT
+from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.planner.topic import same_value
+from researcher.records import Effect, Evidence, JsonObject
 
 __all__ = ["arm_settings", "design_complaint", "effects", "effects_section", "mlflow_values"]
 
 
-def arm_settings(experiment: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes an arm: its server overrides and its client factor levels (plan.json's experiment)."""
-    return {**experiment.get("overrides", {}), **(experiment.get("factors") or {})}
+def arm_settings(experiment: Experiment) -> JsonObject:
+    """What makes an arm: its server overrides and its client factor levels (as ``PlannedExperiment.settings``)."""
+    return {**experiment.overrides, **experiment.factors}
 
 
 # ---------------------------------------------------------------------- the plan
@@ -94,21 +96,20 @@ def _settings(factor: Factor, overrides: Mapping[str, Any], factors: Mapping[str
 # ---------------------------------------------------------------------- the analysis
 
 
-def effects(study: Mapping[str, Any], factors: Sequence[Factor | Mapping[str, Any]]) -> list[dict[str, Any]]:
+def effects(study: Evidence, factors: Sequence[Factor]) -> list[Effect]:
     """Main effects and two-factor interactions of the two-level ``factors`` on the study's verdict axis.
 
-    ``study`` is ``analysis.evidence``'s output: its ``arms`` carry ``overrides`` (here: ``arm_settings``)
+    ``study`` is ``analysis.evidence``'s output: its ``arms`` carry ``overrides`` (the arms' settings)
     and per-seed ``scores`` per axis. Arms at levels outside the design, and arms without a usable run,
     are left out. Fewer than two factors: no effects (``[]``)."""
-    design = [Factor.model_validate(f) for f in factors]
-    design = [f for f in design if len(f.levels) == 2]
+    design = [f for f in factors if len(f.levels) == 2]
     if len(design) < 2:
         return []
-    axis = study["axis"]
+    axis = study.axis
     arms: list[tuple[dict[str, int], list[float]]] = []
-    for row in study["arms"]:
-        scores = list((row.get("scores") or {}).get(axis) or [])
-        signs = {f.name: _sign(f, row.get("overrides", {})) for f in design}
+    for row in study.arms:
+        scores = list(row.scores.get(axis) or [])
+        signs = {f.name: _sign(f, row.overrides) for f in design}
         if scores and all(s != 0 for s in signs.values()):
             arms.append((signs, scores))
     contrasts: list[tuple[str, str, list[str], list[int]]] = []
@@ -118,17 +119,17 @@ def effects(study: Mapping[str, Any], factors: Sequence[Factor | Mapping[str, An
         contrasts.append((f"{a.name}×{b.name}", "interaction", [a.name, b.name],
                           [signs[a.name] * signs[b.name] for signs, _ in arms]))
     out = []
+    levels = {f.name: f.levels for f in design}
     for name, kind, names, column in contrasts:
-        row = _contrast(column, [scores for _, scores in arms])
         aliases = [other for other, _, _, col in contrasts if other != name and col and
                    (col == column or col == [-s for s in column])]
-        levels = {f.name: f.levels for f in design}
-        out.append({"name": name, "key": "_x_".join(names), "kind": kind, "factors": names,
-                    "levels": [levels[n] for n in names], "axis": axis, "arms": len(arms), "aliases": aliases, **row})
+        out.append(Effect(name=name, key="_x_".join(names), kind=kind, factors=names,
+                          levels=[levels[n] for n in names], axis=axis, arms=len(arms), aliases=aliases,
+                          **_contrast(column, [scores for _, scores in arms])))
     return out
 
 
-def _sign(factor: Factor, settings: Mapping[str, Any]) -> int:
+def _sign(factor: Factor, settings: Mapping[str, object]) -> int:
     """-1 at the low (first) level, +1 at the high (second), 0 when the arm is outside the design."""
     if factor.name not in settings:
         return 0
@@ -136,7 +137,7 @@ def _sign(factor: Factor, settings: Mapping[str, Any]) -> int:
     return -1 if same_value(value, factor.levels[0]) else 1 if same_value(value, factor.levels[1]) else 0
 
 
-def _contrast(column: Sequence[int], samples: Sequence[Sequence[float]]) -> dict[str, Any]:
+def _contrast(column: Sequence[int], samples: Sequence[Sequence[float]]) -> dict[str, float | bool | None]:
     """The contrast mean(+) − mean(−) of the arms' means, with its Welch–Satterthwaite 95% interval."""
     plus, minus = column.count(1), column.count(-1)
     if not plus or not minus:
@@ -165,40 +166,40 @@ def _var(xs: Sequence[float]) -> float:
 # ---------------------------------------------------------------------- reporting
 
 
-def effects_section(study: Mapping[str, Any]) -> list[str]:
+def effects_section(study: Evidence) -> list[str]:
     """report.md's "Effects" table (nothing when the study has no factorial effects)."""
-    rows = study.get("effects") or []
+    rows = study.effects
     if not rows:
         return []
-    axis = rows[0]["axis"]
+    axis = rows[0].axis
     out = ["## Effects", "",
-           f"Factorial effects on the area under the `{study['metric']}` curve {AXIS_TEXT.get(axis, axis)} (seeds "
-           f"pooled over iterations, {rows[0]['arms']} arms): a main effect is the mean of the arms at the factor's "
+           f"Factorial effects on the area under the `{study.metric}` curve {AXIS_TEXT.get(axis, axis)} (seeds "
+           f"pooled over iterations, {rows[0].arms} arms): a main effect is the mean of the arms at the factor's "
            "second level minus the mean at its first; an interaction A×B is the mean of the arms where A and B are "
            "both at the same level minus the mean of the others. 95% CIs are Welch–Satterthwaite intervals from the "
            "per-seed AUCs.", "", "| effect | estimate | 95% CI | resolved? |", "|---|---|---|---|"]
     for r in rows:
-        label = (f"{r['name']} ({r['levels'][0][0]!r} → {r['levels'][0][1]!r})" if r["kind"] == "main"
-                 else f"{r['name']} (interaction)")
-        if r["aliases"]:
-            label += f"; aliased with {', '.join(r['aliases'])}"
-        estimate = "n/a" if r["estimate"] is None else f"{r['estimate']:+.3f}"
-        ci = f"[{r['low']:+.3f}, {r['high']:+.3f}]" if r["hw"] is not None else "n/a (needs ≥ 2 seeds per arm)"
-        verdict = ("yes: the CI excludes 0" if r["resolved"] else "no: the CI includes 0" if r["hw"] is not None
+        label = (f"{r.name} ({r.levels[0][0]!r} → {r.levels[0][1]!r})" if r.kind == "main"
+                 else f"{r.name} (interaction)")
+        if r.aliases:
+            label += f"; aliased with {', '.join(r.aliases)}"
+        estimate = "n/a" if r.estimate is None else f"{r.estimate:+.3f}"
+        ci = f"[{r.low:+.3f}, {r.high:+.3f}]" if r.hw is not None else "n/a (needs ≥ 2 seeds per arm)"
+        verdict = ("yes: the CI excludes 0" if r.resolved else "no: the CI includes 0" if r.hw is not None
                    else "no interval")
         out.append(f"| {label} | {estimate} | {ci} | {verdict} |")
     return out + [""]
 
 
-def mlflow_values(study: Mapping[str, Any]) -> dict[str, float]:
+def mlflow_values(study: Evidence) -> dict[str, float]:
     """``analysis/effect/<name>`` (and ``analysis/effect_ci/<name>``, the CI half width) per effect;
     an interaction's name joins its factors with ``_x_``."""
     values: dict[str, float] = {}
-    for r in study.get("effects") or []:
-        if r["estimate"] is not None:
-            values[f"analysis/effect/{r['key']}"] = float(r["estimate"])
-        if r["hw"] is not None:
-            values[f"analysis/effect_ci/{r['key']}"] = float(r["hw"])
+    for r in study.effects:
+        if r.estimate is not None:
+            values[f"analysis/effect/{r.key}"] = float(r.estimate)
+        if r.hw is not None:
+            values[f"analysis/effect_ci/{r.key}"] = float(r.hw)
     return values
 
 

@@ -1,0 +1,23 @@
+"""The three axes a learning curve is measured on, their words, and the axis a knob's verdict is judged on.
+
+A leaf module (no imports): the evidence, the report and the planners word the axes the same way.
+"""
+
+from __future__ import annotations
+
+AXES = ("step", "episode", "second")
+AXIS_TEXT = {"step": "per training step", "episode": "per episode consumed", "second": "per wall-clock second"}
+AXIS_UNIT = {"step": "steps", "episode": "episodes", "second": "s"}
+# Knobs that change how many episodes a training step consumes: judged per episode, since per step the
+# larger setting trivially sees more samples.
+_PER_EPISODE = {"group_size": "a larger group sees more samples per training step",
+                "batch_groups": "a larger batch sees more samples per training step"}
+
+
+def primary_axis(knob: str) -> tuple[str, str]:
+    """The axis a knob's verdict is judged on, and why (wall-clock is never primary: runs share 2 CPU
+    cores, so seconds measure contention as much as learning)."""
+    if knob in _PER_EPISODE:
+        return "episode", f"judged per episode consumed, not per training step: {_PER_EPISODE[knob]}"
+    return "step", ("judged per training step (every configuration trains on the same number of episodes per "
+                    "step); per wall-clock second is shown but not judged, since runs share the CPU cores")

@@ -1,0 +1,346 @@
+"""Turn runs into evidence: per configuration, mean ± 95% CI of the area under the reward curve on
+three axes (per training step, per episode consumed, per wall-clock second) and of the final reward;
+the noise floor; and the comparison of the best configuration with the runner-up.
+
+Seeds of the same configuration (same overrides) are pooled across iterations, so the seeds a
+replicate iteration adds narrow the interval of the comparison it re-ran, and the answer reads the
+whole study. Verdicts use ``eval/reward_mean`` (held-out evaluation) when every run holds it, else
+``train/reward_mean``. Results are small dicts (they go into the graph state and analysis.json);
+curves are read from each run's metrics.jsonl; ``researcher.evidence.verdicts`` words the answer from them.
+``backfill`` gives summaries written before pooled evidence existed their ``study``, from the runs on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import NamedTuple
+
+from researcher.axes import AXES, AXIS_TEXT, AXIS_UNIT, primary_axis  # re-exported for plots and reports
+from researcher.evidence import stats
+from researcher.layout import StudyLayout
+from researcher.runs import record as runs
+from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
+                                PlannedExperiment)
+
+OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
+MIN_POINTS = 3
+MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
+TRAIN_METRIC, EVAL_METRIC = "train/reward_mean", "eval/reward_mean"
+SWEEP_MIN = 4  # a curve needs at least this many values
+
+
+class Curve(NamedTuple):
+    steps: list[int]
+    episodes: list[float]  # cumulative train/episodes up to and including each step
+    seconds: list[float]   # StepMetrics time since the run's first step
+    values: list[float]
+
+    def axis(self, name: str) -> list[float]:
+        return {"step": self.steps, "episode": self.episodes, "second": self.seconds}[name]  # type: ignore[return-value]
+
+
+class _Row(NamedTuple):
+    time: float
+    metrics: dict[str, float]
+
+
+def read_axes(run_dir: Path, metric: str, horizon: int | None = None) -> Curve:
+    """One metric of one run on all three axes; a step logged twice (a crash between writes) counts once.
+
+    Held-out ``eval/*`` values are placed at ``eval/step``, the policy they evaluated (the server
+    merges a finished round into that step's row; step 0, the untrained policy: no episodes, 0 s)."""
+    file = run_dir / runs.METRICS_FILE
+    if not file.is_file():
+        return Curve([], [], [], [])
+    by_step: dict[int, _Row] = {}
+    for line in file.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            merged = by_step.setdefault(int(item["step"]), _Row(float(item["time"]), {}))
+            merged.metrics.update(item.get("metrics", {}))
+    at: dict[int, tuple[float, float]] = {}  # step -> (cumulative episodes, seconds since the first step)
+    points: dict[int, float] = {}
+    episodes, start = 0.0, None
+    for step in sorted(by_step):
+        item = by_step[step]
+        episodes += float(item.metrics.get("train/episodes", 0.0))
+        start = item.time if start is None else start
+        at[step] = (episodes, item.time - start)
+        value = item.metrics.get(metric)
+        if value is not None:
+            points[int(item.metrics.get("eval/step", step)) if metric.startswith("eval/") else step] = float(value)
+    curve = Curve([], [], [], [])
+    for step in sorted(s for s in points if horizon is None or s <= horizon):
+        eps, seconds = at.get(step, (0.0, 0.0))
+        curve.steps.append(step)
+        curve.episodes.append(eps)
+        curve.seconds.append(seconds)
+        curve.values.append(points[step])
+    return curve
+
+
+def choose_metric(requested: str, run_dirs: Iterable[Path]) -> tuple[str, str]:
+    """(metric, sentence saying which and why): held-out evaluation when every usable run (pass only
+    runs that ended cleanly: a crash before the first evaluation must not veto it) with a training curve
+    also holds ``eval/reward_mean`` at ``MIN_EVAL_POINTS`` steps or more."""
+    if requested != TRAIN_METRIC:
+        return requested, f"Verdicts use `{requested}`, the metric the plan judges."
+    trained = [d for d in run_dirs if read_axes(d, TRAIN_METRIC).steps]
+    if trained and all(len(read_axes(d, EVAL_METRIC).steps) >= MIN_EVAL_POINTS for d in trained):
+        return EVAL_METRIC, (f"Verdicts use `{EVAL_METRIC}` (held-out evaluation at a fixed step interval), "
+                             f"present in all {len(trained)} runs; `{TRAIN_METRIC}` is the sampled batch's reward.")
+    return TRAIN_METRIC, (f"Verdicts use `{TRAIN_METRIC}` (the reward of the sampled training batch): not every run "
+                          f"holds a held-out `{EVAL_METRIC}`.")
+
+
+def _cell(values: Sequence[float]) -> Cell:
+    e = stats.mean_ci(values)
+    return Cell(mean=e.mean, hw=_finite(e.half_width), n=e.n)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def arm_key(overrides: Mapping[str, object]) -> str:
+    return json.dumps(overrides, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What the evidence is judged on: the varied knob, the metric (before ``choose_metric``), the steps
+    each run trains, the smallest difference that matters and the plan's shape (None: by the arm count)."""
+
+    knob: str
+    metric: str
+    horizon: int
+    min_effect: float
+    shape: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """One run as evidence: its experiment, the arm's settings, the iteration that ran it, its run dir
+    and how it ended (a run.json's status)."""
+
+    experiment: str
+    run_dir: str
+    status: str
+    overrides: JsonObject = field(default_factory=dict)
+    iteration: int = 0
+    seed: int = 0
+
+
+@dataclass
+class _Group:
+    overrides: JsonObject
+    trials: list[TrialRun] = field(default_factory=list)
+    name: str = ""
+    value: object = None
+
+
+def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], dict[str, float]]:
+    """Each arm's per-seed AUC on every axis over budgets all its usable runs reached."""
+    least = MIN_EVAL_POINTS if metric == EVAL_METRIC else MIN_POINTS
+    curves = {id(t): read_axes(Path(t.run_dir), metric) for g in groups for t in g.trials}
+    usable = [c for g in groups for t in g.trials if t.status in OK_STATUSES
+              for c in [curves[id(t)]] if len(c.steps) >= least]
+    if usable:
+        # Runs cut by the deadline are compared with the others over the steps they all reached.
+        horizon = min(horizon, min(c.steps[-1] for c in usable))
+    kept = [_cut(c, horizon) for c in usable]
+    budgets = {"step": float(horizon),
+               "episode": min((c.episodes[-1] for c in kept if c.steps), default=0.0),
+               "second": min((c.seconds[-1] for c in kept if c.steps), default=0.0)}
+    rows = []
+    for group in groups:
+        row = Arm(name=group.name, value=group.value, overrides=group.overrides, statuses=[], aucs=[], finals=[],
+                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}))
+        for trial in group.trials:
+            row.statuses.append(trial.status)
+            c = curves[id(trial)]
+            if trial.status not in OK_STATUSES or len(c.steps) < least or c.steps[0] > horizon:
+                continue
+            c = _cut(c, horizon)
+            row.aucs.append(stats.auc(c.steps, c.values, horizon))
+            row.finals.append(stats.final_level(c.values))
+            row.runs.append(trial.run_dir)
+            row.scores["step"].append(row.aucs[-1])
+            for axis in (a for a in AXES if a != "step" and budgets[a] > 0):
+                row.scores[axis].append(stats.auc_until(c.axis(axis), c.values, budgets[axis]))
+        if row.aucs:
+            row.auc, row.final = _cell(row.aucs), _cell(row.finals)
+            row.axes = {a: _cell(row.scores[a]) for a in AXES if row.scores[a]}
+        rows.append(row)
+    return rows, budgets
+
+
+def _cut(c: Curve, horizon: int) -> Curve:
+    """``c`` up to ``horizon``, ending at ``horizon`` where it goes past it: held-out evaluation runs every
+    few steps and lands on different steps in different runs (``[0, 6, 8]``, ``[0, 7]``), so a run with no
+    point at the shared horizon gets one interpolated there instead of being cut back to its start."""
+    n = sum(1 for s in c.steps if s <= horizon)
+    cut = Curve(*(list(xs[:n]) for xs in c))
+    if 0 < n < len(c.steps) and c.steps[n - 1] < horizon:
+        w = (horizon - c.steps[n - 1]) / (c.steps[n] - c.steps[n - 1])
+        cut.steps.append(horizon)
+        for whole, part in ((c.episodes, cut.episodes), (c.seconds, cut.seconds), (c.values, cut.values)):
+            part.append(whole[n - 1] + w * (whole[n] - whole[n - 1]))
+    return cut
+
+
+def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: float | None) -> Comparison:
+    """better − worse on one axis: the 95% CI, whether it excludes 0 (``clear``), whether it lies within
+    ±min_effect (``equivalent``), and the seeds per arm estimated to resolve it."""
+    d = stats.diff_ci(better.scores[axis], worse.scores[axis])
+    hw = _finite(d.half_width)
+    seeds = min(len(better.scores[axis]), len(worse.scores[axis]))
+    equivalent = hw is not None and abs(d.mean) + hw < min_effect
+    needed = stats.seeds_needed(d.mean, noise_sd, min_effect)
+    if needed is not None and not (d.low > 0 or equivalent):
+        # Unresolved with ``seeds`` seeds: more are needed, even where the pooled sd (which averages the
+        # arms' spreads) says fewer would do.
+        needed = max(needed, seeds + 1)
+    return Comparison(better=better.name, worse=worse.name, better_value=better.value, worse_value=worse.value,
+                      better_label=better.label, worse_label=worse.label, axis=axis, diff=d.mean, hw=hw,
+                      clear=d.low > 0, equivalent=equivalent, seeds=seeds, seeds_needed=needed)
+
+
+def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:
+    """Trials pooled by configuration (same overrides = same arm, whatever iteration ran it), each arm
+    named after the latest experiment that ran it."""
+    groups: dict[tuple[str, int], _Group] = {}
+    twins: dict[tuple[int, str], list[str]] = {}  # per iteration and configuration: its experiment names in order
+    for t in sorted(trials, key=lambda t: t.iteration):
+        # Arms with the same overrides in one iteration (an A/A check) stay apart: the n-th of them pools
+        # with the n-th of another iteration.
+        names = twins.setdefault((t.iteration, arm_key(t.overrides)), [])
+        if t.experiment not in names:
+            names.append(t.experiment)
+        group = groups.setdefault((arm_key(t.overrides), names.index(t.experiment)), _Group(t.overrides))
+        group.name, group.value = t.experiment, t.overrides.get(judging.knob)
+        group.trials.append(t)
+    return list(groups.values())
+
+
+def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = "") -> Evidence:
+    """Pool ``trials`` by configuration and score them on ``judging.metric`` (as ``choose_metric`` chose it)."""
+    knob, metric, min_effect = judging.knob, judging.metric, judging.min_effect
+    rows, budgets = _score(_arms(judging, trials), metric, judging.horizon)
+    twin_values = [repr(r.value) for r in rows]
+    for r in rows:  # the knob's value names an arm unless two arms share it (then the experiment name too)
+        shared = twin_values.count(repr(r.value)) > 1
+        r.label = f"{r.name} ({knob}={r.value})" if shared else f"{knob}={r.value}"
+    # An axis is measured when every usable run reached a budget on it (runs without train/episodes or
+    # with a single timestamp have none).
+    measured = [a for a in AXES if a == "step" or budgets[a] > 0]
+    axis, why = primary_axis(knob)
+    if axis not in measured:
+        axis, why = "step", f"judged per training step: the runs record no {AXIS_UNIT[axis]} axis to judge on"
+    noise = {}
+    for a in measured:
+        sd, seeds = stats.pooled_sd([r.scores[a] for r in rows])
+        noise[a] = Noise(sd=sd, seeds=seeds, arms=sum(1 for r in rows if len(r.scores[a]) >= 2))
+    scored = sorted((r for r in rows if r.scored), key=lambda r: r.axes[axis].mean, reverse=True)
+    out = Evidence(knob=knob, metric=metric, metric_note=metric_note, axis=axis, axis_why=why, budgets=budgets,
+                   measured=measured, horizon=int(budgets["step"]), min_effect=min_effect, noise_floor=noise,
+                   arms=rows, best=None, best_value=None, comparison=None, axes_compared={},
+                   sweep=judging.shape == "sweep" or (judging.shape != "factorial" and len(rows) >= SWEEP_MIN))
+    if scored:
+        out.best, out.best_value = scored[0].name, scored[0].value
+    if len(scored) > 1:
+        out.comparison = compare(scored[0], scored[1], axis, min_effect, noise[axis].sd)
+        out.axes_compared = {a: compare(scored[0], scored[1], a, min_effect, noise[a].sd) for a in measured}
+    return out
+
+
+@dataclass(frozen=True)
+class IterationRuns:
+    """One iteration's experiments (name and arm settings, in plan order) and runs, the runs of the
+    iterations before it (pooled into ``study``), and the previous iteration's best (plateau check)."""
+
+    iteration: int
+    experiments: Sequence[PlannedExperiment]
+    trials: Sequence[TrialRun]
+    previous_best: object = None  # the previous best value (None: no previous best)
+    earlier: Sequence[TrialRun] = ()
+
+
+def summarize(judging: Judging, runs_: IterationRuns) -> IterationSummary:
+    """This iteration's table plus ``study``: the evidence pooled with the earlier iterations' trials.
+
+    ``best``/``comparison`` are the study's (pooled) ones: the planner re-runs an unresolved pair until
+    the pooled interval resolves it, and refines around the best of the whole study."""
+    knob, iteration = judging.knob, runs_.iteration
+    overrides = {e.name: e.settings for e in runs_.experiments}
+    mine = [replace(t, overrides=overrides[t.experiment], iteration=iteration) for t in runs_.trials
+            if t.experiment in overrides]
+    pooled = [*runs_.earlier, *mine]
+    metric, note = choose_metric(judging.metric, [Path(t.run_dir) for t in pooled if t.status in OK_STATUSES])
+    judging = replace(judging, metric=metric)
+    here = evidence(judging, mine, note)
+    order = {e.name: i for i, e in enumerate(runs_.experiments)}
+    rows = sorted(here.arms, key=lambda r: order.get(r.name, len(order)))
+    for name, settings in overrides.items():  # an experiment with no trial at all still shows (as a negative result)
+        if not any(r.name == name for r in rows):
+            rows.append(Arm(name=name, value=settings.get(knob), overrides=settings, statuses=[], aucs=[], finals=[],
+                            runs=[], scores={a: [] for a in AXES}))
+    study = evidence(judging, pooled, note) if runs_.earlier else here
+    summary = IterationSummary(iteration=iteration, knob=knob, metric=metric, horizon=here.horizon, experiments=rows,
+                               best=study.best, best_value=study.best_value, comparison=study.comparison,
+                               iteration_comparison=here.comparison, plateau=None, study=study)
+    summary.plateau = _plateau(knob, [r for r in rows if r.scored], runs_.previous_best, judging.min_effect)
+    return summary
+
+
+def _plateau(knob: str, scored: list[Arm], previous_best: object, min_effect: float) -> str | None:
+    """The incumbent re-ran on fresh seeds. Plateau only when the evidence says so: the whole 95% CI of
+    (best challenger − incumbent) lies below min_effect. A wide CI is "unresolved", never a plateau."""
+    if previous_best is None or len(scored) < 2:
+        return None
+    incumbent = next((r for r in scored if r.value == previous_best), None)
+    if incumbent is None:
+        return None
+    # Twins of the incumbent (an A/A check) are no challengers: the knob did not change.
+    challengers = sorted((r for r in scored if repr(r.value) != repr(incumbent.value)),
+                         key=lambda r: r.auc.mean if r.auc else 0.0, reverse=True)
+    gain = stats.diff_ci(challengers[0].aucs, incumbent.aucs) if challengers else None
+    if gain is not None and math.isfinite(gain.high) and gain.high < min_effect:
+        return (f"{knob}={challengers[0].value} did not beat {knob}={incumbent.value} by more "
+                f"than {min_effect} in area under the curve: the knob has plateaued")
+    return None
+
+
+def backfill(history: list[IterationSummary], layout: StudyLayout, min_effect: float) -> list[IterationSummary]:
+    """``history`` with the pooled evidence (``study``) in every summary.
+
+    A state written before pooled evidence existed holds summaries without ``study``, and ``verdicts.verdict``
+    would answer "No answer". Each such summary is summarized again from the runs on disk (run.json
+    records, the overrides its experiments list), pooled with the iterations before it."""
+    if all(s.study for s in history):
+        return history
+    records = runs.all_records(layout.runs_dir)
+    out: list[IterationSummary] = []
+    earlier: list[TrialRun] = []
+    for s in history:
+        knob = s.knob
+        overrides = {e.name: e.overrides if "overrides" in e.model_fields_set else {knob: e.value}
+                     for e in s.experiments}
+        mine = [TrialRun(experiment=r.experiment, seed=r.seed, status=r.status,
+                         run_dir=str(layout.run_dir(r.iteration, r.trial)))
+                for r in records if r.iteration == s.iteration and r.experiment in overrides]
+        if s.study:
+            out.append(s)
+        else:
+            last = out[-1] if out else None
+            experiments = [PlannedExperiment(name=name, overrides=o) for name, o in overrides.items()]
+            new = summarize(Judging(knob, s.metric, s.horizon, min_effect),
+                            IterationRuns(s.iteration, experiments, mine,
+                                          last.best_value if last and last.best else None, earlier))
+            out.append(IterationSummary.model_validate({**s.dump(), **new.without_runs().dump()}))
+        earlier += [replace(t, overrides=overrides[t.experiment], iteration=s.iteration) for t in mine]
+    return out

@@ -1,0 +1,230 @@
+"""The study review: one comparison table of every training run and one plot of all reward curves.
+
+Table columns: iteration, hypothesis, experiment, config (the overrides it tests), seed, status,
+steps, final and best reward, AUC per training step, per episode and per wall-clock second (of the
+metric the iteration's verdict used), wall time, cost (core-seconds: wall time x torch threads) and a
+verdict: ``keep`` (the study's best configuration, pooled over iterations, when that iteration was
+analysed), ``discard`` (usable but not best) or ``crashed`` (no usable curve: crashed, stalled, diverged, stopped). Written as review.md,
+review.csv and review.png (overlaid curves on a shared step axis), logged to every iteration's
+MLflow parent run, with lineage tags (study, iteration, hypothesis, run key, verdict) on the
+child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from researcher import studyfiles
+from researcher.evidence import analysis, stats
+from researcher.layout import StudyLayout
+from researcher.records import IterationPlan, IterationSummary
+from researcher.runs import record as runs
+from researcher.tracking import Tracker, unreachable
+
+log = logging.getLogger(__name__)
+COLUMNS = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "steps", "final_reward",
+           "best_reward", "auc", "auc_episode", "auc_second", "wall_s", "cost_core_s", "verdict", "run_key", "mlflow_run_id")
+
+
+class RunRow(BaseModel):
+    """One training run in the review: the COLUMNS, plus what the MLflow tags and the plot need."""
+
+    iteration: int
+    hypothesis: str
+    hypothesis_id: str
+    experiment: str
+    config: str                # the arm's overrides as sorted JSON
+    seed: int
+    status: str
+    steps: int
+    final_reward: float | None
+    best_reward: float | None
+    auc: float | None
+    auc_episode: float | None
+    auc_second: float | None
+    wall_s: float | None
+    cost_core_s: float | None
+    verdict: str               # keep | discard | crashed (or the status of a run still going)
+    run_key: str
+    mlflow_run_id: str | None
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class Review:
+    """The files ``write`` wrote, and the rows they show."""
+
+    md: Path
+    csv: Path
+    png: Path
+    rows: list[RunRow]
+
+
+def _analyses(layout: StudyLayout) -> dict[int, IterationSummary]:
+    found = {}
+    for path in layout.artifacts_dir.glob("analysis-*.json"):
+        summary = IterationSummary.model_validate_json(path.read_text())
+        found[summary.iteration] = summary
+    return found
+
+
+def table(layout: StudyLayout, metric: str = "train/reward_mean") -> list[RunRow]:
+    """One row per training run of the study, in run-key order."""
+    plan = studyfiles.read_plan(layout)
+    analyses = _analyses(layout)
+    return [_row(layout, record, plan.iteration(record.iteration), analyses.get(record.iteration), metric)
+            for record in runs.all_records(layout.runs_dir)]
+
+
+def _row(layout: StudyLayout, record: runs.RunRecord, planned: IterationPlan, summary: IterationSummary | None,
+         metric: str) -> RunRow:
+    experiment = planned.experiment(record.experiment)
+    hypotheses = {h.id: h.statement for h in planned.hypotheses}
+    hyp_id = experiment.hypothesis if experiment else ""
+    horizon, used = (summary.horizon, summary.metric) if summary else (None, metric)
+    budgets = summary.study.budgets if summary and summary.study else {}
+    curve = analysis.read_axes(layout.run_dir(record.iteration, record.trial), used, horizon)
+    steps, values = curve.steps, curve.values
+    on_axis = {a: round(stats.auc_until(curve.axis(a), curve.values, budgets[a]), 4)
+               for a in ("episode", "second") if budgets.get(a) and curve.values}
+    least = analysis.MIN_EVAL_POINTS if used == analysis.EVAL_METRIC else analysis.MIN_POINTS
+    usable = record.status in analysis.OK_STATUSES and len(steps) >= least
+    if not usable:
+        verdict = "crashed" if record.ended else record.status
+    elif summary is not None and summary.best == record.experiment:
+        verdict = "keep"
+    else:
+        verdict = "discard"
+    wall = record.wall_s
+    return RunRow(
+        iteration=record.iteration,
+        hypothesis=f"{hyp_id}: {hypotheses.get(hyp_id, '')}".strip(": ") if hyp_id else "",
+        hypothesis_id=hyp_id, experiment=record.experiment,
+        config=json.dumps(experiment.overrides if experiment else {}, sort_keys=True),
+        seed=record.seed, status=str(record.status), steps=record.last_step,
+        final_reward=round(stats.final_level(values), 4) if values else None,
+        best_reward=round(max(values), 4) if values else None,
+        auc=round(stats.auc(steps, values, horizon), 4) if values else None,
+        auc_episode=on_axis.get("episode"), auc_second=on_axis.get("second"),
+        wall_s=round(wall, 1) if wall is not None else None,
+        cost_core_s=round(wall * record.threads, 1) if wall is not None else None,
+        verdict=verdict, run_key=record.key, mlflow_run_id=record.mlflow_run_id,
+        run_dir=str(layout.run_dir(record.iteration, record.trial)))
+
+
+def to_csv(rows: list[RunRow]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(row.model_dump() for row in rows)
+    return buffer.getvalue()
+
+
+def to_markdown(study_id: str, rows: list[RunRow], plot_name: str | None, extra: str = "") -> str:
+    def cell(value: object) -> str:
+        return "" if value is None else str(value).replace("|", "\\|")
+
+    header = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final", "best", "AUC/step",
+              "AUC/episode", "AUC/second", "wall s", "cost core·s", "verdict", "run key")
+    keys = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "final_reward", "best_reward", "auc",
+            "auc_episode", "auc_second", "wall_s", "cost_core_s", "verdict", "run_key")
+    lines = [f"# Review of study {study_id}", ""] + ([extra, ""] if extra else [])
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(getattr(row, k)) for k in keys) + " |" for row in rows]
+    if not rows:
+        lines.append("| (no training runs yet) |" + " |" * (len(header) - 1))
+    counts = {v: sum(1 for r in rows if r.verdict == v) for v in ("keep", "discard", "crashed")}
+    lines += ["", f"Verdicts: {counts['keep']} keep, {counts['discard']} discard, {counts['crashed']} crashed "
+                  "(keep = the study's best configuration, seeds pooled over iterations, on the verdict axis; crashed = no "
+                  "usable curve)."]
+    if plot_name:
+        lines += ["", f"![reward curves of every run on a shared step axis]({plot_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[RunRow], path: Path, metric: str, title: str) -> Path:
+    """All runs' curves on one shared step axis: one colour per experiment, dashed when discarded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    colors: dict[str, str] = {}
+    for row in rows:
+        steps, values = runs.read_curve(Path(row.run_dir), metric)
+        if not steps:
+            continue
+        color = colors.setdefault(row.experiment, f"C{len(colors) % 10}")
+        style = {"keep": "-", "discard": "--"}.get(row.verdict, ":")
+        label = f"{row.experiment} ({row.verdict})"
+        shown = {h.get_label() for h in ax.get_legend_handles_labels()[0]}
+        ax.plot(steps, values, color=color, linestyle=style, linewidth=1.4, alpha=0.85,
+                label=None if label in shown else label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write(layout: StudyLayout, metric: str = "train/reward_mean") -> Review:
+    """Write review.md/.csv/.png into the study folder (figures/) and return their paths."""
+    rows = table(layout, metric)
+    png = plot(rows, layout.study_dir / "figures" / "review.png", metric, f"{layout.study_id} · every run")
+    csv_path = layout.study_dir / "review.csv"
+    studyfiles.write_atomic(csv_path, to_csv(rows))
+    md_path = layout.study_dir / "review.md"
+    studyfiles.write_atomic(md_path, to_markdown(layout.study_id, rows, "figures/review.png"))
+    return Review(md_path, csv_path, png, rows)
+
+
+def log_to_mlflow(tracker: Tracker, layout: StudyLayout, written: Review) -> list[str]:
+    """Attach the review to every iteration's parent run and tag each child run with its lineage and
+    verdict; returns the parent run ids (empty when MLflow is unreachable: the review stays on disk)."""
+    rows = written.rows
+    for row in rows:
+        tracker.set_tags(row.mlflow_run_id, {
+            "researcher.study_id": layout.study_id, "researcher.iteration": str(row.iteration),
+            "researcher.hypothesis_id": row.hypothesis_id, "researcher.run_key": row.run_key,
+            "researcher.experiment": row.experiment, "researcher.verdict": row.verdict})
+    try:
+        found = tracker.client.get_experiment_by_name(layout.study_id)
+        if found is None:
+            return []
+        candidates = tracker.client.search_runs([found.experiment_id], filter_string="tags.`researcher.kind` = 'iteration'",
+                                                max_results=1000)
+    except Exception as exc:  # noqa: BLE001
+        if unreachable(exc):
+            log.warning("MLflow unreachable; the review stays in %s", layout.study_dir)
+            return []
+        raise
+    parents = []
+    for run in candidates:
+        iteration = run.data.tags.get("researcher.iteration", "")
+        mine = [r for r in rows if str(r.iteration) == iteration]
+        tracker.log_files(run.info.run_id, [written.md, written.csv], "review")
+        tracker.log_files(run.info.run_id, [written.png], "review/figures")  # where review.md points
+        tracker.set_tags(run.info.run_id, {
+            "researcher.hypothesis_ids": ",".join(sorted({r.hypothesis_id for r in mine if r.hypothesis_id})),
+            "researcher.kept": ",".join(sorted({r.experiment for r in mine if r.verdict == "keep"}))})
+        try:
+            tracker.client.log_table(data={c: [getattr(r, c) for r in rows] for c in COLUMNS}, artifact_file="review/review_table.json",
+                                     run_id=run.info.run_id)
+        except Exception as exc:  # noqa: BLE001 - the table is a convenience; the CSV is already there
+            log.info("log_table failed for %s: %s", run.info.run_id, exc)
+        parents.append(run.info.run_id)
+    return parents

@@ -1,0 +1,213 @@
+"""The study's answer in words, from the evidence ``researcher.evidence.analysis`` computes: the one place
+numbers become a verdict ("Yes", "No", "No meaningful difference", "Inconclusive", a sweep's best value,
+a factorial's effects), so the report, ``researcher status`` and the offline planner say the same thing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from researcher.evidence.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
+from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
+
+
+def _est(cell: Cell | None) -> str:
+    if cell is None:
+        return "n/a"
+    return f"{cell.mean:.3f} ± {cell.hw:.3f}" if cell.hw is not None else f"{cell.mean:.3f} (n={cell.n})"
+
+
+def _ci(c: Comparison, diff: float | None = None) -> str:
+    d = c.diff if diff is None else diff
+    if c.hw is None:
+        return f"{d:+.3f} (one seed on a side: no interval)"
+    return f"{d:+.3f} (95% CI {d - c.hw:+.3f} to {d + c.hw:+.3f})"
+
+
+def _orderable(values: list[object]) -> bool:
+    """Distinct numbers (booleans included) read as "larger"/"smaller"; anything else by name."""
+    return all(isinstance(v, (int, float)) for v in values) and len({repr(v) for v in values}) == len(values)
+
+
+def seeds_text(c: Comparison, noise: Noise) -> str:
+    """How many seeds per arm would resolve an unresolved comparison, and how that was estimated."""
+    if c.seeds_needed is None:
+        return "the seeds needed cannot be estimated yet (no configuration has 2 usable seeds)"
+    return (f"about {c.seeds_needed} seeds per arm would resolve it (it has {c.seeds}; estimated with Student t "
+            f"from the observed difference {c.diff:+.3f} and the noise floor sd {noise.sd:.3f}: 80% power to "
+            "exclude 0 if the difference is at least the minimum effect, else a CI narrow enough to fit within "
+            "±minimum effect; never fewer than one seed more than it has)")
+
+
+def _axes_sentence(study: Evidence) -> str:
+    """Whether the three axes agree on which of the two compared configurations leads."""
+    compared = study.axes_compared
+    if not compared:
+        return ""
+    lead = {a: (c.better_label if c.diff > 0 else c.worse_label) for a, c in compared.items() if c.diff != 0}
+    parts = [f"{AXIS_TEXT[a]} {lead[a]} leads, {_ci(c)}"
+             + (" (resolved)" if c.hw is not None and abs(c.diff) > c.hw else " (unresolved)")
+             for a, c in compared.items() if a in lead]
+    if len(set(map(repr, lead.values()))) > 1:
+        return (f"The axes disagree: {'; '.join(parts)}. The verdict is {AXIS_TEXT[study.axis]}.")
+    return f"The three axes agree on the leader ({'; '.join(parts)})."
+
+
+def _refinement_sentence(summaries: list[IterationSummary]) -> str:
+    """How later iterations changed the picture the first one gave."""
+    if len(summaries) < 2:
+        return "One iteration ran: nothing was refined."
+    first, last = summaries[0], summaries[-1]
+    study = last.study or Evidence(knob=last.knob, metric=last.metric)
+    c1 = first.iteration_comparison or first.comparison
+    then = (f"iteration {first.iteration} alone had {c1.better_label} ahead of {c1.worse_label} "
+            f"by {_ci(c1)}" if c1 else f"iteration {first.iteration} alone had best {first.best}")
+    seeds = sum(len(r.aucs) for r in study.arms)
+    c = study.comparison
+    now = (f"pooling {seeds} usable runs over {len(summaries)} iterations, {c.better_label} leads "
+           f"{c.worse_label} by {_ci(c)}" if c else f"the pooled best is {study.best}")
+    first_best = first.study.best_value if first.study else None
+    changed = " — the best configuration changed" if first_best != study.best_value else ""
+    return f"How refinement changed the picture: {then}; {now}{changed}."
+
+
+def _effects_answer(study: Evidence) -> str:
+    """A factorial study's answer: its resolved effects first, then every effect with its interval."""
+    effects = [e for e in study.effects if e.estimate is not None]
+    shown = [f"{e.name} {e.estimate:+.3f}" + (f" (95% CI {e.low:+.3f} to {e.high:+.3f})" if e.hw is not None
+                                              else " (no interval)") for e in effects]
+    resolved = [e.name for e in effects if e.resolved]
+    lead = (f"Resolved: {', '.join(resolved)} (their 95% CIs exclude 0)" if resolved
+            else "Inconclusive: no main effect or interaction is resolved (every 95% CI includes 0)")
+    return (f"{lead} — factorial effects on the area under the `{study.metric}` curve "
+            f"{AXIS_TEXT[study.axis]}: {'; '.join(shown)}.")
+
+
+def verdict(question: str, summaries: list[IterationSummary]) -> tuple[str, str]:
+    """(answer, caveats) worded from the whole study's pooled evidence, on the knob's primary axis."""
+    scored = [s for s in summaries if s.best and s.study]  # "study": summaries since issue #16
+    if not scored or scored[-1].study is None:
+        return ("No answer: no run produced a usable reward curve (see LOG.md for the crashes).",
+                "Every run crashed, stalled or was cut before 3 training steps.")
+    study = scored[-1].study
+    axis = study.axis
+    rows = sorted((r for r in study.arms if r.scored), key=lambda r: r.axes[axis].mean, reverse=True)
+    noise = study.noise_floor[axis]
+    floor = (f"Noise floor (pooled within-configuration sd of the AUC {AXIS_TEXT[axis]}): "
+             + (f"{noise.sd:.4f}, from {noise.seeds} seeds in {noise.arms} configurations" if noise.sd is not None
+                else "not measured (no configuration has 2 usable seeds)") + f"; minimum effect: {study.min_effect}.")
+    caveats = [study.metric_note, f"Learning speed is {study.axis_why}.", floor]
+    if len(rows) < 2:
+        return (f"Inconclusive: only {rows[0].label} produced usable runs "
+                f"(AUC {_est(rows[0].axes[axis])}).",
+                " ".join([*caveats, "A comparison needs at least two configurations with results."]))
+    if study.effects:
+        return _effects_answer(study), " ".join(caveats)
+    c = study.comparison
+    assert c is not None  # two scored arms are always compared
+    answer = _sweep_answer(study, rows, c) if study.sweep else _pair_answer(study, rows, c)
+    caveats.append(_axes_sentence(study))
+    caveats.append(_refinement_sentence(scored))
+    for s in scored[1:]:
+        ic = s.iteration_comparison
+        detail = (f"{ic.better} − {ic.worse} = {_ci(ic)}" + (" (clear)" if ic.clear else " (CI includes 0)")
+                  if ic else f"best was {s.best}")
+        caveats.append(f"Iteration {s.iteration} alone (over {s.horizon} steps): {detail}"
+                       + (f"; {s.plateau}" if s.plateau else "") + ".")
+    bad = [st for s in summaries for r in s.experiments for st in r.statuses if st not in OK_STATUSES]
+    if bad:
+        caveats.append(f"{len(bad)} run(s) did not finish cleanly ({', '.join(sorted(set(bad)))}); they are "
+                       "excluded from the statistics.")
+    return answer, " ".join(c for c in caveats if c)
+
+
+def _over(study: Evidence) -> str:
+    axis = study.axis
+    return f"{study.budgets[axis]:.0f} {AXIS_UNIT[axis]}" if axis != "step" else f"{study.horizon} steps"
+
+
+def _seeds(rows: list[Arm]) -> str:
+    return ", ".join(f"{r.label}: {len(r.aucs)}" for r in rows)
+
+
+def _sweep_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
+    knob, axis, noise = study.knob, study.axis, study.noise_floor[study.axis]
+    best, runner = rows[0], rows[1]
+    evidence = (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: best {knob}={best.value} "
+                f"{_est(best.axes[axis])}, runner-up {knob}={runner.value} {_est(runner.axes[axis])}; "
+                f"difference {_ci(c)}; seeds {_seeds(rows)}")
+    if c.clear:
+        return f"Best {knob}={best.value} (resolved against the runner-up) — {evidence}."
+    if c.equivalent:
+        return (f"No meaningful difference between the best values: {knob}={best.value} and "
+                f"{knob}={runner.value} lie within ±{study.min_effect} — {evidence}.")
+    return (f"Inconclusive: {knob}={best.value} scored highest but is not resolved against the runner-up "
+            f"(the 95% CI of the difference includes 0), so no best value is claimed; "
+            f"{seeds_text(c, noise)} — {evidence}.")
+
+
+def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
+    knob, axis, noise = study.knob, study.axis, study.noise_floor[study.axis]
+    pair = [r for r in rows if r.name in (c.better, c.worse)]
+    orderable = _orderable([r.value for r in pair])
+    if orderable:
+        low, high = sorted(pair, key=lambda r: r.value)
+    else:
+        high, low = pair
+    d = c.diff if high.name == c.better else -c.diff
+    hw = c.hw
+    evidence = (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: {high.label} "
+                f"{_est(high.axes[axis])} vs {low.label} {_est(low.axes[axis])}; final reward "
+                f"{_est(high.final)} vs {_est(low.final)}; difference {_ci(c, d)}; seeds {_seeds(rows)}")
+    who = f"the larger {knob} ({high.value})" if orderable else f"{high.label} (vs {low.label})"
+    twins = arm_key(high.overrides) == arm_key(low.overrides)
+    if twins and hw is not None and abs(d) - hw > 0:
+        same = ", ".join(f"{k}={v}" for k, v in high.overrides.items()) or "the task's configuration"
+        return (f"Yes: {high.name} learned faster than {low.name} {AXIS_TEXT[axis]}, though both run the "
+                f"identical configuration ({same}): a false positive (expected in 5% of such checks) or a "
+                f"source of difference outside the configuration — {evidence}.")
+    if c.equivalent:  # before the sign: a resolved but negligible difference is no meaningful one
+        sign = ("" if hw is None or abs(d) <= hw else
+                f"; {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]}, but by less than that")
+        return (f"No meaningful difference: the whole 95% CI of the difference lies within "
+                f"±{study.min_effect}{sign} — {evidence}.")
+    if hw is not None and d - hw > 0:
+        return f"Yes: {who} learned faster {AXIS_TEXT[axis]} — {evidence}."
+    if hw is not None and d + hw < 0:
+        return f"No: {who} learned slower {AXIS_TEXT[axis]} — {evidence}."
+    return (f"Inconclusive: {c.better_label} was ahead on average but the 95% CI of the "
+            f"difference includes 0; {seeds_text(c, noise)} — {evidence}.")
+
+
+_AXIS_WORDS = {"step": re.compile(r"\bper (training )?step"), "episode": re.compile(r"\bper episode"),
+               "second": re.compile(r"\bper (wall-clock )?second|\bwall-clock")}
+
+
+def asked_axes(question: str) -> list[str]:
+    """The axes a question mentions ("per step", "per episode consumed", …), in AXES order."""
+    return [a for a, words in _AXIS_WORDS.items() if words.search(question)]
+
+
+def question_with_axis(question: str, knob: str) -> str:
+    """``question`` stating the axis its verdict will be judged on (the knob's primary axis), so the
+    report's Question line asks what its Answer answers, whoever framed it (an LLM planner too): a
+    question silent on the axis gets it appended; one naming another axis gets the verdict's, and why."""
+    axis, why = primary_axis(knob)
+    if AXIS_TEXT[axis] in question:
+        return question
+    if asked_axes(question):
+        return f"{question.rstrip()} (The verdict is {why}.)"
+    return f"{question.rstrip().rstrip('?').rstrip()}, judged {AXIS_TEXT[axis]}?"
+
+
+def answer_naming_axes(question: str, study: Evidence | None, answer: str) -> str:
+    """``answer``, opened by a sentence naming both axes when the question does not state the
+    verdict's axis (it names another, or none): the headline never silently answers another question."""
+    if study is None or not study.axis:
+        return answer
+    axis = study.axis
+    if AXIS_TEXT[axis] in question or (not asked_axes(question) and AXIS_TEXT[axis] in answer.split(". ")[0]):
+        return answer
+    said = " and ".join(AXIS_TEXT[a] for a in asked_axes(question)) or "no axis"
+    return (f"Judged {AXIS_TEXT[axis]}, while the question says {said} (learning speed is {study.axis_why}). "
+            f"{answer}")

@@ -1,0 +1,220 @@
+"""The researcher's typed records: what plan.json, analysis-<i>.json and the graph state hold.
+
+Each file is read into these models once, where it is read (``studyfiles.read_plan``,
+``IterationSummary.model_validate`` on the state's summaries), and the code inside passes models.
+They keep the JSON they are read from byte-compatible:
+
+- a key is written only when it was read or set (``dump`` is ``model_dump(exclude_unset=True)``), so
+  an arm without a usable run still has no ``auc`` key and a summary written before a field existed
+  (``study``, ``iteration_comparison``) stays without it — readers tell "absent" from ``null``;
+- unknown keys of older files are kept (``extra="allow"``) and written back unchanged.
+
+``JsonObject`` is for the shapes that really are open: a server config's overrides (any config key),
+a client's factor levels, the topic's reading as the plan records it, the planner's per-step context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+JsonObject = dict[str, JsonValue]
+
+
+class Record(BaseModel):
+    """A JSON record read from disk or state: lenient on input, written back key for key."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def dump(self) -> dict[str, Any]:
+        """The record as the JSON object it was read from (plus what was set since)."""
+        return self.model_dump(exclude_unset=True)
+
+    @classmethod
+    def load_all(cls, items: list[Any]) -> list[Self]:
+        return [cls.model_validate(item) for item in items]
+
+
+# ---------------------------------------------------------------------- evidence (researcher.evidence.analysis)
+
+
+class Cell(Record):
+    """mean ± 95% CI half width (None: one seed, no interval) over ``n`` seeds."""
+
+    mean: float
+    hw: float | None = None
+    n: int = 0
+
+
+class Comparison(Record):
+    """better − worse on one axis: the difference, its CI half width and what it resolves."""
+
+    better: str
+    worse: str
+    better_value: Any = None
+    worse_value: Any = None
+    better_label: str = ""
+    worse_label: str = ""
+    axis: str = "step"
+    diff: float
+    hw: float | None = None
+    clear: bool = False
+    equivalent: bool = False
+    seeds: int = 0
+    seeds_needed: int | None = None
+
+
+class Noise(Record):
+    """The noise floor on one axis: pooled within-configuration sd of the AUC, from ``seeds`` in ``arms``."""
+
+    sd: float | None = None
+    seeds: int = 0
+    arms: int = 0
+
+
+class Effect(Record):
+    """A factorial's main effect or two-factor interaction on the verdict axis (``researcher.evidence.factorial``)."""
+
+    name: str
+    key: str = ""
+    kind: str = "main"  # main | interaction
+    factors: list[str] = Field(default_factory=list)
+    levels: list[list[Any]] = Field(default_factory=list)
+    axis: str = "step"
+    arms: int = 0
+    aliases: list[str] = Field(default_factory=list)
+    estimate: float | None = None
+    hw: float | None = None
+    low: float | None = None
+    high: float | None = None
+    df: float | None = None
+    resolved: bool = False
+
+
+class Arm(Record):
+    """One configuration (same overrides = same arm) with its runs' scores; ``auc``, ``final`` and
+    ``axes`` are set only when it has a usable run; ``runs`` (run dirs) are not stored."""
+
+    name: str
+    value: Any = None
+    overrides: JsonObject = Field(default_factory=dict)
+    statuses: list[str] = Field(default_factory=list)
+    aucs: list[float] = Field(default_factory=list)
+    finals: list[float] = Field(default_factory=list)
+    runs: list[str] = Field(default_factory=list)
+    scores: dict[str, list[float]] = Field(default_factory=dict)
+    iterations: list[int] = Field(default_factory=list)
+    auc: Cell | None = None
+    final: Cell | None = None
+    axes: dict[str, Cell] = Field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def scored(self) -> bool:
+        return self.auc is not None
+
+
+class Evidence(Record):
+    """The pooled evidence of a set of trials (``analysis.evidence``): the study's ``study`` entry."""
+
+    knob: str
+    metric: str
+    metric_note: str = ""
+    axis: str = "step"
+    axis_why: str = ""
+    budgets: dict[str, float] = Field(default_factory=dict)
+    measured: list[str] = Field(default_factory=lambda: ["step"])
+    horizon: int = 0
+    min_effect: float = 0.0
+    noise_floor: dict[str, Noise] = Field(default_factory=dict)
+    arms: list[Arm] = Field(default_factory=list)
+    best: str | None = None
+    best_value: Any = None
+    comparison: Comparison | None = None
+    axes_compared: dict[str, Comparison] = Field(default_factory=dict)
+    sweep: bool = False
+    effects: list[Effect] = Field(default_factory=list)
+    plots: dict[str, str] = Field(default_factory=dict)
+
+
+class IterationSummary(Record):
+    """One iteration's table (``experiments``) and the whole study's evidence so far (``study``)."""
+
+    iteration: int
+    knob: str
+    metric: str = "train/reward_mean"
+    horizon: int = 0
+    experiments: list[Arm] = Field(default_factory=list)
+    best: str | None = None
+    best_value: Any = None
+    comparison: Comparison | None = None
+    iteration_comparison: Comparison | None = None
+    plateau: str | None = None
+    study: Evidence | None = None  # absent in summaries written before pooled evidence (issue #16)
+    plot: str | None = None
+
+    @property
+    def own_comparison(self) -> Comparison | None:
+        """This iteration's comparison alone (summaries from before pooling hold it as ``comparison``)."""
+        return self.iteration_comparison if "iteration_comparison" in self.model_fields_set else self.comparison
+
+    def without_runs(self) -> IterationSummary:
+        """As analyze stores it: numbers only (run dirs stay in run.json)."""
+        data = self.dump()
+        for row in [*data.get("experiments", []), *(data.get("study") or {}).get("arms", [])]:
+            row.pop("runs", None)
+        return IterationSummary.model_validate(data)
+
+
+# ---------------------------------------------------------------------- plan.json
+
+
+class PlannedHypothesis(Record):
+    id: str = ""
+    statement: str = ""
+    metric: str = ""
+    expected_effect: str = ""
+
+
+class PlannedExperiment(Record):
+    """An experiment as plan.json holds it (``planner.schema.Experiment.model_dump()``)."""
+
+    name: str
+    hypothesis: str = ""
+    overrides: JsonObject = Field(default_factory=dict)
+    factors: JsonObject = Field(default_factory=dict)
+
+    @property
+    def settings(self) -> JsonObject:
+        """What makes its arm: its server overrides and its client factor levels."""
+        return {**self.overrides, **self.factors}
+
+
+class IterationPlan(Record):
+    """One iteration's entry of plan.json: written before any of its runs started."""
+
+    written: str = ""
+    rationale: str = ""
+    shape: str | None = None
+    stage: str = ""
+    assumptions: list[str] = Field(default_factory=list)
+    code_change: str = ""
+    question: JsonObject = Field(default_factory=dict)  # the topic's reading (planner.topic), open shape
+    hypotheses: list[PlannedHypothesis] = Field(default_factory=list)
+    experiments: list[PlannedExperiment] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=list)
+    steps_per_run: int = 0
+
+    def experiment(self, name: str) -> PlannedExperiment | None:
+        return next((e for e in self.experiments if e.name == name), None)
+
+
+class PlanFile(Record):
+    """plan.json: the framing and every iteration's plan, keyed by iteration number."""
+
+    framing: JsonObject = Field(default_factory=dict)
+    iterations: dict[int, IterationPlan] = Field(default_factory=dict)
+
+    def iteration(self, number: int) -> IterationPlan:
+        return self.iterations.get(number) or IterationPlan()
