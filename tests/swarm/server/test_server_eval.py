@@ -174,6 +174,12 @@ def test_async_rounds_fall_on_exact_multiples_and_training_ends_at_max_steps(sta
     with SwarmClient(server.url, token=server.token) as client:
         summary = client.run(({"task_id": f"t{i}"} for i in range(24)), workflow, group_size=2, concurrency=4,
                              progress=False, heldout=heldout, eval_every=3)
+
+        def eval_steps() -> list[int]:
+            return [int(m.metrics["eval/step"]) for m in client.metrics() if "eval/step" in m.metrics]
+
+        # The last round is published once its final episode is recorded, which may trail run()'s return.
+        wait_for(lambda: len(eval_steps()) >= 3, 30, what="the step-6 eval round")
         metrics = client.metrics()
         status = client.status()
     assert summary.finished == 48 and status.step == 6  # past max_steps: served, never trained
