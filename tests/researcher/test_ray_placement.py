@@ -81,7 +81,10 @@ def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path) -> None
     for run_dir in sorted(d for d in runs_dir.iterdir() if d.is_dir()):  # logs are in the run dir: ours and Ray's
         assert "Ray job" in (run_dir / "ray-jobs.log").read_text()
         assert "ready: swarm server" in (run_dir / "server.log").read_text()
-        assert "finished=" in (run_dir / "client.log").read_text()
+        client_log = (run_dir / "client.log").read_text()
+        # The client ran there and ended: its own summary, or stopped by the researcher once the run
+        # reached its target step (the server ends at max_steps while the client may still be claiming).
+        assert "swarm.client" in client_log and ("finished=" in client_log or "interrupted" in client_log), client_log
         for token in (run_dir / "server").glob("*token"):
             assert token.read_text().strip() not in described
     report = (cli.studies / sid / "report.md").read_text()
