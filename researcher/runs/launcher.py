@@ -378,15 +378,21 @@ class Launcher:
         runs.save(run_dir, record)
         return record
 
-    def unpark(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
-        """Restart a parked run: its server resumes from the checkpoint in its state dir; the monitor
-        starts the client once the server answers."""
+    @staticmethod
+    def _mark_unparked(record: RunRecord) -> None:
+        """A parked run runs again: its parked time is counted and its progress clock restarts
+        (both placements; only how the server restarts differs)."""
         now = time.time()
         record.parked_s += now - (record.parked_at or now)
         record.parked_at, record.resumed_at = None, now
         run_status.move(record, RunStatus.RUNNING, "")
         record.last_progress_at = now
         record.finished_seen, record.finished_seen_at = 0, now
+
+    def unpark(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
+        """Restart a parked run: its server resumes from the checkpoint in its state dir; the monitor
+        starts the client once the server answers."""
+        self._mark_unparked(record)
         if not record.external:
             record.port = procs.free_port()
             record.url = f"http://127.0.0.1:{record.port}"

@@ -162,12 +162,7 @@ class RayLauncher(Launcher):
         return record
 
     def unpark(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
-        now = time.time()
-        record.parked_s += now - (record.parked_at or now)
-        record.parked_at, record.resumed_at = None, now
-        run_status.move(record, RunStatus.RUNNING, "")
-        record.last_progress_at = now
-        record.finished_seen, record.finished_seen_at = 0, now
+        self._mark_unparked(record)
         self._submit_server(run_dir, config_path, record)
         record.resumes += 1
         runs.save(run_dir, record)
