@@ -9,6 +9,7 @@ sees) with the precise verdict on its first line, and stop the client before any
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -193,8 +194,10 @@ def test_smoke_reward_checks_catch_constant_and_out_of_range_rewards(tmp_path: P
     assert ("passed: compiled; import check; static contract (REWARD_RANGE = (0, 1)); data probe (tasks(seed) "
             "deterministic and seed-dependent over the first 200 tasks of seeds 0, 1, 2; 4 held-out tasks, disjoint); "
             "smoke run (8 episodes in groups of 4 on a real server); reward checks (inside REWARD_RANGE: 12 rewards "
-            "in [0, ") in log, log
-    assert "; varying within 2 of 2 training groups)." in log and "exempt" not in log
+            "in [") in log, log
+    # The observed range depends on what the sampled tiny model spells (0.2 when no episode scored 0).
+    assert re.search(r"12 rewards in \[[0-9.]+, [0-9.]+\]; varying within 2 of 2 training groups\)\.", log), log
+    assert "exempt" not in log
 
     ctx = _context(tmp_path, "letters", swarm_server)
     assert _validate(ctx, (LETTERS / "client.py").read_text())["validation"]["ok"] is True
