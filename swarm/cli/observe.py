@@ -10,6 +10,7 @@ from rich.table import Table
 
 from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
 from swarm.client import SwarmError
+from swarm.protocol import WorkerStatus
 
 
 @app.command()
@@ -37,7 +38,21 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
     for key, value in sorted(result.throughput.items()):
         table.add_row(key, f"{value:.4g}")
     table.add_row("uptime", f"{result.uptime_s:.0f} s")
+    for worker in result.workers:  # the generator pool, the server's own generator ("local") first
+        table.add_row(f"worker {worker.id}", _describe_worker(worker))
     out.print(table)
+
+
+def _describe_worker(worker: WorkerStatus) -> str:
+    """One pool member on one line: what serves, which version it holds, how busy and how fast it is."""
+    version = "-" if worker.version is None else str(worker.version)
+    parts = [worker.state, worker.engine, f"v{version}", f"{worker.in_flight}/{worker.capacity} in flight",
+             f"{worker.tokens_per_s:.0f} tok/s"]
+    if worker.logprob_diff_max is not None:
+        parts.append(f"logprob diff max {worker.logprob_diff_max:.3g}")
+    if worker.address:
+        parts.append(worker.address)
+    return "  ".join(parts)
 
 
 @app.command()

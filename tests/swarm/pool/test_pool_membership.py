@@ -5,6 +5,8 @@ the version the server named (a full snapshot of it is served under the snapshot
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -85,6 +87,12 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
         assert http.post(beat, json={"version": 0, "in_flight": 0}).json()["state"] == "ready"
         member = _member(server, joined.worker_id)
         assert member["state"] == "ready" and member["version"] == 0 and member["address"] == JOIN["address"]
+        shown = subprocess.run([sys.executable, "-m", "swarm.cli", "status", server.url, "--token",
+                                server.token], capture_output=True, text=True, timeout=120, env={
+                                    **os.environ, "COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr  # `swarm status` lists the pool, one line per member
+        assert f"worker {joined.worker_id}" in shown.stdout and "ready  torch  v0  0/4 in flight" in shown.stdout, \
+            shown.stdout
         assert http.delete(f"/api/v1/workers/{joined.worker_id}").json() == {"ok": True}
         assert _member(server, joined.worker_id)["state"] == "draining"
         time.sleep(1.6)  # its lease (1 s) runs out: the sweeper drops it
