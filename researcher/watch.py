@@ -74,6 +74,7 @@ class WatchState:
     last_ts: float | None = None
     node: str | None = None
     doing: str | None = None
+    node_running: bool = False  # entered and not yet left: its time so far is worth showing
     node_since: float | None = None
     phase: str | None = None
     runs: dict[str, RunView] = field(default_factory=dict)
@@ -87,12 +88,16 @@ class WatchState:
             self.phase = event.get("phase") or self.phase
             if event.get("action") == "enter":
                 self.node, self.doing, self.node_since = event.get("node"), event.get("doing"), event.get("ts")
+                self.node_running = True
             elif event.get("action") == "fail":
                 self.doing, self.node_since = f"failed: {event.get('error')}", event.get("ts")
+                self.node_running = False
             elif event.get("node") == self.node:
                 self.doing, self.node_since = f"done (phase now {self.phase})", event.get("ts")
+                self.node_running = False
         elif kind == "session":
             self.node, self.doing, self.node_since = None, f"session {event.get('action')} (pid {event.get('pid')})", event.get("ts")
+            self.node_running = False
         repair = (kind == "client" and event.get("repaired")) or (kind == "validated" and not event.get("ok"))
         if kind in _DECISIONS:
             self.decisions.append(event)
@@ -191,7 +196,9 @@ def render(state: WatchState, now: float | None = None) -> RenderableType:
     now = time.time() if now is None else now
     head = Table.grid(padding=(0, 1))
     head.add_row("study", Text(state.study_id, style="bold"))
-    since = f" for {now - state.node_since:.0f} s" if state.node_since else ""
+    since = ""
+    if state.node_since:
+        since = f" for {now - state.node_since:.0f} s" if state.node_running else f", left at {_clock(state.node_since)}"
     head.add_row("node", Text(f"{state.node or '-'}{since}", style="cyan"))
     head.add_row("doing", state.doing or "-")
     head.add_row("phase", state.phase or "-")

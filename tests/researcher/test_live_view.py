@@ -101,6 +101,14 @@ def test_the_view_folds_events_into_node_decisions_runs_and_recent() -> None:
         assert expected in text, expected
     assert sparkline([0.0, 0.5, 1.0]) == "▁▄█" and sparkline([]) == ""
 
+    # A node that has left no longer counts up: the view says when it left.
+    state.apply({"id": 8, "ts": 1012.0, "kind": "node", "action": "leave", "node": "monitor", "phase": "analyzing"})
+    console = Console(record=True, width=160)
+    console.print(render(state, now=2000.0))
+    text = console.export_text()
+    assert "monitor, left at " in text and " for " not in text.split("doing")[0], text
+    assert "done (phase now analyzing)" in text
+
 
 def _sse(response: httpx.Response) -> Iterator[dict]:
     fields: dict[str, str] = {}
