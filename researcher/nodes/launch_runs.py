@@ -17,7 +17,7 @@ from pathlib import Path
 from researcher import budget
 from researcher.context import StudyContext
 from researcher.runs import record as runs, resources
-from researcher.runs.launcher import LaunchError
+from researcher.runs.processes import LaunchError
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
