@@ -23,7 +23,6 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
@@ -82,20 +81,9 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _finish(state: StudyState, layout: StudyLayout) -> None:
-    phase = state.get("phase")
-    if phase == "done":
-        out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
-        return
-    if phase == "stopped":
-        out.print(f"[yellow]study {layout.study_id} stopped[/yellow]: {layout.report_md}")
-        return
-    if phase == "parked":
-        parked = state.get("parked") or {}
-        out.print(f"[yellow]study {layout.study_id} parked[/yellow] in phase {parked.get('phase')}: "
-                  f"{parked.get('reason')}. `researcher resume {layout.study_id}` (or the daemon's next window) "
-                  "continues it.", highlight=False)
-        return
-    _fail(state.get("error") or f"study {layout.study_id} ended in phase {phase}", 3)
+    error = terminal.print_ending(state, layout)
+    if error is not None:
+        _fail(error, 3)
 
 
 @app.command()
@@ -228,29 +216,14 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
     if json_:
         print(json.dumps(rows[0] if study_id else rows, indent=2, default=str))
         return
-    for row in rows:
-        table = Table(title=f"study {row['study_id']}", show_header=False)
-        for key, text in overview.readable(row):
-            table.add_row(key, text)
-        out.print(table)
-        if row.get("placements"):
-            runs_table = Table("run", "status", "placement", "node", "resources", "gpus", "queued")
-            for place in row["placements"]:
-                runs_table.add_row(place["key"], place["status"], place["placement"], place["node"] or "-",
-                                   ", ".join(f"{k} {v:g}" for k, v in place["resources"].items()) or "-",
-                                   ",".join(place["devices"]) or "-", f"{place['queued_s']:.0f} s")
-            out.print(runs_table)
+    terminal.print_status(rows)
 
 
 @app.command("list")
 def list_(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
     """List the studies on disk."""
-    table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
-    for sid in overview.study_ids(studies_dir, artifacts_dir):
-        row = overview.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
-        table.add_row(sid, row["state"], "yes" if row["active"] else "", str(row["iteration"]),
-                      str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
-    out.print(table)
+    terminal.print_study_list([overview.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
+                               for sid in overview.study_ids(studies_dir, artifacts_dir)])
 
 
 @app.command()
