@@ -4,8 +4,8 @@
 Environment read here: RESEARCHER_RAY_ADDRESS (place runs on a Ray cluster, like --ray-address); the
 rest is listed in ``researcher.composition``.
 
-Only the verbs that run a study (start, resume) import ``researcher.study`` and with it the graph;
-status, list, stop and the scheduler verbs read the study's files through ``studystore``.
+Only the verbs that run a study (start, resume) import ``researcher.session`` and with it the
+graph; status, list, stop and the scheduler verbs read the study's files through ``researcher.study.store``.
 ``start`` runs past 60 lines only because typer declares its two dozen flags in its signature.
 """
 
@@ -23,20 +23,20 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from researcher import catalog, datatask, events, flags, overview, scheduler, studystore, terminal
+from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.evidence import run_table
 from researcher.flags import parse_duration
-from researcher.layout import StudyLayout, check_study_id
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
+from researcher.study import store
+from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking import Tracker
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -81,20 +81,9 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _finish(state: StudyState, layout: StudyLayout) -> None:
-    phase = state.get("phase")
-    if phase == "done":
-        out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
-        return
-    if phase == "stopped":
-        out.print(f"[yellow]study {layout.study_id} stopped[/yellow]: {layout.report_md}")
-        return
-    if phase == "parked":
-        parked = state.get("parked") or {}
-        out.print(f"[yellow]study {layout.study_id} parked[/yellow] in phase {parked.get('phase')}: "
-                  f"{parked.get('reason')}. `researcher resume {layout.study_id}` (or the daemon's next window) "
-                  "continues it.", highlight=False)
-        return
-    _fail(state.get("error") or f"study {layout.study_id} ended in phase {phase}", 3)
+    error = terminal.print_ending(state, layout)
+    if error is not None:
+        _fail(error, 3)
 
 
 @app.command()
@@ -140,7 +129,7 @@ def start(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Start a study: frame the topic, plan, run and analyse experiments, and write the report."""
-    from researcher import study
+    from researcher import session
 
     _setup_logging(verbose)
     try:
@@ -175,8 +164,8 @@ def start(
     out.print(f"study [bold]{sid}[/bold] · planner {ctx.planner.name} · deadline "
               f"{dt.datetime.fromtimestamp(deadline):%H:%M:%S} · studies {ctx.layout.study_dir}")
     try:
-        state = study.start(ctx, topic, options, deadline)
-    except (FileExistsError, studystore.StudyBusy) as exc:
+        state = session.start(ctx, topic, options, deadline)
+    except (FileExistsError, store.StudyBusy) as exc:
         _fail(str(exc), 2)
     _finish(state, ctx.layout)
 
@@ -184,18 +173,18 @@ def start(
 def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
                  verbose: bool = False, window_s: float | None = None) -> StudyState:
     """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
-    from researcher import study
+    from researcher import session
 
     settings = build_settings(Path(studies_dir), Path(artifacts_dir))
     check_study_id(study_id)
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    state = studystore.read_state(layout) or {}
+    state = store.read_state(layout) or {}
     options = StudyOptions(**state["options"]) if state.get("options") else None
     if options is not None and options.data is not None:  # the same data, or no resume
         datatask.check_unchanged(options)
         settings = settings.model_copy(update={"examples_root": datatask.root(layout.study_dir)})
     ctx = build_context(settings, study_id, options, printer=terminal.printer() if verbose else None, window_s=window_s)
-    return study.resume(ctx)
+    return session.resume(ctx)
 
 
 @app.command()
@@ -207,7 +196,7 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
     try:
         window_s = parse_duration(window) if window else None
         state = resume_study(study_id, str(studies_dir), str(artifacts_dir), verbose=True, window_s=window_s)
-    except (ValueError, studystore.StudyNotFound, studystore.StudyBusy) as exc:
+    except (ValueError, store.StudyNotFound, store.StudyBusy) as exc:
         _fail(str(exc), 2)
     _finish(state, StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve()))
 
@@ -227,29 +216,14 @@ def status(study_id: Annotated[str | None, typer.Argument()] = None, json_: Anno
     if json_:
         print(json.dumps(rows[0] if study_id else rows, indent=2, default=str))
         return
-    for row in rows:
-        table = Table(title=f"study {row['study_id']}", show_header=False)
-        for key, text in overview.readable(row):
-            table.add_row(key, text)
-        out.print(table)
-        if row.get("placements"):
-            runs_table = Table("run", "status", "placement", "node", "resources", "gpus", "queued")
-            for place in row["placements"]:
-                runs_table.add_row(place["key"], place["status"], place["placement"], place["node"] or "-",
-                                   ", ".join(f"{k} {v:g}" for k, v in place["resources"].items()) or "-",
-                                   ",".join(place["devices"]) or "-", f"{place['queued_s']:.0f} s")
-            out.print(runs_table)
+    terminal.print_status(rows)
 
 
 @app.command("list")
 def list_(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
     """List the studies on disk."""
-    table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
-    for sid in overview.study_ids(studies_dir, artifacts_dir):
-        row = overview.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
-        table.add_row(sid, row["state"], "yes" if row["active"] else "", str(row["iteration"]),
-                      str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
-    out.print(table)
+    terminal.print_study_list([overview.summary(StudyLayout(sid, studies_dir.resolve(), artifacts_dir.resolve()))
+                               for sid in overview.study_ids(studies_dir, artifacts_dir)])
 
 
 @app.command()
@@ -263,7 +237,7 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
         _fail(str(exc), 2)
     if not layout.graph_db.is_file() and not layout.study_toml.is_file():
         _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
-    state = studystore.read_state(layout) or {}
+    state = store.read_state(layout) or {}
     written = run_table.write(layout, (state.get("framing") or {}).get("metric", "train/reward_mean"))
     if mlflow:
         settings = build_settings(studies_dir, artifacts_dir)
@@ -376,8 +350,8 @@ def stop(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir
     layout = StudyLayout(check_study_id(study_id), studies_dir.resolve(), artifacts_dir.resolve())
     if not layout.graph_db.is_file():
         _fail(f"no study {study_id!r} under {artifacts_dir}", 2)
-    studystore.request_stop(layout)
-    if studystore.is_locked(layout):
+    store.request_stop(layout)
+    if store.is_locked(layout):
         out.print(f"stop requested: the researcher running {study_id} will stop its runs and write the report")
         return
     launcher = Launcher(build_settings(studies_dir, artifacts_dir).swarm_command)

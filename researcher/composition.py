@@ -20,7 +20,6 @@ from pathlib import Path
 
 from researcher import catalog, events
 from researcher.context import StudyContext
-from researcher.layout import StudyLayout
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
@@ -28,6 +27,7 @@ from researcher.planner.usage import LLMCall
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 
 Emit = Callable[[str, Mapping[str, object]], None]

@@ -1,6 +1,6 @@
 """What every node needs besides the state: settings, the study's paths and its collaborators.
 
-Built once by the composition root (``researcher.cli`` through ``researcher.study``) and bound to
+Built once by the composition root (``researcher.cli`` through ``researcher.session``) and bound to
 the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher. Building it
 also wires the planner to the tracker: every LLM planner call becomes an MLflow trace on the
 study's iteration run (``researcher.llm_traces``).
@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from researcher.layout import StudyLayout
 from researcher.planner.schema import Planner
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from researcher import catalog
 from researcher.settings import StudyOptions
-from researcher.studyfiles import dumps_toml, write_atomic
+from researcher.study.files import dumps_toml, write_atomic
 
 HELDOUT_FRACTION = 0.1  # without --heldout: this share of the rows, by a stable hash, is never trained
 REWARD_RANGE = (-1.0, 1.0)  # verl's rule-based scorers (gsm8k, MATH: 0/1; DAPO: -1/1)

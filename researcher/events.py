@@ -40,9 +40,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from researcher.layout import StudyLayout
 from researcher.planner.usage import LLMCall
 from researcher.records import JsonObject
+from researcher.study.layout import StudyLayout
 
 log = logging.getLogger(__name__)
 __all__ = ["EventLog", "Follower", "NODE_DOING", "events_path", "llm_call_listener", "read_events", "recorder"]

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from researcher.events import Follower, events_path
-from researcher.layout import StudyLayout, check_study_id
+from researcher.study.layout import StudyLayout, check_study_id
 
 log = logging.getLogger(__name__)
 __all__ = ["ADDRESS_FILE", "TOKEN_FILE", "EventServer", "create_app", "ensure_token"]

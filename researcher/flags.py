@@ -8,8 +8,8 @@ import datetime as dt
 import re
 from typing import Any
 
-from researcher.layout import check_study_id, slugify
 from researcher.settings import StudyOptions
+from researcher.study.layout import check_study_id, slugify
 
 
 def parse_duration(text: str) -> float:

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from researcher.layout import StudyLayout
 from researcher.planner.usage import LLMCall
 from researcher.records import JsonObject
 from researcher.state import StudyState
-from researcher.studystore import read_state
+from researcher.study.layout import StudyLayout
+from researcher.study.store import read_state
 from researcher.tracking import Tracker
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from researcher import scheduler, studyfiles
-from researcher.layout import StudyLayout
+from researcher import scheduler
 from researcher.runs import record as runs
-from researcher.studystore import is_locked, read_state
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
+from researcher.study.store import is_locked, read_state
 
 
 def summary(layout: StudyLayout) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The researcher's typed records: what plan.json, analysis-<i>.json and the graph state hold.
 
-Each file is read into these models once, where it is read (``studyfiles.read_plan``,
+Each file is read into these models once, where it is read (``study.files.read_plan``,
 ``IterationSummary.model_validate`` on the state's summaries), and the code inside passes models.
 They keep the JSON they are read from byte-compatible:
 

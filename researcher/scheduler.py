@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from researcher import studyfiles
-from researcher.layout import StudyLayout
-from researcher.studystore import is_locked, read_state
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
+from researcher.study.store import is_locked, read_state
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""Terminal output of the CLI: one console, wrapped at a terminal's width but never in a pipe, and
-the printer of a study's events."""
+"""Terminal output of the CLI: one console, wrapped at a terminal's width but never in a pipe, the
+printer of a study's events, how a session ended, and the tables of ``researcher status`` and
+``researcher list``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 
 from rich.console import Console
+from rich.table import Table
+
+from researcher import overview
+from researcher.state import StudyState
+from researcher.study.layout import StudyLayout
 
 _PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
 
@@ -54,3 +60,46 @@ def printer() -> Callable[[str, Mapping[str, object]], None]:
             out.print(f"[dim]{stamp}[/dim] [cyan]{event}[/cyan] {details}", highlight=False)
 
     return emit
+
+
+def print_ending(state: StudyState, layout: StudyLayout) -> str | None:
+    """How a session ended (done, stopped, parked), or the error of one that failed (None otherwise)."""
+    phase = state.get("phase")
+    if phase == "done":
+        out.print(f"[green]study {layout.study_id} done[/green]: {layout.report_md}")
+        return None
+    if phase == "stopped":
+        out.print(f"[yellow]study {layout.study_id} stopped[/yellow]: {layout.report_md}")
+        return None
+    if phase == "parked":
+        parked = state.get("parked") or {}
+        out.print(f"[yellow]study {layout.study_id} parked[/yellow] in phase {parked.get('phase')}: "
+                  f"{parked.get('reason')}. `researcher resume {layout.study_id}` (or the daemon's next window) "
+                  "continues it.", highlight=False)
+        return None
+    return state.get("error") or f"study {layout.study_id} ended in phase {phase}"
+
+
+def print_status(rows: list[dict]) -> None:
+    """``researcher status``: each study's summary (``overview.summary``), then its runs' placements."""
+    for row in rows:
+        table = Table(title=f"study {row['study_id']}", show_header=False)
+        for key, text in overview.readable(row):
+            table.add_row(key, text)
+        out.print(table)
+        if row.get("placements"):
+            runs_table = Table("run", "status", "placement", "node", "resources", "gpus", "queued")
+            for place in row["placements"]:
+                runs_table.add_row(place["key"], place["status"], place["placement"], place["node"] or "-",
+                                   ", ".join(f"{k} {v:g}" for k, v in place["resources"].items()) or "-",
+                                   ",".join(place["devices"]) or "-", f"{place['queued_s']:.0f} s")
+            out.print(runs_table)
+
+
+def print_study_list(rows: list[dict]) -> None:
+    """``researcher list``: one line a study (its ``overview.summary``)."""
+    table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
+    for row in rows:
+        table.add_row(row["study_id"], row["state"], "yes" if row["active"] else "", str(row["iteration"]),
+                      str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
+    out.print(table)

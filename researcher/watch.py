@@ -28,9 +28,9 @@ from rich.text import Text
 
 from researcher import overview
 from researcher.events import Follower, events_path
-from researcher.layout import StudyLayout
 from researcher.records import JsonObject
-from researcher.studystore import is_locked
+from researcher.study.layout import StudyLayout
+from researcher.study.store import is_locked
 
 __all__ = ["WatchState", "format_line", "pick_study", "render", "sparkline", "watch"]
 

@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 from researcher.axes import AXES, AXIS_TEXT, AXIS_UNIT, primary_axis  # re-exported for plots and reports
 from researcher.evidence import stats
-from researcher.layout import StudyLayout
-from researcher.runs import record as runs
 from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
                                 PlannedExperiment)
+from researcher.runs import record as runs
+from researcher.study.layout import StudyLayout
 
 OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
 MIN_POINTS = 3

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from researcher import studyfiles
 from researcher.evidence import analysis, stats
-from researcher.layout import StudyLayout
 from researcher.records import IterationPlan, IterationSummary
 from researcher.runs import record as runs
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker, unreachable
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,14 @@ import json
 import shutil
 from pathlib import Path
 
-from researcher import studyfiles
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, plots
-from researcher.layout import StudyLayout
 from researcher.planner.schema import Framing
 from researcher.records import Cell, Comparison, Evidence, IterationSummary
 from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 
 
 def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRun]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import itertools
 
-from researcher import catalog, studyfiles
+from researcher import catalog
 from researcher.context import StudyContext
 from researcher.evidence import verdicts
 from researcher.planner import topic
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.planner.usage import add_usage, new_usage
 from researcher.state import StudyState
+from researcher.study import files as studyfiles
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from researcher import budget, studyfiles
+from researcher import budget
 from researcher.context import StudyContext
 from researcher.runs import record as runs, resources
-from researcher.runs.launcher import LaunchError
+from researcher.runs.processes import LaunchError
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study import files as studyfiles
 
 log = logging.getLogger(__name__)
 # Episodes per client start: a little over what the step budget consumes, so a run left alone (the

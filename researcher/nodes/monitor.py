@@ -32,13 +32,14 @@ from typing import Any
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
-from researcher import budget, studyfiles, watchdogs
+from researcher import budget, watchdogs
 from researcher.context import StudyContext
 from researcher.evidence import analysis
 from researcher.runs import record as runs
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study import files as studyfiles
 
 log = logging.getLogger(__name__)
 _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"}

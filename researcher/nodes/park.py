@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from researcher import studyfiles
 from researcher.context import StudyContext
 from researcher.runs import record as runs
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, sync_trial
+from researcher.study import files as studyfiles
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -18,15 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import factorial
-from researcher.layout import run_key
 from researcher.planner import topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.records import IterationPlan, IterationSummary, JsonObject
 from researcher.state import StudyState, Trial, summaries
+from researcher.study import files as studyfiles
+from researcher.study.layout import run_key
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from researcher import preflight, studyfiles
+from researcher import preflight
 from researcher.context import StudyContext
 from researcher.preflight import Failure
 from researcher.state import StudyState
+from researcher.study import files as studyfiles
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

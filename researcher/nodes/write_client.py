@@ -4,7 +4,7 @@ failed validation, showing the planner the error).
 Every experiment folder is self-contained (``swarm run experiments/<name>/client.py`` reproduces a
 run by hand): its config.toml is the base example's config with the experiment's overrides, and its
 client.py is the planner's client with the experiment's client factor levels written into the
-``FACTORS`` assignment (``studyfiles.set_factors``). A client that cannot take the levels (no FACTORS
+``FACTORS`` assignment (``study.files.set_factors``). A client that cannot take the levels (no FACTORS
 dict, an unknown factor) goes back to the planner's repair step once with the precise message. A
 later iteration whose plan records no ``code_change`` reuses the previous iteration's client without
 asking the planner; one that does gets the previous client as its starting point.
@@ -15,12 +15,13 @@ written or any planner call is made (validate passes a failed study on to the re
 from __future__ import annotations
 
 
-from researcher import budget, catalog, preflight, studyfiles
+from researcher import budget, catalog, preflight
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
 from researcher.records import IterationPlan, JsonObject, PlanFile
 from researcher.state import StudyState, Validation
+from researcher.study import files as studyfiles
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from researcher import studyfiles
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, run_table, verdicts
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
@@ -14,6 +13,7 @@ from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
+from researcher.study import files as studyfiles
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

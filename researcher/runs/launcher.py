@@ -6,13 +6,8 @@ spawn and record cannot lead to a second launch: the recorded port is probed and
 adopted). Servers may also be existing ones given by URL (``external``): those are patched with the
 run's config and never stopped by us.
 
-Credentials: our servers bind loopback without a token, so `swarm serve` generates its control
-token and client token and keeps them in its state dir (``<run dir>/server/token`` and
-``client_token``, 0600), reusing them when it restarts on that dir (a park, a crash). The launcher
-reads them from there when it needs them: the files are the one copy, they survive a researcher
-restart, and no token is ever on a command line or in run.json. The server's environment is ours
-minus tokens and the MLflow URI; study code (`swarm run`) runs boxed (``researcher.sandbox``) with
-only the client token, by environment. External servers get the configured token the same way.
+Credentials (tokens read from the server's state dir, never on a command line) and the processes'
+commands and environment are ``researcher.runs.processes``'s; the smoke run is ``researcher.runs.smoke``'s.
 
 The launcher is the one writer of run.json: the nodes change a run only through its methods
 (register, start, note progress, stop, park, unpark, end), and read a run's logs through it too.
@@ -21,57 +16,29 @@ The launcher is the one writer of run.json: the nodes change a run only through 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import socket
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-from swarm.client import SwarmClient, SwarmError
+from swarm.client import SwarmError
 
 from researcher import procs, sandbox
-from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs import record as runs, resources, smoke, status as run_status
+from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, log_size, tail
+from researcher.runs.processes import STATE_DIR, RunProcesses
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
-from researcher.spool import LOCAL_PREFIX
 
 log = logging.getLogger(__name__)
 
-SERVER_LOG = "server.log"
-_SUMMARY = re.compile(r"finished=(\d+) aborted=(\d+)")
-_ABORTED = re.compile(r"(episode \S+ of task \S+ aborted: .*)")  # the runner's log line of an aborted episode
-CLIENT_LOG = "client.log"
-STATE_DIR = "server"  # the server's state dir inside the run dir
-TOKEN_FILE, CLIENT_TOKEN_FILE = "token", "client_token"  # written there by `swarm serve`
-# Never inherited by a server we start: it must make (or reuse) its own tokens, and the researcher
-# is the one MLflow writer of a run.
-_NOT_FOR_SERVERS = ("SWARM_TOKEN", sandbox.CLIENT_TOKEN_ENV, "MLFLOW_TRACKING_URI")
 
-
-class LaunchError(RuntimeError):
-    """A server did not come up (its log tail is in the message)."""
-
-
-class Launcher:
+class Launcher(RunProcesses):
     """Local placement: runs are processes on this machine; GPUs (if any) are partitioned per run.
 
     The Ray launcher (``researcher.runs.ray_launcher``) keeps this interface and places the processes on a
     cluster instead; the nodes never ask which one they have."""
 
     placement = "local"
-
-    def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
-                 ready_timeout_s: float = 120.0, external_token: str | None = None,
-                 mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None) -> None:
-        self.gpus = list(gpus)  # this machine's GPU ids runs may use (``resources.discover_gpus``)
-        self.artifacts_root = artifacts_root  # where every study's run records are (who holds which GPU)
-        self.swarm_command = list(swarm_command)
-        self.mlflow_uri = mlflow_uri  # handed to our servers, so each run's metrics have one writer
-        self.model = model  # None: the run's config.toml names the model (its `model` key), else swarm's default
-        self.threads = threads
-        self.ready_timeout_s = ready_timeout_s
-        self.external_token = external_token
 
     # ------------------------------------------------------------------ records
 
@@ -176,74 +143,6 @@ class Launcher:
 
     # ------------------------------------------------------------------ servers
 
-    def _server_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_SERVERS}
-        env["OMP_NUM_THREADS"] = str(self.threads)
-        return env
-
-    def _placed_env(self, record: RunRecord) -> dict[str, str]:
-        env = self._server_env()
-        if self.gpus and record.resources:
-            # Its own devices only; "" hides every GPU from a run that asked for none.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(record.devices)
-        return env
-
-    def serve_argv(self, run_dir: Path, config: Path, record: RunRecord) -> list[str]:
-        """The run's `swarm serve` command wherever it is placed (the placement adds where it listens):
-        no step past the run's target (``--max-steps``: the steps in MLflow, run.json and the report
-        are one number)."""
-        state_dir = runs.private_dir(run_dir / STATE_DIR)
-        # The user's `researcher start --model` beats the config's `model`; without it the config decides.
-        model = ["--model", self.model] if self.model is not None else []
-        argv = self.swarm_command + ["serve", *model, "--state-dir", str(state_dir), "--config", str(config),
-                                     "--seed", str(record.seed), "--threads", str(self.threads)]
-        if record.target_step:
-            argv += ["--max-steps", str(record.target_step)]
-        return argv
-
-    def client_argv(self, record: RunRecord) -> list[str]:
-        """The run's `swarm run` command wherever it is placed."""
-        return self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
-                                     "--group-size", str(record.group_size), "--seed", str(record.seed),
-                                     "--concurrency", str(record.concurrency), "--retry-for", "30"]
-
-    def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
-        """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics
-        writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
-        MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
-        argv = self.serve_argv(run_dir, config, record) + ["--host", "127.0.0.1", "--port", str(record.port)]
-        env = self._placed_env(record)
-        run_id = record.mlflow_run_id
-        record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))
-        if record.server_logs_mlflow:
-            env["MLFLOW_TRACKING_URI"] = str(self.mlflow_uri)
-            argv += ["--mlflow-run-id", str(run_id)]
-        return procs.spawn(argv, log_path=run_dir / SERVER_LOG, env=env, cwd=run_dir)
-
-    def control_token(self, record: RunRecord) -> str | None:
-        """The run's control token: the configured one for an external server, else the one our
-        server keeps in its state dir (None until the server has written it)."""
-        if record.external:
-            return self.external_token
-        return _read_token(Path(record.state_dir) / TOKEN_FILE) if record.state_dir else None
-
-    def client_token(self, record: RunRecord) -> str | None:
-        """What study code claims episodes with: our server's client token; an external server's
-        configured token (the only one we know); the control token of a server that wrote no
-        client token (an older swarm), with a warning."""
-        if record.external:
-            return self.external_token
-        token = _read_token(Path(record.state_dir) / CLIENT_TOKEN_FILE) if record.state_dir else None
-        if token is None:
-            log.warning("the server of %s wrote no %s; its client gets the control token", record.key,
-                        CLIENT_TOKEN_FILE)
-            token = self.control_token(record)
-        return token
-
-    def client_for(self, record: RunRecord, timeout: float = 10.0) -> SwarmClient:
-        # "" rather than None: never fall back to a SWARM_TOKEN meant for external servers.
-        return SwarmClient(record.url, token=self.control_token(record) or "", timeout=timeout, retry_for_s=0)
-
     def start_server(self, run_dir: Path, record: RunRecord, config_path: Path) -> RunRecord:
         """Spawn (or adopt) the run's server; idempotent on run.json."""
         if record.external:
@@ -276,17 +175,6 @@ class Launcher:
         runs.save(run_dir, record)
         return record
 
-    def wait_ready(self, run_dir: Path, record: RunRecord) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        with self.client_for(record, timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                if client.health():
-                    return
-                if not record.external and not procs.alive(record.server_pid, record.server_started):
-                    break
-                time.sleep(0.3)
-        raise LaunchError(f"server of {record.key} did not become ready:\n{tail(run_dir / SERVER_LOG)}")
-
     # ------------------------------------------------------------------ clients
 
     def start_client(self, run_dir: Path, record: RunRecord) -> RunRecord:
@@ -313,7 +201,7 @@ class Launcher:
                 output = log_file.read().decode(errors="replace")
         except OSError:
             return False
-        return _SUMMARY.search(output) is not None
+        return SUMMARY.search(output) is not None
 
     # ------------------------------------------------------------------ stopping
 
@@ -406,79 +294,6 @@ class Launcher:
 
     def smoke(self, client_path: Path, config_path: Path, work_dir: Path, *, episodes: int, group_size: int,
               timeout_s: float, server_url: str | None = None, rewards_out: Path | None = None) -> str | None:
-        """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error
-        (its first line the verdict, the client's log tail below).
-
-        The client runs boxed like a training run's (``researcher.sandbox``); on timeout its whole
-        process group is killed. Episodes are claimed a group at a time (concurrency = ``group_size``);
-        with ``rewards_out`` every episode's reward is recorded there (``swarm run --rewards-out``), for
-        the checks of ``researcher.preflight``."""
-        runs.private_dir(work_dir)
-        record = RunRecord(key="smoke", study_id="smoke", iteration=0, trial=0, experiment="smoke", seed=0,
-                           config={}, client=str(client_path), target_step=0, episodes=episodes,
-                           group_size=group_size, external=server_url is not None, url=server_url or "",
-                           state_dir="" if server_url else str(work_dir / STATE_DIR))
-        try:
-            if server_url is None:
-                record.port = procs.free_port()
-                record.url = f"http://127.0.0.1:{record.port}"
-                record.server_pid, record.server_started = self._spawn_server(work_dir, config_path, record)
-            try:
-                self.wait_ready(work_dir, record)
-            except LaunchError as exc:
-                return str(exc)
-            argv = self.swarm_command + ["run", str(client_path), "--server", record.url, "--episodes", str(episodes),
-                                         "--group-size", str(group_size), "--concurrency", str(group_size),
-                                         "--retry-for", "10"]
-            if rewards_out is not None:
-                argv += ["--rewards-out", str(rewards_out)]
-            env = sandbox.study_env(work_dir, client_token=self.client_token(record), threads=self.threads)
-            done = sandbox.run_boxed(argv, env=env, cwd=work_dir, limits=sandbox.Limits.for_episodes(episodes),
-                                     timeout_s=timeout_s)
-            (work_dir / CLIENT_LOG).write_text(done.output)
-            output = done.output
-            if done.timed_out:
-                return (f"the smoke run of {episodes} episodes did not finish within {timeout_s:.0f} s "
-                        f"(its processes were killed):\n{output[-3000:]}")
-            if done.returncode != 0:
-                return f"`swarm run` {done.describe()}: {_last_line(output)}\n{output[-6000:]}"
-            counts = _SUMMARY.search(output)
-            if counts is None:
-                return f"`swarm run` printed no summary line:\n{output[-6000:]}"
-            finished, aborted = int(counts.group(1)), int(counts.group(2))
-            if aborted or not finished:
-                # The runner logs the first aborted episode's traceback: that is what repair needs.
-                first = _ABORTED.search(output)
-                why = f"; the first: {first.group(1).strip()}" if first else ""
-                return f"{aborted} of {finished + aborted} smoke episodes aborted{why}\n{output[-6000:]}"
-            return None
-        finally:
-            if server_url is None:
-                procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
-
-
-def _last_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    return lines[-1].strip()[:300] if lines else "(no output)"
-
-
-def log_size(path: Path) -> int:
-    """A log's size in bytes (0 if it does not exist yet): where the next process's output starts."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _read_token(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {path})"
+        """A smoke run of a client (``researcher.runs.smoke.run``): None if it worked, else the error."""
+        return smoke.run(self, client_path, config_path, work_dir, episodes=episodes, group_size=group_size,
+                         timeout_s=timeout_s, server_url=server_url, rewards_out=rewards_out)

@@ -38,7 +38,9 @@ from typing import Any
 from swarm.client import SwarmClient, SwarmError
 
 from researcher.runs import record as runs, resources, status as run_status
-from researcher.runs.launcher import CLIENT_LOG, STATE_DIR, Launcher, log_size
+from researcher.runs.launcher import Launcher
+from researcher.runs.logs import CLIENT_LOG, log_size
+from researcher.runs.processes import STATE_DIR
 from researcher.runs.ray_entry import ADDRESS_FILE
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus

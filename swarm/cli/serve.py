@@ -109,8 +109,13 @@ def serve(
     else generated there; the worker token (``swarm worker`` processes only) likewise
     ``$SWARM_WORKER_TOKEN``, else ``<state-dir>/worker_token``."""
     flags = ServeFlags(**locals())  # every option above, by name (nothing else is defined yet)
+    _check_or_serve(flags)
+
+
+def _check_or_serve(flags: ServeFlags) -> None:
+    """``--check`` every --config file, or serve with the one given (none: the defaults)."""
     files: list[Path | None] = list(flags.config or []) or [None]
-    if check:
+    if flags.check:
         _check(flags, files)
     if len(files) > 1:
         fail("one --config per server (several only with --check)", 2)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import study
 from researcher.cli import parse_duration
 from researcher.evidence import verdicts
-from researcher.layout import StudyLayout
 from researcher.runs import record as runs
+from researcher.study import store
+from researcher.study.layout import StudyLayout
 from swarm.protocol import StepMetrics
 from evidence_inputs import summarize
 
@@ -98,11 +98,11 @@ def test_second_writer_is_refused_with_a_clear_message(tmp_path: Path) -> None:
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(study.StudyBusy, match="already being run by another researcher process"):
-            with study.study_lock(layout):
+        with pytest.raises(store.StudyBusy, match="already being run by another researcher process"):
+            with store.study_lock(layout):
                 pass
     finally:
         holder.kill()
         holder.wait()
-    with study.study_lock(layout):  # free again once the holder is gone
+    with store.study_lock(layout):  # free again once the holder is gone
         pass

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import catalog, procs, sandbox, studyfiles
+from researcher import catalog, procs, sandbox
 from researcher.context import StudyContext
-from researcher.layout import StudyLayout, check_study_id
 from researcher.nodes import validate, write_client
 from researcher.planner.offline import OfflinePlanner
 from researcher.records import IterationPlan
@@ -29,6 +28,8 @@ from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.sandbox import Limits, check_client
 from researcher.settings import ResearcherSettings
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots, verdicts
-from researcher.layout import StudyLayout
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
@@ -22,6 +21,8 @@ from researcher.records import Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 from swarm.protocol import StepMetrics
 from evidence_inputs import summarize

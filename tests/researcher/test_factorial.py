@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from researcher import catalog, studyfiles
+from researcher import catalog
 from researcher.evidence import factorial, stats, verdicts
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.records import Arm, Evidence, IterationSummary, PlannedExperiment
 from researcher.runs import record as runs
+from researcher.study import files as studyfiles
 from swarm.protocol import StepMetrics
 from swarm.server.settings import ENGINE_KEYS, ServerConfig
 

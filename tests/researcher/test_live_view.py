@@ -22,8 +22,8 @@ import pytest
 from support import wait_for
 
 from researcher.events import EventLog, Follower, llm_call_listener, read_events, recorder
-from researcher.layout import StudyLayout
 from researcher.runs import record as runs
+from researcher.study.layout import StudyLayout
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 _WRITER = """

@@ -17,13 +17,13 @@ import pytest
 from scripted_llm import ScriptedLLM
 
 from researcher.events import read_events
-from researcher.layout import StudyLayout
 from researcher.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing, PlannerError
 from researcher.runs import record as runs
 from researcher.settings import LLMSettings
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[2]

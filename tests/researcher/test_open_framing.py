@@ -18,9 +18,8 @@ from typing import Any
 
 from scripted_llm import ScriptedLLM
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog
 from researcher.context import StudyContext
-from researcher.layout import StudyLayout
 from researcher.nodes import frame_topic, plan_experiments, write_client
 from researcher.planner import topic
 from researcher.planner.llm import LLMPlanner
@@ -31,6 +30,8 @@ from researcher.planner.usage import new_usage
 from researcher.records import IterationPlan
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 from swarm.client import load_study
 

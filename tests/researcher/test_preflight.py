@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from researcher import preflight, studyfiles
+from researcher import preflight
 from researcher.context import StudyContext
-from researcher.layout import StudyLayout
 from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
 from researcher.records import IterationPlan
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 from swarm.client import RewardRecord
 

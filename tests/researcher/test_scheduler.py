@@ -18,8 +18,8 @@ import pytest
 from support import wait_for
 
 from researcher import scheduler
-from researcher.layout import StudyLayout
 from researcher.scheduler import ScheduleSpec
+from researcher.study.layout import StudyLayout
 
 
 def test_spec_validation_refuses_bad_input() -> None:
@@ -145,7 +145,7 @@ def test_at_a_date_time_schedules_one_resume_at_that_time(cli) -> None:
 
     # A spent one-shot left in a schedule file (it fired; the daemon's store dropped it) is never re-added.
     from researcher.daemon import sync_jobs
-    from researcher.layout import StudyLayout
+    from researcher.study.layout import StudyLayout
 
     scheduler.write_schedule(StudyLayout("spent", studies, artifacts), ScheduleSpec(window_s=60, at=past))
     with scheduler.open_store(artifacts) as store:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from researcher import studyfiles
 from researcher.sandbox import check_client
+from researcher.study import files as studyfiles
 from swarm.client import load_study, probe_study
 
 CLIENTS = Path(__file__).parent / "clients"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from researcher.layout import StudyLayout
 from researcher.overview import describe_runs
 from researcher.runs import record as runs
+from researcher.study.layout import StudyLayout
 
 SID = "words"
 TOPIC = "Does a larger group size help the letters task learn faster " + "under a tight wall-clock budget " * 6

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 from scripted_llm import ScriptedLLM
 
-from researcher import budget, catalog, studyfiles
+from researcher import budget, catalog
 from researcher.context import StudyContext
-from researcher.layout import StudyLayout
 from researcher.nodes import plan_experiments
 from researcher.planner import topic
 from researcher.planner.llm import LLMPlanner
@@ -29,6 +28,8 @@ from researcher.planner.schema import Framing, Plan, Reply
 from researcher.planner.usage import new_usage
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from support import free_port, wait_for
 
-from researcher import study, watchdogs
+from researcher import session, watchdogs
 from researcher.composition import build_context, build_settings
 from researcher.planner.llm import LLMPlanner, is_transient
 from researcher.planner.prompts import PromptLibrary
@@ -83,7 +83,7 @@ def test_disk_threshold_above_free_space_parks_with_a_clear_log_line(tmp_path: P
     assert watchdogs.disk_low(tmp_path, options.min_free_disk_mb)
     assert watchdogs.disk_low(tmp_path, 1.0) is None
     ctx = build_context(settings, "full-disk", options)
-    state = study.start(ctx, TOPIC, options, time.time() + 600)
+    state = session.start(ctx, TOPIC, options, time.time() + 600)
     assert state["phase"] == "parked" and state["parked"]["phase"] == "planning"
     assert "disk almost full" in state["parked"]["reason"]
     log_md = (tmp_path / "studies" / "full-disk" / "LOG.md").read_text()

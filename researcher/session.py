@@ -1,10 +1,10 @@
-"""Run a study's graph: start a new one or resume one, under the study's one-writer file lock.
+"""A study session: start a study's graph or resume it, under the study's one-writer file lock.
 
 The graph is checkpointed to ``artifacts/<id>/graph.db`` (SQLite, ``durability="sync"`` so a hard
 kill loses no finished node) with thread id = study id. Resume re-enters the graph with
 ``invoke(None)``, after closing the MLflow runs a crash left RUNNING that nothing re-attaches to.
-The lock, the read-only state and the stop request live in ``studystore`` (which loads no graph)
-and are re-exported here.
+The lock, the read-only state and the stop request live in ``researcher.study.store`` (which loads
+no graph, for the readers that must not).
 """
 
 from __future__ import annotations
@@ -13,19 +13,17 @@ import logging
 import os
 import time
 
-from researcher import budget, studyfiles
+from researcher import budget
 from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
-from researcher.studystore import (StudyBusy, StudyNotFound, checkpointer, config_for, read_state, request_stop,
-                                   study_lock)
+from researcher.study import files as studyfiles
+from researcher.study.store import StudyNotFound, checkpointer, config_for, read_state, study_lock
 
 log = logging.getLogger(__name__)
-__all__ = ["StudyBusy", "StudyNotFound", "initial_state", "read_state", "request_stop", "resume", "start",
-           "study_lock"]
 
 
 def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from researcher.layout import StudyLayout
 from researcher.records import IterationPlan, JsonObject, PlanFile
+from researcher.study.layout import StudyLayout
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _CONFIG_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")  # the server's config keys: lowercase snake_case

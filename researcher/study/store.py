@@ -2,7 +2,7 @@
 (read-only), the one-writer lock and the stop request.
 
 ``researcher status``, the scheduler and the daemon only read a phase or test a lock; importing
-this module loads the SQLite checkpointer, never LangGraph's graph runtime (``researcher.study``
+this module loads the SQLite checkpointer, never LangGraph's graph runtime (``researcher.session``
 does that when a session actually runs the graph).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 from filelock import FileLock, Timeout
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from researcher.layout import StudyLayout
 from researcher.state import StudyState
+from researcher.study.layout import StudyLayout
 
 RECURSION_LIMIT = 100_000  # monitor/launch loops are long; the budget, not the step count, bounds a study
 
