@@ -1,4 +1,4 @@
-"""Test-wide environment: offline, no telemetry, and loopback-only helpers."""
+"""Test-wide environment: offline, no telemetry (the shared helpers are in ``support``)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,12 @@ import os
 
 import pytest
 
-from support import ports
-
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-@pytest.fixture
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return ports.free_port()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The shared test helpers (tests/support): what a failed wait says, and a free port."""
+"""The shared test helpers (tests/support): what a failed wait says, a free port, and the process harness."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import free_port, wait_for
+from support import ManagedProcess, ServeProcess, free_port, wait_for
 
 
 def test_wait_for_returns_the_first_truthy_value() -> None:
@@ -37,3 +37,38 @@ def test_a_wait_on_a_process_ends_when_it_exits_and_shows_its_log(tmp_path: Path
 def test_free_port_is_bindable_on_loopback() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", free_port()))
+
+
+def test_a_managed_process_logs_stops_and_kills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWARM_TOKEN", "from-the-shell")  # never handed on: a process gets its credentials by argument
+    code = ("import os, signal, sys, time; print('token', os.environ.get('SWARM_TOKEN'), os.environ['EXTRA'], "
+            "flush=True); signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); time.sleep(60)")
+    proc = ManagedProcess(tmp_path / "p.log").launch([sys.executable, "-c", code], env={"EXTRA": "given"})
+    wait_for(lambda: "token" in proc.log(), 30, proc=proc.process, log=proc.log_path)
+    assert proc.alive() and proc.log().strip() == "token None given"
+    proc.stop()  # SIGTERM: a clean end
+    assert not proc.alive() and proc.process is not None and proc.process.returncode == 7
+    stubborn = ManagedProcess(tmp_path / "s.log").launch(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', "
+         "flush=True); time.sleep(60)"])
+    wait_for(lambda: "up" in stubborn.log(), 30, proc=stubborn.process)
+    stubborn.stop(grace_s=0.5)  # ignores SIGTERM: SIGKILLed after the grace period
+    assert stubborn.process is not None and stubborn.process.returncode == -9
+    stubborn.kill()  # a no-op once it is gone
+
+
+def test_a_refused_start_returns_its_exit_code_and_a_hung_one_fails(tmp_path: Path) -> None:
+    quits = ManagedProcess(tmp_path / "q.log").launch([sys.executable, "-c", "print('no'); raise SystemExit(2)"])
+    assert quits.wait_exit(30) == 2 and quits.log() == "no\n"
+    hangs = ManagedProcess(tmp_path / "h.log").launch([sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(pytest.fail.Exception, match=r"waited 0\.2 s for it to give up, in vain"):
+        hangs.wait_exit(0.2, what="it to give up")
+    assert not hangs.alive()  # killed, not left behind
+
+
+def test_a_serve_process_passes_its_settings_as_arguments(tmp_path: Path) -> None:
+    server = ServeProcess(port=1234, state_dir=tmp_path / "s", config=tmp_path / "c.toml", given_token="t",
+                          extra_args=("--threads", "1"))
+    assert server.args()[3:] == ["serve", "--port", "1234", "--state-dir", str(tmp_path / "s"), "--model", "tiny",
+                                 "--token", "t", "--config", str(tmp_path / "c.toml"), "--threads", "1"]
+    assert server.log_path == tmp_path / "s" / "serve.log" and server.url == "http://127.0.0.1:1234"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import free_port
 from tiny_swarm import tiny_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,8 +67,8 @@ def no_leftover_servers() -> Callable[[Path], None]:
 
 
 @pytest.fixture
-def swarm_server(tmp_path: Path, free_port: int) -> Iterator[tuple[str, str]]:
+def swarm_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A real `swarm serve --model tiny` on loopback (an "existing server" for --server); (url, token)."""
     token = "test-control-token"
-    with tiny_server(tmp_path, free_port, REPO / "studies" / "examples" / "letters" / "config.toml", token) as url:
+    with tiny_server(tmp_path, free_port(), REPO / "studies" / "examples" / "letters" / "config.toml", token) as url:
         yield url, token

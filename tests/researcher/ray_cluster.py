@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import free_port
+from support import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(REPO / ".venv" / "bin" / "ray") if (REPO / ".venv" / "bin" / "ray").exists() else shutil.which("ray") or "ray"
@@ -69,15 +69,13 @@ class Cluster:
     def wait_nodes(self, count: int, timeout: float = 90) -> None:
         from ray.util.state import list_nodes
 
-        deadline = time.monotonic() + timeout
-        while True:
+        def alive() -> bool:
             try:
-                if len(list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")])) >= count:
-                    return
+                return len(list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")])) >= count
             except Exception:  # noqa: BLE001 - the dashboard is still starting
-                pass
-            assert time.monotonic() < deadline, self.logs()
-            time.sleep(1)
+                return False
+
+        wait_for(alive, timeout, what=lambda: f"{count} live Ray nodes\n{self.logs()}", interval=1)
 
     def node_names(self) -> dict[str, str]:
         """Ray node id -> our name (node_a / node_b), by each node's custom resource."""

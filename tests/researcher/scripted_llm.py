@@ -34,6 +34,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from support import wait_for
 
 Answer = Any  # str (the message text), any other JSON value (its JSON text), or Callable[[dict], str | JSON]
 Script = Mapping[str, Sequence[Answer] | Callable[[dict[str, Any]], Any]] | Callable[[dict[str, Any]], Any]
@@ -129,13 +130,15 @@ class ScriptedLLM:
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.__exit__(None, None, None)
-                sock.close()
-                raise RuntimeError(f"the scripted LLM server did not start within {START_TIMEOUT_S:.0f} s")
-            time.sleep(0.02)
+        try:
+            wait_for(lambda: self._server.started or not self._thread.is_alive(), START_TIMEOUT_S,
+                     what="the scripted LLM server to start", interval=0.02)
+            if not self._server.started:
+                raise RuntimeError("the scripted LLM server's thread ended before it started")
+        except BaseException:
+            self.__exit__(None, None, None)
+            sock.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import free_port, wait_for
 
 from researcher.runs import record as runs
 
@@ -34,7 +34,7 @@ def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.Run
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path, free_port: int,
+def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path,
                                                                no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "crash-study"
     runs_dir = cli.artifacts / sid / "runs"
@@ -125,7 +125,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view), and
     # the real MLflow UI it starts serves the review: driven through its REST API and, where
     # Debian's Chromium is installed, rendered headless.
-    ui = subprocess.Popen(cli.argv("ui", sid, "--port", str(free_port), "--artifacts-dir", str(cli.artifacts)),
+    ui = subprocess.Popen(cli.argv("ui", sid, "--port", str(free_port()), "--artifacts-dir", str(cli.artifacts)),
                           env=cli.env, cwd=cli.cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         link = ui.stdout.readline()

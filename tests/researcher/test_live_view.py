@@ -124,10 +124,6 @@ def _sse(response: httpx.Response) -> Iterator[dict]:
             fields[name] = value.lstrip(" ")
 
 
-def _wait(check: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
-    return wait_for(check, timeout, what=what, proc=proc, interval=0.2)
-
-
 @pytest.mark.slow
 def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
                                                        no_leftover_servers: Callable[[Path], None]) -> None:
@@ -141,7 +137,7 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
                           "--seeds", "1", "--parallel", "2", "--max-iterations", "1", *cli.dirs,
                           log=tmp_path / "start.log")
         procs.append(study)
-        _wait(events_file.exists, 60, "the study's first event", study)
+        wait_for(events_file.exists, 60, what="the study's first event", proc=study, interval=0.2)
         watcher = subprocess.Popen(cli.argv("watch", sid, *cli.dirs), env=cli.env, cwd=cli.cwd, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         procs.append(watcher)
@@ -151,7 +147,7 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
 
         # The daemon's SSE: token from its 0600 file, address from daemon.json.
         address = cli.artifacts / "daemon.json"
-        _wait(address.exists, 60, "the daemon's events server", daemon)
+        wait_for(address.exists, 60, what="the daemon's events server", proc=daemon, interval=0.2)
         url = json.loads(address.read_text())["url"]
         token_file = cli.artifacts / "daemon.token"
         assert token_file.stat().st_mode & 0o777 == 0o600
@@ -168,7 +164,8 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
                     break  # disconnect mid-study
 
         # A run's launch shows in `researcher watch` within 5 s of its server being started.
-        launched = _wait(lambda: [(t, line) for t, line in seen if " launched " in line], 120, "a launched run", study)
+        launched = wait_for(lambda: [(t, line) for t, line in seen if " launched " in line], 120, what="a launched run",
+                            proc=study, interval=0.2)
         for t_seen, line in launched:
             key = line.split("key=")[1].split()[0]
             _, iteration, trial = key.split("/")
@@ -176,7 +173,8 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
             assert t_seen - record.started_at < 5, (t_seen - record.started_at, line)
 
         # SIGKILL the researcher while its runs train, then resume it to the end.
-        _wait(lambda: any(e["kind"] == "progress" for e in read_events(events_file)), 120, "a training step", study)
+        wait_for(lambda: any(e["kind"] == "progress" for e in read_events(events_file)), 120, what="a training step",
+                 proc=study, interval=0.2)
         os.kill(study.pid, signal.SIGKILL)
         study.wait()
         before = read_events(events_file)[-1]["id"]
@@ -208,7 +206,8 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
 
         # The watcher, started before the kill, saw the resumed session too; `--once` draws the view
         # (the study picked by default: the only one).
-        _wait(lambda: any("session action=resume" in line for _, line in seen), 10, "the resumed session in watch")
+        wait_for(lambda: any("session action=resume" in line for _, line in seen), 10,
+                 what="the resumed session in watch", interval=0.2)
         view = cli.run("watch", "--once", *cli.dirs, timeout=60)
         assert view.returncode == 0, view.stdout + view.stderr
         assert sid in view.stdout and f"{sid}/1/0" in view.stdout and "finished" in view.stdout

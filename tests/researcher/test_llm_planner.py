@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from scripted_llm import ScriptedLLM
+from support import free_port
 
 from researcher.events import read_events
 from researcher.llm_traces import RUN_LINK_TAG, PlannerTraces
@@ -77,11 +78,11 @@ def test_structured_outputs_path_needs_one_call(structured: tuple[ScriptedLLM, s
 
 
 def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[ScriptedLLM, str], tmp_path: Path,
-                                                         free_port: int, monkeypatch: pytest.MonkeyPatch,
+                                                         monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     script, url = structured
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as the researcher CLI bounds it, but tighter
-    dead = Tracker(f"http://127.0.0.1:{free_port}", tmp_path / "mlartifacts")  # nothing listens on that port
+    dead = Tracker(f"http://127.0.0.1:{free_port()}", tmp_path / "mlartifacts")  # nothing listens on that port
     planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
     planner.add_listener(PlannerTraces(dead, StudyLayout("s", tmp_path / "studies", tmp_path / "artifacts")).record)
     with caplog.at_level("WARNING", logger="researcher.llm_traces"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from scripted_llm import ScriptedLLM
+from support import free_port
 from tiny_swarm import tiny_server
 
 from researcher.runs import record as runs
@@ -65,7 +66,7 @@ VOWELS_PLAN = {
 
 @pytest.mark.slow
 def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by_hand(
-        cli, tmp_path: Path, free_port: int, no_leftover_servers) -> None:
+        cli, tmp_path: Path, no_leftover_servers) -> None:
     script = {"frame the research topic": [VOWELS_FRAMING], "plan the experiments": [VOWELS_PLAN],
               # First a reward that is constant on the untrained model (it never answers exactly the count: 0
               # everywhere), then one outside its declared range (a percentage), then the partial credit.
@@ -104,7 +105,7 @@ def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by
     folder = study / "experiments" / "it1-tool-off"
     assert 'FACTORS = {"tool": False}' in (folder / "client.py").read_text() or \
         "FACTORS = {'tool': False}" in (folder / "client.py").read_text()
-    _reproduce_by_hand(folder, tmp_path, free_port)
+    _reproduce_by_hand(folder, tmp_path, free_port())
     no_leftover_servers(cli.artifacts / sid / "runs")
 
 

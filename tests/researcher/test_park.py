@@ -4,10 +4,10 @@ checkpoint (a real `swarm serve` + `swarm run` with the tiny model), not retrain
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from researcher import procs
 from researcher.runs import record as runs
@@ -36,10 +36,7 @@ def test_parked_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     try:
         launcher.wait_ready(run_dir, record)
         record = launcher.start_client(run_dir, record)
-        deadline = time.monotonic() + 120
-        while _step(launcher, record) < 3:
-            assert time.monotonic() < deadline, (run_dir / "client.log").read_text()[-2000:]
-            time.sleep(0.3)
+        wait_for(lambda: _step(launcher, record) >= 3, 120, what="step 3", interval=0.3, log=run_dir / "client.log")
         server_pid, server_started = record.server_pid, record.server_started
         client_pid, client_started = record.client_pid, record.client_started
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ray_cluster import Cluster, two_node_cluster
+from support import wait_for
 
 from researcher.runs import record as runs
 
@@ -52,12 +52,12 @@ def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path) -> None
                      *cli.dirs, log=tmp_path / "start.log")
     nodes_seen: set[str] = set()
     try:
-        deadline = time.monotonic() + 400
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, (tmp_path / "start.log").read_text()[-3000:]
+        def ended() -> bool:  # noting meanwhile where the runs were placed
             if runs_dir.is_dir():
-                nodes_seen |= {p["node"] for p in _placements(cli, sid) if p["node"]}
-            time.sleep(2)
+                nodes_seen.update(p["node"] for p in _placements(cli, sid) if p["node"])
+            return proc.poll() is not None
+
+        wait_for(ended, 400, what="the study to end", interval=2, log=tmp_path / "start.log")
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -102,13 +102,9 @@ def test_node_death_and_researcher_sigkill_on_ray(cli, cluster: Cluster, tmp_pat
                      *cli.dirs, log=tmp_path / "start.log")
     try:
         # The researcher is SIGKILLed once both nodes train a run.
-        deadline = time.monotonic() + 400
-        while True:
-            placed = {names.get(r.node) for r in runs.all_records(runs_dir) if r.node and r.last_step >= 2}
-            if {"node_a", "node_b"} <= placed:
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "start.log").read_text()[-3000:]
-            time.sleep(1)
+        wait_for(lambda: {"node_a", "node_b"} <= {names.get(r.node) for r in runs.all_records(runs_dir)
+                                                   if r.node and r.last_step >= 2},
+                 400, what="a run training on each node", interval=1, proc=proc, log=tmp_path / "start.log")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -117,10 +113,8 @@ def test_node_death_and_researcher_sigkill_on_ray(cli, cluster: Cluster, tmp_pat
     resumed = cli.popen("resume", sid, *cli.dirs, log=tmp_path / "resume.log")
     log_md = cli.studies / sid / "LOG.md"
     try:
-        deadline = time.monotonic() + 120
-        while "Resumed (phase running" not in log_md.read_text():
-            assert resumed.poll() is None and time.monotonic() < deadline, (tmp_path / "resume.log").read_text()
-            time.sleep(0.5)
+        wait_for(lambda: "Resumed (phase running" in log_md.read_text(), 120, what="the resumed study in LOG.md",
+                 interval=0.5, proc=resumed, log=tmp_path / "resume.log")
         victims = [r.key for r in runs.all_records(runs_dir) if names.get(r.node) == "node_b" and not r.ended]
         assert victims, "the run on node_b ended before its node could be killed"
         cluster.kill_node("b")

@@ -102,7 +102,11 @@ def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_pa
         wait_for(lambda: len(_executions(artifacts)) >= len(first) + 1, 40, what="the missed session",
                  proc=daemon, log=log2, interval=0.2)
         restarted_at = dt.datetime.now().astimezone()
-        time.sleep(1.5)  # too short for a regular 3 s tick to have been due again after the catch-up
+        # A regular tick after the catch-up has run: missed times run once each (not coalesced) would
+        # have run before it, so their rows are in the history by now.
+        wait_for(lambda: any(dt.datetime.fromisoformat(row["scheduled_for"]) >= restarted_at
+                             for row in _executions(artifacts)[len(first):]), 40,
+                 what="a regular tick after the catch-up", proc=daemon, log=log2, interval=0.2)
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=30) == 0, log2.read_text()[-2000:]

@@ -4,11 +4,11 @@ stopped, the study still writes its report, and the existing server is left runn
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from support import wait_for
 
 from researcher.runs import record as runs
 
@@ -23,10 +23,8 @@ def test_stop_on_existing_server_ends_runs_and_writes_report(cli, swarm_server: 
                      "--server", url, "--steps-per-run", "1000", "--seeds", "1", "--max-runs", "2", *cli.dirs,
                      log=tmp_path / "start.log")
     try:
-        deadline = time.monotonic() + 240
-        while not any(r.last_step >= 1 for r in runs.all_records(runs_dir)):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "start.log").read_text()[-2000:]
-            time.sleep(0.3)
+        wait_for(lambda: any(r.last_step >= 1 for r in runs.all_records(runs_dir)), 240, what="a run's first step",
+                 interval=0.3, proc=proc, log=tmp_path / "start.log")
         stopped = cli.run("stop", sid, *cli.dirs)
         assert stopped.returncode == 0 and "stop requested" in stopped.stdout
         assert proc.wait(timeout=120) == 0, (tmp_path / "start.log").read_text()[-2000:]

@@ -1,4 +1,5 @@
-"""What the tests share: one free port, one condition poller, one ``swarm serve`` process.
+"""What the tests share: one free port, one condition poller, one harness for the processes a test
+starts (``swarm serve``, ``swarm worker``, a script of its own).
 
 Imported as ``support``: pytest puts ``tests/`` on ``sys.path`` when it loads ``tests/conftest.py``
 (the default "prepend" import mode), as it does for every test; a script run by hand (``tests/bench``)
@@ -7,7 +8,7 @@ would shadow ours.
 """
 
 from support.ports import free_port
-from support.serve import ROOT, SWARM, ServeProcess, study_run
+from support.serve import ROOT, SWARM, ManagedProcess, ServeProcess, WorkerProcess, study_run
 from support.waiting import wait_for
 
-__all__ = ["ROOT", "SWARM", "ServeProcess", "free_port", "study_run", "wait_for"]
+__all__ = ["ROOT", "SWARM", "ManagedProcess", "ServeProcess", "WorkerProcess", "free_port", "study_run", "wait_for"]

@@ -177,7 +177,7 @@ def test_an_unreachable_mlflow_is_spooled_and_replayed_when_a_server_starts_ther
     assert "reachable again" in server.log()
 
 
-def test_a_server_that_cannot_start_ends_its_run_failed_with_the_reason(tmp_path: Path, free_port: int) -> None:
+def test_a_server_that_cannot_start_ends_its_run_failed_with_the_reason(tmp_path: Path) -> None:
     """In process: the app of `swarm serve --engine vllm --vllm-url <nothing there>` fails in its start-up."""
     from fastapi.testclient import TestClient
     from mlflow.tracking import MlflowClient
@@ -191,7 +191,7 @@ def test_a_server_that_cannot_start_ends_its_run_failed_with_the_reason(tmp_path
     _create_tables(db)  # a stop waits 10 s at most for MLflow: on a busy machine a new store can take longer
     settings = ServerSettings(model="tiny", engine="vllm", state_dir=tmp_path / "state", token="t" * 32,
                               mlflow_uri=f"sqlite:///{db}", mlflow_experiment="failed")
-    generator = VllmGenerator.attach(f"http://127.0.0.1:{free_port}", resolve_model_folder("tiny"),
+    generator = VllmGenerator.attach(f"http://127.0.0.1:{free_port()}", resolve_model_folder("tiny"),
                                      settings.state_dir, model_name="tiny", start_timeout=0.5)
     app = create_app(settings, load_backend("tiny", settings.config), generator=generator)
     with pytest.raises(VllmStartError), TestClient(app):

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import free_port, wait_for
 
 from swarm.protocol import StepMetrics
 from swarm.tracking import MlflowRunWriter
@@ -129,12 +129,12 @@ def test_a_given_run_id_is_written_into_its_own_params_kept_and_refusals_logged(
     assert "Traceback" not in caplog.text
 
 
-def test_an_unreachable_store_costs_the_caller_nothing(free_port: int, tmp_path: Path) -> None:
+def test_an_unreachable_store_costs_the_caller_nothing(tmp_path: Path) -> None:
     """MLflow's client retries a dead server for minutes by default; the writer's owner never waits."""
     steps = Steps()
     steps.add(1, **{"train/reward_mean": 0.5})
     started = time.monotonic()
-    writer = MlflowRunWriter(f"http://127.0.0.1:{free_port}", steps, cursor_path=tmp_path / "mlflow.json",
+    writer = MlflowRunWriter(f"http://127.0.0.1:{free_port()}", steps, cursor_path=tmp_path / "mlflow.json",
                              flush_every_s=0.05)
     writer.set_tag("checkpoint/latest", "/ckpt")
     assert time.monotonic() - started < 0.5

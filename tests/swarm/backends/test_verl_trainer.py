@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import wait_for
 
 from swarm.backends.base import TrainConfig, TrainSample
 
@@ -251,11 +252,9 @@ def test_no_ray_process_outlives_a_sigkilled_server(tiny_dir: Path) -> None:
         assert any("SwarmTrainingWorker" in " ".join(p.cmdline()) or p.name().startswith("ray::") for p in ray_procs)
         child.send_signal(signal.SIGKILL)
         child.wait(10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p.pid) for p in ray_procs):
-            time.sleep(0.5)
-        left = [(p.pid, p.name()) for p in ray_procs if _alive(p.pid)]
-        assert not left, f"Ray processes survived the killed server: {left}"
+        wait_for(lambda: not any(_alive(p.pid) for p in ray_procs), 30, interval=0.5,
+                 what=lambda: "the Ray processes to end with the killed server (survivors: "
+                              f"{[(p.pid, p.name()) for p in ray_procs if _alive(p.pid)]})")
     finally:
         if child.poll() is None:
             child.kill()

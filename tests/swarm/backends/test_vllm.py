@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
 from swarm.backends.vllm import (
@@ -382,10 +383,8 @@ def test_child_dies_with_a_killed_server(tiny_dir: Path, tmp_path: Path) -> None
         assert _group_alive(vllm_pid)
         server.kill()
         server.wait()
-        deadline = time.monotonic() + 30
-        while _group_alive(vllm_pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _group_alive(vllm_pid)
+        wait_for(lambda: not _group_alive(vllm_pid), 30, what="the vLLM process group to die with the server",
+                 interval=0.2)
     finally:
         server.kill()
         server.wait()

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from support import ServeProcess
+from support import ServeProcess, wait_for
 
 from swarm.client import EpisodeHandle, SwarmClient, SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.protocol import EpisodeState, ServerState
@@ -56,7 +56,17 @@ def test_nan_reward_is_refused_before_sending_and_episode_still_ends(client: Swa
 
 def test_heartbeats_keep_a_short_lease_alive(client: SwarmClient) -> None:
     with client.episode("t-lease", lease_s=1.0) as ep:
-        time.sleep(2.5)  # > 2 leases: only the background heartbeats keep it claimed
+        first_expiry = client.episode_status(ep.episode_id).lease_expires_at
+        assert first_expiry is not None
+        control = client.claim("t-lease-control", lease_s=1.0)  # claimed later, with the same lease...
+        control.close()  # ...and no heartbeats
+        # The server has expired the control, whose lease ran out after ep's first one would have...
+        wait_for(lambda: client.episode_status(control.episode_id).state is not EpisodeState.claimed, 20,
+                 what="the server to expire an episode without heartbeats")
+        # ...and ep has lived > 2 leases: only the background heartbeats keep it claimed.
+        wait_for(lambda: (s := client.episode_status(ep.episode_id)).state is not EpisodeState.claimed
+                 or (s.lease_expires_at or 0.0) >= first_expiry + 2.0, 20, what="two lease renewals by heartbeats")
+        assert client.episode_status(control.episode_id).state is EpisodeState.expired
         assert client.episode_status(ep.episode_id).state is EpisodeState.claimed
         ep.finish(1.0)
 
@@ -64,9 +74,7 @@ def test_heartbeats_keep_a_short_lease_alive(client: SwarmClient) -> None:
 def test_without_heartbeats_the_lease_expires_and_finish_is_refused(client: SwarmClient) -> None:
     ep = client.claim("t-expire", lease_s=1.0)
     ep.close()  # stops heartbeats, leaves the episode claimed
-    deadline = time.monotonic() + 10
-    while client.episode_status(ep.episode_id).state is EpisodeState.claimed and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: client.episode_status(ep.episode_id).state is not EpisodeState.claimed, 10, interval=0.2)
     assert client.episode_status(ep.episode_id).state is EpisodeState.expired
     with pytest.raises(SwarmHTTPError) as info:
         ep.finish(1.0)

@@ -15,10 +15,8 @@ A config naming a knob verl cannot honour fails at start, naming it, before Ray 
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 import openai
 import psutil
 import pytest
-from support import ROOT, SWARM, ServeProcess, free_port, wait_for
+from support import ServeProcess, free_port, wait_for
 
 from swarm.client import SwarmClient, SwarmHTTPError
 from swarm.server.store import EpisodeStore
@@ -133,10 +131,9 @@ def test_sigkill_leaves_no_ray_process_and_a_restart_loses_and_repeats_no_episod
         killed = time.monotonic()
         first.process.send_signal(signal.SIGKILL)  # a crash: no shutdown hook runs
         first.process.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while (left := _survivors(started, session)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not left, f"processes of the killed server still run: {_describe(left)}"
+        wait_for(lambda: not _survivors(started, session), 20, interval=0.5,
+                 what=lambda: f"the killed server's processes to end (still running: "
+                              f"{_describe(_survivors(started, session))})")
         gone_s = time.monotonic() - killed
 
         begin = time.monotonic()
@@ -188,21 +185,15 @@ def test_an_unsupported_knob_fails_at_start_naming_it(tmp_path: Path) -> None:
     # Every TrainConfig knob is honoured (knobs.HONOURED); "full" KL needs whole distributions,
     # which verl's loss does not get here, so it is the value refused.
     (tmp_path / "config.toml").write_text('kl_coef = 0.1\nkl_penalty = "full"\n')
-    state = tmp_path / "state"
+    server = ServeProcess(port=free_port(), state_dir=tmp_path / "state", config=tmp_path / "config.toml",
+                          extra_args=VERL)
     begin = time.monotonic()
-    with subprocess.Popen([*SWARM, "serve", "--model", "tiny", "--port", str(free_port()), "--state-dir", str(state),
-                           "--config", str(tmp_path / "config.toml"), *VERL],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}) as proc:
-        try:
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
+    returncode = server.run_refused(timeout_s=120)
     elapsed = time.monotonic() - begin
-    output = " ".join(out.split())  # rich wraps long lines
-    assert proc.returncode == 2, output[-2000:]
+    output = " ".join(server.log().split())  # rich wraps long lines
+    assert returncode == 2, output[-2000:]
     assert "kl_penalty 'full' is not supported by the verl trainer" in output, output[-2000:]
     # Refused before Ray: no Ray session was named after the server's pid, none was logged.
-    assert not list(Path("/tmp/ray").glob(f"session_*_{proc.pid}")), output[-2000:]
+    assert not list(Path("/tmp/ray").glob(f"session_*_{server.process.pid}")), output[-2000:]
     assert "Ray started" not in output and "verl trainer:" not in output, output[-2000:]
     assert elapsed < 90, f"took {elapsed:.0f} s to refuse"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -212,13 +211,18 @@ def test_sigkill_of_the_vllm_child_recovers_and_loses_no_episode(vllm_server: Se
         after = client.claim("crash", group_id="crash")
         http = httpx.Client(base_url=vllm_server.url, headers={"Authorization": f"Bearer {after.api_key}"}, timeout=120)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        outage = None
-        deadline = time.monotonic() + 240
-        while (response := http.post("/v1/chat/completions", json=body)).status_code == 503:
-            outage = outage or response
-            assert time.monotonic() < deadline, "vLLM did not come back"
-            time.sleep(1.0)
+        outages: list[httpx.Response] = []
+
+        def answered() -> httpx.Response | None:
+            response = http.post("/v1/chat/completions", json=body)
+            if response.status_code == 503:
+                outages.append(response)
+                return None
+            return response
+
+        response = wait_for(answered, 240, what="vLLM to come back", interval=1.0)
         assert response.status_code == 200, response.text
+        outage = outages[0] if outages else None
         assert outage is not None and outage.json()["error"]["retry_after"] > 0
         step = client.status().step
         after.finish(reward=0.0)

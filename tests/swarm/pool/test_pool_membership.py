@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_harness import RunningServer, launch  # noqa: E402
@@ -95,8 +95,8 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
             shown.stdout
         assert http.delete(f"/api/v1/workers/{joined.worker_id}").json() == {"ok": True}
         assert _member(server, joined.worker_id)["state"] == "draining"
-        time.sleep(1.6)  # its lease (1 s) runs out: the sweeper drops it
-        assert _member(server, joined.worker_id)["state"] == "dropped"
+        # its lease (1 s) runs out: the sweeper drops it
+        wait_for(lambda: _member(server, joined.worker_id)["state"] == "dropped", 20, interval=0.1)
         gone = http.post(beat, json={"version": 0})
         assert gone.status_code == 404 and "join again" in gone.json()["error"]["message"]
 

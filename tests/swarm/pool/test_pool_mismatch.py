@@ -4,14 +4,11 @@ worker and the server's own generator, whose samples the trainer reproduces exac
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from pool_harness import WorkerProcess
-from support import ROOT, ServeProcess, free_port, study_run, wait_for
+from support import ROOT, ManagedProcess, ServeProcess, WorkerProcess, free_port, study_run, wait_for
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 ROGUE = Path(__file__).with_name("rogue_worker.py")
@@ -33,29 +30,25 @@ def test_a_worker_serving_another_model_is_drained(tmp_path: Path) -> None:
     honest = WorkerProcess(server, "honest")
     rogue_port = free_port()
     rogue_url = f"http://127.0.0.1:{rogue_port}"
-    rogue = None
+    rogue = ManagedProcess(tmp_path / "rogue.log")
     try:
         honest.start()
-        with open(tmp_path / "rogue.log", "wb") as log:
-            rogue = subprocess.Popen([sys.executable, str(ROGUE), "--server", server.url, "--port", str(rogue_port),
-                                      "--state-dir", str(server.state_dir)], cwd=ROOT, stdout=log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        rogue.launch([sys.executable, str(ROGUE), "--server", server.url, "--port", str(rogue_port),
+                      "--state-dir", str(server.state_dir)], env={"PYTHONPATH": str(ROOT)})
         honest.wait_ready()
 
         def member(url: str) -> dict | None:
             return next((w for w in server.status()["workers"] if w["address"] == url), None)
 
         wait_for(lambda: (m := member(rogue_url)) is not None and m["state"] == "ready", 120,
-                 what="the rogue worker ready", proc=rogue, log=tmp_path / "rogue.log")
+                 what="the rogue worker ready", proc=rogue.process, log=rogue.log_path)
         with study_run(LETTERS / "client.py", server, tmp_path / "run.log"):
             drained = wait_for(lambda: (m := member(rogue_url)) is not None and m["state"] == "draining" and m,
                                240, what=lambda: f"the rogue drained (workers: {server.status()['workers']})")
         workers = {w["id"]: w for w in server.status()["workers"]}
         kept = member(honest.url)
     finally:
-        if rogue is not None and rogue.poll() is None:
-            rogue.kill()
-            rogue.wait()
+        rogue.kill()
         honest.stop()
         server.stop()
     assert drained["logprob_diff_max"] > 0.05

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pool_harness import WorkerProcess
-from support import ROOT, ServeProcess, free_port, study_run
+from support import ROOT, ServeProcess, WorkerProcess, free_port, study_run
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 CONFIG = """lr = 1e-3

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pool_harness import WorkerProcess
-from support import ROOT, ServeProcess, free_port, study_run, wait_for
+from support import ROOT, ServeProcess, WorkerProcess, free_port, study_run, wait_for
 
 from swarm.server.store import EpisodeStore
 

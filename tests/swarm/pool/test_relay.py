@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -118,31 +116,26 @@ class _NodeProcess:
     """This file run as a node process (so the test can SIGKILL it)."""
 
     def __init__(self, *, sources: tuple[str, ...], rate: float | None, log: Path) -> None:
-        from support import free_port
+        from support import ManagedProcess, free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
         args = [sys.executable, __file__, "--port", str(self.port), "--sources", ",".join(sources)]
         if rate is not None:
             args += ["--rate", str(rate)]
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONPATH": _NODE_PATH})
+        self.node = ManagedProcess(log).launch(args, env={"PYTHONPATH": _NODE_PATH})
 
     def wait_ready(self) -> None:
         from support import wait_for
 
         wait_for(lambda: _status(f"{self.url}/pool/v1/versions") == 200, 60, interval=0.1,
-                 what=f"the node process on {self.url}", proc=self.process, log=self.log)
+                 what=f"the node process on {self.url}", proc=self.node.process, log=self.node.log_path)
 
     def holds_chunk(self, version: int, index: int) -> bool:
         return _status(f"{self.url}/pool/v1/versions/{version}/chunks/{index}") == 200
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(30)
+        self.node.kill()
 
 
 def _status(url: str, token: str | None = TOKEN) -> int:

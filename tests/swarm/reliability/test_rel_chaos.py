@@ -110,9 +110,8 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         clients.append(_client(server.url, token, logs[4], "c4", stop))  # ...and a fresh one replaces it
         victims.append(_kill_mid_episode(clients[1], logs[1]))
         poller.wait_step(4, 40)                                        # past the step-3 checkpoint
-        deadline = time.monotonic() + 20                               # their leases run out
-        while server.status()["episodes"]["expired"] < len(victims) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: server.status()["episodes"]["expired"] >= len(victims), 20,  # their leases run out
+                 what="the killed clients' episodes to expire", interval=0.1)
         server.kill()                                                  # the server crashes mid-run
         killed_at = time.time()
         with EpisodeStore(state / "buffer.db") as store:               # the last step it committed (a poll may lag)
@@ -129,9 +128,8 @@ def test_sigkill_clients_and_server_lose_nothing(rel_model: Path, tmp_path: Path
         for proc in clients[2:]:
             assert proc.wait(timeout=90) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
         # Let the server train what is complete, then stop it gracefully (a final checkpoint).
-        deadline = time.monotonic() + 30
-        while server.status()["groups_pending"] >= CONFIG["batch_groups"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: server.status()["groups_pending"] < CONFIG["batch_groups"], 30,
+                 what="the server to train the complete groups", interval=0.1)
         final_status = server.status()
         assert server.stop_via_control() == 0
     finally:

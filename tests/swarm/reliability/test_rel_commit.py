@@ -4,8 +4,6 @@ version keeps growing past the one the killed update had reserved."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,13 +34,12 @@ def test_sigkill_between_update_and_commit_loses_and_repeats_nothing(rel_model: 
     config.write_text(toml(CONFIG))
     port = free_port()
     log_path = state / "stall.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stall_serve.py")), str(rel_model),
-                                 str(state), str(port), "rel-token", str(config), str(marker)],
-                                stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    stalled = ServeProcess(port=port, state_dir=state, process=proc, given_token="rel-token", log_path=log_path)
+    stalled = ServeProcess(port=port, state_dir=state, given_token="rel-token", log_path=log_path)
     servers.append(stalled)
+    stalled.launch([sys.executable, str(Path(__file__).with_name("stall_serve.py")), str(rel_model), str(state),
+                    str(port), "rel-token", str(config), str(marker)])
     stalled.wait_ready(120)
+    proc = stalled.process
     ids = [_finished_episode(stalled, task, reward) for task, reward in (("a", 1.0), ("b", 0.0))]
     # the update ran; publish and commit have not
     wait_for(marker.exists, 60, what="the stalled update's marker", proc=proc, log=log_path)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -108,11 +106,11 @@ def test_garbage_buffer_db_is_one_line_and_exit_2(rel_model: Path, tmp_path: Pat
     state.mkdir()
     garbage = os.urandom(8192)
     (state / "buffer.db").write_bytes(garbage)
-    done = subprocess.run([sys.executable, "-m", "swarm.cli", "serve", "--model", str(rel_model), "--port",
-                           str(free_port()), "--state-dir", str(state), "--token", "rel-token"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    assert done.returncode == 2, done.stdout + done.stderr
+    server = ServeProcess(port=free_port(), state_dir=state, model=str(rel_model), given_token="rel-token",
+                          log_path=tmp_path / "serve.log", env={"COLUMNS": "80"})
+    returncode = server.run_refused(timeout_s=120)
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    assert returncode == 2, server.log()
     assert len(lines) == 1 and str(state / "buffer.db") in lines[0] and "Traceback" not in lines[0], lines
     assert (state / "buffer.db").read_bytes() == garbage  # nothing changed
 

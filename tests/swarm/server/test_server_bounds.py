@@ -104,8 +104,7 @@ def test_one_request_key_or_episode_cannot_stall_or_exhaust_the_server(start_ser
 def _prompt_bounds(server: RunningServer, http: httpx.Client, probe: HealthProbe) -> None:
     key = _claim(http, "big")
     huge = json.dumps({"messages": [{"role": "user", "content": "x" * 4_000_000}], "max_tokens": 4}).encode()
-    while probe.count(0.0) < 3:  # the poller is answering
-        time.sleep(0.01)
+    wait_for(lambda: probe.count(0.0) >= 3, what="the health poller answering", interval=0.01)
     since = time.perf_counter()
     response = http.post(CHAT, content=huge, headers={"Authorization": f"Bearer {key}",
                                                       "Content-Type": "application/json"})

@@ -253,10 +253,8 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
 
     run_id = json.loads(cursor.read_text())["run_id"]
     mlflow = MlflowClient(tracking_uri=uri)
-    deadline = time.monotonic() + 60
-    while not mlflow.get_metric_history(run_id, "eval/reward_mean"):
-        assert time.monotonic() < deadline, "the late eval row never reached MLflow"
-        time.sleep(0.2)
+    wait_for(lambda: mlflow.get_metric_history(run_id, "eval/reward_mean"), 60,
+             what="the late eval row to reach MLflow", interval=0.2)
     for key, value in expected.items():
         assert [(m.step, m.value) for m in mlflow.get_metric_history(run_id, key)] == [(1, value)]
     assert [m.step for m in mlflow.get_metric_history(run_id, "train/reward_mean")] == [1]  # sent twice, kept once

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from support import ManagedProcess, wait_for
 
 from swarm.server import ServerSettings, serve
 
@@ -30,14 +28,13 @@ def test_serve_writes_token_and_stops_gracefully(tiny_model: Path, tmp_path: Pat
         "from swarm.server import serve, ServerSettings; "
         f"serve(ServerSettings(model={str(tiny_model)!r}, port=0, state_dir={str(state)!r}))"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # see conftest: one torch thread on a shared machine
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=env)
+    env = {"OMP_NUM_THREADS": "1"}  # see conftest: one torch thread on a shared machine
+    server = ManagedProcess(tmp_path / "serve.log").launch([sys.executable, "-c", code], env=env)
+    proc = server.process
+    assert proc is not None
     try:
-        deadline = time.monotonic() + 90
-        while not (state / "server.json").exists():
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        wait_for((state / "server.json").exists, 90, what="the server to come up (server.json)", interval=0.1,
+                 proc=proc, log=server.log_path)
         info = json.loads((state / "server.json").read_text())
         assert info["pid"] == proc.pid and info["url"].startswith("http://127.0.0.1:")
         token_file = state / "token"
@@ -52,8 +49,6 @@ def test_serve_writes_token_and_stops_gracefully(tiny_model: Path, tmp_path: Pat
         assert proc.wait(timeout=30) == 0
         assert (state / "checkpoints" / "step-0").is_dir()
         assert not (state / "server.json").exists()
-        assert "ready" in (proc.stderr.read() if proc.stderr else "")
+        assert "ready" in server.log()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        server.kill()

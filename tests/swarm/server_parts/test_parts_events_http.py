@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import uvicorn
-from support import wait_for
+from support import free_port, wait_for
 from fastapi import FastAPI
 
 from swarm.protocol import Event
@@ -48,13 +48,13 @@ def _serve(bus: EventBus, port: int, ping_s: float) -> Iterator[Served]:
 
 
 @pytest.fixture
-def served(free_port: int) -> Iterator[Served]:
-    yield from _serve(EventBus(capacity=1000), free_port, ping_s=0.2)
+def served() -> Iterator[Served]:
+    yield from _serve(EventBus(capacity=1000), free_port(), ping_s=0.2)
 
 
 @pytest.fixture
-def served_small_queue(free_port: int) -> Iterator[Served]:
-    yield from _serve(EventBus(capacity=1000, queue_size=5), free_port, ping_s=30)
+def served_small_queue() -> Iterator[Served]:
+    yield from _serve(EventBus(capacity=1000, queue_size=5), free_port(), ping_s=30)
 
 
 def _auth(**extra: str) -> dict[str, str]:
