@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from support.ray_logs import dead_worker_pids, oom_kills, worker_post_mortem
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -20,3 +22,15 @@ def bpe_model(tmp_path_factory: pytest.TempPathFactory):
     from swarm.backends.torch import resolve_model_folder
 
     return resolve_model_folder("tiny-bpe", seed=0, cache_dir=tmp_path_factory.mktemp("models") / "tiny-bpe-0")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A test that failed on a dead Ray worker reports what that worker and raylet logged: the
+    exception alone says only that the process went away."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "ActorDiedError" in report.longreprtext:
+        for pid in dead_worker_pids(report.longreprtext):
+            report.sections.append((f"Ray worker {pid}", worker_post_mortem(pid) or "(no log of this pid)"))
+        report.sections.append(("OOM killer", f"processes killed by the kernel's OOM killer since boot: {oom_kills()}"))

@@ -72,3 +72,19 @@ def test_a_serve_process_passes_its_settings_as_arguments(tmp_path: Path) -> Non
     assert server.args()[3:] == ["serve", "--port", "1234", "--state-dir", str(tmp_path / "s"), "--model", "tiny",
                                  "--token", "t", "--config", str(tmp_path / "c.toml"), "--threads", "1"]
     assert server.log_path == tmp_path / "s" / "serve.log" and server.url == "http://127.0.0.1:1234"
+
+
+def test_a_dead_ray_worker_is_reported_with_its_stderr_and_raylet_lines(tmp_path: Path) -> None:
+    from support.ray_logs import dead_worker_pids, worker_post_mortem
+
+    text = ("E   ray.exceptions.ActorDiedError: The actor died unexpectedly\n\tclass_name: W\n\tpid: 21096\n"
+            "... ActorDiedError again\n\tpid: 21096\n")
+    assert dead_worker_pids(text) == [21096]
+    assert dead_worker_pids("AssertionError: pid: 5") == []
+    logs = tmp_path / "session_2026-11-26_00-00-00_000000_1" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "worker-abc-01000000-21096.err").write_text("start\nterminate called after gloo::IoException\n")
+    (logs / "raylet.out").write_text("worker pid=21096 exited, signal 6\nworker pid=7 ok\n")
+    report = worker_post_mortem(21096, root=tmp_path)
+    assert "gloo::IoException" in report and "signal 6" in report and "pid=7" not in report
+    assert worker_post_mortem(999, root=tmp_path) == ""

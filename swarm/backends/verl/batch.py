@@ -15,7 +15,7 @@ global token/sequence counts, which exclude them) and are dropped from every met
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,6 +41,7 @@ class PackedBatch:
     response_mask: torch.Tensor  # (rows, R) float, zero on filler rows
     rollout: torch.Tensor  # (rows, R) recorded rollout log-probs
     horizon: int  # longest sequence length - 1: the torch trainer's seq-mean-token-sum-norm scale
+    sources: list[str] = field(default_factory=list)  # per real row: the pool member that sampled it ("": unknown)
 
     @property
     def tokens(self) -> float:
@@ -53,7 +54,7 @@ def pack_samples(samples: Sequence[TrainSample], pad_token_id: int, dp_size: int
     from swarm.backends.verl.convert import samples_to_data_proto
 
     # A token at index 0 has no logit that scores it: train from index 1, as the torch trainer does.
-    rows = [s if s.loss_mask[0] == 0 else _replace_mask(s, [0, *s.loss_mask[1:]]) for s in samples]
+    rows = [s if s.loss_mask[0] == 0 else replace(s, loss_mask=[0, *s.loss_mask[1:]]) for s in samples]
     filler = (-len(rows)) % dp_size
     rows += [rows[0]] * filler
     data = samples_to_data_proto(rows, rewards=[0.0] * len(rows), group_ids=[str(i) for i in range(len(rows))],
@@ -73,13 +74,8 @@ def pack_samples(samples: Sequence[TrainSample], pad_token_id: int, dp_size: int
         response_mask=batch["response_mask"].float(),
         rollout=batch["rollout_log_probs"].float(),
         horizon=max(len(s.tokens) for s in samples) - 1,
+        sources=[s.source for s in samples],
     )
-
-
-def _replace_mask(sample: TrainSample, mask: list[int]) -> TrainSample:
-    return TrainSample(tokens=sample.tokens, loss_mask=mask, rollout_logprobs=sample.rollout_logprobs,
-                       advantage=sample.advantage, temperature=sample.temperature,
-                       policy_versions=sample.policy_versions)
 
 
 def to_no_padding(data, **meta):

@@ -34,7 +34,7 @@ from typing import Any, Self
 
 import torch
 
-from swarm.backends.base import TrainConfig, Trainer, TrainSample, Weights
+from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, Trainer, TrainSample, Weights
 from swarm.backends.verl import batch as batching
 from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -199,7 +199,7 @@ class VerlTrainer(Trainer):
         """The policy's log-probs of the sampled tokens before the update (PPO's "old" log-probs)."""
         old, entropy = self._infer(packed.data, budget, entropy=True)
         packed.data.batch["old_log_probs"] = old
-        metrics = _rollout_metrics(old, packed.rollout, packed.response_mask, packed.tokens)
+        metrics = _rollout_metrics(old, packed.rollout, packed.response_mask, packed.tokens, packed.sources)
         metrics["train/entropy"] = float((entropy * packed.response_mask).sum()) / packed.tokens
         return metrics
 
@@ -371,12 +371,20 @@ def _flatten(values: list) -> Any:
             yield float(v)
 
 
-def _rollout_metrics(logp: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, tokens: float) -> dict[str, float]:
-    """Recomputed vs recorded log-probs of the sampled tokens, over ``mask`` tokens (shapes ``(rows, R)``)."""
+def _rollout_metrics(logp: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, tokens: float,
+                     sources: Sequence[str] = ()) -> dict[str, float]:
+    """Recomputed vs recorded log-probs of the sampled tokens, over ``mask`` tokens (shapes ``(rows, R)``),
+    and the worst of them per pool member that sampled a row (``sources``, per row; the server drains
+    a member above its bound, as with the torch trainer)."""
     diff = (logp - rollout).abs() * mask
     mean = float(diff.sum()) / tokens
-    return {
+    metrics = {
         "train/rollout_logprob_diff": mean,
         "rollout/logprob_diff_mean": mean,
         "rollout/logprob_diff_max": float(diff.max()),
     }
+    for source, row_max in zip(sources, diff.max(dim=1).values.tolist()):  # filler rows come after the real ones
+        if source:
+            key = SOURCE_DIFF_PREFIX + source
+            metrics[key] = max(metrics.get(key, 0.0), row_max)
+    return metrics

@@ -18,7 +18,7 @@ import pytest
 import torch
 from support import wait_for
 
-from swarm.backends.base import TrainConfig, TrainSample
+from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample
 
 
 # Non-trivial on purpose: with one on-policy epoch the vanilla loss is just -mean(advantage), so the
@@ -28,7 +28,8 @@ CONFIG = TrainConfig(lr=3e-3, ppo_epochs=2, clip_ratio=0.1, kl_coef=0.05, rollou
 
 
 def _samples(seed: int = 1) -> list[TrainSample]:
-    """Five merged-looking timelines: uneven lengths, a masked tool token, one row at temperature 0.7."""
+    """Five merged-looking timelines: uneven lengths, a masked tool token, one row at temperature 0.7,
+    sampled by two pool members (and one row by no known member)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(5):
@@ -39,7 +40,8 @@ def _samples(seed: int = 1) -> list[TrainSample]:
             mask[len(prompt) + 3] = 0  # a tool/user token inside the response
         logprobs = [0.0] * len(prompt) + (-torch.rand(len(response), generator=g) * 3 - 4).tolist()
         out.append(TrainSample(tokens=prompt + response, loss_mask=mask, rollout_logprobs=logprobs,
-                               advantage=(i - 2) / 2, temperature=0.7 if i == 3 else 1.0))
+                               advantage=(i - 2) / 2, temperature=0.7 if i == 3 else 1.0,
+                               source=("w-a", "w-a", "", "w-a", "w-b")[i]))
     return out
 
 
@@ -102,6 +104,13 @@ def test_one_and_two_workers_and_torch_take_the_same_step(verl1, verl2, tiny_dir
                 "train/response_tokens", "train/samples"):
         assert abs(one[key] - plain[key]) < 1e-4, (key, one[key], plain[key])
     assert one["rollout/logprob_diff_max"] >= one["rollout/logprob_diff_mean"] > 0
+    # The per-member mismatch the server drains a worker by: the same keys and values as torch's.
+    members = {k for k in plain if k.startswith(SOURCE_DIFF_PREFIX)}
+    assert members == {SOURCE_DIFF_PREFIX + "w-a", SOURCE_DIFF_PREFIX + "w-b"}
+    assert members == {k for k in one if k.startswith(SOURCE_DIFF_PREFIX)}
+    for key in members:
+        assert abs(one[key] - plain[key]) < 1e-4 and abs(two[key] - plain[key]) < 1e-4, (key, one[key], plain[key])
+    assert max(one[k] for k in members) <= one["rollout/logprob_diff_max"] + 1e-6
     assert verl1.policy_version == verl2.policy_version == 1
 
     # The updated weights: identical between 1 and 2 workers, and the same policy as the torch step.
@@ -230,21 +239,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_no_ray_process_outlives_a_sigkilled_server(tiny_dir: Path) -> None:
+def test_no_ray_process_outlives_a_sigkilled_server(tiny_dir: Path, tmp_path: Path) -> None:
     import psutil
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "WANDB_DISABLED": "true",
            "RAY_AUTH_MODE": "disabled"}
     ray_procs: list[psutil.Process] = []
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_dir)], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=env)
+    stderr = tmp_path / "child.err"
+    with stderr.open("w") as err:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_dir)], stdout=subprocess.PIPE,
+                                 stderr=err, text=True, env=env)
     try:
         deadline = time.monotonic() + 240
         line = ""
         while time.monotonic() < deadline and "READY" not in line:
             line = child.stdout.readline()
             if not line and child.poll() is not None:
-                pytest.fail(f"the child trainer exited with {child.returncode} before it was ready")
+                tail = "\n".join(stderr.read_text(errors="replace").splitlines()[-40:])
+                pytest.fail(f"the child trainer exited with {child.returncode} before it was ready; its stderr "
+                            f"ended:\n{tail}")
         assert "READY" in line
         ray_procs = psutil.Process(child.pid).children(recursive=True)
         names = {p.name() for p in ray_procs}
