@@ -14,7 +14,8 @@ that joined (``swarm.pool.roster``). Routing, per call:
 A remote call that fails (the worker died, its connection broke) drops that worker and re-runs the
 rows on another member from exactly the tokens already produced (``swarm.pool.stitch``).
 Publication (``load_weights``) loads the local member as before and sends the version to the remote
-members (``swarm.pool.publish``); ``last_publication`` holds the figures for the step's metrics.
+members (``swarm.pool.roster``: in async mode that push overlaps the next step); ``last_publication``
+holds the figures of the last push that finished, for the step's metrics.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class GeneratorPool(Generator):
             await self.local.start()
 
     async def close(self) -> None:
+        if self.roster is not None:
+            await self.roster.close()
         for member in list(self.members.values()):
             close = getattr(member.engine, "aclose", None)
             if member.remote and close is not None:
@@ -142,8 +145,8 @@ class GeneratorPool(Generator):
         if self.local is not None:
             await self.local.load_weights(version, weights)
         self._published = max(self._published, version)
-        if self.roster is not None:
-            self.last_publication = await self.roster.disseminate(version, weights)
+        if self.roster is not None:  # async: the push to the workers overlaps the next step
+            await self.roster.disseminate(version, weights, overlap=self._mode == "async")
 
     async def load_streamed(self, version: int) -> None:
         if self.local is None:

@@ -32,6 +32,16 @@ Export = Callable[[], Awaitable[tuple[int, Weights]]]  # (version, a private CPU
 
 
 @dataclass
+class Encoded:
+    """A version put in the depots, ready to relay."""
+
+    version: int
+    kind: str
+    total_bytes: int
+    started: float  # perf_counter() when its encoding began: a publication's time counts from there
+
+
+@dataclass
 class Sent:
     """What one publication did: how it was encoded, how long the chain took, who got it."""
 
@@ -59,7 +69,8 @@ class Publisher:
         self.snapshots = Depot(keep=2)
         self._base: tuple[int, dict[str, Any]] | None = None
         self._since_full = 0
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # encoding and the base copy
+        self._relaying = asyncio.Lock()
 
     @property
     def base_version(self) -> int | None:
@@ -85,8 +96,11 @@ class Publisher:
     async def publish(self, version: int, weights: Weights, chain: list[str], full: bool,
                       timeout_s: float = 120.0) -> Sent:
         """Encode ``version`` (full, or a delta over ``base_version``) and relay it along ``chain``."""
-        from swarm.pool.relay import disseminate
+        return await self.relay(await self.encode(version, weights, full), chain, timeout_s)
 
+    async def encode(self, version: int, weights: Weights, full: bool) -> Encoded:
+        """Put ``version`` in the depots (full, or a delta over ``base_version``) and keep a private
+        copy as the next base: once this returns, the trainer may change ``weights``."""
         async with self._lock:
             started = time.perf_counter()
             full = full or self._base is None
@@ -96,15 +110,23 @@ class Publisher:
                 self.snapshots.put(manifest, chunks)
             self._since_full = 0 if full else self._since_full + 1
             self._base = (version, copy)
+            return Encoded(version=version, kind=manifest.kind, total_bytes=int(manifest.total_bytes),
+                           started=started)
+
+    async def relay(self, encoded: Encoded, chain: list[str], timeout_s: float = 120.0) -> Sent:
+        """Push an encoded version along ``chain`` (one push at a time: they share the upload)."""
+        from swarm.pool.relay import disseminate
+
+        async with self._relaying:
             reached: list[str] = []
             failed: list[str] = []
             sent = 0
             if chain:
-                report = await disseminate(self.depot, version, chain, token=self.token,
+                report = await disseminate(self.depot, encoded.version, chain, token=self.token,
                                            rate_bytes_per_s=self.rate_bytes_per_s, timeout_s=timeout_s)
                 reached, failed, sent = list(report.reached), list(report.failed), int(report.bytes_sent)
-            return Sent(version=version, kind=manifest.kind, seconds=time.perf_counter() - started, bytes_sent=sent,
-                        total_bytes=int(manifest.total_bytes), reached=reached, failed=failed)
+            return Sent(version=encoded.version, kind=encoded.kind, seconds=time.perf_counter() - encoded.started,
+                        bytes_sent=sent, total_bytes=encoded.total_bytes, reached=reached, failed=failed)
 
     async def snapshot(self) -> int | None:
         """The version ``snapshots`` holds in full, encoding the newest one first if it does not

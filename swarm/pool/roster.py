@@ -9,12 +9,16 @@ ones finish). After each training step ``disseminate`` sends the new version alo
 of the members that can apply it (a delta needs its base; a full snapshot goes to every active
 member); the chain answers once each member it reached has loaded the version (bounded by
 ``disseminate_timeout_s``), so in sync mode they serve again at once; a worker it missed serves again
-once it catches up (heartbeat, snapshot).
+once it catches up (heartbeat, snapshot). In async mode the step waits only for the encoding: the
+push overlaps the next step's training (members serve the previous version meanwhile, within the
+staleness bound), and the next publication waits for it, so a step's pool figures are those of the
+previous version's push (``pool/disseminated_version`` says which).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -24,7 +28,7 @@ from typing import Protocol
 from swarm.backends.base import Weights
 from swarm.pool.members import Bound, Member
 from swarm.pool.pool import GeneratorPool
-from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher
+from swarm.pool.publish import SNAPSHOT_PREFIX, Encoded, Publisher
 from swarm.pool.remote import RemoteWorker
 from swarm.pool.wire import Beat, BeatReply, Join, Joined
 
@@ -53,6 +57,7 @@ class Roster:
         self.publisher = publisher
         self.config = config
         self._dropped_at: dict[str, float] = {}
+        self._pushing: asyncio.Future[None] | None = None  # an overlapped push still running
         pool.roster = self
 
     async def join(self, body: Join) -> Joined:
@@ -117,28 +122,62 @@ class Roster:
             except Exception:  # the sweeper must survive a bug in one pass
                 log.exception("pool sweep failed")
 
-    async def disseminate(self, version: int, weights: Weights) -> dict[str, float]:
-        """Send ``version`` to the active members (module docstring); the step's ``perf/``/``pool/`` metrics."""
+    async def disseminate(self, version: int, weights: Weights, *, overlap: bool = False) -> None:
+        """Send ``version`` to the active members (module docstring); its figures go to the pool's
+        ``last_publication`` when the push ends. With ``overlap`` (async mode) this returns once the
+        version is encoded, and the push runs on while the next step trains."""
+        await self.settle()  # one push at a time, and the chain is chosen from the versions it left
         config = self.config()
         active = [m for m in self.pool.remote_members() if m.phase == "active"]
         if not active:
             self.publisher.forget()
-            return self._counts(config)
+            self.pool.last_publication = self._counts(config)
+            return
         full = self.publisher.full_next(version, config.full_sync_every)
         base = self.publisher.base_version
         chain = [m for m in active if full or (m.version is not None and m.version == base)]
         try:
-            sent = await self.publisher.publish(version, weights, [m.address or "" for m in chain], full,
-                                                timeout_s=config.disseminate_timeout_s)
+            encoded = await self.publisher.encode(version, weights, full)
         except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
-            log.exception("disseminating version %d failed; workers catch up by heartbeat", version)
-            return {**self._counts(config), "pool/disseminate_failed": 1.0}
+            log.exception("encoding version %d for the workers failed; they catch up by heartbeat", version)
+            self.pool.last_publication = {**self._counts(config), "pool/disseminate_failed": 1.0}
+            return
+        push = self._push(encoded, chain, config)
+        if overlap:
+            self._pushing = asyncio.ensure_future(push)
+        else:
+            await push
+
+    async def settle(self) -> None:
+        """Wait for a push still running (``overlap``), so its members' versions and figures are in."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is not None:
+            await pushing
+
+    async def close(self) -> None:
+        """Stop a push still running (the server is going down; workers catch up from the next one)."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is not None and not pushing.done():
+            pushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pushing
+
+    async def _push(self, encoded: Encoded, chain: list[Member], config: PoolConfig) -> None:
+        try:
+            sent = await self.publisher.relay(encoded, [m.address or "" for m in chain],
+                                              timeout_s=config.disseminate_timeout_s)
+        except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
+            log.exception("disseminating version %d failed; workers catch up by heartbeat", encoded.version)
+            self.pool.last_publication = {**self._counts(config), "pool/disseminate_failed": 1.0}
+            return
         for member in chain:  # the chain reports a member once it has loaded the version
             if member.address in sent.reached and member.phase == "active":
-                member.version = max(member.version or -1, version)
-        return {"perf/disseminate_s": sent.seconds, "perf/disseminate_bytes": float(sent.bytes_sent),
-                "pool/version_bytes": float(sent.total_bytes), "pool/full_sync": float(sent.kind == "full"),
-                "pool/chain_failed": float(len(sent.failed)), **self._counts(config)}
+                member.version = max(member.version or -1, encoded.version)
+        self.pool.last_publication = {
+            "perf/disseminate_s": sent.seconds, "perf/disseminate_bytes": float(sent.bytes_sent),
+            "pool/version_bytes": float(sent.total_bytes), "pool/full_sync": float(sent.kind == "full"),
+            "pool/chain_failed": float(len(sent.failed)), "pool/disseminated_version": float(encoded.version),
+            **self._counts(config)}
 
     def _counts(self, config: PoolConfig) -> dict[str, float]:
         states = [w.state for w in self.pool.workers() if w.id != "local"]

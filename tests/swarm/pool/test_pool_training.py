@@ -81,6 +81,7 @@ def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_pa
         start = time.monotonic()
         rewards: list[float] = []
         pool_rows: list[dict] = []
+        rows: list[dict] = []
         with study_run(LETTERS / "client.py", server, tmp_path / "run.log") as run:
             wait_for(lambda: watch.step() >= 3, 120, what="step 3", proc=run)
             victim = workers[0]
@@ -94,7 +95,8 @@ def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_pa
             while time.monotonic() - start < BUDGET_S and run.poll() is None:
                 time.sleep(2.0)
                 with server.http() as http:
-                    steps = [m["metrics"] for m in http.get("/api/v1/metrics").json()]
+                    rows = http.get("/api/v1/metrics").json()
+                steps = [m["metrics"] for m in rows]
                 rewards = [m["train/reward_mean"] for m in steps if "train/reward_mean" in m]
                 pool_rows = [m for m in steps if "perf/disseminate_bytes" in m]
                 if len(rewards) >= 15 and _rise(rewards) >= 0.3 and watch.step() >= killed_at_step + 8:
@@ -113,6 +115,9 @@ def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_pa
     # Every step sent its version to the workers: bytes relayed, most of the pool ready after it.
     assert pool_rows and all(m["perf/disseminate_bytes"] > 0 and m["pool/ready"] >= 2 for m in pool_rows[-5:])
     assert any(m["pool/full_sync"] == 0.0 for m in pool_rows), "every version went out in full: no deltas"
+    # Sync mode: a step waits for its own version's push, so it reports that push.
+    assert all(r["metrics"]["pool/disseminated_version"] == r["policy_version"] for r in rows
+               if "pool/disseminated_version" in r["metrics"])
     states = {w["address"]: w["state"] for w in final["workers"]}
     assert states[victim.url] == "dropped" and states[late.url] == "ready", states
     assert "continue on another" in server.log(), "the victim had calls in flight; they must have been re-run"
