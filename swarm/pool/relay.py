@@ -48,7 +48,7 @@ from pydantic import BaseModel
 from swarm.pool.bucket import TokenBucket
 from swarm.pool.chain import (PREFIX, REQUEST_TIMEOUT_S, Depot, Forward, Holding, HopReport, Opened, OpenPush, Stored,
                               cancel_holding, get_chunk)
-from swarm.pool.shards import Manifest, ShardError, verify_chunk
+from swarm.pool.shards import ChunkInfo, Manifest, ShardError, verify_chunk
 
 __all__ = ["Depot", "Inbox", "RelayReport", "disseminate", "fetch", "relay_router"]
 
@@ -292,11 +292,13 @@ async def disseminate(depot: Depot, version: int, chain: Sequence[str], *, token
                        reached=reached, failed=failed)
 
 
-async def fetch(source: str, version: int, *, token: str,
-                client: httpx.AsyncClient | None = None) -> tuple[Manifest, list[bytes]]:
-    """Pull ``version`` from ``source`` (a worker or the server): its manifest, then each chunk,
-    verified; a bad chunk is fetched once more, then ``ShardError``. A source that does not hold the
-    version answers 404 (``httpx.HTTPStatusError``)."""
+async def fetch(source: str, version: int, *, token: str, client: httpx.AsyncClient | None = None,
+                peers: Sequence[str] = ()) -> tuple[Manifest, list[bytes]]:
+    """Pull ``version``: its manifest from ``source`` (a worker or the server), then each chunk,
+    verified against that manifest. With ``peers`` (workers that hold the version) chunk i comes
+    from peer i mod len(peers), which takes the load off the server; a chunk a peer does not hold or
+    serves wrong comes from ``source``. A bad chunk from ``source`` is fetched once more, then
+    ``ShardError``. A source that does not hold the version answers 404 (``httpx.HTTPStatusError``)."""
     http = client or httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
     source = source.rstrip("/")
     try:
@@ -306,15 +308,29 @@ async def fetch(source: str, version: int, *, token: str,
         manifest = Manifest.model_validate(answer.json())
         chunks = []
         for info in manifest.chunks:
-            data = await get_chunk(http, source, version, info.index, token)
-            try:
-                verify_chunk(info, data)
-            except ShardError as exc:
-                log.warning("version %d from %s: %s; fetching it once more", version, source, exc)
+            data = await _from_peer(http, peers[info.index % len(peers)], version, info, token) if peers else None
+            if data is None:
                 data = await get_chunk(http, source, version, info.index, token)
-                verify_chunk(info, data)
+                try:
+                    verify_chunk(info, data)
+                except ShardError as exc:
+                    log.warning("version %d from %s: %s; fetching it once more", version, source, exc)
+                    data = await get_chunk(http, source, version, info.index, token)
+                    verify_chunk(info, data)
             chunks.append(data)
         return manifest, chunks
     finally:
         if client is None:
             await http.aclose()
+
+
+async def _from_peer(http: httpx.AsyncClient, peer: str, version: int, info: ChunkInfo, token: str) -> bytes | None:
+    """Chunk ``info`` of ``version`` from ``peer``, verified; None when it does not hold it or serves it wrong
+    (it may hold the version in another encoding, or have left)."""
+    try:
+        data = await get_chunk(http, peer, version, info.index, token)
+        verify_chunk(info, data)
+        return data
+    except (httpx.HTTPError, ShardError) as exc:
+        log.info("chunk %d of version %d not from peer %s (%s); from the source", info.index, version, peer, exc)
+        return None

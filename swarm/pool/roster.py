@@ -35,6 +35,7 @@ from swarm.pool.wire import Beat, BeatReply, Join, Joined
 log = logging.getLogger(__name__)
 
 _FORGET_DROPPED_S = 600.0  # a dropped member stays listed in status this long
+_PEERS = 4  # at most this many peers named to a worker catching up (it spreads its chunk requests over them)
 
 
 class PoolConfig(Bound, Protocol):
@@ -80,10 +81,14 @@ class Roster:
         member.version = body.version
         member.lease_expires = time.monotonic() + self.config().worker_lease_s
         newest = self.pool.published_version
-        snapshot = None
-        if (body.version is None or body.version < newest) and not self.publisher.can_follow(body.version, newest):
-            snapshot = await self.publisher.snapshot()
-        return BeatReply(version=newest, state=member.state(newest, self.config()), snapshot_version=snapshot)
+        snapshot, peers = None, []
+        if body.version is None or body.version < newest:
+            if not self.publisher.can_follow(body.version, newest):
+                snapshot = await self.publisher.snapshot()
+            peers = [m.address for m in self.pool.remote_members() if m.id != member_id and m.phase == "active"
+                     and m.version == newest and m.address][:_PEERS]
+        return BeatReply(version=newest, state=member.state(newest, self.config()), snapshot_version=snapshot,
+                         peers=peers)
 
     def leave(self, member_id: str) -> None:
         """The worker is leaving: no new calls; those running finish (it waits for them)."""

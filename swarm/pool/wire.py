@@ -59,6 +59,8 @@ class BeatReply(BaseModel):
     version: int | None
     state: Literal["syncing", "ready", "draining", "dropped"]
     snapshot_version: int | None = Field(None, description="the version the snapshot source holds in full")
+    peers: list[str] = Field(default_factory=list, description="members that hold ``version`` (relay addresses): "
+                             "a worker catching up takes the chunks from them and the manifest from the server")
 
 
 class WireParams(BaseModel):

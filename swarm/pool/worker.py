@@ -10,7 +10,8 @@ next) and ``GET /pool/v1/health``. Its life with the server:
    which is what makes the server route calls to it;
 2. heartbeat every ``heartbeat_s`` (version, rows in flight, tokens/s); the answer names the newest
    version, and a worker behind it catches up: the delta from the server's depot when it holds the
-   delta's base, else the full snapshot;
+   delta's base (the manifest from the server, the chunks from the peers the answer names, which
+   hold that version, where they can), else the full snapshot;
 3. on SIGTERM it leaves (``DELETE``; the server sends no new calls), lets running calls finish, and
    exits. A worker that stops heartbeating is dropped by the server; a 404 heartbeat (dropped while
    alive, e.g. a long pause) makes it join again.
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +105,14 @@ class WorkerNode:
         log.info("holding policy version %d (%s, %d bytes)", manifest.version, manifest.kind, manifest.total_bytes)
         asyncio.ensure_future(self._announce())  # the server may route to it at once
 
-    async def catch_up(self, newest: int | None, snapshot: int | None) -> None:
-        """Behind ``newest``: the delta when it applies to what is held, else the full snapshot."""
+    async def catch_up(self, newest: int | None, snapshot: int | None, peers: Sequence[str] = ()) -> None:
+        """Behind ``newest``: the delta when it applies to what is held (its chunks from ``peers`` that
+        hold it, where they can), else the full snapshot."""
         if newest is None or (self.version is not None and self.version >= newest):
             return
         try:
-            manifest, chunks = await fetch(self.server, newest, token=self.options.token, client=self._http)
+            manifest, chunks = await fetch(self.server, newest, token=self.options.token, client=self._http,
+                                           peers=peers)
             if manifest.kind == "full" or manifest.base_version == self.version:
                 await self.apply(manifest, chunks)
                 return
@@ -131,7 +134,7 @@ class WorkerNode:
                     await self._join()
                 reply = await self._beat_once()
                 if reply is not None:
-                    self._sync(reply.version, reply.snapshot_version)
+                    self._sync(reply.version, reply.snapshot_version, reply.peers)
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code == 404:  # dropped while alive: join again
                     log.warning("the server no longer knows this worker; joining again")
@@ -153,17 +156,17 @@ class WorkerNode:
         log.info("joined %s as %s; syncing to version %s", self.server, joined.worker_id, joined.version)
         self._sync(joined.version, joined.version)
 
-    def _sync(self, newest: int | None, snapshot: int | None) -> None:
+    def _sync(self, newest: int | None, snapshot: int | None, peers: Sequence[str] = ()) -> None:
         """Catch up in the background (one pull at a time): heartbeats go on while a big model loads."""
         if newest is None or (self.version is not None and self.version >= newest):
             return
         if self._syncing is not None and not self._syncing.done():
             return
-        self._syncing = asyncio.ensure_future(self._catch_up_logged(newest, snapshot))
+        self._syncing = asyncio.ensure_future(self._catch_up_logged(newest, snapshot, peers))
 
-    async def _catch_up_logged(self, newest: int, snapshot: int | None) -> None:
+    async def _catch_up_logged(self, newest: int, snapshot: int | None, peers: Sequence[str]) -> None:
         try:
-            await self.catch_up(newest, snapshot)
+            await self.catch_up(newest, snapshot, peers)
         except (httpx.HTTPError, ValueError) as exc:  # the next heartbeat tries again
             log.warning("catching up to version %d failed: %s", newest, exc)
 

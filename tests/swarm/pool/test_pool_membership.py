@@ -104,3 +104,26 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
 def _member(server: RunningServer, worker_id: str) -> dict:
     with server.client() as http:
         return next(w for w in http.get("/api/v1/status").json()["workers"] if w["id"] == worker_id)
+
+
+def test_a_worker_behind_is_named_the_peers_that_hold_the_newest_version(server: RunningServer) -> None:
+    from swarm.pool.wire import BeatReply, Joined
+
+    with server.client(_worker_token(server)) as http:
+        def join(address: str) -> str:
+            return Joined.model_validate(http.post("/api/v1/workers", json={**JOIN, "address": address}).json()).worker_id
+
+        def beat(worker_id: str, version: int | None) -> BeatReply:
+            return BeatReply.model_validate(http.post(f"/api/v1/workers/{worker_id}/heartbeat",
+                                                      json={"version": version}).json())
+
+        holder, behind = join("http://127.0.0.1:11"), join("http://127.0.0.1:12")
+        try:
+            assert beat(holder, None).peers == []  # nobody holds version 0 yet
+            assert beat(holder, 0).peers == []  # up to date: no catching up to do
+            reply = beat(behind, None)
+            assert reply.version == 0 and reply.peers == ["http://127.0.0.1:11"]
+            assert beat(behind, 0).peers == []
+        finally:
+            for worker_id in (holder, behind):
+                http.delete(f"/api/v1/workers/{worker_id}")

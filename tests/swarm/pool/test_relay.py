@@ -87,6 +87,7 @@ class _CorruptingProxy(_Served):
     def __init__(self, target: str, index: int, times: int = 1) -> None:
         self.left = times
         self.flipped = 0
+        self.chunk_gets = 0  # chunk GETs answered through it
         app = FastAPI()
         app.add_api_route("/{path:path}", self._forward, methods=["GET", "POST", "PUT"])
         self._target, self._suffix = target, f"/chunks/{index}"
@@ -107,6 +108,7 @@ class _CorruptingProxy(_Served):
         async with httpx.AsyncClient(timeout=120) as client:
             answer = await client.request(request.method, f"{self._target}/{path}", content=body, headers=headers)
         content = answer.content
+        self.chunk_gets += request.method == "GET" and "/chunks/" in path
         if request.method == "GET" and answer.is_success:
             content = self._maybe_flip(content, path)
         return Response(content, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
@@ -229,6 +231,28 @@ def test_catch_up_fetches_verify_and_an_unknown_version_is_404(started: list) ->
     always = _start(started, _CorruptingProxy(origin.url, index=3, times=100))
     with pytest.raises(ShardError, match="chunk 3"):
         asyncio.run(fetch(always.url, 7, token=TOKEN))
+
+
+def test_catch_up_takes_chunks_from_peers_and_the_rest_from_the_source(started: list) -> None:
+    from support import free_port
+
+    origin = _start(started, _Node(inbox=False))
+    _, manifest, chunks = _payload(7, 1, chunk_bytes=128 << 10)
+    origin.depot.put(manifest, chunks)
+    server = _start(started, _CorruptingProxy(origin.url, index=-1))  # counts the chunks the source serves
+    peer = _start(started, _Node(inbox=False))
+    peer.depot.put(manifest, chunks)
+    assert asyncio.run(fetch(server.url, 7, token=TOKEN, peers=[peer.url])) == (manifest, chunks)
+    assert server.chunk_gets == 0  # the manifest from the source, every chunk from the peer
+    liar = _start(started, _CorruptingProxy(peer.url, index=3, times=100))  # serves chunk 3 wrong
+    assert asyncio.run(fetch(server.url, 7, token=TOKEN, peers=[liar.url])) == (manifest, chunks)
+    assert liar.flipped == 1 and server.chunk_gets == 1  # checked against the source's manifest
+    empty = _start(started, _Node(inbox=False))  # does not hold the version (or another encoding of it)
+    server.chunk_gets = 0
+    assert asyncio.run(fetch(server.url, 7, token=TOKEN, peers=[peer.url, empty.url])) == (manifest, chunks)
+    assert server.chunk_gets == len(chunks) // 2  # chunks 1, 3, 5, ...: the empty peer's share
+    gone = f"http://127.0.0.1:{free_port()}"  # a peer that left
+    assert asyncio.run(fetch(server.url, 7, token=TOKEN, peers=[gone])) == (manifest, chunks)
 
 
 def test_a_chunk_corrupted_in_flight_is_refetched_from_a_source(started: list) -> None:
