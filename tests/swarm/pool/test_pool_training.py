@@ -101,7 +101,10 @@ def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_pa
                 pool_rows = [m for m in steps if "perf/disseminate_bytes" in m]
                 if len(rewards) >= 15 and _rise(rewards) >= 0.3 and watch.step() >= killed_at_step + 8:
                     break
-        final = server.status()
+        # The client's last episodes may still train a step after it ends, and a status taken while
+        # that version is on its way shows members syncing: the pool's end state is when it settles.
+        final = wait_for(lambda: _settled(server.status(), victim, late), 60,
+                         what=lambda: f"the victim dropped and the late worker ready ({server.status()['workers']})")
         assert server.stop_via_control() == 0
     finally:
         watch.done.set()
@@ -123,6 +126,11 @@ def test_a_pool_of_workers_trains_letters_through_a_crash_and_a_late_join(tmp_pa
     assert "continue on another" in server.log(), "the victim had calls in flight; they must have been re-run"
     _late_served_only_when_synced(watch, late)
     _every_finished_episode_trained_once_or_pending(server.state_dir)
+
+
+def _settled(status: dict, victim: WorkerProcess, late: WorkerProcess) -> dict | None:
+    states = {w["address"]: w["state"] for w in status["workers"]}
+    return status if states.get(victim.url) == "dropped" and states.get(late.url) == "ready" else None
 
 
 def _late_served_only_when_synced(watch: _Watch, late: WorkerProcess) -> None:
