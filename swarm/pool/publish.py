@@ -3,9 +3,10 @@
 After each step the new version is encoded (``swarm.pool.shards``: versioned, chunked, SHA-256
 checked) as a delta over the previous version, or a full snapshot every ``full_sync_every``
 publications (and whenever there is no previous version to diff against), put in the server's
-``depot`` and pushed once along a relay chain of the workers (``swarm.pool.relay.disseminate``:
-each forwards chunks to the next while receiving the rest, so the server uploads about one copy
-whatever the pool size). Workers that join, or fall behind a delta's base, load a full snapshot of
+``depot`` (``encode``) and pushed once along a relay chain of the workers (``relay``, through
+``swarm.pool.relay.disseminate``: each forwards chunks to the next while receiving the rest, so the
+server uploads about one copy whatever the pool size). The two are separate calls so that in async
+mode the push can overlap the next step (``swarm.pool.roster``). Workers that join, or fall behind a delta's base, load a full snapshot of
 the newest version from ``snapshots``, served under ``SNAPSHOT_PREFIX`` by the same relay routes.
 
 It keeps a CPU copy of the newest weights only while the pool has remote members (the base of the
@@ -92,11 +93,6 @@ class Publisher:
     def full_next(self, version: int, full_sync_every: int) -> bool:
         """Whether ``version`` goes out as a full snapshot (else a delta over ``base_version``)."""
         return self._base is None or self._since_full + 1 >= full_sync_every or self._base[0] >= version
-
-    async def publish(self, version: int, weights: Weights, chain: list[str], full: bool,
-                      timeout_s: float = 120.0) -> Sent:
-        """Encode ``version`` (full, or a delta over ``base_version``) and relay it along ``chain``."""
-        return await self.relay(await self.encode(version, weights, full), chain, timeout_s)
 
     async def encode(self, version: int, weights: Weights, full: bool) -> Encoded:
         """Put ``version`` in the depots (full, or a delta over ``base_version``) and keep a private
