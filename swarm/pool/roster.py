@@ -35,6 +35,7 @@ from swarm.pool.wire import Beat, BeatReply, Join, Joined
 log = logging.getLogger(__name__)
 
 _FORGET_DROPPED_S = 600.0  # a dropped member stays listed in status this long
+_FAILED = "pool/disseminate_failed"  # in a step's metrics when its version did not go out
 _PEERS = 4  # at most this many peers named to a worker catching up (it spreads its chunk requests over them)
 
 
@@ -145,7 +146,7 @@ class Roster:
             encoded = await self.publisher.encode(version, weights, full)
         except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
             log.exception("encoding version %d for the workers failed; they catch up by heartbeat", version)
-            self.pool.last_publication = {**self._counts(config), "pool/disseminate_failed": 1.0}
+            self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}
             return
         push = self._push(encoded, chain, config)
         if overlap:
@@ -173,7 +174,7 @@ class Roster:
                                               timeout_s=config.disseminate_timeout_s)
         except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
             log.exception("disseminating version %d failed; workers catch up by heartbeat", encoded.version)
-            self.pool.last_publication = {**self._counts(config), "pool/disseminate_failed": 1.0}
+            self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}
             return
         for member in chain:  # the chain reports a member once it has loaded the version
             if member.address in sent.reached and member.phase == "active":

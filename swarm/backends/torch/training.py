@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample, validate_samples
+from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample, validate_samples, worst_by_source
 from swarm.backends.torch import algorithms
 from swarm.backends.torch.logprobs import token_logprobs
 
@@ -220,9 +220,7 @@ class _Tally:
         self.add("logprob_diff", diff.sum())
         self.diff_max = max(self.diff_max, float(diff.max()))
         if part.sources:
-            for source, row_max in zip(part.sources, diff.max(dim=1).values.tolist(), strict=True):
-                if source:
-                    self.diff_by_source[source] = max(self.diff_by_source.get(source, 0.0), row_max)
+            worst_by_source(self.diff_by_source, part.sources, diff.max(dim=1).values.tolist())
 
     def metrics(self, config: TrainConfig, batch: Batch, *, use_kl: bool, elapsed: float) -> dict[str, float]:
         sums, epochs = self.sums, config.ppo_epochs

@@ -34,7 +34,7 @@ from typing import Any, Self
 
 import torch
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, Trainer, TrainSample, Weights
+from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, Trainer, TrainSample, Weights, worst_by_source
 from swarm.backends.verl import batch as batching
 from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -383,8 +383,7 @@ def _rollout_metrics(logp: torch.Tensor, rollout: torch.Tensor, mask: torch.Tens
         "rollout/logprob_diff_mean": mean,
         "rollout/logprob_diff_max": float(diff.max()),
     }
-    for source, row_max in zip(sources, diff.max(dim=1).values.tolist()):  # filler rows come after the real ones
-        if source:
-            key = SOURCE_DIFF_PREFIX + source
-            metrics[key] = max(metrics.get(key, 0.0), row_max)
+    worst: dict[str, float] = {}
+    worst_by_source(worst, sources, diff.max(dim=1).values.tolist())  # filler rows come after the real ones
+    metrics.update({SOURCE_DIFF_PREFIX + source: value for source, value in worst.items()})
     return metrics
