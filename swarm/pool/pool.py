@@ -153,6 +153,8 @@ class GeneratorPool(Generator):
             raise NotImplementedError("a pool without a local generator does not receive streamed weights")
         await self.local.load_streamed(version)
         self._published = max(self._published, version)
+        if self.roster is not None:  # a worker cannot join a stream: it gets the trainer's exported copy
+            await self.roster.disseminate(version, None, overlap=self._mode == "async")
 
     async def recover(self, version: int, weights: Weights) -> None:
         if self.local is not None:

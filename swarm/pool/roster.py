@@ -128,10 +128,12 @@ class Roster:
             except Exception:  # the sweeper must survive a bug in one pass
                 log.exception("pool sweep failed")
 
-    async def disseminate(self, version: int, weights: Weights, *, overlap: bool = False) -> None:
+    async def disseminate(self, version: int, weights: Weights | None, *, overlap: bool = False) -> None:
         """Send ``version`` to the active members (module docstring); its figures go to the pool's
         ``last_publication`` when the push ends. With ``overlap`` (async mode) this returns once the
-        version is encoded, and the push runs on while the next step trains."""
+        version is encoded, and the push runs on while the next step trains. ``weights`` None: the
+        local generator took them as a stream (NCCL), so they are exported from the trainer, and only
+        when an active member is there to take them (a GPU learner without workers gathers nothing)."""
         await self.settle()  # one push at a time, and the chain is chosen from the versions it left
         config = self.config()
         active = [m for m in self.pool.remote_members() if m.phase == "active"]
@@ -143,9 +145,11 @@ class Roster:
         base = self.publisher.base_version
         chain = [m for m in active if full or (m.version is not None and m.version == base)]
         try:
+            if weights is None:
+                weights = await self._exported(version)
             encoded = await self.publisher.encode(version, weights, full)
         except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
-            log.exception("encoding version %d for the workers failed; they catch up by heartbeat", version)
+            log.exception("preparing version %d for the workers failed; they catch up by heartbeat", version)
             self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}
             return
         push = self._push(encoded, chain, config)
@@ -184,6 +188,15 @@ class Roster:
             "pool/version_bytes": float(sent.total_bytes), "pool/full_sync": float(sent.kind == "full"),
             "pool/chain_failed": float(len(sent.failed)), "pool/disseminated_version": float(encoded.version),
             **self._counts(config)}
+
+    async def _exported(self, version: int) -> Weights:
+        """``version``'s weights from the trainer (``Publisher.export``: one trainer-thread call)."""
+        if self.publisher.export is None:
+            raise RuntimeError("the local generator streams its weights and the publisher has no export")
+        exported, weights = await self.publisher.export()
+        if exported != version:
+            raise RuntimeError(f"the trainer exported version {exported} while version {version} was published")
+        return weights
 
     def _counts(self, config: PoolConfig) -> dict[str, float]:
         states = [w.state for w in self.pool.workers() if w.id != "local"]

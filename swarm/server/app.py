@@ -210,9 +210,10 @@ class _Parts:
 
 
 def _roster(pool: GeneratorPool, keys: KeyRing, engine: Engine, run_blocking: Any) -> Roster | None:
-    """The pool's membership and dissemination; None when the trainer streams its weights (NCCL to a
-    local vLLM): there is no state dict to send workers then."""
-    if pool.streams_weights or keys.worker_token is None:
+    """The pool's membership and dissemination; None without a worker token. When the trainer streams
+    its weights to a local vLLM (NCCL), workers get a state dict exported after each step, and only
+    while any is active."""
+    if keys.worker_token is None:
         return None
     trainer = engine.trainer
 

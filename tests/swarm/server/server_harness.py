@@ -8,6 +8,7 @@ need a ``swarm serve`` *process* use ``support.ServeProcess`` instead; waits use
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,23 @@ class RunningServer:
         return httpx.Client(base_url=self.url, timeout=60.0,
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
+    def status(self) -> dict[str, Any]:
+        """``GET /api/v1/status`` as JSON (as ``support.ServeProcess.status``)."""
+        with self.client() as http:
+            response = http.get("/api/v1/status")
+            response.raise_for_status()
+            return dict(response.json())
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
 
 def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "test-token",
-           max_context: int | None = None, trainer: Any = None, mlflow_uri: str | None = None,
-           **config: Any) -> RunningServer:
+           max_context: int | None = None, trainer: Any = None, generator: Callable[[Any], Any] | None = None,
+           mlflow_uri: str | None = None, **config: Any) -> RunningServer:
     """``trainer``: compose the server from the loaded backend as generator and this trainer;
+    ``generator``: build the generator from the loaded backend, which is then the trainer;
     ``mlflow_uri``: the server writes its MLflow run there (``swarm serve --mlflow-uri``)."""
     from swarm.backends import load_backend
 
@@ -49,7 +58,10 @@ def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "
                               token=token, seed=seed, max_context=max_context, mlflow_uri=mlflow_uri,
                               config=ServerConfig().patched(config) if config else ServerConfig())
     backend = load_backend(settings.model, settings.config, seed=seed)
-    app = create_app(settings, backend, trainer=trainer)
+    if generator is not None:
+        app = create_app(settings, generator=generator(backend), trainer=backend)
+    else:
+        app = create_app(settings, backend, trainer=trainer)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning"))
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
