@@ -15,7 +15,10 @@ A remote call that fails (the worker died, its connection broke) drops that work
 rows on another member from exactly the tokens already produced (``swarm.pool.stitch``).
 Publication (``load_weights``) loads the local member as before and sends the version to the remote
 members (``swarm.pool.roster``: in async mode that push overlaps the next step); ``last_publication``
-holds the figures of the last push that finished, for the step's metrics.
+holds the figures of the last push that finished, for the step's metrics. When the trainer streams
+its weights into the local member (``load_streamed``, NCCL), the remote members get a copy exported
+from the trainer; after a failed local publication (``recover``) they get the version before the
+local member restarts.
 """
 
 from __future__ import annotations
@@ -157,9 +160,13 @@ class GeneratorPool(Generator):
             await self.roster.disseminate(version, None, overlap=self._mode == "async")
 
     async def recover(self, version: int, weights: Weights) -> None:
+        """After a failed publication to the local member: the remote members get ``version`` first
+        (they serve while the local one restarts, which may take long or fail), then the local one."""
+        self._published = max(self._published, version)
+        if self.roster is not None:
+            await self.roster.disseminate(version, weights, overlap=self._mode == "async")
         if self.local is not None:
             await self.local.recover(version, weights)
-        self._published = max(self._published, version)
 
     # ------------------------------------------------------------------ generation
 

@@ -6,6 +6,8 @@ it: a learner without workers never gathers one.
 The real server (in process, on loopback), trainer, `swarm worker` process and letters client; the
 one stand-in is how the local generator receives the trainer's weights: NCCL needs GPUs, so the
 trainer's tensors are copied straight into the generator's model, which is what a stream delivers.
+One stream breaks: the generator is recovered from an exported copy, and the worker gets that version
+as well (before the local generator restarts, which on vLLM takes long).
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ class StreamedTorch(LocalGenerator):
         super().__init__(sampler, DeviceWorker(sampler, window_s=0.005, max_rows=64))
         self.trainer = trainer
         self.streamed: list[int] = []
+        self.break_at: int | None = None  # the stream of this version breaks (NCCL failed mid-send)
 
     async def load_streamed(self, version: int) -> None:
+        if version == self.break_at:
+            raise RuntimeError(f"the stream of version {version} broke")
+
         def receive() -> None:  # the trainer's own tensors, as a stream delivers them (no export)
             self.backend.load_weights(version, self.trainer.model.state_dict())
 
@@ -98,6 +104,7 @@ def test_workers_join_a_streamed_server_and_get_each_version(
             worker.start()
             joined = worker.wait_ready()
             joined_at = server.status()["step"]
+            local.break_at = server.status()["policy_version"] + 2  # recovered: the worker still gets it
             key = f"pool/logprob_diff_max/{joined['id']}"  # in a step that trained what the worker sampled
 
             def steps_since_join() -> list[dict[str, Any]]:
@@ -124,3 +131,5 @@ def test_workers_join_a_streamed_server_and_get_each_version(
     diffs = [r["metrics"][key] for r in rows if key in r["metrics"]]
     assert diffs and max(diffs) < 1e-3, (diffs, rows)
     assert local.policy_version == server.engine.trainer.policy_version
+    broken = next(r for r in rows if r["policy_version"] == local.break_at)
+    assert local.break_at not in local.streamed and broken["metrics"]["pool/disseminated_version"] == local.break_at
