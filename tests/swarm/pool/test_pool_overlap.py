@@ -34,10 +34,11 @@ def test_async_pushes_overlap_the_next_step_and_the_worker_keeps_up(tmp_path: Pa
             wait_for(lambda: server.status()["step"] >= 8, 240, what="step 8", proc=run)
         with server.http() as http:
             rows = http.get("/api/v1/metrics").json()
-        newest = server.status()["policy_version"]
-        # The last push finishes after its step: the worker holds the newest version soon after.
-        wait_for(lambda: (m := worker.member()) is not None and m["version"] == newest, 60,
-                 what=lambda: f"the worker at version {newest} ({worker.member()})")
+        # The last push finishes after its step: the worker holds the newest version soon after. The
+        # client's last episodes may still train a step or two, so the newest version is read afresh.
+        wait_for(lambda: (m := worker.member()) is not None and m["version"] == server.status()["policy_version"],
+                 60, what=lambda: f"the worker at the newest version {server.status()['policy_version']} "
+                                  f"({worker.member()})")
     finally:
         worker.stop()
         server.stop()
