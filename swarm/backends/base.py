@@ -160,6 +160,7 @@ def worst_by_source(worst: dict[str, float], sources: Sequence[str], row_max: Se
         if source:
             worst[source] = max(worst.get(source, 0.0), value)
 
+
 RolloutIS = Literal["off", "token", "sequence"]
 ROLLOUT_IS_HELP = "importance weights against the rollout log-probs: off, per token or per sequence"
 

@@ -6,8 +6,9 @@ publications (and whenever there is no previous version to diff against), put in
 ``depot`` (``encode``) and pushed once along a relay chain of the workers (``relay``, through
 ``swarm.pool.relay.disseminate``: each forwards chunks to the next while receiving the rest, so the
 server uploads about one copy whatever the pool size). The two are separate calls so that in async
-mode the push can overlap the next step (``swarm.pool.roster``). Workers that join, or fall behind a delta's base, load a full snapshot of
-the newest version from ``snapshots``, served under ``SNAPSHOT_PREFIX`` by the same relay routes.
+mode the push can overlap the next step (``swarm.pool.roster``). Workers that join, or fall behind a
+delta's base, load a full snapshot of the newest version from ``snapshots``, served under
+``SNAPSHOT_PREFIX`` by the same relay routes.
 
 It keeps a CPU copy of the newest weights only while the pool has remote members (the base of the
 next delta and of snapshots); without workers it holds nothing and a joiner's snapshot is taken
