@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Registry models (smollm2-135m) are converted once per checkout, not into the user's ~/.cache.
+os.environ.setdefault("SWARM_MODEL_CACHE", str(Path(__file__).resolve().parents[1] / "artifacts" / "model-cache"))
 
 
 @pytest.fixture(scope="session")

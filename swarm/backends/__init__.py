@@ -41,7 +41,7 @@ __all__ = [
 
 
 def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch") -> InProcessModel:
-    """Build the backend ``kind`` for ``model`` ("tiny" or a local Hugging Face folder)."""
+    """Build the backend ``kind`` for ``model`` (any name ``swarm.backends.models`` resolves)."""
     if kind == "torch":
         from swarm.backends.torch import TorchBackend
 
@@ -80,13 +80,12 @@ def load_engines(settings: "ServerSettings") -> tuple[InProcessModel | None, Gen
 def _vllm_generator(settings: "ServerSettings", trainer: Any, split: "GpuSplit") -> Generator:
     """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``; its GPUs
     and its weight transfer (``swarm.backends.vllm.wiring``) follow the settings."""
-    from swarm.backends.torch import resolve_model_folder
-    from swarm.backends.torch.presets import is_preset
+    from swarm.backends.models import model_name, resolve_model_folder
     from swarm.backends.vllm import VllmGenerator
     from swarm.backends.vllm.wiring import transfer_options
 
     folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
-    options = {"model_name": settings.model if is_preset(settings.model) else None, "mode": settings.config.mode,
+    options = {"model_name": model_name(settings.model, folder), "mode": settings.config.mode,
                "max_context": settings.max_context,
                **transfer_options(settings.weight_transfer, trainer, split, attached=bool(settings.vllm_url))}
     if settings.vllm_url:

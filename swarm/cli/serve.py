@@ -56,7 +56,8 @@ class ServeFlags:
 @app.command()
 def serve(
     model: Annotated[str | None, typer.Option(help=(
-        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think) or a local Hugging Face model folder "
+        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think), a registry model (smollm2-135m), a .gguf file "
+        "or a local Hugging Face model folder "
         "(default: the --config file's `model`, else tiny)"), show_default=False)] = None,
     host: str = "127.0.0.1",
     port: int = 8000,

@@ -21,9 +21,9 @@ import torch
 
 from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
 from swarm.backends.folders import atomic_folder
+from swarm.backends.models import model_name, resolve_model_folder
 from swarm.backends.text import ChatText, load_tokenizer
 from swarm.backends.torch import algorithms, training
-from swarm.backends.torch.presets import PRESETS, build_preset, is_current_preset, is_preset
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 
 logger = logging.getLogger(__name__)
@@ -33,38 +33,6 @@ __all__ = ["TorchBackend", "resolve_model_folder"]
 _STATE_FILE = "backend_state.json"
 _OPTIMIZER_FILE = "optimizer.pt"
 _REFERENCE_FILE = "reference.pt"
-
-
-def _build_preset_once(name: str, folder: Path, seed: int) -> None:
-    """Build preset ``name`` into ``folder`` under a file lock (servers may start side by side).
-
-    The build goes to a staging folder that is renamed into place, so a killed build never
-    leaves a half-written folder behind.
-    """
-    from filelock import FileLock
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder.parent / f".{folder.name}.lock")):
-        if is_current_preset(name, folder, seed):  # another process finished it while we waited
-            return
-        with atomic_folder(folder) as staging:  # replaces a stale build of an older format
-            build_preset(name, staging, seed=seed)
-
-
-def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
-    """The local folder for ``model``: a preset (see ``presets``), built if needed, else an existing folder."""
-    if is_preset(model):
-        folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"{model}-{seed}"
-        if not is_current_preset(model, folder, seed):
-            _build_preset_once(model, folder, seed)
-        return folder
-    folder = Path(model)
-    if not folder.is_dir():
-        raise ValueError(f"model {model!r} is neither 'tiny' nor an existing local folder (nothing is downloaded); "
-                         f"presets: {', '.join(PRESETS)}")
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
-    return folder
 
 
 def _load_model(folder: Path, device: str) -> torch.nn.Module:
@@ -141,7 +109,7 @@ class TorchBackend(InProcessModel):
         folder = resolve_model_folder(model, seed=seed, cache_dir=cache_dir)
         tokenizer = load_tokenizer(folder)
         loaded = _load_model(folder, device)
-        name = model if is_preset(model) else folder.resolve().name
+        name = model_name(model, folder)
         wants_reference = config is not None and config.kl_coef > 0
         logger.info("loaded %s from %s", name, folder)
         return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swarm.backends.folders import atomic_folder
+from swarm.backends.models import TINY_PRESETS
 from swarm.backends.torch import tiny, tiny_bpe
 
-__all__ = ["PRESETS", "build_preset", "is_current_preset", "is_preset"]
+__all__ = ["PRESETS", "build_preset", "build_preset_once", "is_current_preset", "is_preset"]
 
-PRESETS: tuple[str, ...] = ("tiny", *tiny_bpe.BPE_PRESETS)
+PRESETS: tuple[str, ...] = TINY_PRESETS  # listed in swarm.backends.models, which resolves names without torch
 
 
 def is_preset(name: str) -> bool:
@@ -40,3 +42,19 @@ def is_current_preset(name: str, directory: str | Path, seed: int) -> bool:
     if name == "tiny":
         return tiny.is_current_tiny(directory, seed)
     return tiny_bpe.is_current_tiny_bpe(directory, name, seed)
+
+
+def build_preset_once(name: str, folder: Path, seed: int) -> Path:
+    """``folder`` holding a current build of preset ``name``, built under a file lock if it does not
+    (servers may start side by side). The build goes to a staging folder renamed into place, so a
+    killed build never leaves a half-written folder behind."""
+    if is_current_preset(name, folder, seed):
+        return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        if not is_current_preset(name, folder, seed):  # another process may have built it meanwhile
+            with atomic_folder(folder) as staging:  # replaces a stale build of an older format
+                build_preset(name, staging, seed=seed)
+    return folder

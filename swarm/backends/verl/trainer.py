@@ -74,14 +74,13 @@ class VerlTrainer(Trainer):
     def __init__(self, model: str, config: TrainConfig, *, workers: int = 1, ray_address: str | None = None,
                  device: str | None = None, seed: int = 0, num_cpus: int | None = None,
                  gpus: Sequence[str] | None = None) -> None:
-        from swarm.backends.torch import resolve_model_folder
-        from swarm.backends.torch.presets import is_preset
+        from swarm.backends.models import model_name, resolve_model_folder
 
         check_supported(config)
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.folder = resolve_model_folder(model, seed=seed)
-        self.model_name = model if is_preset(model) else self.folder.resolve().name
+        self.model_name = model_name(model, self.folder)
         self.workers = workers
         self.policy_version = 0
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -106,7 +106,7 @@ def test_bad_messages_raise_value_error(backend: TorchBackend) -> None:
 
 
 def test_from_model_rejects_unknown_names_without_downloading(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="neither 'tiny' nor an existing local folder"):
+    with pytest.raises(ValueError, match="or an existing local folder \(nothing is downloaded\)"):
         TorchBackend.from_model("Qwen/Qwen2.5-0.5B", TrainConfig())
     with pytest.raises(ValueError, match="no config.json"):
         TorchBackend.from_model(str(tmp_path), TrainConfig())

