@@ -151,7 +151,8 @@ def start(
             if layout.study_toml.is_file():
                 raise ValueError(f"study {sid} already exists; use `researcher resume {sid}` or pick another --study-id")
             base = data_config or default_dir("studies/examples/arith") / "config.toml"
-            settings = settings.model_copy(update={"examples_root": datatask.write_task(options, layout.study_dir, base)})
+            task_root = datatask.write_task(options, layout.study_dir, base, scale_to_model=data_config is None)
+            settings = settings.model_copy(update={"examples_root": task_root})
     except (ValueError, OSError) as exc:
         _fail(str(exc), 2)
     ctx = build_context(settings, sid, options, printer=terminal.printer(), window_s=window_s)

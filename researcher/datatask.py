@@ -69,20 +69,37 @@ def root(study_dir: Path) -> Path:
     return study_dir / "task"
 
 
-def write_task(options: StudyOptions, study_dir: Path, base_config: Path) -> Path:
-    """Write the data task's client.py and config.toml (the server keys of ``base_config``); its examples root."""
+def write_task(options: StudyOptions, study_dir: Path, base_config: Path, *, scale_to_model: bool = False) -> Path:
+    """Write the data task's client.py and config.toml (the server keys of ``base_config``); its examples root.
+
+    ``scale_to_model`` (a study on ``--model`` without its own ``--data-config``): the learning rate,
+    completion length and staleness come from ``swarm.defaults.training_defaults`` for that model and
+    the data's longest reference answer, never from the tiny-model example the base config is."""
     folder = root(study_dir) / catalog.DATA_TASK
-    write_atomic(folder / "client.py", client_source(options))
     config = tomllib.loads(base_config.read_text())
-    write_atomic(folder / "config.toml", dumps_toml(config.get("server", config),
-                                                    f"server keys of the data task (from {base_config})"))
+    config = dict(config.get("server", config))
+    source = f"server keys of the data task (from {base_config})"
+    if scale_to_model and options.model:
+        config.update(model_defaults(options.model, Path(options.data or "")))
+        source += f", scaled to {options.model} (swarm.defaults)"
+    write_atomic(folder / "client.py", client_source(options, eval_every=config.pop("eval_every", 5)))
+    write_atomic(folder / "config.toml", dumps_toml(config, source))
     write_atomic(folder / "README.md", f"# data: {Path(options.data or '').name}\n\nThe user's data task: "
                                        f"{options.data} (sha256 {options.data_sha256}), reward `{options.reward}`, "
                                        f"held-out {options.heldout or f'{HELDOUT_FRACTION:g} of the rows by hash'}.\n")
     return root(study_dir)
 
 
-def client_source(options: StudyOptions) -> str:
+def model_defaults(model: str, data: Path) -> dict[str, Any]:
+    """``training_defaults`` for ``model`` and the longest reference answer in ``data``."""
+    from swarm.data import read_rows
+    from swarm.defaults import training_defaults
+
+    longest = max((len(str(row.answer or row.ground_truth or "")) for row in read_rows(data)), default=0)
+    return training_defaults(model, answer_chars=longest)
+
+
+def client_source(options: StudyOptions, eval_every: int = 5) -> str:
     """A study client that trains on the data file (``swarm.data``), for ``swarm run`` and the preflight."""
     if options.data is None:
         raise ValueError("not a data study: no data file")
@@ -99,7 +116,7 @@ from swarm.data import DataOptions, build_study
 
 GROUP_SIZE = 8
 CONCURRENCY = 16
-EVAL_EVERY = 5
+EVAL_EVERY = {eval_every}
 REWARD_RANGE = {REWARD_RANGE!r}
 
 _study = build_study(DataOptions(data={json.dumps(options.data)}, {heldout}, reward={json.dumps(options.reward)},

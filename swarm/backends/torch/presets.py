@@ -15,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from swarm.backends.folders import atomic_folder
-from swarm.backends.models import TINY_PRESETS
+from swarm.named_models import TINY_PRESETS
 from swarm.backends.torch import tiny, tiny_bpe
 
 __all__ = ["PRESETS", "build_preset", "build_preset_once", "is_current_preset", "is_preset"]
 
-PRESETS: tuple[str, ...] = TINY_PRESETS  # listed in swarm.backends.models, which resolves names without torch
+PRESETS: tuple[str, ...] = TINY_PRESETS  # listed in swarm.named_models, which the researcher reads without torch
 
 
 def is_preset(name: str) -> bool:

@@ -14,7 +14,8 @@ import pytest
 from support import ROOT, free_port
 from support.gguf_files import smollm2_gguf, write_tiny_llama, write_truncated
 
-from swarm.backends.models import RegistryModel, locate, model_name, resolve_model_folder
+from swarm.backends.models import locate, model_name, resolve_model_folder
+from swarm.named_models import RegistryModel
 
 pytestmark = pytest.mark.timeout(600)
 

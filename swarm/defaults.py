@@ -1,0 +1,44 @@
+"""Training defaults that scale with the model and the data, not with the letters toy.
+
+``training_defaults(model, answer_chars)`` gives the ``ServerConfig`` keys a study on ``model``
+should start from, plus the evaluation cadence (``eval_every``, a client setting). The researcher's
+data task writes them into its config and ``swarm run --data`` evaluates at their cadence, so a
+study planned by the researcher and one run by hand start from the same place.
+
+The rules, and why:
+- **Learning rate.** Random tiny presets learn at 1e-3 (measured: letters, arith). Full fine-tuning
+  of a pretrained model needs far less, and less the larger it is: 1e-5 up to ~300M parameters
+  (SmolLM2-135M learned the answer format at 1e-5 here; 1e-3 wrecks it), 3e-6 to 1.5B, 1e-6 above
+  (the range GRPO recipes for 0.5B-7B models use); 3e-6 when the size is unknown (a GGUF file).
+- **Completion length**, from the longest reference answer in characters. A pretrained instruct model
+  explains before it answers: twice the answer's tokens (~4 characters each) plus 64, at least 96
+  (48 cut off most of SmolLM2's replies before their ``####`` line), at most 1024. A tiny preset
+  writes the answer alone, a byte a token: the answer plus 2, at least 8 (arith's ``#### 12``).
+- **Staleness.** A pretrained model's steps are slow (~40 s for SmolLM2 on 2 CPU cores) and its
+  episodes long, so a 96-token episode spans a few steps: ``max_staleness = 4`` (ECHO-2 finds up to
+  6 stable). Tiny steps are fast: 1, as the examples use.
+- **Evaluation cadence.** Every 5 steps (``swarm run``'s default): a pretrained model's step is
+  slow, so a round every 5 steps still gives a 60-step run 13 points.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.named_models import model_facts
+
+__all__ = ["training_defaults"]
+
+_LR_BY_SIZE = ((300_000_000, 1e-5), (1_500_000_000, 3e-6))  # (at most this many parameters, lr); above: 1e-6
+
+
+def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
+    """ServerConfig keys (``lr``, ``max_tokens``, ``max_staleness``) and ``eval_every`` for ``model``
+    (a preset, a registry name, a .gguf file or a folder), given the longest reference answer's length."""
+    facts = model_facts(model)
+    if not facts.pretrained:
+        return {"lr": 1e-3, "max_tokens": max(8, answer_chars + 2), "max_staleness": 1, "eval_every": 5}
+    size = facts.parameters
+    lr = 3e-6 if size is None else next((value for limit, value in _LR_BY_SIZE if size <= limit), 1e-6)
+    max_tokens = min(1024, max(96, answer_chars // 2 + 64))
+    return {"lr": lr, "max_tokens": max_tokens, "max_staleness": 4, "eval_every": 5}
