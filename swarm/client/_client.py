@@ -70,7 +70,9 @@ class SwarmClient:
         client = Credential(client_token, Path(client_token_file) if client_token_file else None)
         self._transport = Transport(self.url, control=control, client=client, timeout=timeout,
                                     retry_for_s=retry_for_s)
-        self._openai_pool = OpenAIPool(timeout=max(float(timeout), 120.0))  # generation can queue
+        # Generation can queue: a real model on CPU answers 32 concurrent 96-token calls in minutes, and a
+        # call that times out is re-sent from scratch (its episode aborted after the retries): wait long.
+        self._openai_pool = OpenAIPool(timeout=max(float(timeout), 600.0))
 
     @property
     def openai_pool(self) -> OpenAIPool:

@@ -143,14 +143,18 @@ class RunningBatch(Generic[P]):
         return _plain_layers(self.cache)
 
     def merge(self, other: RunningBatch[P]) -> None:
-        """Append ``other``'s rows (both batches advanced, each with one pending token per row)."""
+        """Append ``other``'s rows (both batches advanced, each with one pending token per row).
+
+        Each layer's keys and values are written once into one new tensor (its left padding zeroed),
+        not padded and then concatenated: a merge costs one copy of the cache, as a decode step's own
+        cache append does (three copies made merges 60% of a 30-layer model's generation time)."""
         if not (self.can_merge and other.can_merge):
             raise ValueError("only plain dynamic KV caches can be merged")
         width = max(self.mask.shape[-1], other.mask.shape[-1])
-        self.mask = torch.cat([_pad_left(self.mask, width, -1), _pad_left(other.mask, width, -1)])
+        self.mask = _stack_left_padded(self.mask, other.mask, width, -1)
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width - 1, -2), _pad_left(theirs.keys, width - 1, -2)])
-            mine.values = torch.cat([_pad_left(mine.values, width - 1, -2), _pad_left(theirs.values, width - 1, -2)])
+            mine.keys = _stack_left_padded(mine.keys, theirs.keys, width - 1, -2)
+            mine.values = _stack_left_padded(mine.values, theirs.values, width - 1, -2)
         self.inputs = torch.cat([self.inputs, other.inputs])
         self.positions = torch.cat([self.positions, other.positions])
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
@@ -162,11 +166,16 @@ class RunningBatch(Generic[P]):
         return self.cache.layers[0].keys.device
 
 
-def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Zero-pad ``tensor`` on the left along ``dim`` up to ``width`` (masked columns: values unused)."""
-    missing = width - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+def _stack_left_padded(first: torch.Tensor, second: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``first`` and ``second`` stacked along dim 0, each right-aligned in ``width`` along ``dim`` with
+    zeros on the left (masked columns: their values are never used). One allocation, one copy of each."""
+    shape = list(first.shape)
+    shape[0], shape[dim] = first.shape[0] + second.shape[0], width
+    out = first.new_empty(shape)
+    for rows, part in ((slice(0, first.shape[0]), first), (slice(first.shape[0], None), second)):
+        target = out[rows]
+        missing = width - part.shape[dim]
+        if missing:
+            target.narrow(dim, 0, missing).zero_()
+        target.narrow(dim, missing, part.shape[dim]).copy_(part)
+    return out

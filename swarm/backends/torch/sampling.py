@@ -10,6 +10,11 @@ prefills them on their own and merges their cache into the running batch (``runn
 each row to the feed the moment it finishes. A row that joins late samples exactly what it would
 alone (same seed, same tokens; log-probs equal up to float rounding).
 
+Joins are paced by the batch's size: a running batch of ``n`` rows asks the feed for new rows every
+``n // JOIN_PACE_ROWS`` decode steps (every step below that many rows). Each join copies the whole KV
+cache once, so with calls arriving one by one a large batch of a deep model would spend more time
+merging than decoding; paced, the copies stay a small share and a new row waits a few steps at most.
+
 Only ids the tokenizer knows are sampled (models pad their embedding past the tokenizer; the
 trainer slices the logits the same way, so the recorded and recomputed log-probs agree).
 
@@ -56,7 +61,9 @@ from swarm.backends.torch.running import RunningBatch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SamplingSetup", "sample_batch", "validate_requests"]
+__all__ = ["JOIN_PACE_ROWS", "SamplingSetup", "sample_batch", "validate_requests"]
+
+JOIN_PACE_ROWS = 8  # a batch of n rows takes new rows every n // 8 decode steps (see the module docstring)
 
 
 
@@ -201,6 +208,7 @@ class _Loop:
         self.watcher = _StopWatcher(setup.decode)
         self.rows: dict[int, _Row] = {}
         self.next_index = 0
+        self.steps_since_join = 0
 
     def run(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Generation]:
         initial = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
@@ -229,9 +237,14 @@ class _Loop:
         return index
 
     def _admit(self, running: RunningBatch[SamplingPlan] | None) -> list[int]:
-        """Rows the feed offers now (none while a cache that cannot be merged is still running)."""
+        """Rows the feed offers now (none while a cache that cannot be merged is still running, nor
+        between the paced joins of a large batch)."""
         if self.feed is None or (running is not None and not running.can_merge):
             return []
+        if running is not None and self.steps_since_join < len(running) // JOIN_PACE_ROWS:
+            self.steps_since_join += 1
+            return []
+        self.steps_since_join = 0
         admitted: list[int] = []
         for prompt, params in self.feed.admit():
             try:
