@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_folder", "fsync_dir", "fsync_tree"]
+__all__ = ["atomic_folder", "build_once", "fsync_dir", "fsync_tree"]
 
 
 @contextmanager
@@ -44,6 +44,23 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_once(folder: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``folder``, built by ``build(staging)`` unless ``is_current(folder)`` already holds. The build runs
+    under a file lock beside the folder (processes starting side by side build once: the others wait,
+    then find it current) and through ``atomic_folder`` (a killed or failed build leaves nothing a
+    reader would take; a stale folder is replaced whole). ``build`` writes its marker last."""
+    if is_current(folder):
+        return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        if not is_current(folder):
+            with atomic_folder(folder) as staging:
+                build(staging)
+    return folder
 
 
 def fsync_tree(root: str | Path) -> None:

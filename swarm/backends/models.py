@@ -26,7 +26,7 @@ import logging
 import os
 from pathlib import Path
 
-from swarm.backends.folders import atomic_folder
+from swarm.backends.folders import build_once
 from swarm.backends.gguf import GGUF_FORMAT, convert_gguf, file_sha256
 from swarm.named_models import REGISTRY_MODELS, TINY_PRESETS, RegistryModel, is_tiny_preset
 
@@ -96,21 +96,14 @@ def _converted(source: Path, root: Path) -> Path:
     """The cache folder holding ``source`` converted, ``root/<file stem>-<sha256[:12]>``: a registry
     model and the same file named by its path share one conversion."""
     sha = file_sha256(source)
-    folder = root / f"{source.stem}-{sha[:12]}"
-    if _is_current(folder, sha):
-        return folder
-    from filelock import FileLock
 
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f".{folder.name}.lock")):
-        if _is_current(folder, sha):  # another process converted it while this one waited
-            return folder
-        log.warning("converting %s into %s once (about a minute; later starts load the folder)", source, folder)
-        with atomic_folder(folder) as staging:
-            facts = convert_gguf(source, staging)
-            marker = {"source": str(source), "sha256": sha, "format": GGUF_FORMAT, **facts}
-            (staging / _MARKER).write_text(json.dumps(marker, indent=2))
-    return folder
+    def convert(staging: Path) -> None:
+        log.warning("converting %s into %s once (about a minute; later starts load the folder)", source, root)
+        facts = convert_gguf(source, staging)
+        marker = {"source": str(source), "sha256": sha, "format": GGUF_FORMAT, **facts}
+        (staging / _MARKER).write_text(json.dumps(marker, indent=2))
+
+    return build_once(root / f"{source.stem}-{sha[:12]}", lambda folder: _is_current(folder, sha), convert)
 
 
 def _is_current(folder: Path, sha: str) -> bool:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swarm.backends.folders import atomic_folder
-from swarm.named_models import TINY_PRESETS
+from swarm.backends.folders import build_once
 from swarm.backends.torch import tiny, tiny_bpe
+from swarm.named_models import TINY_PRESETS
 
 __all__ = ["PRESETS", "build_preset", "build_preset_once", "is_current_preset", "is_preset"]
 
@@ -45,16 +45,6 @@ def is_current_preset(name: str, directory: str | Path, seed: int) -> bool:
 
 
 def build_preset_once(name: str, folder: Path, seed: int) -> Path:
-    """``folder`` holding a current build of preset ``name``, built under a file lock if it does not
-    (servers may start side by side). The build goes to a staging folder renamed into place, so a
-    killed build never leaves a half-written folder behind."""
-    if is_current_preset(name, folder, seed):
-        return folder
-    from filelock import FileLock
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder.parent / f".{folder.name}.lock")):
-        if not is_current_preset(name, folder, seed):  # another process may have built it meanwhile
-            with atomic_folder(folder) as staging:  # replaces a stale build of an older format
-                build_preset(name, staging, seed=seed)
-    return folder
+    """``folder`` holding a current build of preset ``name`` (``swarm.backends.folders.build_once``)."""
+    return build_once(folder, lambda built: is_current_preset(name, built, seed),
+                      lambda staging: build_preset(name, staging, seed))

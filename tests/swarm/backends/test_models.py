@@ -78,7 +78,8 @@ def test_a_file_that_cannot_be_converted_is_refused_and_nothing_is_cached(case: 
 
 
 def test_a_missing_registry_package_names_its_install_command() -> None:
-    entry = RegistryModel(package="no_such_registry_package", file="m.gguf", install="pip install no-such-pkg")
+    entry = RegistryModel(package="no_such_registry_package", file="m.gguf", install="pip install no-such-pkg",
+                          parameters=1, context=1)
     with pytest.raises(ValueError, match="pip install no-such-pkg"):
         locate(entry)
 
