@@ -4,7 +4,9 @@ two FSDP2 workers. Each answers a sum greedily where it can and trains three on-
 recorded sampled log-probs equal the trainer's recomputation (``rollout/logprob_diff_mean``).
 
 The model is converted once per machine into the model cache (``SWARM_MODEL_CACHE``, set by
-tests/conftest.py; ~35 s); each server then loads the converted folder in seconds.
+tests/conftest.py; ~35 s); each server then loads the converted folder in seconds. The torch pair runs
+in the default test run; the vLLM and verl pairs (a vLLM child or a Ray cluster with two FSDP2 workers
+of a 135M model: minutes each on 2 cores) run with ``-m study``.
 """
 
 from __future__ import annotations
@@ -94,12 +96,14 @@ def test_torch_engine_answers_and_trains_token_exact(smollm2: Path, tmp_path: Pa
         _assert_token_exact(_train_three_steps(server))
 
 
+@pytest.mark.study
 def test_vllm_engine_answers_and_trains_token_exact(smollm2: Path, tmp_path: Path) -> None:
     for server in _serve(tmp_path, "--engine", "vllm", timeout_s=420):
         assert "12" in _greedy(server)
         _assert_token_exact(_train_three_steps(server))
 
 
+@pytest.mark.study
 def test_verl_trainer_on_two_workers_trains_token_exact(smollm2: Path, tmp_path: Path) -> None:
     for server in _serve(tmp_path, "--trainer", "verl", "--workers", "2", timeout_s=420):
         _assert_token_exact(_train_three_steps(server))
