@@ -130,8 +130,9 @@ def _judged_axis(rows: Sequence[Arm], measured: Sequence[str], metric: str, budg
                   f"{points_word(metric)} (at least {MIN_ROUNDS} needed)")
     other = next((a for a in JUDGED_AXES if a != axis and enough.get(a)), None)
     if other is None:
-        return axis, why, "", (f"No verdict {AXIS_TEXT[axis]}: {reason}, and no other axis has {MIN_ROUNDS} "
-                               f"{points_word(metric)} for every arm either.")
+        shown = axis if axis in measured else "step"  # the numbers shown, though no verdict is drawn
+        return shown, why, "", (f"No verdict {AXIS_TEXT[axis]}: {reason}, and no other axis has {MIN_ROUNDS} "
+                                f"{points_word(metric)} for every arm either.")
     fewest = min(r.rounds[other] for r in scored)
     return other, f"judged {AXIS_TEXT[other]}: the registered axis lacks the evidence", (
         f"Judged {AXIS_TEXT[other]}, not {AXIS_TEXT[axis]} as registered: {reason}; {AXIS_TEXT[other]} every arm "

@@ -40,8 +40,10 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plan = studyfiles.read_plan(ctx.layout).iteration(iteration)
     history = [s for s in summaries(state) if s.iteration != iteration]
     previous = history[-1].best_value if history and history[-1].best is not None else None
-    # The verdict's metric is the one the hypotheses registered before running (the framing's otherwise).
-    registered = next((h.metric for h in plan.hypotheses if h.metric), framing.metric)
+    # The verdict's metric is the one the hypotheses registered before running: the held-out reward or the
+    # framing's metric (a free-text metric an LLM wrote into a hypothesis names no curve: the framing's then).
+    registered = next((h.metric for h in plan.hypotheses if h.metric in (analysis.EVAL_METRIC, framing.metric)),
+                      framing.metric)
     judging = analysis.Judging(framing.knob, registered, plan.steps_per_run, state["options"]["min_effect"],
                                plan.shape)
     trials = [analysis.TrialRun(experiment=t["experiment"], run_dir=t["run_dir"], status=t["status"], seed=t["seed"])

@@ -48,7 +48,9 @@ def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder()
     framing = planner.frame("larger group size on letters?", "").value
     first = planner.plan(framing, {"iteration": 1}).value
     assert [e.overrides for e in first.experiments] == [{"group_size": 2}, {"group_size": 8}]
-    assert first.hypotheses[0].metric == "train/reward_mean" and first.hypotheses[0].expected_effect
+    # Registered before running on what the verdict judges: the held-out reward, per episode for a group size.
+    assert first.hypotheses[0].metric == "eval/reward_mean"
+    assert "held-out `eval/reward_mean` curve per episode consumed" in first.hypotheses[0].expected_effect
     second = planner.plan(framing, {"iteration": 2, "best_value": 8, "tested_values": [2, 8]}).value
     assert [e.overrides for e in second.experiments] == [{"group_size": 8}, {"group_size": 16}]
     third = planner.plan(framing, {"iteration": 2, "best_value": 2, "tested_values": [2, 8]}).value
