@@ -62,6 +62,29 @@ def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder()
     assert plateau.action == "conclude" and plateau.reason == "no gain"
 
 
+@pytest.mark.parametrize(("diff", "hw", "action", "stage"), [
+    (0.004, 0.01, "conclude", None),        # no meaningful difference: settled
+    (0.012, 0.010, "continue", "replicate"),  # below the minimum of interest, CI past it: more seeds, never "best"
+    (0.015, 0.03, "continue", "replicate"),   # inconclusive
+    (0.104, 0.05, "conclude", None),        # yes: the named comparison is resolved
+])
+def test_decisions_follow_the_verdict_rules(diff: float, hw: float, action: str, stage: str | None) -> None:
+    planner = OfflinePlanner(TASKS)
+    topic = "Does a group size of 8 beat 2 on letters?"
+    framing = planner.frame(topic, "").value
+    comparison = {"better": "it1-group-size-8", "worse": "it1-group-size-2", "diff": diff, "hw": hw,
+                  "clear": diff - hw > 0}
+    last = {"iteration": 1, "best": "it1-group-size-8", "best_value": 8, "comparison": comparison,
+            "values": {"it1-group-size-8": 8, "it1-group-size-2": 2}}
+    decision = planner.decide(framing, {"topic": topic, "last": last, "tested_values": [8, 2],
+                                        "min_effect": 0.02}).value
+    assert decision.action == action, decision.reason
+    if stage:
+        plan = planner.plan(framing, {"topic": topic, "iteration": 2, "history": [last], "min_effect": 0.02,
+                                      "best_value": 8, "tested_values": [8, 2]}).value
+        assert plan.stage == stage and sorted(e.overrides["group_size"] for e in plan.experiments) == [2, 8]
+
+
 def test_cli_refuses_unmappable_topic_and_writes_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["start", "--topic", "Is the moon made of cheese?", "--studies-dir",
                                       str(tmp_path / "studies"), "--artifacts-dir", str(tmp_path / "artifacts")],
