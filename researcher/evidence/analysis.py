@@ -6,7 +6,7 @@ Seeds of the same configuration (same overrides) are pooled across iterations, s
 replicate iteration adds narrow the interval of the comparison it re-ran, and the answer reads the
 whole study. Verdicts use the metric the hypotheses registered (``train/reward_mean`` registers the
 reward: its held-out ``eval/reward_mean`` where every run holds it) on the knob's primary axis, over a
-window in which every arm has at least ``MIN_ROUNDS`` points of that metric; where the budget leaves an
+window in which every arm has at least ``window.MIN_ROUNDS`` points of that metric; where the budget leaves an
 arm short, the verdict moves to the axis (then the metric) that has the evidence, and ``Evidence.switch``
 says why. Results are small dicts (they go into the graph state and analysis.json);
 curves are read from each run's metrics.jsonl; ``researcher.evidence.verdicts`` words the answer from them.
@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from researcher.axes import (AXES, AXIS_TEXT, AXIS_UNIT, EVAL_METRIC, TRAIN_METRIC,  # re-exported for plots and reports
                              primary_axis)
-from researcher.evidence import rules, stats
+from researcher.evidence import rules, stats, window
 from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
                                 PlannedExperiment)
 from researcher.runs import record as runs
@@ -34,8 +34,6 @@ OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = 
 MIN_POINTS = 3
 MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
 SWEEP_MIN = 4  # a curve needs at least this many values
-MIN_ROUNDS = 4  # points of the metric every arm needs inside the window a verdict compares (never two points)
-JUDGED_AXES = ("step", "episode")  # wall-clock is never judged: runs share the CPU cores
 
 
 class Curve(NamedTuple):
@@ -104,39 +102,6 @@ def choose_metric(requested: str, run_dirs: Iterable[Path]) -> tuple[str, str]:
     return TRAIN_METRIC, (f"Verdicts use `{TRAIN_METRIC}` (the reward of the sampled training batch): not every run "
                           f"holds a held-out `{EVAL_METRIC}` ({len(lacking)} of {len(trained)} runs have fewer than "
                           f"{MIN_EVAL_POINTS} evaluation rounds).")
-
-
-def points_word(metric: str) -> str:
-    """What one point of ``metric`` is, in words: a held-out round or a training step's batch."""
-    return "held-out evaluation rounds" if metric.startswith("eval/") else f"steps with a `{metric}` value"
-
-
-def _judged_axis(rows: Sequence[Arm], measured: Sequence[str], metric: str, budgets: Mapping[str, float],
-                 registered: tuple[str, str]) -> tuple[str, str, str, str]:
-    """(axis, why, switch, short): the registered axis when every scored arm has ``MIN_ROUNDS`` points of
-    ``metric`` inside its window, else the first judged axis that has them (``switch`` says why in a
-    sentence); ``short`` (non-empty) when none has: no verdict then, whatever the intervals say."""
-    axis, why = registered
-    scored = [r for r in rows if r.scored]
-    enough = {a: all(r.rounds.get(a, 0) >= MIN_ROUNDS for r in scored) for a in measured}
-    if enough.get(axis) or not scored:
-        return axis, why, "", ""
-    if axis not in measured:
-        reason = f"the runs record no {AXIS_UNIT[axis]} to judge on"
-    else:
-        thin = min(scored, key=lambda r: r.rounds.get(axis, 0))
-        window = f"{budgets[axis]:.0f} {AXIS_UNIT[axis]}" if axis != "step" else f"{budgets['step']:.0f} steps"
-        reason = (f"within the {window} every run reached, {thin.label} has only {thin.rounds.get(axis, 0)} "
-                  f"{points_word(metric)} (at least {MIN_ROUNDS} needed)")
-    other = next((a for a in JUDGED_AXES if a != axis and enough.get(a)), None)
-    if other is None:
-        shown = axis if axis in measured else "step"  # the numbers shown, though no verdict is drawn
-        return shown, why, "", (f"No verdict {AXIS_TEXT[axis]}: {reason}, and no other axis has {MIN_ROUNDS} "
-                                f"{points_word(metric)} for every arm either.")
-    fewest = min(r.rounds[other] for r in scored)
-    return other, f"judged {AXIS_TEXT[other]}: the registered axis lacks the evidence", (
-        f"Judged {AXIS_TEXT[other]}, not {AXIS_TEXT[axis]} as registered: {reason}; {AXIS_TEXT[other]} every arm "
-        f"has at least {fewest}."), ""
 
 
 def _cell(values: Sequence[float]) -> Cell:
@@ -208,7 +173,7 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
             if trial.status not in OK_STATUSES or len(c.steps) < least or c.steps[0] > horizon:
                 continue
             for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
-                inside = sum(1 for x in c.axis(axis) if x <= budgets[axis] + 1e-9)
+                inside = window.points_inside(c.axis(axis), budgets[axis])
                 row.rounds[axis] = min(row.rounds.get(axis, inside), inside)
             c = _cut(c, horizon)
             for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
@@ -278,7 +243,7 @@ def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:
 def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = "", switch: str = "") -> Evidence:
     """Pool ``trials`` by configuration and score them on ``judging.metric`` (as ``choose_metric`` chose it;
     ``switch``: why that is not the registered metric), on the knob's primary axis where every arm has the
-    points for it (``_judged_axis``)."""
+    points for it (``window.judged_axis``)."""
     knob, metric, min_effect = judging.knob, judging.metric, judging.min_effect
     rows, budgets = _score(_arms(judging, trials), metric, judging.horizon)
     twin_values = [repr(r.value) for r in rows]
@@ -289,7 +254,7 @@ def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = ""
     # with a single timestamp have none).
     measured = [a for a in AXES if a == "step" or budgets[a] > 0]
     registered = primary_axis(knob)
-    axis, why, moved, short = _judged_axis(rows, measured, metric, budgets, registered)
+    axis, why, moved, short = window.judged_axis(rows, measured, metric, budgets, registered)
     noise = {}
     for a in measured:
         sd, seeds = stats.pooled_sd([r.scores[a] for r in rows])

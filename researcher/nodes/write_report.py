@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, rules, run_table, verdicts
+from researcher.evidence import analysis, factorial, rules, run_table, verdicts, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
@@ -201,7 +201,7 @@ def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
             ohw = f" ± {other.hw:.3f}" if other.hw is not None else " (no interval)"
             fewest = min((r.rounds.get(a, 0) for r in study.arms if r.scored), default=0)
             registered = (f" — the registered axis, not judged: the thinnest arm has {fewest} "
-                          f"{analysis.points_word(study.metric)} in its window" if a == study.registered_axis else "")
+                          f"{window.points_word(study.metric)} in its window" if a == study.registered_axis else "")
             out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw} "
                        f"({rules.classify(other.diff, other.hw, m).lower()}){registered}")
     return out
