@@ -51,6 +51,6 @@ def judged_axis(rows: Sequence[Arm], measured: Sequence[str], metric: str, budge
         return shown, why, "", (f"No verdict {AXIS_TEXT[axis]}: {reason}, and no other axis has {MIN_ROUNDS} "
                                 f"{points_word(metric)} for every arm either.")
     fewest = min(r.rounds[other] for r in scored)
-    return other, f"judged {AXIS_TEXT[other]}: the registered axis lacks the evidence", (
+    return other, f"judged {AXIS_TEXT[other]} (the registered {AXIS_TEXT[axis]} lacks the evidence)", (
         f"Judged {AXIS_TEXT[other]}, not {AXIS_TEXT[axis]} as registered: {reason}; {AXIS_TEXT[other]} every arm "
         f"has at least {fewest}."), ""

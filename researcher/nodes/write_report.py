@@ -192,7 +192,7 @@ def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
     verdict = {rules.Verdict.NO_DIFFERENCE: f"the whole CI lies within ±{m}",
                rules.Verdict.BELOW_MINIMUM: f"the 95% CI excludes 0, the estimate is within ±{m}",
                rules.Verdict.INCONCLUSIVE: f"the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}",
-               }.get(kind, f"resolved: the 95% CI excludes 0, the estimate is beyond ±{m}")
+               }.get(kind, f"the 95% CI excludes 0, the estimate is beyond ±{m}")
     hw = f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)"
     out = ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c.better_label} − {c.worse_label} = "
                f"{c.diff:+.3f}{hw} ({kind.lower()}: {verdict})."]
