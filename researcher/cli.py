@@ -96,7 +96,8 @@ def start(
     max_runs: Annotated[int | None, typer.Option(min=1, help="training runs the study may launch")] = None,
     steps_per_run: Annotated[int | None, typer.Option(min=1, help="training steps per run")] = None,
     seeds: Annotated[int | None, typer.Option(min=1, help="seeds per configuration")] = None,
-    seed_base: Annotated[int | None, typer.Option(min=0, help="added to every run's seed: rerun a study on fresh seeds")] = None,
+    seed_base: Annotated[int | None, typer.Option(
+        min=0, help="added to every run's seed: rerun a study on fresh seeds")] = None,
     parallel: Annotated[int | None, typer.Option(min=1, help="runs alive at once (default 2)")] = None,
     max_iterations: Annotated[int | None, typer.Option(min=1)] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,

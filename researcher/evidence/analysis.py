@@ -220,7 +220,8 @@ def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: flo
         needed = max(needed, seeds + 1)
     return Comparison(better=better.name, worse=worse.name, better_value=better.value, worse_value=worse.value,
                       better_label=better.label, worse_label=worse.label, axis=axis, diff=d.mean, hw=hw,
-                      clear=d.low > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE, seeds=seeds, seeds_needed=needed)
+                      clear=d.low > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE, seeds=seeds,
+                      seeds_needed=needed)
 
 
 def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:

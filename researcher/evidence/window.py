@@ -24,9 +24,11 @@ def points_inside(xs: Sequence[float], budget: float) -> int:
     return sum(1 for x in xs if x <= budget + 1e-9)
 
 
-def points_word(metric: str) -> str:
-    """What one point of ``metric`` is, in words: a held-out round or a training step's batch."""
-    return "held-out evaluation rounds" if metric.startswith("eval/") else f"steps with a `{metric}` value"
+def points_word(metric: str, n: int = 2) -> str:
+    """What ``n`` points of ``metric`` are, in words: held-out rounds or training steps' batches."""
+    if metric.startswith("eval/"):
+        return "held-out evaluation round" + ("s" if n != 1 else "")
+    return ("step" if n == 1 else "steps") + f" with a `{metric}` value"
 
 
 def judged_axis(rows: Sequence[Arm], measured: Sequence[str], metric: str, budgets: Mapping[str, float],
@@ -43,8 +45,9 @@ def judged_axis(rows: Sequence[Arm], measured: Sequence[str], metric: str, budge
         reason = f"the runs record no {AXIS_UNIT[axis]} to judge on"
     else:
         thin = min(scored, key=lambda r: r.rounds.get(axis, 0))
-        reason = (f"within the {budgets[axis]:.0f} {AXIS_UNIT[axis]} every run reached, {thin.label} has only {thin.rounds.get(axis, 0)} "
-                  f"{points_word(metric)} (at least {MIN_ROUNDS} needed)")
+        n = thin.rounds.get(axis, 0)
+        reason = (f"within the {budgets[axis]:.0f} {AXIS_UNIT[axis]} every run reached, {thin.label} has only {n} "
+                  f"{points_word(metric, n)} (at least {MIN_ROUNDS} needed)")
     other = next((a for a in JUDGED_AXES if a != axis and enough.get(a)), None)
     if other is None:
         shown = axis if axis in measured else "step"  # the numbers shown, though no verdict is drawn

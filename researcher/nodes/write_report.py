@@ -200,8 +200,9 @@ def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
         if a != axis:
             ohw = f" ± {other.hw:.3f}" if other.hw is not None else " (no interval)"
             fewest = min((r.rounds.get(a, 0) for r in study.arms if r.scored), default=0)
-            registered = (f" — the registered axis, not judged: the thinnest arm has {fewest} "
-                          f"{window.points_word(study.metric)} in its window" if a == study.registered_axis else "")
+            registered = "" if a != study.registered_axis else (
+                f" — the registered axis, not judged: the thinnest arm has {fewest} "
+                f"{window.points_word(study.metric, fewest)} in its window")
             out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw} "
                        f"({rules.classify(other.diff, other.hw, m).lower()}){registered}")
     return out
