@@ -32,7 +32,7 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
     history = state.get("iterations") or []
     if history:
         best = history[-1]
-        answer = f"{_standing(best, (state.get('options') or {}).get('min_effect', 0.02))}: {best.get('best')} " \
+        answer = f"{standing(best, (state.get('options') or {}).get('min_effect', 0.02))}: {best.get('best')} " \
                  f"({best.get('knob')}={best.get('best_value')})"
     if layout.report_md.is_file():
         lines = layout.report_md.read_text().split("## Answer", 1)
@@ -57,15 +57,15 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
     }
 
 
-def _standing(summary: dict[str, Any], min_effect: float) -> str:
+def standing(summary: dict[str, Any], min_effect: float) -> str:
     """How the current leader stands, by the verdict rules: never "best" from an unsettled comparison."""
     c, study = summary.get("comparison"), summary.get("study") or {}
     if c is None:
         return "best so far"
+    if study.get("short"):
+        return "leading so far (no verdict: too few points in an arm's window)"
     verdict = rules.classify(c["diff"], c.get("hw"), study.get("min_effect", min_effect))
-    if rules.resolved(verdict) and not study.get("short"):
-        return "best so far"
-    return f"leading so far ({verdict.lower()})"
+    return "best so far" if rules.resolved(verdict) else f"leading so far ({verdict.lower()})"
 
 
 def placements(records: list[runs.RunRecord], now: float) -> list[dict[str, Any]]:
