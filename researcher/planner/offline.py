@@ -6,8 +6,9 @@ those arms (one named value is compared with the knob's off/standard value, said
 assumptions); "how does X affect Y" and "what is the best X" become a dose-response sweep over at
 least 4 values across the knob's range. Everything but the knob is held fixed and every
 configuration runs on the same seeds. Later iterations follow the evidence: an unresolved
-difference (its 95% CI includes 0) is re-run on fresh seeds before anything new is tried; a
-resolved sweep is refined around its best value; a resolved comparison of named arms is done. An
+difference (``researcher.evidence.rules``: inconclusive, or below the minimum of interest with a CI
+reaching past it) is re-run on fresh seeds before anything new is tried; a resolved sweep is refined
+around its best value; a settled comparison is done (a yes/no topic is answered by its pair). An
 A/A check runs two arms with the identical configuration under different names (``it1-a``,
 ``it1-a-copy``), re-run under fresh names while their difference is unresolved.
 Its client is the example's own code.
@@ -165,8 +166,11 @@ class OfflinePlanner:
                 return free(Decision(action="conclude", reason=f"the A/A check is resolved, against expectation: "
                                                                f"{c.better} − {c.worse} = {spread} between "
                                                                "identical configurations"))
-            if question.shape == "comparison" and question.values:
-                return free(Decision(action="conclude", reason=f"the comparison of the named arms is resolved: "
+            if question.shape == "comparison":
+                # A yes/no topic is answered by its controlled comparison: refining around the winner would
+                # make the Answer about another pair (16 vs 8 where the question was answered by 8 vs 2).
+                arms = "named arms" if question.values else "arms"
+                return free(Decision(action="conclude", reason=f"the comparison of the {arms} is resolved: "
                                                                f"{c.better} beat {c.worse} ({spread})"))
         if question.identical:  # nothing to refine: two arms of one configuration
             return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))

@@ -62,15 +62,16 @@ def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder()
     assert plateau.action == "conclude" and plateau.reason == "no gain"
 
 
+@pytest.mark.parametrize("topic", ["Does a group size of 8 beat 2 on letters?",
+                                   "Does a larger GRPO group size make the letters task learn faster?"])
 @pytest.mark.parametrize(("diff", "hw", "action", "stage"), [
     (0.004, 0.01, "conclude", None),        # no meaningful difference: settled
     (0.012, 0.010, "continue", "replicate"),  # below the minimum of interest, CI past it: more seeds, never "best"
     (0.015, 0.03, "continue", "replicate"),   # inconclusive
-    (0.104, 0.05, "conclude", None),        # yes: the named comparison is resolved
+    (0.104, 0.05, "conclude", None),        # yes: the comparison answers the topic (named arms or not), no refining
 ])
-def test_decisions_follow_the_verdict_rules(diff: float, hw: float, action: str, stage: str | None) -> None:
+def test_decisions_follow_the_verdict_rules(topic: str, diff: float, hw: float, action: str, stage: str | None) -> None:
     planner = OfflinePlanner(TASKS)
-    topic = "Does a group size of 8 beat 2 on letters?"
     framing = planner.frame(topic, "").value
     comparison = {"better": "it1-group-size-8", "worse": "it1-group-size-2", "diff": diff, "hw": hw,
                   "clear": diff - hw > 0}
