@@ -91,7 +91,7 @@ def choose_metric(requested: str, run_dirs: Iterable[Path]) -> tuple[str, str]:
     runs that ended cleanly: a crash before the first evaluation must not veto it) with a training curve
     also holds ``eval/reward_mean`` at ``MIN_EVAL_POINTS`` steps or more. ``train/reward_mean`` registers
     the reward (held-out where it can); a registered ``eval/reward_mean`` falls back to the training
-    reward only where a run lacks it, and ``metric_switch`` says so in the Answer."""
+    reward only where a run lacks it, and ``summarize`` opens the Answer with that switch."""
     if requested not in (TRAIN_METRIC, EVAL_METRIC):
         return requested, f"Verdicts use `{requested}`, the metric the plan judges."
     trained = [d for d in run_dirs if read_axes(d, TRAIN_METRIC).steps]

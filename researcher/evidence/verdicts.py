@@ -190,8 +190,8 @@ def _final_clause(study: Evidence, ahead: Arm, behind: Arm) -> str:
         return ""
     axis = study.axis
     if axis == "step":
-        why = (f"the verdict weighs its whole curve over {study.horizon} steps and {behind.label} rose later, while "
-               "the final reward is the mean of the last 5 points")
+        why = (f"the verdict weighs each whole curve over {study.horizon} steps and {behind.label} rose later, "
+               "while the final reward is the mean of the last 5 points")
     else:
         unit = AXIS_UNIT[axis]
         why = (f"the final reward is read after each run's own {study.horizon} steps, by which {behind.label} had "
