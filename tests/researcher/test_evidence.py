@@ -482,3 +482,22 @@ def test_an_arm_with_two_rounds_in_the_episode_window_moves_the_verdict_to_the_a
     assert "AUC per training step (verdict)" in text and switch in text
     assert ("- per episode consumed: " in text and "the registered axis, not judged: the thinnest arm has 2 held-out "
             "evaluation rounds in its window" in text), text
+
+
+def test_a_late_riser_with_the_higher_final_reward_is_explained_in_the_answer(tmp_path: Path) -> None:
+    """Per step, the arm ahead on the area can end below the other: the Answer says why in one clause."""
+    experiments = [_exp("early", lr=1e-3), _exp("late", lr=1e-4)]
+    trials = []
+    for name, curve in (("early", [0.1, 0.5, 0.55, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]),
+                        ("late", [0.0, 0.0, 0.0, 0.05, 0.1, 0.6, 0.8, 0.9, 0.95, 0.95])):
+        for seed in range(3):
+            run_dir = tmp_path / f"{name}-{seed}"
+            _write_run(run_dir, [v + 0.01 * seed for v in curve])
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    answer, _ = verdicts.verdict("q", [summary])
+    assert answer.startswith("Yes: the larger lr (0.001) learned faster per training step; lr=0.0001 ends with the "
+                             "higher final reward (0.850 vs 0.610) because"), answer
+    assert ("; lr=0.0001 ends with the higher final reward" in answer and "because the verdict weighs each whole "
+            "curve over 10 steps and lr=0.0001 rose later, while the final reward is the mean of the last 5 points"
+            in answer), answer
