@@ -166,7 +166,8 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
     rows = []
     for group in groups:
         row = Arm(name=group.name, value=group.value, overrides=group.overrides, statuses=[], aucs=[], finals=[],
-                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}))
+                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}),
+                  rounds={}, reach={})  # set here, filled below: ``dump`` keeps only fields set
         for trial in group.trials:
             row.statuses.append(trial.status)
             c = curves[id(trial)]

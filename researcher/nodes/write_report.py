@@ -146,8 +146,8 @@ def evidence_section(study: Evidence) -> list[str]:
     out = ["## Evidence (whole study)", "",
            f"Seeds of the same configuration are pooled over iterations {', '.join(map(str, iterations))}. "
            f"{study.metric_note} "
-           f"The verdict axis is {AXIS_TEXT[axis]}: {study.axis_why}."
-           + (f" {study.switch}" if study.switch else "") + (f" {study.short}" if study.short else ""), "",
+           + (study.switch or f"The verdict axis is {AXIS_TEXT[axis]}: {study.axis_why}.")
+           + (f" {study.short}" if study.short else ""), "",
            f"- Metric: `{metric}`; areas under its curve {budgets} (mean height; each axis over the budget every run "
            "reached).", f"- Minimum effect: {study.min_effect}"]
     for a in study.measured:

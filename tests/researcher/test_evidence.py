@@ -167,7 +167,7 @@ def test_axes_disagreeing_is_stated_and_group_size_is_judged_per_episode(tmp_pat
     # Every axis compares the verdict axis' leader (group_size=2) minus the runner-up (group_size=8).
     assert compared["episode"].better_value == 2 and compared["episode"].clear
     assert compared["step"].diff + compared["step"].hw < 0  # per step, group_size=8 is clearly ahead
-    answer, caveats = verdicts.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [IterationSummary.model_validate(summary.without_runs().dump())])
     assert answer.startswith("No: the larger group_size (8) learned slower per episode consumed"), answer
     # Its higher final reward is no contradiction, and the Answer says why in one clause.
     assert ("; group_size=8 ends with the higher final reward" in answer and "because the final reward is read after "
@@ -462,7 +462,9 @@ def test_an_arm_with_two_rounds_in_the_episode_window_moves_the_verdict_to_the_a
             run_dir = tmp_path / f"{name}-{seed}"
             _evaluated_run(run_dir, 30, episodes, 0.05 + 0.005 * seed, slope + 0.0005 * seed)
             trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
-    summary = summarize(1, "group_size", "eval/reward_mean", 30, experiments, trials, 0.02, None)
+    # As the state stores it and the report reads it back: every number the wording needs survives.
+    summary = IterationSummary.model_validate(
+        summarize(1, "group_size", "eval/reward_mean", 30, experiments, trials, 0.02, None).without_runs().dump())
     study = summary.study
     assert summary.metric == "eval/reward_mean" and study.registered_axis == "episode" and study.axis == "step"
     assert {r.name: r.rounds for r in study.arms} == {"g2": {"step": 7, "episode": 7, "second": 7},
