@@ -1,10 +1,13 @@
-"""The three axes a learning curve is measured on, their words, and the axis a knob's verdict is judged on.
+"""The three axes a learning curve is measured on, their words, the axis a knob's verdict is judged on,
+and the reward metrics a hypothesis registers.
 
 A leaf module (no imports): the evidence, the report and the planners word the axes the same way.
 """
 
 from __future__ import annotations
 
+TRAIN_METRIC = "train/reward_mean"  # the sampled training batch's reward: a point every step
+EVAL_METRIC = "eval/reward_mean"  # held-out evaluation, every few steps: what the example studies register
 AXES = ("step", "episode", "second")
 AXIS_TEXT = {"step": "per training step", "episode": "per episode consumed", "second": "per wall-clock second"}
 AXIS_UNIT = {"step": "steps", "episode": "episodes", "second": "s"}

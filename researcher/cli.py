@@ -96,6 +96,8 @@ def start(
     max_runs: Annotated[int | None, typer.Option(min=1, help="training runs the study may launch")] = None,
     steps_per_run: Annotated[int | None, typer.Option(min=1, help="training steps per run")] = None,
     seeds: Annotated[int | None, typer.Option(min=1, help="seeds per configuration")] = None,
+    seed_base: Annotated[int | None, typer.Option(
+        min=0, help="added to every run's seed: rerun a study on fresh seeds")] = None,
     parallel: Annotated[int | None, typer.Option(min=1, help="runs alive at once (default 2)")] = None,
     max_iterations: Annotated[int | None, typer.Option(min=1)] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
@@ -136,6 +138,7 @@ def start(
         deadline = flags.deadline(budget, until, time.time())
         settings = build_settings(studies_dir, artifacts_dir, server)
         options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
+                                       "seed_base": seed_base,
                                        "parallel_runs": parallel, "max_iterations": max_iterations,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
                                        "model": str(Path(model).resolve()) if model and Path(model).is_dir() else model,

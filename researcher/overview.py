@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher import scheduler
+from researcher.evidence import rules
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -31,10 +32,8 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
     history = state.get("iterations") or []
     if history:
         best = history[-1]
-        c = best.get("comparison")
-        # Never a "best" claim from an unresolved comparison: say it only leads.
-        word = "best so far" if c is None or c.get("clear") else "leading so far (unresolved)"
-        answer = f"{word}: {best.get('best')} ({best.get('knob')}={best.get('best_value')})"
+        answer = f"{standing(best, (state.get('options') or {}).get('min_effect', 0.02))}: {best.get('best')} " \
+                 f"({best.get('knob')}={best.get('best_value')})"
     if layout.report_md.is_file():
         lines = layout.report_md.read_text().split("## Answer", 1)
         if len(lines) == 2:
@@ -56,6 +55,17 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         "report": str(layout.report_md) if layout.report_md.is_file() else None,
         "placements": placements(records, time.time()),
     }
+
+
+def standing(summary: dict[str, Any], min_effect: float) -> str:
+    """How the current leader stands, by the verdict rules: never "best" from an unsettled comparison."""
+    c, study = summary.get("comparison"), summary.get("study") or {}
+    if c is None:
+        return "best so far"
+    if study.get("short"):
+        return "leading so far (no verdict: too few points in an arm's window)"
+    verdict = rules.classify(c["diff"], c.get("hw"), study.get("min_effect", min_effect))
+    return "best so far" if rules.resolved(verdict) else f"leading so far ({verdict.lower()})"
 
 
 def placements(records: list[runs.RunRecord], now: float) -> list[dict[str, Any]]:

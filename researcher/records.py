@@ -108,6 +108,8 @@ class Arm(Record):
     auc: Cell | None = None
     final: Cell | None = None
     axes: dict[str, Cell] = Field(default_factory=dict)
+    rounds: dict[str, int] = Field(default_factory=dict)  # per axis: fewest points of the metric in the window
+    reach: dict[str, float] = Field(default_factory=dict)  # per axis: where its runs' curves end (mean)
     label: str = ""
 
     @property
@@ -123,6 +125,10 @@ class Evidence(Record):
     metric_note: str = ""
     axis: str = "step"
     axis_why: str = ""
+    registered_metric: str = ""  # the metric and axis the hypotheses registered (the verdict's unless switched)
+    registered_axis: str = ""
+    switch: str = ""  # why the verdict's metric or axis is not the registered one ("" when it is)
+    short: str = ""  # why no axis has enough points in every arm for a verdict ("" when one has)
     budgets: dict[str, float] = Field(default_factory=dict)
     measured: list[str] = Field(default_factory=lambda: ["step"])
     horizon: int = 0

@@ -34,6 +34,8 @@ class StudyOptions(BaseModel):
 
     steps_per_run: int = Field(30, ge=1, le=100_000, description="training steps each run trains for")
     seeds: int = Field(3, ge=1, le=16, description="seeds per configuration (3: t-intervals with n=2 are very wide)")
+    seed_base: int = Field(0, ge=0, le=1_000_000, description="added to every run's seed (iteration i, seed k: "
+                           "seed_base + i*1000 + k): a rerun of a study on fresh seeds")
     max_runs: int = Field(16, ge=1, description="training runs the whole study may launch")
     max_iterations: int = Field(3, ge=1, le=50)
     max_repairs: int = Field(3, ge=0, le=20, description="validate/repair rounds before giving up")

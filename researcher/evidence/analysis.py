@@ -4,8 +4,11 @@ the noise floor; and the comparison of the best configuration with the runner-up
 
 Seeds of the same configuration (same overrides) are pooled across iterations, so the seeds a
 replicate iteration adds narrow the interval of the comparison it re-ran, and the answer reads the
-whole study. Verdicts use ``eval/reward_mean`` (held-out evaluation) when every run holds it, else
-``train/reward_mean``. Results are small dicts (they go into the graph state and analysis.json);
+whole study. Verdicts use the metric the hypotheses registered (``train/reward_mean`` registers the
+reward: its held-out ``eval/reward_mean`` where every run holds it) on the knob's primary axis, over a
+window in which every arm has at least ``window.MIN_ROUNDS`` points of that metric; where the budget leaves an
+arm short, the verdict moves to the axis (then the metric) that has the evidence, and ``Evidence.switch``
+says why. Results are small dicts (they go into the graph state and analysis.json);
 curves are read from each run's metrics.jsonl; ``researcher.evidence.verdicts`` words the answer from them.
 ``backfill`` gives summaries written before pooled evidence existed their ``study``, from the runs on disk.
 """
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from researcher.axes import AXES, AXIS_TEXT, AXIS_UNIT, primary_axis  # re-exported for plots and reports
-from researcher.evidence import stats
+from researcher.axes import (AXES, AXIS_TEXT, AXIS_UNIT, EVAL_METRIC, TRAIN_METRIC,  # re-exported for plots and reports
+                             primary_axis)
+from researcher.evidence import rules, stats, window
 from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
                                 PlannedExperiment)
 from researcher.runs import record as runs
@@ -29,7 +33,6 @@ from researcher.study.layout import StudyLayout
 OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
 MIN_POINTS = 3
 MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
-TRAIN_METRIC, EVAL_METRIC = "train/reward_mean", "eval/reward_mean"
 SWEEP_MIN = 4  # a curve needs at least this many values
 
 
@@ -86,15 +89,19 @@ def read_axes(run_dir: Path, metric: str, horizon: int | None = None) -> Curve:
 def choose_metric(requested: str, run_dirs: Iterable[Path]) -> tuple[str, str]:
     """(metric, sentence saying which and why): held-out evaluation when every usable run (pass only
     runs that ended cleanly: a crash before the first evaluation must not veto it) with a training curve
-    also holds ``eval/reward_mean`` at ``MIN_EVAL_POINTS`` steps or more."""
-    if requested != TRAIN_METRIC:
+    also holds ``eval/reward_mean`` at ``MIN_EVAL_POINTS`` steps or more. ``train/reward_mean`` registers
+    the reward (held-out where it can); a registered ``eval/reward_mean`` falls back to the training
+    reward only where a run lacks it, and ``summarize`` opens the Answer with that switch."""
+    if requested not in (TRAIN_METRIC, EVAL_METRIC):
         return requested, f"Verdicts use `{requested}`, the metric the plan judges."
     trained = [d for d in run_dirs if read_axes(d, TRAIN_METRIC).steps]
-    if trained and all(len(read_axes(d, EVAL_METRIC).steps) >= MIN_EVAL_POINTS for d in trained):
+    lacking = [d for d in trained if len(read_axes(d, EVAL_METRIC).steps) < MIN_EVAL_POINTS]
+    if trained and not lacking:
         return EVAL_METRIC, (f"Verdicts use `{EVAL_METRIC}` (held-out evaluation at a fixed step interval), "
                              f"present in all {len(trained)} runs; `{TRAIN_METRIC}` is the sampled batch's reward.")
     return TRAIN_METRIC, (f"Verdicts use `{TRAIN_METRIC}` (the reward of the sampled training batch): not every run "
-                          f"holds a held-out `{EVAL_METRIC}`.")
+                          f"holds a held-out `{EVAL_METRIC}` ({len(lacking)} of {len(trained)} runs have fewer than "
+                          f"{MIN_EVAL_POINTS} evaluation rounds).")
 
 
 def _cell(values: Sequence[float]) -> Cell:
@@ -159,13 +166,20 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
     rows = []
     for group in groups:
         row = Arm(name=group.name, value=group.value, overrides=group.overrides, statuses=[], aucs=[], finals=[],
-                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}))
+                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}),
+                  rounds={}, reach={})  # set here, filled below: ``dump`` keeps only fields set
         for trial in group.trials:
             row.statuses.append(trial.status)
             c = curves[id(trial)]
             if trial.status not in OK_STATUSES or len(c.steps) < least or c.steps[0] > horizon:
                 continue
+            for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
+                inside = window.points_inside(c.axis(axis), budgets[axis])
+                row.rounds[axis] = min(row.rounds.get(axis, inside), inside)
             c = _cut(c, horizon)
+            for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
+                reached = row.reach.get(axis, 0.0) * len(row.aucs) + c.axis(axis)[-1]
+                row.reach[axis] = reached / (len(row.aucs) + 1)  # the mean over its runs
             row.aucs.append(stats.auc(c.steps, c.values, horizon))
             row.finals.append(stats.final_level(c.values))
             row.runs.append(trial.run_dir)
@@ -195,19 +209,20 @@ def _cut(c: Curve, horizon: int) -> Curve:
 
 def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: float | None) -> Comparison:
     """better − worse on one axis: the 95% CI, whether it excludes 0 (``clear``), whether it lies within
-    ±min_effect (``equivalent``), and the seeds per arm estimated to resolve it."""
+    ±min_effect (``equivalent``), and the seeds per arm estimated to settle it (``rules.settled``)."""
     d = stats.diff_ci(better.scores[axis], worse.scores[axis])
     hw = _finite(d.half_width)
     seeds = min(len(better.scores[axis]), len(worse.scores[axis]))
-    equivalent = hw is not None and abs(d.mean) + hw < min_effect
+    verdict = rules.classify(d.mean, hw, min_effect)
     needed = stats.seeds_needed(d.mean, noise_sd, min_effect)
-    if needed is not None and not (d.low > 0 or equivalent):
+    if needed is not None and not rules.settled(verdict):
         # Unresolved with ``seeds`` seeds: more are needed, even where the pooled sd (which averages the
         # arms' spreads) says fewer would do.
         needed = max(needed, seeds + 1)
     return Comparison(better=better.name, worse=worse.name, better_value=better.value, worse_value=worse.value,
                       better_label=better.label, worse_label=worse.label, axis=axis, diff=d.mean, hw=hw,
-                      clear=d.low > 0, equivalent=equivalent, seeds=seeds, seeds_needed=needed)
+                      clear=d.low > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE, seeds=seeds,
+                      seeds_needed=needed)
 
 
 def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:
@@ -227,8 +242,10 @@ def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:
     return list(groups.values())
 
 
-def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = "") -> Evidence:
-    """Pool ``trials`` by configuration and score them on ``judging.metric`` (as ``choose_metric`` chose it)."""
+def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = "", switch: str = "") -> Evidence:
+    """Pool ``trials`` by configuration and score them on ``judging.metric`` (as ``choose_metric`` chose it;
+    ``switch``: why that is not the registered metric), on the knob's primary axis where every arm has the
+    points for it (``window.judged_axis``)."""
     knob, metric, min_effect = judging.knob, judging.metric, judging.min_effect
     rows, budgets = _score(_arms(judging, trials), metric, judging.horizon)
     twin_values = [repr(r.value) for r in rows]
@@ -238,15 +255,15 @@ def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = ""
     # An axis is measured when every usable run reached a budget on it (runs without train/episodes or
     # with a single timestamp have none).
     measured = [a for a in AXES if a == "step" or budgets[a] > 0]
-    axis, why = primary_axis(knob)
-    if axis not in measured:
-        axis, why = "step", f"judged per training step: the runs record no {AXIS_UNIT[axis]} axis to judge on"
+    registered = primary_axis(knob)
+    axis, why, moved, short = window.judged_axis(rows, measured, metric, budgets, registered)
     noise = {}
     for a in measured:
         sd, seeds = stats.pooled_sd([r.scores[a] for r in rows])
         noise[a] = Noise(sd=sd, seeds=seeds, arms=sum(1 for r in rows if len(r.scores[a]) >= 2))
     scored = sorted((r for r in rows if r.scored), key=lambda r: r.axes[axis].mean, reverse=True)
     out = Evidence(knob=knob, metric=metric, metric_note=metric_note, axis=axis, axis_why=why, budgets=budgets,
+                   registered_axis=registered[0], switch=" ".join(s for s in (switch, moved) if s), short=short,
                    measured=measured, horizon=int(budgets["step"]), min_effect=min_effect, noise_floor=noise,
                    arms=rows, best=None, best_value=None, comparison=None, axes_compared={},
                    sweep=judging.shape == "sweep" or (judging.shape != "factorial" and len(rows) >= SWEEP_MIN))
@@ -281,15 +298,24 @@ def summarize(judging: Judging, runs_: IterationRuns) -> IterationSummary:
             if t.experiment in overrides]
     pooled = [*runs_.earlier, *mine]
     metric, note = choose_metric(judging.metric, [Path(t.run_dir) for t in pooled if t.status in OK_STATUSES])
+    switch = (f"Judged on `{metric}`, not the registered `{judging.metric}`: {note.split(': ', 1)[-1]}"
+              if metric != judging.metric and judging.metric != TRAIN_METRIC else "")
+    study = evidence(replace(judging, metric=metric), pooled, note, switch)
+    if study.short and metric != TRAIN_METRIC:
+        # Held-out rounds too sparse on every axis: the training reward has a point every step.
+        switch = f"Judged on `{TRAIN_METRIC}`, not `{metric}`: {study.short}"
+        metric, note = TRAIN_METRIC, (f"Verdicts use `{TRAIN_METRIC}` (the reward of the sampled training batch): "
+                                      f"the held-out `{metric}` has too few rounds in every window.")
+        study = evidence(replace(judging, metric=metric), pooled, note, switch)
+    study.registered_metric = judging.metric
     judging = replace(judging, metric=metric)
-    here = evidence(judging, mine, note)
+    here = evidence(judging, mine, note, switch) if runs_.earlier else study
     order = {e.name: i for i, e in enumerate(runs_.experiments)}
     rows = sorted(here.arms, key=lambda r: order.get(r.name, len(order)))
     for name, settings in overrides.items():  # an experiment with no trial at all still shows (as a negative result)
         if not any(r.name == name for r in rows):
             rows.append(Arm(name=name, value=settings.get(knob), overrides=settings, statuses=[], aucs=[], finals=[],
                             runs=[], scores={a: [] for a in AXES}))
-    study = evidence(judging, pooled, note) if runs_.earlier else here
     summary = IterationSummary(iteration=iteration, knob=knob, metric=metric, horizon=here.horizon, experiments=rows,
                                best=study.best, best_value=study.best_value, comparison=study.comparison,
                                iteration_comparison=here.comparison, plateau=None, study=study)

@@ -1,6 +1,8 @@
 """The study's answer in words, from the evidence ``researcher.evidence.analysis`` computes: the one place
-numbers become a verdict ("Yes", "No", "No meaningful difference", "Inconclusive", a sweep's best value,
-a factorial's effects), so the report, ``researcher status`` and the offline planner say the same thing.
+numbers become a verdict's words ("Yes", "No", "No meaningful difference", "A difference below the minimum
+of interest", "Inconclusive", a sweep's best value, a factorial's effects). The class itself is always
+``researcher.evidence.rules.classify``'s, so the report, ``researcher status`` and the offline planner agree.
+An Answer opens with why its metric or axis is not the registered one, when it is not.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import re
 
 from researcher.evidence.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
+from researcher.evidence.rules import Verdict, classify, resolved
 from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
 
 
@@ -45,8 +48,7 @@ def _axes_sentence(study: Evidence) -> str:
     if not compared:
         return ""
     lead = {a: (c.better_label if c.diff > 0 else c.worse_label) for a, c in compared.items() if c.diff != 0}
-    parts = [f"{AXIS_TEXT[a]} {lead[a]} leads, {_ci(c)}"
-             + (" (resolved)" if c.hw is not None and abs(c.diff) > c.hw else " (unresolved)")
+    parts = [f"{AXIS_TEXT[a]} {lead[a]} leads, {_ci(c)} ({classify(c.diff, c.hw, study.min_effect).lower()})"
              for a, c in compared.items() if a in lead]
     if len(set(map(repr, lead.values()))) > 1:
         return (f"The axes disagree: {'; '.join(parts)}. The verdict is {AXIS_TEXT[study.axis]}.")
@@ -76,9 +78,10 @@ def _effects_answer(study: Evidence) -> str:
     effects = [e for e in study.effects if e.estimate is not None]
     shown = [f"{e.name} {e.estimate:+.3f}" + (f" (95% CI {e.low:+.3f} to {e.high:+.3f})" if e.hw is not None
                                               else " (no interval)") for e in effects]
-    resolved = [e.name for e in effects if e.resolved]
-    lead = (f"Resolved: {', '.join(resolved)} (their 95% CIs exclude 0)" if resolved
-            else "Inconclusive: no main effect or interaction is resolved (every 95% CI includes 0)")
+    named = [e.name for e in effects if resolved(classify(e.estimate or 0.0, e.hw, study.min_effect))]
+    lead = (f"Resolved: {', '.join(named)} (their 95% CIs exclude 0 and their estimates exceed ±{study.min_effect})"
+            if named else f"Inconclusive: no main effect or interaction is resolved (no 95% CI both excludes 0 and "
+                          f"has its estimate beyond ±{study.min_effect})")
     return (f"{lead} — factorial effects on the area under the `{study.metric}` curve "
             f"{AXIS_TEXT[study.axis]}: {'; '.join(shown)}.")
 
@@ -102,10 +105,15 @@ def verdict(question: str, summaries: list[IterationSummary]) -> tuple[str, str]
                 f"(AUC {_est(rows[0].axes[axis])}).",
                 " ".join([*caveats, "A comparison needs at least two configurations with results."]))
     if study.effects:
-        return _effects_answer(study), " ".join(caveats)
+        return _with_switch(study, _effects_answer(study)), " ".join(caveats)
     c = study.comparison
     assert c is not None  # two scored arms are always compared
-    answer = _sweep_answer(study, rows, c) if study.sweep else _pair_answer(study, rows, c)
+    if study.short:
+        answer = (f"Inconclusive: {study.short} No verdict is drawn from fewer points; longer runs (or a later "
+                  "iteration's) would give every arm its window — " + _pair_evidence(study, rows, c) + ".")
+    else:
+        answer = _sweep_answer(study, rows, c) if study.sweep else _pair_answer(study, rows, c)
+    answer = _with_switch(study, answer)
     caveats.append(_axes_sentence(study))
     caveats.append(_refinement_sentence(scored))
     for s in scored[1:]:
@@ -130,53 +138,93 @@ def _seeds(rows: list[Arm]) -> str:
     return ", ".join(f"{r.label}: {len(r.aucs)}" for r in rows)
 
 
+def _with_switch(study: Evidence, answer: str) -> str:
+    """``answer`` opened by why its metric or axis is not the registered one (whoever worded it)."""
+    if not study.switch or answer.startswith(study.switch):
+        return answer
+    return f"{study.switch} {answer}"
+
+
 def _sweep_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
     knob, axis, noise = study.knob, study.axis, study.noise_floor[study.axis]
     best, runner = rows[0], rows[1]
     evidence = (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: best {knob}={best.value} "
                 f"{_est(best.axes[axis])}, runner-up {knob}={runner.value} {_est(runner.axes[axis])}; "
                 f"difference {_ci(c)}; seeds {_seeds(rows)}")
-    if c.clear:
+    verdict = classify(c.diff, c.hw, study.min_effect)  # best − runner-up: never below 0
+    if resolved(verdict):
         return f"Best {knob}={best.value} (resolved against the runner-up) — {evidence}."
-    if c.equivalent:
+    if verdict is Verdict.NO_DIFFERENCE:
         return (f"No meaningful difference between the best values: {knob}={best.value} and "
                 f"{knob}={runner.value} lie within ±{study.min_effect} — {evidence}.")
+    if verdict is Verdict.BELOW_MINIMUM:
+        return (f"{verdict}: {knob}={best.value} beat the runner-up {knob}={runner.value} by less than "
+                f"{study.min_effect}, so no best value is claimed — {evidence}.")
     return (f"Inconclusive: {knob}={best.value} scored highest but is not resolved against the runner-up "
             f"(the 95% CI of the difference includes 0), so no best value is claimed; "
             f"{seeds_text(c, noise)} — {evidence}.")
 
 
-def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
-    knob, axis, noise = study.knob, study.axis, study.noise_floor[study.axis]
+def _ordered(study: Evidence, rows: list[Arm], c: Comparison) -> tuple[Arm, Arm, float, bool]:
+    """The compared pair as (high, low, high − low, orderable): by the knob's value where it is a number,
+    else (better, worse)."""
     pair = [r for r in rows if r.name in (c.better, c.worse)]
     orderable = _orderable([r.value for r in pair])
-    if orderable:
-        low, high = sorted(pair, key=lambda r: r.value)
+    high, low = sorted(pair, key=lambda r: r.value, reverse=True) if orderable else pair
+    return high, low, (c.diff if high.name == c.better else -c.diff), orderable
+
+
+def _pair_evidence(study: Evidence, rows: list[Arm], c: Comparison) -> str:
+    high, low, d, _ = _ordered(study, rows, c)
+    axis = study.axis
+    return (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: {high.label} "
+            f"{_est(high.axes[axis])} vs {low.label} {_est(low.axes[axis])}; final reward "
+            f"{_est(high.final)} vs {_est(low.final)}; difference {_ci(c, d)}; seeds {_seeds(rows)}")
+
+
+def _final_clause(study: Evidence, ahead: Arm, behind: Arm) -> str:
+    """Why the arm behind on the verdict axis can end with the higher final reward, in one clause
+    ("" when it does not): the final reward is read at the end of each run's own steps, the verdict
+    over the window every arm reached, or over the whole curve where a late riser ends higher."""
+    if ahead.final is None or behind.final is None or behind.final.mean <= ahead.final.mean:
+        return ""
+    axis = study.axis
+    if axis == "step":
+        why = (f"the verdict weighs each whole curve over {study.horizon} steps and {behind.label} rose later, "
+               "while the final reward is the mean of the last 5 points")
     else:
-        high, low = pair
-    d = c.diff if high.name == c.better else -c.diff
-    hw = c.hw
-    evidence = (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: {high.label} "
-                f"{_est(high.axes[axis])} vs {low.label} {_est(low.axes[axis])}; final reward "
-                f"{_est(high.final)} vs {_est(low.final)}; difference {_ci(c, d)}; seeds {_seeds(rows)}")
+        unit = AXIS_UNIT[axis]
+        why = (f"the final reward is read after each run's own {study.horizon} steps, by which {behind.label} had "
+               f"used {behind.reach.get(axis, 0):.0f} {unit} against {ahead.reach.get(axis, 0):.0f}, while the "
+               f"verdict compares both over the first {study.budgets[axis]:.0f} {unit}")
+    return (f"; {behind.label} ends with the higher final reward ({behind.final.mean:.3f} vs "
+            f"{ahead.final.mean:.3f}) because {why}")
+
+
+def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
+    knob, axis, noise = study.knob, study.axis, study.noise_floor[study.axis]
+    high, low, d, orderable = _ordered(study, rows, c)
+    evidence = _pair_evidence(study, rows, c)
+    verdict = classify(d, c.hw, study.min_effect)  # signed the way the question asks: larger − smaller
+    ahead, behind = (high, low) if d >= 0 else (low, high)
+    clause = _final_clause(study, ahead, behind)
     who = f"the larger {knob} ({high.value})" if orderable else f"{high.label} (vs {low.label})"
-    twins = arm_key(high.overrides) == arm_key(low.overrides)
-    if twins and hw is not None and abs(d) - hw > 0:
+    if resolved(verdict) and arm_key(high.overrides) == arm_key(low.overrides):
         same = ", ".join(f"{k}={v}" for k, v in high.overrides.items()) or "the task's configuration"
-        return (f"Yes: {high.name} learned faster than {low.name} {AXIS_TEXT[axis]}, though both run the "
+        return (f"Yes: {ahead.name} learned faster than {behind.name} {AXIS_TEXT[axis]}, though both run the "
                 f"identical configuration ({same}): a false positive (expected in 5% of such checks) or a "
-                f"source of difference outside the configuration — {evidence}.")
-    if c.equivalent:  # before the sign: a resolved but negligible difference is no meaningful one
-        sign = ("" if hw is None or abs(d) <= hw else
-                f"; {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]}, but by less than that")
-        return (f"No meaningful difference: the whole 95% CI of the difference lies within "
-                f"±{study.min_effect}{sign} — {evidence}.")
-    if hw is not None and d - hw > 0:
-        return f"Yes: {who} learned faster {AXIS_TEXT[axis]} — {evidence}."
-    if hw is not None and d + hw < 0:
-        return f"No: {who} learned slower {AXIS_TEXT[axis]} — {evidence}."
+                f"source of difference outside the configuration{clause} — {evidence}.")
+    if verdict is Verdict.NO_DIFFERENCE:
+        return (f"No meaningful difference: the whole 95% CI of the difference lies within ±{study.min_effect}"
+                f"{clause} — {evidence}.")
+    if verdict is Verdict.BELOW_MINIMUM:
+        return (f"{verdict}: {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]} (the 95% CI "
+                f"excludes 0), but by less than the minimum effect {study.min_effect}, so neither Yes nor No"
+                f"{clause} — {evidence}.")
+    if resolved(verdict):
+        return f"{verdict}: {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]}{clause} — {evidence}."
     return (f"Inconclusive: {c.better_label} was ahead on average but the 95% CI of the "
-            f"difference includes 0; {seeds_text(c, noise)} — {evidence}.")
+            f"difference includes 0; {seeds_text(c, noise)}{clause} — {evidence}.")
 
 
 _AXIS_WORDS = {"step": re.compile(r"\bper (training )?step"), "episode": re.compile(r"\bper episode"),
@@ -205,6 +253,8 @@ def answer_naming_axes(question: str, study: Evidence | None, answer: str) -> st
     verdict's axis (it names another, or none): the headline never silently answers another question."""
     if study is None or not study.axis:
         return answer
+    if study.switch:
+        return _with_switch(study, answer)
     axis = study.axis
     if AXIS_TEXT[axis] in question or (not asked_axes(question) and AXIS_TEXT[axis] in answer.split(". ")[0]):
         return answer

@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, plots
+from researcher.evidence import analysis, factorial, plots, rules
 from researcher.planner.schema import Framing
-from researcher.records import Cell, Comparison, Evidence, IterationSummary
+from researcher.records import Cell, Evidence, IterationSummary
 from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
 from researcher.study import files as studyfiles
@@ -40,7 +40,11 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plan = studyfiles.read_plan(ctx.layout).iteration(iteration)
     history = [s for s in summaries(state) if s.iteration != iteration]
     previous = history[-1].best_value if history and history[-1].best is not None else None
-    judging = analysis.Judging(framing.knob, framing.metric, plan.steps_per_run, state["options"]["min_effect"],
+    # The verdict's metric is the one the hypotheses registered before running: the held-out reward or the
+    # framing's metric (a free-text metric an LLM wrote into a hypothesis names no curve: the framing's then).
+    registered = next((h.metric for h in plan.hypotheses if h.metric in (analysis.EVAL_METRIC, framing.metric)),
+                      framing.metric)
+    judging = analysis.Judging(framing.knob, registered, plan.steps_per_run, state["options"]["min_effect"],
                                plan.shape)
     trials = [analysis.TrialRun(experiment=t["experiment"], run_dir=t["run_dir"], status=t["status"], seed=t["seed"])
               for t in state["trials"]]
@@ -90,7 +94,7 @@ def _lines(summary: IterationSummary, knob: str) -> list[str]:
         lines.append(f"whole study ({analysis.AXIS_TEXT[comparison.axis]}, `{summary.metric}`): "
                      f"{comparison.better} − {comparison.worse} = {comparison.diff:+.3f}"
                      + (f" ± {comparison.hw:.3f}" if comparison.hw is not None else "")
-                     + (" (clear)" if comparison.clear else " (CI includes 0: not a clear difference)"))
+                     + f" ({rules.classify(comparison.diff, comparison.hw, study.min_effect).lower()})")
     if summary.plateau:
         lines.append(summary.plateau)
     return lines
@@ -165,7 +169,7 @@ def evidence_table(values: dict[str, float]) -> dict[str, list[str | float]]:
 def evidence_tags(study: Evidence) -> dict[str, str]:
     """The parent run's headline: the metric and axis the verdict used, and a best configuration
     only where the evidence resolved one (else the leader, with what the evidence says)."""
-    kind = _kind(study.comparison)
+    kind = _kind(study)
     tags = {"researcher.metric": study.metric, "researcher.primary_axis": study.axis,
             "researcher.evidence": kind, "researcher.leader": str(study.best)}
     if study.metric_note:
@@ -175,8 +179,10 @@ def evidence_tags(study: Evidence) -> dict[str, str]:
     return tags
 
 
-def _kind(c: Comparison | None) -> str:
+def _kind(study: Evidence) -> str:
+    """"resolved" only where the Answer claims a direction (``rules``); else the class, lower case."""
+    c = study.comparison
     if c is None:
         return "none"
-    # A difference inside ±min_effect is no meaningful one even when its CI excludes 0 (as in the Answer).
-    return "no meaningful difference" if c.equivalent else ("resolved" if c.clear else "inconclusive")
+    verdict = rules.classify(c.diff, c.hw, study.min_effect)
+    return "resolved" if rules.resolved(verdict) and not study.short else verdict.lower()

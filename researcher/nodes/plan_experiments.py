@@ -14,8 +14,9 @@ that process.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import Path
 
 from researcher import budget, catalog
@@ -132,7 +133,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         "code_change": plan.code_change,
         "question": {k: v for k, v in question.summary().items() if k != "assumptions"},
         "hypotheses": [h.model_dump() for h in plan.hypotheses], "experiments": [e.model_dump() for e in experiments],
-        "seeds": [iteration * SEED_STRIDE + k for k in range(seeds)], "steps_per_run": options["steps_per_run"]})
+        "seeds": [_seed(options, iteration, k) for k in range(seeds)], "steps_per_run": options["steps_per_run"]})
     studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump())
     trials: list[Trial] = []
     # Seed-major order: every configuration gets its first seed before any gets its second.
@@ -140,12 +141,17 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         for exp in experiments:
             index = len(trials)
             trials.append({"trial": index, "key": run_key(state["study_id"], iteration, index),
-                           "experiment": exp.name, "seed": iteration * SEED_STRIDE + k,
+                           "experiment": exp.name, "seed": _seed(options, iteration, k),
                            "run_dir": str(ctx.layout.run_dir(iteration, index)), "status": "pending"})
     parent = _record_plan(state, ctx, framing, plan, experiments, assumptions)
     return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
             "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
             "phase": "writing", "llm": usage}
+
+
+def _seed(options: Mapping[str, Any], iteration: int, k: int) -> int:
+    """The k-th seed of an iteration: fresh per iteration, shifted by the study's ``seed_base``."""
+    return int(options.get("seed_base") or 0) + iteration * SEED_STRIDE + k
 
 
 def _context(state: StudyState, ctx: StudyContext, framing: Framing, question: topic.TopicQuestion,

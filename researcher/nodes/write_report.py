@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, run_table, verdicts
+from researcher.evidence import analysis, factorial, rules, run_table, verdicts, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
@@ -120,8 +120,9 @@ def _iteration_section(summary: IterationSummary, planned: IterationPlan) -> lis
     comparison = summary.own_comparison
     if comparison:
         hw = f" ± {comparison.hw:.3f}" if comparison.hw is not None else ""
+        kind = rules.classify(comparison.diff, comparison.hw, summary.study.min_effect) if summary.study else None
         out += ["", f"Difference {comparison.better} − {comparison.worse}: {comparison.diff:+.3f}{hw} "
-                    f"({'clear' if comparison.clear else 'CI includes 0'})."]
+                    f"({kind.lower() if kind else 'clear' if comparison.clear else 'CI includes 0'})."]
     if summary.plateau:
         out += ["", f"Plateau: {summary.plateau}."]
     if summary.plot:
@@ -145,7 +146,8 @@ def evidence_section(study: Evidence) -> list[str]:
     out = ["## Evidence (whole study)", "",
            f"Seeds of the same configuration are pooled over iterations {', '.join(map(str, iterations))}. "
            f"{study.metric_note} "
-           f"The verdict axis is {AXIS_TEXT[axis]}: {study.axis_why}.", "",
+           + (study.switch or f"The verdict axis is {AXIS_TEXT[axis]}: {study.axis_why}.")
+           + (f" {study.short}" if study.short else ""), "",
            f"- Metric: `{metric}`; areas under its curve {budgets} (mean height; each axis over the budget every run "
            "reached).", f"- Minimum effect: {study.min_effect}"]
     for a in study.measured:
@@ -160,9 +162,10 @@ def evidence_section(study: Evidence) -> list[str]:
     out += ["", f"| {knob} | experiment | seeds | iterations | {header} | final reward |",
             "|---|---|---|---|" + "---|" * len(AXES) + "---|"]
     c = study.comparison
+    settled = c is None or (rules.resolved(rules.classify(c.diff, c.hw, study.min_effect)) and not study.short)
     for r in rows:
         cells = " | ".join(_cell(r.axes.get(a)) for a in AXES)
-        best = ("" if r.name != study.best else " **best**" if c is None or c.clear else " (leading)")
+        best = ("" if r.name != study.best else " **best**" if settled else " (leading)")
         out.append(f"| {r.value}{best} | {r.name} | {len(r.aucs)} | {', '.join(map(str, r.iterations))} | "
                    f"{cells} | {_cell(r.final)} |")
     if c:
@@ -170,7 +173,7 @@ def evidence_section(study: Evidence) -> list[str]:
     plots = study.plots
     if study.sweep and rows:
         top = next((r for r in rows if r.name == study.best), rows[0])
-        resolved = "resolved" if c and c.clear else "not resolved"
+        resolved = "resolved" if c and settled else "not resolved"
         out += ["", f"Dose-response curve of {knob} ({AXIS_TEXT[axis]}): best {knob}={top.value} with AUC "
                     f"{_cell(top.axes.get(axis))}, {resolved} against the runner-up.", "",
                 f"| {knob} | AUC {AXIS_TEXT[axis]} (mean ± 95% CI) | seeds |", "|---|---|---|"]
@@ -184,15 +187,22 @@ def evidence_section(study: Evidence) -> list[str]:
 
 def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
     """Best vs runner-up on the verdict axis (what it resolves), then the difference on the other axes."""
-    axis = study.axis
-    verdict = ("resolved: the 95% CI excludes 0" if c.clear else
-               f"no meaningful difference: the whole CI lies within ±{study.min_effect}" if c.equivalent else
-               f"unresolved: the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}")
+    axis, m = study.axis, study.min_effect
+    kind = rules.classify(c.diff, c.hw, m)
+    verdict = {rules.Verdict.NO_DIFFERENCE: f"the whole CI lies within ±{m}",
+               rules.Verdict.BELOW_MINIMUM: f"the 95% CI excludes 0, the estimate is within ±{m}",
+               rules.Verdict.INCONCLUSIVE: f"the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}",
+               }.get(kind, f"the 95% CI excludes 0, the estimate is beyond ±{m}")
     hw = f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)"
     out = ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c.better_label} − {c.worse_label} = "
-               f"{c.diff:+.3f}{hw} ({verdict})."]
+               f"{c.diff:+.3f}{hw} ({kind.lower()}: {verdict})."]
     for a, other in study.axes_compared.items():
         if a != axis:
             ohw = f" ± {other.hw:.3f}" if other.hw is not None else " (no interval)"
-            out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw}")
+            fewest = min((r.rounds.get(a, 0) for r in study.arms if r.scored), default=0)
+            registered = "" if a != study.registered_axis else (
+                f" — the registered axis, not judged: the thinnest arm has {fewest} "
+                f"{window.points_word(study.metric, fewest)} in its window")
+            out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw} "
+                       f"({rules.classify(other.diff, other.hw, m).lower()}){registered}")
     return out

@@ -6,8 +6,9 @@ those arms (one named value is compared with the knob's off/standard value, said
 assumptions); "how does X affect Y" and "what is the best X" become a dose-response sweep over at
 least 4 values across the knob's range. Everything but the knob is held fixed and every
 configuration runs on the same seeds. Later iterations follow the evidence: an unresolved
-difference (its 95% CI includes 0) is re-run on fresh seeds before anything new is tried; a
-resolved sweep is refined around its best value; a resolved comparison of named arms is done. An
+difference (``researcher.evidence.rules``: inconclusive, or below the minimum of interest with a CI
+reaching past it) is re-run on fresh seeds before anything new is tried; a resolved sweep is refined
+around its best value; a settled comparison is done (a yes/no topic is answered by its pair). An
 A/A check runs two arms with the identical configuration under different names (``it1-a``,
 ``it1-a-copy``), re-run under fresh names while their difference is unresolved.
 Its client is the example's own code.
@@ -19,7 +20,8 @@ import re
 from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
-from researcher.axes import AXIS_TEXT, primary_axis
+from researcher.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
+from researcher.evidence.rules import Verdict, classify, settled
 from researcher.planner import ladder
 from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
                                        ReportText, TopicNotMappable, free)
@@ -118,7 +120,8 @@ class OfflinePlanner:
             design = _replicate_design(knob, unresolved, history[-1], min_effect)
         else:
             design = _refine_design(question, knob, framing, best, list(context.get("tested_values", [])), min_effect)
-        hypothesis = Hypothesis(id=f"h{iteration}", metric=framing.metric, statement=design.statement,
+        # Registered on the held-out reward every example client evaluates (the verdict's, unless a run lacks it).
+        hypothesis = Hypothesis(id=f"h{iteration}", metric=EVAL_METRIC, statement=design.statement,
                                 expected_effect=design.expected)
         experiments = [Experiment(name=f"it{iteration}-{knob.key.replace('_', '-')}-{_value_name(v)}",
                                   hypothesis=hypothesis.id, overrides={**question.fixed, knob.key: v})
@@ -148,19 +151,26 @@ class OfflinePlanner:
         c = Comparison.model_validate(last["comparison"]) if last.get("comparison") else None
         if c:
             spread = f"{c.diff:+.3f}" + (f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)")
-            if _equivalent(c, min_effect):
+            verdict = classify(c.diff, c.hw, min_effect)
+            if verdict is Verdict.NO_DIFFERENCE:
                 return free(Decision(action="conclude", reason=f"no meaningful difference: {c.better} − {c.worse} "
                                                                f"= {spread}, inside ±{min_effect}"))
-            if not c.clear:
+            if not settled(verdict):
+                why = ("includes 0" if verdict is Verdict.INCONCLUSIVE else
+                       f"excludes 0 but the estimate is within ±{min_effect} and the CI reaches beyond it")
                 return free(Decision(action="continue", reason=(
-                    f"{c.better} vs {c.worse} is unresolved (the 95% CI of the difference, {spread}, includes 0): "
-                    "the next iteration re-runs these two arms on fresh seeds instead of a new pair")))
+                    f"{c.better} vs {c.worse} is unresolved ({verdict.lower()}: the 95% CI of the difference, "
+                    f"{spread}, {why}): the next iteration re-runs these two arms on fresh seeds instead of a new "
+                    "pair")))
             if question.identical:
                 return free(Decision(action="conclude", reason=f"the A/A check is resolved, against expectation: "
                                                                f"{c.better} − {c.worse} = {spread} between "
                                                                "identical configurations"))
-            if question.shape == "comparison" and question.values:
-                return free(Decision(action="conclude", reason=f"the comparison of the named arms is resolved: "
+            if question.shape == "comparison":
+                # A yes/no topic is answered by its controlled comparison: refining around the winner would
+                # make the Answer about another pair (16 vs 8 where the question was answered by 8 vs 2).
+                arms = "named arms" if question.values else "arms"
+                return free(Decision(action="conclude", reason=f"the comparison of the {arms} is resolved: "
                                                                f"{c.better} beat {c.worse} ({spread})"))
         if question.identical:  # nothing to refine: two arms of one configuration
             return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))
@@ -203,7 +213,7 @@ def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framin
                     iteration: int, min_effect: float) -> Plan:
     """An A/A check: two arms with the identical configuration (the task's, plus what the topic pins),
     named apart; a later iteration re-runs both under fresh names on fresh seeds."""
-    key, task, metric = knob.key, framing.task, framing.metric
+    key, task = knob.key, framing.task
     assumptions = []
     if question.values:
         value = question.values[0]
@@ -212,10 +222,10 @@ def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framin
         assumptions.append(f"the topic names no {key} value: both arms run {key}={_show(value)}, the {why}")
     overrides = {**question.fixed, key: value}
     setting = ", ".join(f"{k}={_show(v)}" for k, v in overrides.items())
-    hypothesis = Hypothesis(id=f"h{iteration}", metric=metric,
+    hypothesis = Hypothesis(id=f"h{iteration}", metric=EVAL_METRIC,
                             statement=f"Two identical configurations of {task} ({setting}) learn at the same speed: "
                                       "any difference between them is noise.",
-                            expected_effect=f"the 95% CI of the difference in area under the {metric} curve includes "
+                            expected_effect=f"the 95% CI of the difference in {_measure(key)} includes "
                                             f"0, and with enough seeds lies within ±{min_effect}")
     names = [f"it{iteration}-a", f"it{iteration}-a-copy"]
     stage: Literal["initial", "replicate"] = "initial" if iteration <= 1 else "replicate"
@@ -225,6 +235,11 @@ def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framin
                                                   "seeds under fresh names."))
     return Plan(hypotheses=[hypothesis], rationale=rationale, shape="comparison", stage=stage, assumptions=assumptions,
                 experiments=[Experiment(name=n, hypothesis=hypothesis.id, overrides=dict(overrides)) for n in names])
+
+
+def _measure(key: str) -> str:
+    """What the hypotheses register: the verdict's metric and axis, named before any run."""
+    return f"the area under the held-out `{EVAL_METRIC}` curve {AXIS_TEXT[primary_axis(key)[0]]}"
 
 
 class _Design(NamedTuple):
@@ -239,17 +254,17 @@ class _Design(NamedTuple):
 def _initial_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing, task_config: JsonObject,
                     min_effect: float) -> _Design:
     values, claim, assumptions = _initial(question, knob, task_config)
-    key, task, metric = knob.key, framing.task, framing.metric
+    key, task, measure = knob.key, framing.task, _measure(knob.key)
     if question.shape == "sweep":
         return _Design("initial", values, f"The learning speed of {task} changes with {key} over {_shows(values)}.",
-                       f"the area under the {metric} curve per step differs by more than {min_effect} between the "
+                       f"{measure} differs by more than {min_effect} between the "
                        f"best and the worst of the {len(values)} values",
                        f"Dose-response sweep over {len(values)} values of {key}; every value runs the same seeds.",
                        assumptions)
     others = [v for v in values if not same_value(v, claim)]
     return _Design("initial", values,
                    f"{key}={_show(claim)} makes {task} learn at a different speed than {key}={_shows(others)}.",
-                   f"{key}={_show(claim)} reaches a higher area under the {metric} curve per step than "
+                   f"{key}={_show(claim)} reaches a higher {measure.removeprefix('the ')} than "
                    f"{key}={_shows(others)} (difference > {min_effect}).",
                    "Controlled comparison: only the knob differs; every configuration runs the same seeds.", assumptions)
 
@@ -259,9 +274,9 @@ def _replicate_design(knob: catalog.Knob, pair: tuple[Any, Any], last: JsonObjec
     spread = f"{c.diff:+.3f}" + (f" ± {c.hw:.3f}" if c.hw is not None else "")
     return _Design("replicate", list(pair),
                    f"The difference between {key}={_show(pair[0])} and {key}={_show(pair[1])} seen in iteration "
-                   f"{last.get('iteration')} ({spread}, 95% CI includes 0) is real.",
-                   f"on fresh seeds the 95% CI of the difference excludes 0, or lies within ±{min_effect} "
-                   "(no meaningful difference)",
+                   f"{last.get('iteration')} ({spread}, unresolved) is real.",
+                   f"pooled with fresh seeds, the 95% CI of the difference in {_measure(key)} excludes 0 with "
+                   f"the estimate beyond ±{min_effect}, or lies within ±{min_effect} (no meaningful difference)",
                    "The last difference is unresolved: re-run the same two arms on fresh seeds (more evidence) "
                    "instead of a new pair.", [])
 
@@ -276,7 +291,7 @@ def _refine_design(question: TopicQuestion, knob: catalog.Knob, framing: Framing
     key, new = knob.key, _shows(around) or "nothing new"
     return _Design("refine", [best, *around],
                    f"{key}={new} next to the best so far ({key}={_show(best)}) beats it.",
-                   f"the area under the {framing.metric} curve of {key}={new} exceeds that of {key}={_show(best)} by "
+                   f"{_measure(key)} of {key}={new} exceeds that of {key}={_show(best)} by "
                    f"more than {min_effect}; otherwise {_show(best)} stays the best measured value",
                    "Refinement: keep the best configuration of a resolved result and challenge it with the values "
                    "next to it, on fresh seeds.", [])
@@ -346,11 +361,6 @@ def _unresolved(summary: JsonObject, min_effect: float) -> tuple[Any, Any] | Non
     if not found or not isinstance(values, dict):
         return None
     c = Comparison.model_validate(found)
-    if c.clear or _equivalent(c, min_effect) or c.better not in values or c.worse not in values:
+    if settled(classify(c.diff, c.hw, min_effect)) or c.better not in values or c.worse not in values:
         return None
     return values[c.better], values[c.worse]
-
-
-def _equivalent(c: Comparison, min_effect: float) -> bool:
-    """The whole 95% CI of the difference lies inside ±min_effect: no meaningful difference."""
-    return c.hw is not None and abs(c.diff) + c.hw < min_effect

@@ -13,7 +13,7 @@ import pytest
 
 from researcher import budget, catalog
 from researcher.context import StudyContext
-from researcher.evidence import analysis, plots, verdicts
+from researcher.evidence import analysis, plots, rules, verdicts
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
@@ -25,7 +25,7 @@ from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 from swarm.protocol import StepMetrics
-from evidence_inputs import summarize
+from evidence_inputs import evidence, summarize
 
 STEPS = 10
 EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
@@ -49,11 +49,12 @@ def _ramp(slope: float, noise: float, rng: random.Random, steps: int = STEPS) ->
     return [min(1.0, max(0.0, 0.1 + slope * s + shift + rng.gauss(0, noise / 3))) for s in range(steps)]
 
 
-def _arm(tmp: Path, name: str, seeds: range, slope: float, noise: float, rng: random.Random, **run: object) -> list[dict]:
+def _arm(tmp: Path, name: str, seeds: range, slope: float, noise: float, rng: random.Random, steps: int = STEPS,
+         **run: object) -> list[dict]:
     trials = []
     for seed in seeds:
         run_dir = tmp / f"{name}-{seed}"
-        _write_run(run_dir, _ramp(slope, noise, rng), **run)  # type: ignore[arg-type]
+        _write_run(run_dir, _ramp(slope, noise, rng, steps), **run)  # type: ignore[arg-type]
         trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
     return trials
 
@@ -154,18 +155,24 @@ def test_a_sweep_gives_a_curve_with_the_best_value_and_its_interval(tmp_path: Pa
 def test_axes_disagreeing_is_stated_and_group_size_is_judged_per_episode(tmp_path: Path) -> None:
     rng = random.Random(11)
     experiments = [_exp("g2", group_size=2), _exp("g8", group_size=8)]
-    # The larger group rises faster per step but consumes 4x the episodes a step, and runs slower.
-    trials = (_arm(tmp_path, "g2", range(3), 0.04, 0.01, rng, episodes=8, seconds=1.0)
-              + _arm(tmp_path, "g8", range(3), 0.07, 0.01, rng, episodes=32, seconds=3.0))
-    summary = summarize(1, "group_size", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    # The larger group rises faster per step but consumes 4x the episodes a step, and runs slower; 20
+    # steps give it 5 points inside the 160 episodes the smaller group reached.
+    trials = (_arm(tmp_path, "g2", range(3), 0.02, 0.01, rng, steps=20, episodes=8, seconds=1.0)
+              + _arm(tmp_path, "g8", range(3), 0.035, 0.01, rng, steps=20, episodes=32, seconds=3.0))
+    summary = summarize(1, "group_size", "train/reward_mean", 20, experiments, trials, 0.02, None)
     study = summary.study
-    assert study.axis == "episode" and study.budgets["episode"] == 80 and study.budgets["second"] == 9
+    assert study.axis == "episode" and study.budgets["episode"] == 160 and study.budgets["second"] == 19
+    assert not study.switch and {r.rounds["episode"] for r in study.arms} == {5, 20}
     compared = study.axes_compared
     # Every axis compares the verdict axis' leader (group_size=2) minus the runner-up (group_size=8).
     assert compared["episode"].better_value == 2 and compared["episode"].clear
     assert compared["step"].diff + compared["step"].hw < 0  # per step, group_size=8 is clearly ahead
-    answer, caveats = verdicts.verdict("q", [summary])
+    answer, caveats = verdicts.verdict("q", [IterationSummary.model_validate(summary.without_runs().dump())])
     assert answer.startswith("No: the larger group_size (8) learned slower per episode consumed"), answer
+    # Its higher final reward is no contradiction, and the Answer says why in one clause.
+    assert ("; group_size=8 ends with the higher final reward" in answer and "because the final reward is read after "
+            "each run's own 20 steps, by which group_size=8 had used 640 episodes against 160, while the verdict "
+            "compares both over the first 160 episodes" in answer), answer
     assert "The axes disagree: per training step group_size=8 leads" in caveats
     assert "per episode consumed group_size=2 leads" in caveats and "a larger group sees more samples" in caveats
     values = analyze.mlflow_values(study)
@@ -183,9 +190,9 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
     for name, level in (("low", 0.2), ("high", 0.6)):
         for seed in range(3):
             run_dir = tmp_path / f"{name}-{seed}"
-            # Training reward says the opposite of the held-out evaluation (every 3rd step).
+            # Training reward says the opposite of the held-out evaluation (every 2nd step: 5 rounds).
             _write_run(run_dir, [0.8 - level + 0.01 * seed] * STEPS,
-                       evals={s: level + 0.01 * seed + 0.01 * s for s in (3, 6, 9)})
+                       evals={s: level + 0.01 * seed + 0.01 * s for s in (2, 4, 6, 8, 10)})
             trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
     summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     assert summary.metric == "eval/reward_mean" and summary.best == "high"
@@ -200,6 +207,13 @@ def test_held_out_evaluation_is_used_when_every_run_holds_it(tmp_path: Path) -> 
     fallback = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
     assert fallback.metric == "train/reward_mean"
     assert "not every run holds a held-out `eval/reward_mean`" in verdicts.verdict("q", [fallback])[1]
+    # Registered on the held-out reward (as the offline planner registers it): the switch opens the Answer.
+    switched = summarize(1, "lr", "eval/reward_mean", STEPS, experiments, trials, 0.02, None)
+    answer, _ = verdicts.verdict("q", [switched])
+    assert switched.metric == "train/reward_mean" and switched.study.registered_metric == "eval/reward_mean"
+    assert answer.startswith("Judged on `train/reward_mean`, not the registered `eval/reward_mean`: not every run "
+                             "holds a held-out `eval/reward_mean` (1 of 6 runs have fewer than 2 evaluation "
+                             "rounds). "), answer
 
 
 def test_read_axes_counts_episodes_and_seconds_from_the_first_step(tmp_path: Path) -> None:
@@ -236,21 +250,22 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     framing = {"answerable": True, "reason": "named", "question": "group size 2 vs 8", "task": "letters",
                "knob": "group_size", "metric": "train/reward_mean"}
     rng = random.Random(2)
+    steps = 20  # group_size=8 has 5 points in the 160 episodes group_size=2 reaches: judged per episode
     trials: dict[int, list[dict]] = {}
     for iteration in (1, 2):
         experiments = [_exp(f"it{iteration}-g2", group_size=2), _exp(f"it{iteration}-g8", group_size=8)]
         studyfiles.write_plan(layout, iteration, IterationPlan.model_validate(
-            {"experiments": experiments, "hypotheses": [], "steps_per_run": STEPS, "shape": "comparison",
+            {"experiments": experiments, "hypotheses": [], "steps_per_run": steps, "shape": "comparison",
              "stage": "initial"}), framing)
         trials[iteration] = []
         for index, (exp, seed) in enumerate((e, s) for e in experiments for s in range(3)):
             run_dir = layout.run_dir(iteration, index)
             group = exp["overrides"]["group_size"]
-            _write_run(run_dir, _ramp(0.03 if group == 2 else 0.06, 0.01, rng), episodes=4 * group)
+            _write_run(run_dir, _ramp(0.015 if group == 2 else 0.03, 0.01, rng, steps), episodes=4 * group)
             runs.save(run_dir, runs.RunRecord(key=f"pooled/{iteration}/{index}", study_id="pooled", iteration=iteration,
                                               trial=index, experiment=exp["name"], seed=seed, config={}, client="c.py",
-                                              target_step=STEPS, episodes=64, group_size=group, status="finished",
-                                              last_step=STEPS, launches=1))
+                                              target_step=steps, episodes=64, group_size=group, status="finished",
+                                              last_step=steps, launches=1))
             trials[iteration].append({"experiment": exp["name"], "seed": seed, "run_dir": str(run_dir),
                                       "status": "finished"})
     parent = tracker.start_parent("pooled", 2, {})
@@ -341,13 +356,16 @@ def test_runs_evaluated_at_different_steps_compare_over_the_same_steps(tmp_path:
             _held_out_run(tmp_path / f"{name}-{seed}", evals)
             trials.append({"experiment": name, "seed": seed, "run_dir": str(tmp_path / f"{name}-{seed}"),
                            "status": "finished"})
-    experiments = [_exp("early", lr=1e-4), _exp("late", lr=1e-3)]
-    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
-    assert summary.metric == "eval/reward_mean" and summary.horizon == 6
-    late = next(r for r in summary.study.arms if r.name == "late")
+    for t in trials:
+        t["overrides"] = {"lr": 1e-4 if t["experiment"] == "early" else 1e-3}
+    study = evidence("lr", "eval/reward_mean", STEPS, trials, 0.02)
+    assert study.metric == "eval/reward_mean" and study.horizon == 6
+    late = next(r for r in study.arms if r.name == "late")
     # Step 6 of 0.01 -> 0.09 over steps 0..7 is 0.0786; of 0.01 -> 0.1 it is 0.0871: mean heights over 0..6.
     assert late.aucs == pytest.approx([(0.01 + 0.01 + 0.08 * 6 / 7) / 2, (0.01 + 0.01 + 0.09 * 6 / 7) / 2])
-    assert summary.best == "late"
+    assert study.best == "late"
+    # Two held-out rounds per run: scored, but never a verdict (summarize then judges the training reward).
+    assert study.short.startswith("No verdict per training step: within the 6 steps every run reached, ")
 
 
 def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(tmp_path: Path) -> None:
@@ -417,3 +435,71 @@ def test_the_question_states_the_verdict_axis_and_the_answer_names_both_when_the
     first = named.split(". ")[0]
     assert "per episode consumed" in first and "per training step" in first and named.endswith(answer)
     assert verdicts.answer_naming_axes(other, study, answer) == answer  # the question states the verdict's axis
+
+
+def _evaluated_run(run_dir: Path, steps: int, episodes: float, level: float, slope: float) -> None:
+    """A run as the letters study writes it: a training reward every step and a held-out round every 5
+    steps (step 0, the untrained policy, included), each merged into the row after the step it evaluated."""
+    run_dir.mkdir(parents=True)
+    rounds = {s: level + slope * s for s in range(0, steps + 1, 5)}
+    runs.append_metrics(run_dir, [StepMetrics(
+        step=s, policy_version=s, time=1_700_000_000.0 + s,
+        metrics={"train/reward_mean": level + slope * s, "train/episodes": episodes,
+                 **({"eval/reward_mean": rounds[s - 1], "eval/step": float(s - 1)} if s - 1 in rounds else {})})
+        for s in range(1, steps + 2)])
+
+
+def test_an_arm_with_two_rounds_in_the_episode_window_moves_the_verdict_to_the_axis_with_the_evidence(
+        tmp_path: Path) -> None:
+    """The README study's shape: group_size=2 (8 episodes a step) against 8 (32 a step), 30 steps, a held-out
+    round every 5. Within the 240 episodes group_size=2 reached, group_size=8 was evaluated at steps 0 and 5
+    only: no verdict per episode from two points. The Answer opens with the switch to per training step
+    (where every arm has 7 rounds) and the registered per-episode result stays in the report."""
+    experiments = [_exp("g2", group_size=2), _exp("g8", group_size=8)]
+    trials = []
+    for name, episodes, slope in (("g2", 8.0, 0.004), ("g8", 32.0, 0.012)):
+        for seed in range(3):
+            run_dir = tmp_path / f"{name}-{seed}"
+            _evaluated_run(run_dir, 30, episodes, 0.05 + 0.005 * seed, slope + 0.0005 * seed)
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    # As the state stores it and the report reads it back: every number the wording needs survives.
+    summary = IterationSummary.model_validate(
+        summarize(1, "group_size", "eval/reward_mean", 30, experiments, trials, 0.02, None).without_runs().dump())
+    study = summary.study
+    assert summary.metric == "eval/reward_mean" and study.registered_axis == "episode" and study.axis == "step"
+    assert {r.name: r.rounds for r in study.arms} == {"g2": {"step": 7, "episode": 7, "second": 7},
+                                                      "g8": {"step": 7, "episode": 2, "second": 7}}
+    switch = ("Judged per training step, not per episode consumed as registered: within the 240 episodes every run "
+              "reached, group_size=8 has only 2 held-out evaluation rounds (at least 4 needed); per training step "
+              "every arm has at least 7.")
+    assert study.switch == switch
+    answer, _ = verdicts.verdict("Does a larger group size make letters learn faster, judged per episode consumed?",
+                                 [summary])
+    assert answer.startswith(f"{switch} Yes: the larger group_size (8) learned faster per training step"), answer
+    assert rules.answer_class(answer) is rules.Verdict.YES
+    # Whoever words it, the switch stays the Answer's first sentence (and is not doubled).
+    assert verdicts.answer_naming_axes("… judged per episode consumed?", study, answer) == answer
+    assert verdicts.answer_naming_axes("… judged per episode consumed?", study, "Yes: …") == f"{switch} Yes: …"
+    text = "\n".join(write_report.evidence_section(study))
+    assert "AUC per training step (verdict)" in text and switch in text
+    assert ("- per episode consumed: " in text and "the registered axis, not judged: the thinnest arm has 2 held-out "
+            "evaluation rounds in its window" in text), text
+
+
+def test_a_late_riser_with_the_higher_final_reward_is_explained_in_the_answer(tmp_path: Path) -> None:
+    """Per step, the arm ahead on the area can end below the other: the Answer says why in one clause."""
+    experiments = [_exp("early", lr=1e-3), _exp("late", lr=1e-4)]
+    trials = []
+    for name, curve in (("early", [0.1, 0.5, 0.55, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]),
+                        ("late", [0.0, 0.0, 0.0, 0.05, 0.1, 0.6, 0.8, 0.9, 0.95, 0.95])):
+        for seed in range(3):
+            run_dir = tmp_path / f"{name}-{seed}"
+            _write_run(run_dir, [v + 0.01 * seed for v in curve])
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    summary = summarize(1, "lr", "train/reward_mean", STEPS, experiments, trials, 0.02, None)
+    answer, _ = verdicts.verdict("q", [summary])
+    assert answer.startswith("Yes: the larger lr (0.001) learned faster per training step; lr=0.0001 ends with the "
+                             "higher final reward (0.850 vs 0.610) because"), answer
+    assert ("; lr=0.0001 ends with the higher final reward" in answer and "because the verdict weighs each whole "
+            "curve over 10 steps and lr=0.0001 rose later, while the final reward is the mean of the last 5 points"
+            in answer), answer

@@ -145,7 +145,8 @@ def test_main_effects_and_interaction_are_recovered_with_welch_satterthwaite_int
     # A factorial is not a dose-response curve; its answer is its effects, resolved ones first.
     assert not study.sweep
     answer, _ = verdicts.verdict("q", [IterationSummary(iteration=1, knob="lr", best=study.best, study=study)])
-    assert answer.startswith("Resolved: lr, tool, lr×tool (their 95% CIs exclude 0) — factorial effects on the "
+    assert answer.startswith("Resolved: lr, tool, lr×tool (their 95% CIs exclude 0 and their estimates exceed "
+                             f"±{study.min_effect}) — factorial effects on the "
                              "area under the `train/reward_mean` curve per training step: lr +0.300 (95% CI "), answer
     values = factorial.mlflow_values(study)
     assert values["analysis/effect/lr"] == pytest.approx(0.30) and values["analysis/effect/lr_x_tool"] == pytest.approx(0.1)

@@ -48,7 +48,9 @@ def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder()
     framing = planner.frame("larger group size on letters?", "").value
     first = planner.plan(framing, {"iteration": 1}).value
     assert [e.overrides for e in first.experiments] == [{"group_size": 2}, {"group_size": 8}]
-    assert first.hypotheses[0].metric == "train/reward_mean" and first.hypotheses[0].expected_effect
+    # Registered before running on what the verdict judges: the held-out reward, per episode for a group size.
+    assert first.hypotheses[0].metric == "eval/reward_mean"
+    assert "held-out `eval/reward_mean` curve per episode consumed" in first.hypotheses[0].expected_effect
     second = planner.plan(framing, {"iteration": 2, "best_value": 8, "tested_values": [2, 8]}).value
     assert [e.overrides for e in second.experiments] == [{"group_size": 8}, {"group_size": 16}]
     third = planner.plan(framing, {"iteration": 2, "best_value": 2, "tested_values": [2, 8]}).value
@@ -58,6 +60,30 @@ def test_first_plan_is_a_controlled_comparison_and_refinement_walks_the_ladder()
     assert done.action == "conclude"
     plateau = planner.decide(framing, {"last": {"best_value": 8, "plateau": "no gain"}, "tested_values": [2, 8]}).value
     assert plateau.action == "conclude" and plateau.reason == "no gain"
+
+
+@pytest.mark.parametrize("topic", ["Does a group size of 8 beat 2 on letters?",
+                                   "Does a larger GRPO group size make the letters task learn faster?"])
+@pytest.mark.parametrize(("diff", "hw", "action", "stage"), [
+    (0.004, 0.01, "conclude", None),        # no meaningful difference: settled
+    (0.012, 0.010, "continue", "replicate"),  # below the minimum of interest, CI past it: more seeds, never "best"
+    (0.015, 0.03, "continue", "replicate"),   # inconclusive
+    (0.104, 0.05, "conclude", None),        # yes: the comparison answers the topic (named arms or not), no refining
+])
+def test_decisions_follow_the_verdict_rules(topic: str, diff: float, hw: float, action: str, stage: str | None) -> None:
+    planner = OfflinePlanner(TASKS)
+    framing = planner.frame(topic, "").value
+    comparison = {"better": "it1-group-size-8", "worse": "it1-group-size-2", "diff": diff, "hw": hw,
+                  "clear": diff - hw > 0}
+    last = {"iteration": 1, "best": "it1-group-size-8", "best_value": 8, "comparison": comparison,
+            "values": {"it1-group-size-8": 8, "it1-group-size-2": 2}}
+    decision = planner.decide(framing, {"topic": topic, "last": last, "tested_values": [8, 2],
+                                        "min_effect": 0.02}).value
+    assert decision.action == action, decision.reason
+    if stage:
+        plan = planner.plan(framing, {"topic": topic, "iteration": 2, "history": [last], "min_effect": 0.02,
+                                      "best_value": 8, "tested_values": [8, 2]}).value
+        assert plan.stage == stage and sorted(e.overrides["group_size"] for e in plan.experiments) == [2, 8]
 
 
 def test_cli_refuses_unmappable_topic_and_writes_nothing(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from researcher.overview import describe_runs
+from researcher.overview import describe_runs, standing
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
 
@@ -39,3 +39,16 @@ def test_status_shows_runs_as_words_and_whole_lines(cli) -> None:
 def test_describe_runs() -> None:
     assert describe_runs({"launched": 0, "by_status": {}}) == "none yet"
     assert describe_runs({"launched": 2, "by_status": {"weird": 1, "stopped": 1}}) == "2 launched: 1 stopped, 1 weird"
+
+
+def test_status_names_a_best_only_where_the_verdict_rules_resolve_one() -> None:
+    """The ``researcher status`` answer line before the report: "best" only for a Yes/No of the rules."""
+    def line(diff: float, hw: float | None, **study: object) -> str:
+        return standing({"comparison": {"diff": diff, "hw": hw}, "study": {"min_effect": 0.02, **study}}, 0.05)
+
+    assert line(0.104, 0.05) == "best so far"
+    assert line(0.012, 0.010) == "leading so far (a difference below the minimum of interest)"
+    assert line(0.004, 0.01) == "leading so far (no meaningful difference)"
+    assert line(0.09, 0.142) == line(0.3, None) == "leading so far (inconclusive)"
+    assert line(0.104, 0.05, short="No verdict per training step: …") == "leading so far (no verdict: too few points in an arm's window)"
+    assert standing({"comparison": None}, 0.02) == "best so far"  # one arm: nothing to compare

@@ -60,8 +60,9 @@ def _finished(cli: Any, sid: str, count: int, no_leftover_servers: Callable[[Pat
 @pytest.mark.timeout(900)
 def test_an_a_a_study_ends_without_a_difference(cli: Any, no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "aa-check"
+    # 15 steps: held-out rounds at steps 0, 5, 10 and 15, the 4 a verdict needs in every arm.
     out = _start(cli, sid, "A/A check: do two identical configurations of letters learn at different speeds?",
-                 "--steps-per-run", "10", "--seeds", "2", "--parallel", "2")
+                 "--steps-per-run", "15", "--seeds", "2", "--parallel", "2")
     plan = _planned(cli, sid)
     assert [(e["name"], e["overrides"]) for e in plan["experiments"]] == [("it1-a", {"lr": 1e-3}),
                                                                           ("it1-a-copy", {"lr": 1e-3})]
@@ -127,7 +128,8 @@ def test_a_kl_sweep_reports_a_dose_response_curve_from_held_out_evaluation(
         cli: Any, no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "kl-sweep"
     # One seed per value: this checks the sweep's design and its report, not a verdict.
-    _start(cli, sid, "How does the KL coefficient affect how fast letters learns?", "--steps-per-run", "10",
+    # 15 steps: 4 held-out rounds a run (0, 5, 10, 15), else the verdict judges the training reward.
+    _start(cli, sid, "How does the KL coefficient affect how fast letters learns?", "--steps-per-run", "15",
            "--seeds", "1", "--parallel", "2")
     plan = _planned(cli, sid)
     values = [e["overrides"]["kl_coef"] for e in plan["experiments"]]
