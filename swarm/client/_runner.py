@@ -12,8 +12,9 @@ late), claims one eval episode per held-out task at once (``purpose="eval"``: th
 server holds its next step until they end, so the round evaluates one policy; the claims carry
 ``eval_every``, so the server also holds the step after each multiple until its round is claimed,
 and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
-eval episodes before claiming more training ones. A failed eval claim turns evaluation off for the
-rest of the run (logged), since training need not stop for it.
+eval episodes before claiming more training ones, and while a training claim is refused for now
+(admission holds new work until the next step, and that step waits for the round). A failed eval
+claim turns evaluation off for the rest of the run (logged), since training need not stop for it.
 """
 
 from __future__ import annotations
@@ -224,8 +225,14 @@ def _play(handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> No
 def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
                  group_size: int, category: str | None) -> None:
     task, group_id = item
+
+    def play_queued_eval() -> None:  # while the claim waits: the server's next step may wait for this round
+        if (job := state.next_eval_job()) is not None:
+            _one_eval(state, workflow, *job)
+
     try:
-        handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category)
+        handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,
+                              while_refused=play_queued_eval)
     except SwarmError as exc:
         log.error("claim failed, stopping the run: %s", exc)
         with state.lock:
