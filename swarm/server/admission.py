@@ -18,9 +18,10 @@ after their generation was paid for. So the server does not start such work: it 
 * **Duration** (``outlasts``), for that claim and for every episode's first chat call (which fixes
   the version its samples carry): where groups do not finish in order (a slow client beside fast
   ones) the version moves while a long episode runs. An episode whose client's recent episodes
-  took longer than ``max_staleness + 1`` step intervals would be stale before it ends. The step
-  interval is never taken as shorter than the time since the last step, so the rule relaxes as soon
-  as the learner slows down: a lone slow client is never locked out.
+  took longer (first chat call to finish) than ``max_staleness + 1`` step intervals would be stale
+  before it ends. The step interval is the mean over the last steps (a lone client under the
+  capacity bound never exceeds it: Little's law) and never shorter than the time since the last
+  step, so the rule relaxes as soon as the learner slows down: a slow client is never locked out.
 
 The rules hold in both modes (sync mode drops nothing, but a backlog beyond the bound would train
 that many versions late), never for eval claims, and not past ``max_steps`` (no step trains then)

@@ -6,8 +6,9 @@ These are the inputs of ECHO-2's provisioning rule (``swarm plan``) and of admis
 updating rather than waiting for a batch, between the end of one step and the end of the next;
 ``perf/rollout_eps_per_client`` is the episodes finished per second per client over a recent window
 (at least ``MIN_WINDOW_S``, so a learner that steps every few hundred milliseconds still sees a
-stable rate). ``step_interval`` and ``episode_s`` are medians of the last few steps and of a client's
-last few episodes, so one slow step or episode does not swing admission.
+stable rate). ``step_interval`` is the mean interval over the last few steps (the step rate: a
+burst of back-to-back steps is not the pace) and ``episode_s`` the median of a client's last few
+episodes (from the first chat call to the finish), so one odd step or episode does not swing admission.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class CapacityMeter:
         self._durations: OrderedDict[str, deque[float]] = OrderedDict()
 
     def episode_finished(self, client_id: str, duration_s: float | None = None) -> None:
-        """A training episode finished, ``duration_s`` after its claim."""
+        """A training episode finished, ``duration_s`` after its first chat call (None: it made none)."""
         now = self._clock()
         self._finishes.append((now, client_id))
         _trim(self._finishes, now - _KEEP_S)
@@ -78,14 +79,14 @@ class CapacityMeter:
     # ------------------------------------------------------------------ the pace (admission's inputs)
 
     def step_interval(self) -> float | None:
-        """Seconds between step commits: the median of the last few; None before a few steps."""
-        return statistics.median(self._intervals) if len(self._intervals) >= _MIN_PACE else None
+        """Seconds between step commits: the mean of the last few; None before a few steps."""
+        return statistics.fmean(self._intervals) if len(self._intervals) >= _MIN_PACE else None
 
     def since_step(self) -> float:
         return self._clock() - self._last_step_end
 
     def episode_s(self, client_id: str) -> float | None:
-        """The median duration (claim to finish) of the client's last few episodes; None if too few."""
+        """The median duration (first chat call to finish) of the client's last few episodes; None if too few."""
         durations = self._durations.get(client_id)
         if durations is None or len(durations) < _MIN_PACE:
             return None

@@ -64,7 +64,7 @@ class Claims:
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
             category=request.category, client_id=request.client_id, lease_s=lease_s,
             lease_expires_at=self._view.clock() + lease_s, trace=EpisodeTrace(merge=config.merge_timelines),
-            claimed_version=self._view.policy_version, claimed_step=self._view.step, claimed_at=self._view.clock(),
+            claimed_version=self._view.policy_version, claimed_step=self._view.step,
         )
         group.members.append(episode)
         self._episodes.add_claimed(episode, group, request.request_id)

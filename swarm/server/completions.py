@@ -114,6 +114,7 @@ class Completions:
         episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if episode is not None and not episode.is_eval and episode.calls_started == 0:
             self.admit_first(episode)  # it fixes the episode's version: 429 if it could not train in time
+            episode.first_call_at = self.view.clock()
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         self._check_size(request)

@@ -54,7 +54,7 @@ class EpisodeRecord:
     abort_reason: str | None = None
     purpose: Purpose = "train"
     claimed_step: int = 0
-    claimed_at: float = 0.0  # the view's clock at the claim (a client's episode duration, for admission)
+    first_call_at: float | None = None  # the view's clock at its first chat call, which fixed its version
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
     source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)

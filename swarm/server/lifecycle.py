@@ -102,7 +102,8 @@ class Lifecycle:
             raise
         self._terminate(episode, EpisodeState.finished)
         self.counts.finished += 1
-        self.capacity.episode_finished(episode.client_id, self._view.clock() - episode.claimed_at)
+        began = episode.first_call_at  # the episode's duration as staleness sees it: from its version on
+        self.capacity.episode_finished(episode.client_id, None if began is None else self._view.clock() - began)
         self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
 
