@@ -1,7 +1,11 @@
 """The dataset loop behind ``SwarmClient.run``: tasks × GRPO groups through a pool of workers.
 
 Each task becomes ``group_size`` episodes sharing a fresh group id (``"{task_id}:{hex}"``), claimed
-in order so a group's members are in flight together and complete together. A workflow's exception
+in order so a group's members are in flight together and complete together: the worker holding a
+group's first member claims it, and the workers holding its other members wait for that claim and
+then claim at once, so a group the server admits late (``swarm.server.admission`` refuses a new group
+until the next step when the backlog is full) still starts all together, never with members left
+behind on their own retry timers (those would be trained versions later, as stale). A workflow's exception
 aborts only its own episode (logged and counted); a failed *claim* (server gone past the retry
 window, bad token, invalid request) stops the run, because every later claim would fail the same way.
 
@@ -90,6 +94,18 @@ class _RunState:
         self.eval_rounds = 0
         self.eval_finished = 0
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
+        self.groups: dict[str, tuple[threading.Event, int]] = {}  # group id -> (its first claim ended, members left)
+
+    def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool]:
+        """The event set once the group's first claim has ended, and whether this member makes it."""
+        with self.lock:
+            opened, left = self.groups.get(group_id, (threading.Event(), size))
+            first = left == size
+            if left > 1:
+                self.groups[group_id] = (opened, left - 1)
+            else:
+                self.groups.pop(group_id, None)
+            return opened, first
 
     def eval_due(self, step: int) -> bool:
         """Whether a claim that saw ``step`` should start a held-out round (it then owns that round).
@@ -230,6 +246,9 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         if (job := state.next_eval_job()) is not None:
             _one_eval(state, workflow, *job)
 
+    opened, first = state.group_turn(group_id, group_size)
+    while not first and not opened.wait(timeout=0.1):
+        play_queued_eval()
     try:
         handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,
                               while_refused=play_queued_eval)
@@ -238,6 +257,8 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         with state.lock:
             state.fail(exc)
         return
+    finally:
+        opened.set()  # the group's other members claim now
     with state.lock:
         state.policy_version = handle.policy_version
     if state.eval_due(handle.episode.step):
