@@ -3,11 +3,12 @@
 Each task becomes ``group_size`` episodes sharing a fresh group id (``"{task_id}:{hex}"``), claimed
 in order so a group's members are in flight together and complete together: the worker holding a
 group's first member claims it, and the workers holding its other members wait for that claim and
-then claim at once, so a group the server admits late (``swarm.server.admission`` refuses a new group
-until the next step when the backlog is full) still starts all together, never with members left
-behind on their own retry timers (those would be trained versions later, as stale). A workflow's exception
-aborts only its own episode (logged and counted); a failed *claim* (server gone past the retry
-window, bad token, invalid request) stops the run, because every later claim would fail the same way.
+then claim at once, so a group the server admits late (``swarm.server.admission`` refuses a new
+group until the next step when the backlog is full) still starts all together, never with members
+left behind on their own retry timers (those would train versions later, as stale). A workflow's
+exception aborts only its own episode (logged and counted); a failed *claim* (server gone past the
+retry window, bad token, invalid request) stops the run, because every later claim would fail the
+same way.
 
 Held-out evaluation (``heldout`` tasks, ``eval_every`` > 0): every claim answers with the server's
 training step; the first claim to see step 0, and then the first to see each multiple of

@@ -29,7 +29,7 @@ __all__ = ["Claims"]
 
 class Claims:
     """The claim side of training episodes: the group a claim joins and the record it creates.
-    Admission (paused, stopping, a sync-mode drain) and counting are the engine's."""
+    Pause, stop, sync-mode drains and counting are the engine's; the staleness bound is ``admission``'s."""
 
     def __init__(self, view: ServerView, *, keys: KeyRing, episodes: EpisodeRegistry, groups: GroupBook,
                  category_ratios: dict[str, float], admission: Admission) -> None:

@@ -4,10 +4,10 @@ It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``
 its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
 (``swarm.server.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
 could not train within ``max_staleness`` by ``admission``, ``swarm.server.admission``), heartbeats,
-finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls through ``completions``
-(render → generate → record, ``swarm.server.completions``), training through ``loop`` (collect →
-advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through
-``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls
+through ``completions`` (render → generate → record, ``swarm.server.completions``), training through
+``loop`` (collect → advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out
+evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).

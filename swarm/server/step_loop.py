@@ -93,9 +93,10 @@ class StepLoop:
     book (``take_batch``), the episode registry (evictions), the capacity meter, and three
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
-    step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running step
-    trains (admission counts it until the step commits). ``eval_live`` counts the live held-out episodes a step waits for;
-    ``eval_due(step)`` says a held-out round of ``step`` is due and not claimed yet (aligned rounds)."""
+    step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running
+    step trains (admission counts it until the step commits). ``eval_live`` counts the live held-out
+    episodes a step waits for; ``eval_due(step)`` says a held-out round of ``step`` is due and not
+    claimed yet (aligned rounds)."""
 
     def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
