@@ -18,7 +18,8 @@ server holds its next step until they end, so the round evaluates one policy; th
 ``eval_every``, so the server also holds the step after each multiple until its round is claimed,
 and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
 eval episodes before claiming more training ones, and while a training claim is refused for now
-(admission holds new work until the next step, and that step waits for the round). A failed eval
+(admission holds new work until the next step, and that step waits for the round); a refusal that
+names the server's step (admission's does) starts a round that is due, as a claim would. A failed eval
 claim turns evaluation off for the rest of the run (logged), since training need not stop for it.
 """
 
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.client._episode import EpisodeHandle
-from swarm.client._errors import SwarmError
+from swarm.client._errors import SwarmError, SwarmHTTPError
 
 if TYPE_CHECKING:
     from swarm.client._client import SwarmClient
@@ -247,12 +248,18 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         if (job := state.next_eval_job()) is not None:
             _one_eval(state, workflow, *job)
 
+    def refused(answer: SwarmHTTPError) -> None:
+        step = answer.detail.get("step") if isinstance(answer.detail, dict) else None
+        if isinstance(step, int) and state.eval_due(step):  # admission names the step: its round may be due
+            _claim_eval_round(client, state, step)
+        play_queued_eval()
+
     opened, first = state.group_turn(group_id, group_size)
     while not first and not opened.wait(timeout=0.1):
         play_queued_eval()
     try:
         handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,
-                              while_refused=play_queued_eval)
+                              while_refused=refused)
     except SwarmError as exc:
         log.error("claim failed, stopping the run: %s", exc)
         with state.lock:

@@ -99,12 +99,13 @@ class Transport:
     def request(self, method: str, path: str, *, body: BaseModel | None = None,
                 params: dict[str, Any] | None = None, bearer: str | None = None, as_client: bool = False,
                 idempotent: bool = True, retry_for_s: float | None = None,
-                timeout: float | None = None, while_refused: Callable[[], None] | None = None) -> httpx.Response:
+                timeout: float | None = None,
+                while_refused: Callable[[SwarmHTTPError], None] | None = None) -> httpx.Response:
         """Send one request, retrying per the module policy; returns a 2xx response.
 
         Sent with the control token, or the client token when ``as_client`` (claims); ``bearer``
-        overrides both (episode routes authenticate with the episode key). ``while_refused`` runs
-        each time the server says "retry later", before the wait (its time counts toward the wait).
+        overrides both (episode routes authenticate with the episode key). ``while_refused`` gets
+        each "retry later" answer before its wait (the time it takes counts toward the wait).
         """
         window = self.retry_for_s if retry_for_s is None else retry_for_s
         deadline = time.monotonic() + window
@@ -139,6 +140,10 @@ class Transport:
                 if not _retryable(response.status_code, error, idempotent):
                     raise error
                 problem, hint = error, error.retry_after
+                if hint is not None and while_refused is not None:
+                    began = time.monotonic()
+                    while_refused(error)
+                    hint = max(0.0, hint - (time.monotonic() - began))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SwarmUnavailable(f"{method} {self.url}{path}: still failing after {window:.0f} s "
@@ -150,12 +155,7 @@ class Transport:
             # "Come back later" is normal flow control; an unreachable server is worth a line once.
             quiet = hint is not None or attempt > 1
             (log.debug if quiet else log.info)("%s %s failed (%s); retrying in %.2f s", method, path, problem, delay)
-            if hint is not None and while_refused is not None:
-                began = time.monotonic()
-                while_refused()
-                delay -= time.monotonic() - began
-                remaining = deadline - time.monotonic()
-            time.sleep(max(0.0, min(delay, remaining)))
+            time.sleep(min(delay, remaining))
 
     @contextmanager
     def stream(self, path: str, *, headers: dict[str, str] | None = None) -> Iterator[httpx.Response]:

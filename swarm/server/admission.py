@@ -6,10 +6,11 @@ after their generation was paid for. So the server does not start such work: it 
 ``Retry-After`` (never a queue), as AReaL's rollout controller does. Two rules, pure functions below:
 
 * **Capacity** (``over_capacity``), for a claim that starts a new group: the work held toward future
-  steps may not exceed ``max_staleness + 1`` batches. That work is the batch the running step trains
-  (its version is not out yet), the complete groups waiting for a step and the groups with episodes
-  in flight; AReaL's ``running + accepted ≤ (max_staleness + version + 1) · batch`` counted from the
-  current version. Each step takes one batch and moves the version by one, so work admitted now
+  steps may not exceed ``max_staleness + 1`` batches. That work is the complete groups waiting for a
+  step, the groups with episodes in flight and the batch the running step trains while its version
+  is not out yet, AReaL's ``running + accepted ≤ (max_staleness + version + 1) · batch`` counted
+  from the current version. (Where generation waits out an update, one device thread for both, work
+  admitted during a step samples the new version, and the engine leaves the running batch out.) Each step takes one batch and moves the version by one, so work admitted now
   trains before the version moves more than ``max_staleness`` past it, as long as groups finish in
   about the order they started. The unit is the group (a batch is ``batch_groups`` groups whatever
   their size; episodes in ``batch_mode="episodes"``). Members of a started group are never refused
@@ -26,7 +27,9 @@ after their generation was paid for. So the server does not start such work: it 
 The rules hold in both modes (sync mode drops nothing, but a backlog beyond the bound would train
 that many versions late), never for eval claims, and not past ``max_steps`` (no step trains then)
 or with ``admission = false``. ``Retry-After`` is the expected time until the next step commits
-(when room frees), within ``RETRY_BOUNDS_S``. Every refusal is counted by reason (``refused``).
+(when room frees), within ``RETRY_BOUNDS_S``; the answer's ``detail`` names the reason and the
+server's step (a client that evaluates at some steps starts a due round from it, as from a claim).
+Every refusal is counted by reason (``refused``).
 """
 
 from __future__ import annotations
@@ -133,4 +136,4 @@ class Admission:
         meter = self._capacity
         raise RetryLater(f"{message}; retry later (or raise max_staleness, or lower the concurrency)",
                          retry_after=retry_after(meter.step_interval(), meter.since_step()),
-                         detail={"reason": reason})
+                         detail={"reason": reason, "step": self._view.step})

@@ -87,6 +87,9 @@ class Engine:
         self._started_at = time.monotonic()
         self.created = int(clock())
         self.max_context = max_context
+        # The trainer shares the device thread with the local generator: a chat call that arrives
+        # while a step trains waits for the update, so it samples (and is tagged with) the new version.
+        self._update_blocks_sampling = run_blocking is None
         # The parts get what they use; what changes while serving they read through ``ServerView``.
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
                                    capacity=self.capacity, eval_ended=lambda e, state: self.evals.ended(e, state),
@@ -227,8 +230,13 @@ class Engine:
         return self.config.mode == "async" or self.in_flight == 0
 
     def _backlog(self) -> Backlog:
-        """The work held toward future steps, in the batch's unit (``swarm.server.admission``)."""
-        config, batch = self.config, self.loop.batch
+        """The work held toward future steps, in the batch's unit (``swarm.server.admission``). The
+        running step's batch counts where work admitted now could be sampled before its update (a
+        trainer on its own thread, pool workers, an update not queued yet); not once sampling can only
+        follow the update (one device thread for both: what it samples next carries the new version)."""
+        config, loop = self.config, self.loop
+        follows = self._update_blocks_sampling and loop.update_queued and not self.generator.remote_members()
+        batch = [] if follows else loop.batch
         episodes, groups = self.episodes.live_training()
         if config.batch_mode == "episodes":
             return Backlog(training=sum(len(g.finished) for g in batch), waiting=self.groups.ready_episodes(),

@@ -94,7 +94,8 @@ class StepLoop:
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
     step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running
-    step trains (admission counts it until the step commits). ``eval_live`` counts the live held-out
+    step trains and ``update_queued`` says its update is queued (admission counts the batch until the
+    step commits, or until then where sampling waits out the update). ``eval_live`` counts the live held-out
     episodes a step waits for; ``eval_due(step)`` says a held-out round of ``step`` is due and not
     claimed yet (aligned rounds)."""
 
@@ -120,6 +121,7 @@ class StepLoop:
         self.metrics: list[StepMetrics] = []
         self.training = False
         self.batch: list[Group] = []  # the groups the running step trains
+        self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
         self.last_error: LastError | None = None
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()  # set while no step trains (eval claims wait on it)
@@ -202,7 +204,7 @@ class StepLoop:
                 self.batch = groups
                 return await self._step(groups, config, started)
             finally:
-                self.batch = []
+                self.batch, self.update_queued = [], False
                 self.training = False
                 self.idle.set()
                 self.wake.set()  # sync-mode claims may resume; another batch may be ready
@@ -222,6 +224,7 @@ class StepLoop:
                 self._drop(kept, "no trainable tokens")
                 return False
             self.store.put_meta(MAX_VERSION_KEY, view.policy_version + 1)  # reserve the next version id
+            self.update_queued = True  # no await between this and the queueing of the update
             update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
