@@ -6,7 +6,7 @@ A real ``swarm serve`` process (tiny model) with ``max_staleness = 1`` and 8 epi
 ``SwarmClient.run`` with 64 episodes in flight, eight times a batch, plus held-out rounds. The
 client's transport logs every refusal it waits out (the server's error, with its ``retry_after``);
 the test counts those against the server's ``refused_stale``. Without admission the same client
-drops most of its episodes as stale (the control run).
+drops most of what reaches a step as stale (the control run).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _workflow(ep: EpisodeHandle, task: dict) -> float:
     return (reply.choices[0].message.content or "").count("a") / 8
 
 
-def _run(server: ServeProcess) -> tuple[dict, RunSummary]:
+def _run(server: ServeProcess, label: str) -> tuple[dict, RunSummary]:
     """Run the client to ``EPISODES`` (none may fail); the server's status after, and the run's summary."""
     heldout = [{"task_id": f"held-{i}", "prompt": "abcdefgh"} for i in range(4)]
     with SwarmClient(server.url, token=server.token, retry_for_s=60) as client:
@@ -56,8 +56,7 @@ def _run(server: ServeProcess) -> tuple[dict, RunSummary]:
     assert summary.finished == EPISODES and summary.aborted == 0, summary
     status = server.status()
     episodes = status["episodes"]
-    print(f"admission={'off' if 'admission = false' in server.config.read_text() else 'on'}: "  # type: ignore[union-attr]
-          f"{episodes['finished']} finished, {episodes['trained']} trained, {episodes['dropped']} dropped, "
+    print(f"{label}: {episodes['finished']} finished, {episodes['trained']} trained, {episodes['dropped']} dropped, "
           f"{episodes['refused_stale']} refused, {status['step']} steps in {summary.seconds:.1f} s")
     return status, summary
 
@@ -67,7 +66,7 @@ def test_one_client_far_above_capacity_trains_what_it_generates(
     config = tmp_path / "config.toml"
     config.write_text(CONFIG)
     caplog.set_level(logging.DEBUG, logger="swarm.client._transport")
-    status, summary = _run(new_server(config=config))
+    status, summary = _run(new_server(config=config), "admission")
     episodes = status["episodes"]
     assert summary.eval_rounds >= 2, summary  # held-out rounds ran although training claims were refused
     # Every refusal the client waited out was a 429 with a retry_after; the server counted each one.
@@ -82,9 +81,10 @@ def test_one_client_far_above_capacity_trains_what_it_generates(
         n for reason, n in status["drop_reasons"].items() if not reason.startswith("older than max_staleness"))
     assert status["step"] >= 30, status
 
-    # The control: the same client without admission throws most of it away as stale.
+    # The control: the same client without admission throws most of what reached a step away as stale
+    # (many of its episodes still wait when it ends: it outruns the learner).
     control = tmp_path / "control.toml"
     control.write_text(CONFIG + "admission = false\n")
-    status, _ = _run(new_server(config=control))
+    status, _ = _run(new_server(config=control), "no admission")
     assert status["episodes"]["refused_stale"] == 0
-    assert status["episodes"]["dropped_stale"] > 0.3 * status["episodes"]["finished"], status
+    assert status["episodes"]["dropped_stale"] > status["episodes"]["trained"], status
