@@ -109,6 +109,7 @@ CONFIG_KEYS: dict[str, str] = {
     "group_size": "int 1-1024, GRPO samples per prompt", "batch_groups": "int 1-4096, complete groups per step",
     "min_group_size": "int >= 1, <= group_size", "batch_mode": "groups | episodes | varied_groups",
     "mode": "sync | async", "max_staleness": "int 0-64", "temperature": "float 0-4", "top_p": "float (0, 1]",
+    "admission": "bool, refuse work that could not finish within max_staleness (429) instead of dropping it",
     "max_tokens": "int >= 1, default completion length", "merge_timelines": "bool", "lease_s": "float (0, 3600]",
     "category_ratios": "table of category -> weight", "batch_window_ms": "float 0-1000",
     "max_batch_rows": "int 1-4096", "max_prompt_chars": "int >= 1", "max_queued_rows": "int 0-65536",

@@ -20,11 +20,11 @@ its concurrency, which holds while the client's time goes to waiting on the serv
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from swarm.protocol import StepMetrics
+from swarm.protocol import Status, StepMetrics
 
 WINDOW = 5  # recent steps averaged: a single step is noisy, a long window lags a change of clients
 # The rule gives the throughput at which the learner is *exactly* at its target; episodes arrive in whole
@@ -146,6 +146,34 @@ def staleness_needed(in_flight: int, episodes_per_step: float) -> int:
     """The ``max_staleness`` under which ``in_flight`` episodes still train: an episode claimed now
     trains about ``in_flight / R`` steps later, so more than ``(S + 1)·R`` in flight are dropped as stale."""
     return max(math.ceil(in_flight / max(episodes_per_step, 1.0)) - 1, 0)
+
+
+DROP_ALERT = 0.05  # ``swarm status`` names a fix when more of the last minute's finished episodes were dropped
+_STALE = "older than max_staleness"  # how the server names a drop for staleness (``episodes.stale_reason``)
+
+
+def drop_fix(status: Status, config: Mapping[str, Any]) -> str | None:
+    """One line for ``swarm status`` when more than ``DROP_ALERT`` of the last minute's finished
+    episodes were dropped: why, and what to change (``config``: the server's live values); else None."""
+    recent = status.recent
+    if not recent.finished or recent.dropped <= DROP_ALERT * recent.finished:
+        return None
+    share = (f"{recent.dropped / recent.finished:.0%} of the last minute's {recent.finished} finished episodes "
+             "were dropped")
+    if 2 * recent.dropped_stale < recent.dropped:  # mostly for another reason
+        others = sorted(((n, r) for r, n in status.drop_reasons.items() if not r.startswith(_STALE)), reverse=True)
+        reasons = "; ".join(f"{reason}: {n}" for n, reason in others[:3])
+        return (f"{share} ({reasons}): lower min_group_size, or use batch_mode=groups where groups are too "
+                "small or alike; a failed step is in last_error")
+    staleness, group_size = int(config.get("max_staleness", 1)), int(config.get("group_size", 1))
+    batch = int(config.get("batch_groups", 1)) * group_size
+    held = int(status.throughput.get("in_flight", 0)) + status.groups_pending * group_size
+    fixes = [f"raise max_staleness (`swarm config max_staleness={max(staleness_needed(held, batch), staleness + 1)}`)",
+             f"lower the clients' --concurrency (below {(staleness + 1) * batch} episodes in flight and waiting)"]
+    if not config.get("admission", True):
+        fixes.insert(0, "turn admission on (`swarm config admission=true`: work that could not train in time "
+                        "is refused instead of generated)")
+    return f"{share} as older than max_staleness={staleness}: " + ", or ".join(fixes)
 
 
 def describe(advice: Advice) -> list[str]:

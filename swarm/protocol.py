@@ -312,12 +312,29 @@ class EpisodeStatus(BaseModel):
 
 
 class EpisodeCounts(BaseModel):
+    """Training episodes. ``dropped_stale``: of ``dropped``, those older than ``max_staleness`` at their
+    step; ``refused_stale``: claims and first chat calls answered 429 because they could not have
+    finished within ``max_staleness`` (``swarm.server.admission``; since the process started, a retry
+    refused again counts again)."""
+
     claimed: int = 0
     finished: int = 0
     aborted: int = 0
     expired: int = 0
     trained: int = 0
     dropped: int = 0
+    dropped_stale: int = 0
+    refused_stale: int = 0
+
+
+class RecentCounts(BaseModel):
+    """``EpisodeCounts`` over the last ``window_s`` seconds (``swarm status`` judges the drop rate by them)."""
+
+    window_s: float = 60.0
+    finished: int = 0
+    dropped: int = 0
+    dropped_stale: int = 0
+    refused_stale: int = 0
 
 
 class ServerState(str, Enum):
@@ -374,6 +391,9 @@ class Status(BaseModel):
     generator: dict[str, Any] = Field(default_factory=dict, description="the generator's engine and health")
     last_error: LastError | None = Field(None, description="the newest error training survived, if any")
     workers: list[WorkerStatus] = Field(default_factory=list, description="the generator pool's members")
+    drop_reasons: dict[str, int] = Field(default_factory=dict, description="dropped episodes by reason")
+    refusal_reasons: dict[str, int] = Field(default_factory=dict, description="refused_stale by reason")
+    recent: RecentCounts = Field(default_factory=RecentCounts, description="counts over the last minute")
 
 
 class StepMetrics(BaseModel):

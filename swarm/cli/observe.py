@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
-from swarm.client import SwarmError
-from swarm.protocol import WorkerStatus
+from swarm.client import SwarmClient, SwarmError
+from swarm.protocol import Status, WorkerStatus
 
 
 @app.command()
@@ -21,6 +21,7 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
             result = client.status()
         except SwarmError as exc:
             fail(str(exc))
+        fix = _drop_fix(client, result) if not json_ else None
     if json_:
         print_json(result)
         return
@@ -40,7 +41,28 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
     table.add_row("uptime", f"{result.uptime_s:.0f} s")
     for worker in result.workers:  # the generator pool, the server's own generator ("local") first
         table.add_row(f"worker {worker.id}", _describe_worker(worker))
+    recent = result.recent
+    table.add_row(f"last {recent.window_s:.0f} s", f"finished={recent.finished}  dropped={recent.dropped}  "
+                  f"dropped_stale={recent.dropped_stale}  refused_stale={recent.refused_stale}")
+    for label, reasons in (("dropped for", result.drop_reasons), ("refused for", result.refusal_reasons)):
+        if reasons:
+            table.add_row(label, "  ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items())))
     out.print(table)
+    if fix is not None:
+        out.print(f"[bold yellow]fix:[/bold yellow] {fix}")
+
+
+def _drop_fix(client: SwarmClient, status: Status) -> str | None:
+    """The fix line for a high drop rate (``swarm.plan.drop_fix``), from the server's live config."""
+    from swarm.plan import drop_fix
+
+    if not status.recent.dropped:
+        return None
+    try:
+        values = client.config().values
+    except SwarmError:  # a client token may not read the config: the advice then assumes its defaults
+        values = {}
+    return drop_fix(status, values)
 
 
 def _describe_worker(worker: WorkerStatus) -> str:

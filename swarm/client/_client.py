@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from swarm.client._episode import EpisodeHandle, OpenAIPool
-from swarm.client._errors import SwarmError, SwarmUnavailable
+from swarm.client._errors import SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.client._events import iter_events
 from swarm.client._runner import RunSummary, run_workflow
 from swarm.client._transport import Credential, Transport
@@ -103,17 +103,23 @@ class SwarmClient:
 
     def claim(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
               category: str | None = None, lease_s: float | None = None, purpose: Purpose = "train",
-              eval_every: int | None = None) -> EpisodeHandle:
+              eval_every: int | None = None,
+              while_refused: Callable[[SwarmHTTPError], None] | None = None) -> EpisodeHandle:
         """Claim one episode (idempotent across retries) and start its heartbeats. ``purpose="eval"``
         claims a held-out evaluation episode (never grouped or trained; see ``protocol.ClaimRequest``);
         its ``eval_every`` tells the server the cadence, so it holds each such step for its round.
+        A claim the server refuses for now (429 + ``Retry-After``: paused, a sync drain, admission) is
+        retried after the wait it names; ``while_refused`` gets each such answer before its wait
+        (``run`` starts a held-out round its ``detail`` step calls for, or plays a queued held-out
+        episode there, so a round never waits on workers that wait on its step).
 
         Prefer ``episode()``, which also guarantees the episode ends.
         """
         request = ClaimRequest(task_id=task_id, group_id=group_id, group_size=group_size, category=category,
                                client_id=self.client_id, lease_s=lease_s, request_id=uuid.uuid4().hex,
                                purpose=purpose, eval_every=eval_every)
-        response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request, as_client=True)
+        response = self._transport.request("POST", f"{API_PREFIX}/episodes", body=request, as_client=True,
+                                           while_refused=while_refused)
         episode = Episode.model_validate_json(response.content)
         return EpisodeHandle(self._transport, episode, self.openai_pool, lease_s=lease_s)
 

@@ -1,9 +1,14 @@
 """The dataset loop behind ``SwarmClient.run``: tasks × GRPO groups through a pool of workers.
 
 Each task becomes ``group_size`` episodes sharing a fresh group id (``"{task_id}:{hex}"``), claimed
-in order so a group's members are in flight together and complete together. A workflow's exception
-aborts only its own episode (logged and counted); a failed *claim* (server gone past the retry
-window, bad token, invalid request) stops the run, because every later claim would fail the same way.
+in order so a group's members are in flight together and complete together: the worker holding a
+group's first member claims it, and the workers holding its other members wait for that claim and
+then claim at once, so a group the server admits late (``swarm.server.admission`` refuses a new
+group until the next step when the backlog is full) still starts all together, never with members
+left behind on their own retry timers (those would train versions later, as stale). A workflow's
+exception aborts only its own episode (logged and counted); a failed *claim* (server gone past the
+retry window, bad token, invalid request) stops the run, because every later claim would fail the
+same way.
 
 Held-out evaluation (``heldout`` tasks, ``eval_every`` > 0): every claim answers with the server's
 training step; the first claim to see step 0, and then the first to see each multiple of
@@ -12,8 +17,10 @@ late), claims one eval episode per held-out task at once (``purpose="eval"``: th
 server holds its next step until they end, so the round evaluates one policy; the claims carry
 ``eval_every``, so the server also holds the step after each multiple until its round is claimed,
 and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
-eval episodes before claiming more training ones. A failed eval claim turns evaluation off for the
-rest of the run (logged), since training need not stop for it.
+eval episodes before claiming more training ones, and while a training claim is refused for now
+(admission holds new work until the next step, and that step waits for the round); a refusal that
+names the server's step (admission's does) starts a round that is due, as a claim would. A failed eval
+claim turns evaluation off for the rest of the run (logged), since training need not stop for it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.client._episode import EpisodeHandle
-from swarm.client._errors import SwarmError
+from swarm.client._errors import SwarmError, SwarmHTTPError
 
 if TYPE_CHECKING:
     from swarm.client._client import SwarmClient
@@ -89,6 +96,18 @@ class _RunState:
         self.eval_rounds = 0
         self.eval_finished = 0
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
+        self.groups: dict[str, tuple[threading.Event, int]] = {}  # group id -> (its first claim ended, members left)
+
+    def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool]:
+        """The event set once the group's first claim has ended, and whether this member makes it."""
+        with self.lock:
+            opened, left = self.groups.get(group_id, (threading.Event(), size))
+            first = left == size
+            if left > 1:
+                self.groups[group_id] = (opened, left - 1)
+            else:
+                self.groups.pop(group_id, None)
+            return opened, first
 
     def eval_due(self, step: int) -> bool:
         """Whether a claim that saw ``step`` should start a held-out round (it then owns that round).
@@ -224,13 +243,30 @@ def _play(handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> No
 def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
                  group_size: int, category: str | None) -> None:
     task, group_id = item
+
+    def play_queued_eval() -> None:  # while the claim waits: the server's next step may wait for this round
+        if (job := state.next_eval_job()) is not None:
+            _one_eval(state, workflow, *job)
+
+    def refused(answer: SwarmHTTPError) -> None:
+        step = answer.detail.get("step") if isinstance(answer.detail, dict) else None
+        if isinstance(step, int) and state.eval_due(step):  # admission names the step: its round may be due
+            _claim_eval_round(client, state, step)
+        play_queued_eval()
+
+    opened, first = state.group_turn(group_id, group_size)
+    while not first and not opened.wait(timeout=0.1):
+        play_queued_eval()
     try:
-        handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category)
+        handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,
+                              while_refused=refused)
     except SwarmError as exc:
         log.error("claim failed, stopping the run: %s", exc)
         with state.lock:
             state.fail(exc)
         return
+    finally:
+        opened.set()  # the group's other members claim now
     with state.lock:
         state.policy_version = handle.policy_version
     if state.eval_due(handle.episode.step):

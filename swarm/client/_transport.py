@@ -1,8 +1,12 @@
 """A retrying JSON transport: the one place the client decides what is worth retrying.
 
-Retried, with jittered exponential backoff, until ``retry_for_s`` has passed:
+Retried until ``retry_for_s`` has passed, after a jittered exponential backoff unless the server
+said when (``retry_after``):
 - connection failures (the request never reached a server: a restart, a crash, not up yet);
-- 429, or 409 with ``retry_after`` (the throttler or a weight sync says "wait"), honouring the hint;
+- 429, or 409 with ``retry_after`` (the throttler, admission or a weight sync says "wait"), after
+  the hint itself (jittered a little, so a crowd of refused calls does not return in one burst):
+  the server knows when room frees (admission: when the next step commits), and a backoff that
+  grows with every refusal would leave a member of a group far behind the rest of its group;
 - 503 always, and other 5xx / broken connections mid-request only for idempotent calls, so a
   non-idempotent call (a supervised warm-up) is never run twice.
 Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once.
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -95,11 +99,13 @@ class Transport:
     def request(self, method: str, path: str, *, body: BaseModel | None = None,
                 params: dict[str, Any] | None = None, bearer: str | None = None, as_client: bool = False,
                 idempotent: bool = True, retry_for_s: float | None = None,
-                timeout: float | None = None) -> httpx.Response:
+                timeout: float | None = None,
+                while_refused: Callable[[SwarmHTTPError], None] | None = None) -> httpx.Response:
         """Send one request, retrying per the module policy; returns a 2xx response.
 
         Sent with the control token, or the client token when ``as_client`` (claims); ``bearer``
-        overrides both (episode routes authenticate with the episode key).
+        overrides both (episode routes authenticate with the episode key). ``while_refused`` gets
+        each "retry later" answer before its wait (the time it takes counts toward the wait).
         """
         window = self.retry_for_s if retry_for_s is None else retry_for_s
         deadline = time.monotonic() + window
@@ -134,13 +140,18 @@ class Transport:
                 if not _retryable(response.status_code, error, idempotent):
                     raise error
                 problem, hint = error, error.retry_after
+                if hint is not None and while_refused is not None:
+                    began = time.monotonic()
+                    while_refused(error)
+                    hint = max(0.0, hint - (time.monotonic() - began))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SwarmUnavailable(f"{method} {self.url}{path}: still failing after {window:.0f} s "
                                        f"({attempt} attempts): {problem}") from problem
-            delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
             if hint is not None:
-                delay = max(delay, min(hint, _MAX_BACKOFF_S * 5))
+                delay = min(hint, _MAX_BACKOFF_S * 5) * (1 + random.random() / 4)
+            else:
+                delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
             # "Come back later" is normal flow control; an unreachable server is worth a line once.
             quiet = hint is not None or attempt > 1
             (log.debug if quiet else log.info)("%s %s failed (%s); retrying in %.2f s", method, path, problem, delay)

@@ -1,8 +1,9 @@
 """Claim admission: whether an episode may be claimed now, and the record a claim creates.
 
 A claim is refused with 429 + ``retry_after`` (never queued) while the server stops or is paused,
-in sync mode while a weight update waits for in-flight episodes to drain, and when it would start
-a group of a category ahead of its configured ratio (``CategoryThrottle``). A training claim joins
+in sync mode while a weight update waits for in-flight episodes to drain, when it would start
+a group of a category ahead of its configured ratio (``CategoryThrottle``), and when a new group
+could not train within ``max_staleness`` (``swarm.server.admission``). A training claim joins
 the open group of its ``group_id`` (or starts one); an eval claim is ``Evaluation``'s and waits for
 a running step instead (``swarm.server.evaluation``). A retried claim (same ``request_id``) answers
 with the episode the first one created. ``Engine.claim`` runs these checks in that order; this
@@ -14,6 +15,7 @@ from __future__ import annotations
 import uuid
 
 from swarm.protocol import ClaimRequest, Episode
+from swarm.server.admission import Admission
 from swarm.server.auth import KeyRing
 from swarm.server.episodes import EpisodeRecord, GroupBook
 from swarm.server.errors import RetryLater
@@ -27,11 +29,12 @@ __all__ = ["Claims"]
 
 class Claims:
     """The claim side of training episodes: the group a claim joins and the record it creates.
-    Admission (paused, stopping, a sync-mode drain) and counting are the engine's."""
+    Pause, stop, sync-mode drains and counting are the engine's; the staleness bound is ``admission``'s."""
 
     def __init__(self, view: ServerView, *, keys: KeyRing, episodes: EpisodeRegistry, groups: GroupBook,
-                 category_ratios: dict[str, float]) -> None:
+                 category_ratios: dict[str, float], admission: Admission) -> None:
         self._view = view
+        self._admission = admission
         self._keys = keys
         self._episodes = episodes
         self._groups = groups
@@ -43,14 +46,17 @@ class Claims:
 
     def open(self, request: ClaimRequest) -> EpisodeRecord:
         """A new training episode in the open group of its ``group_id`` (or a new group, if its
-        category is not ahead of its ratio: else 429)."""
+        category is not ahead of its ratio and admission lets it start: else 429)."""
         config = self._view.config
         group_id = request.group_id or request.task_id
         starts_group = self._groups.is_new(group_id)
         if starts_group and not self._throttle.allows(request.category):
             raise RetryLater(f"category {request.category!r} is ahead of its configured ratio; "
                              "claim a task of another category or retry later", retry_after=1.0)
-        group = self._groups.join(group_id, request.group_size or config.group_size, request.category)
+        size = request.group_size or config.group_size
+        if starts_group:
+            self._admission.claim(request.client_id, size)
+        group = self._groups.join(group_id, size, request.category)
         if starts_group:
             self._throttle.started(request.category)
         lease_s = request.lease_s or config.lease_s

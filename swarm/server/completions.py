@@ -9,11 +9,13 @@ parse requests and shape responses; a route whose client went away cancels the t
 its rows in the generator (nothing is recorded for a generation that did not finish).
 
 Bounds, so one request, credential or episode cannot stall or exhaust the server (limits in
-``ServerConfig``): the text size is checked before any tokenising (``max_prompt_chars``); rendering
-runs in a thread, never on the event loop (``/healthz`` and other clients' heartbeats do not wait
-on it); a call holds an ``InFlight`` slot (per credential, and rows in the generation queue) from
-before rendering until its generation ends; and an episode's recorded tokens, plus what its running
-calls may still add, stay within ``max_episode_tokens``.
+``ServerConfig``): a training episode's first chat call passes admission first (it fixes the policy
+version the episode's samples carry: 429 if they could not train in time, ``swarm.server.admission``);
+the text size is checked before any tokenising (``max_prompt_chars``); rendering runs in a thread,
+never on the event loop (``/healthz`` and other clients' heartbeats do not wait on it); a call
+holds an ``InFlight`` slot (per credential, and rows in the generation queue) from before rendering
+until its generation ends; and an episode's recorded tokens, plus what its running calls may still
+add, stay within ``max_episode_tokens``.
 
 A held-out eval episode's calls are served and never recorded (so they reserve no episode tokens).
 A call that sends no ``seed`` gets a fixed one, derived from the task id and the call's index in
@@ -94,10 +96,11 @@ class Completions:
     ``live(episode_id)`` is the engine's check that an episode may still take calls (else a 4xx)."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
-                 live: Callable[[str], EpisodeRecord]) -> None:
+                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[EpisodeRecord], None]) -> None:
         self.view = view
         self.episodes = episodes
         self.live = live
+        self.admit_first = admit_first
         self.generator = generator
         self.max_context = max_context
         self.in_flight = InFlight()
@@ -109,6 +112,9 @@ class Completions:
         the credential whose in-flight calls are capped. With an ``episode_id`` the result is
         recorded into that episode; without, it is served only."""
         episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
+        if episode is not None and not episode.is_eval and episode.calls_started == 0:
+            self.admit_first(episode)  # it fixes the episode's version: 429 if it could not train in time
+            episode.first_call_at = self.view.clock()
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         self._check_size(request)

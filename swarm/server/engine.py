@@ -2,11 +2,12 @@
 
 It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
 its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
-(``swarm.server.claims``; admission is here, in ``claim``), heartbeats, finishes, aborts and lease
-expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls through ``completions``
-(render → generate → record, ``swarm.server.completions``), training through ``loop`` (collect →
-advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out evaluation through
-``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+(``swarm.server.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
+could not train within ``max_staleness`` by ``admission``, ``swarm.server.admission``), heartbeats,
+finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls
+through ``completions`` (render → generate → record, ``swarm.server.completions``), training through
+``loop`` (collect → advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out
+evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
@@ -39,6 +40,7 @@ from swarm.protocol import (
     Status,
     StepMetrics,
 )
+from swarm.server.admission import Admission, Backlog
 from swarm.server.auth import KeyRing
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
@@ -85,12 +87,17 @@ class Engine:
         self._started_at = time.monotonic()
         self.created = int(clock())
         self.max_context = max_context
+        # The trainer shares the device thread with the local generator: a chat call that arrives
+        # while a step trains waits for the update, so it samples (and is tagged with) the new version.
+        self._update_blocks_sampling = run_blocking is None
         # The parts get what they use; what changes while serving they read through ``ServerView``.
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
                                    capacity=self.capacity, eval_ended=lambda e, state: self.evals.ended(e, state),
                                    wake=lambda: self.loop.wake.set())
+        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
+                                   active=lambda: not self.loop.past_max_steps())
         self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
-                             category_ratios=config.category_ratios)
+                             category_ratios=config.category_ratios, admission=self.admission)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
                              capacity=self.capacity, may_step=self._may_step, eval_live=lambda: self.evals.live,
@@ -98,7 +105,7 @@ class Engine:
                              drop=self.lifecycle.drop, trained=self._trained)
         self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
-                                       live=self.lifecycle.live)
+                                       live=self.lifecycle.live, admit_first=self.admission.first_call)
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -129,6 +136,7 @@ class Engine:
         self._version = restored.policy_version
         for name in EpisodeCounts.model_fields:  # in place: the lifecycle counts into the same object
             setattr(self.counts, name, getattr(restored.counts, name))
+        self.lifecycle.drop_reasons.update(restored.drop_reasons)
         # From -1: row 0 holds the held-out evaluation of the untrained policy, when there was one.
         self.loop.metrics = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics(-1)]
         for group in restored.ready:
@@ -221,10 +229,26 @@ class Engine:
             return False
         return self.config.mode == "async" or self.in_flight == 0
 
-    def _trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord]) -> None:
-        """A step committed: count its episodes; they leave memory (the store keeps the durable copy)."""
+    def _backlog(self) -> Backlog:
+        """The work held toward future steps, in the batch's unit (``swarm.server.admission``). The
+        running step's batch counts where work admitted now could be sampled before its update (a
+        trainer on its own thread, pool workers, an update not queued yet); not once sampling can only
+        follow the update (one device thread for both: what it samples next carries the new version)."""
+        config, loop = self.config, self.loop
+        follows = self._update_blocks_sampling and loop.update_queued and not self.generator.remote_members()
+        batch = [] if follows else loop.batch
+        episodes, groups = self.episodes.live_training()
+        if config.batch_mode == "episodes":
+            return Backlog(training=sum(len(g.finished) for g in batch), waiting=self.groups.ready_episodes(),
+                           in_flight=episodes, batch=config.batch_groups * config.group_size)
+        return Backlog(training=len(batch), waiting=len(self.groups.ready), in_flight=groups,
+                       batch=config.batch_groups)
+
+    def _trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord], reason: str) -> None:
+        """A step committed: count its episodes (the stale ones as dropped for ``reason``); they leave
+        memory (the store keeps the durable copy)."""
         self.counts.trained += len(kept)
-        self.counts.dropped += len(stale)
+        self.lifecycle.tally_drops(len(stale), reason)
         for episode in (*kept, *stale):
             self.episodes.evict(episode)
 
@@ -294,9 +318,10 @@ class Engine:
     def status(self) -> Status:
         uptime = time.monotonic() - self._started_at
         stats = self.worker.stats  # the device thread's generation counters
+        counts = self.counts.model_copy(update={"refused_stale": sum(self.admission.refused.values())})
         return Status(
             state=self.state, model=self.generator.model_name, policy_version=self.policy_version,
-            step=self.step, episodes=self.counts.model_copy(), groups_pending=len(self.groups.ready),
+            step=self.step, episodes=counts, groups_pending=len(self.groups.ready),
             clients=len({e.client_id for e in self.episodes.live()}), config_version=self.config_version,
             throughput={
                 "in_flight": float(self.in_flight),
@@ -308,7 +333,8 @@ class Engine:
                 "cancelled_rows": float(stats.cancelled),
             },
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
-            workers=self.generator.workers(),
+            workers=self.generator.workers(), drop_reasons=dict(self.lifecycle.drop_reasons),
+            refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(),
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

@@ -7,7 +7,8 @@ it is dropped. Claims beyond a group's size open a fresh group with the same id,
 runs the same task again later gets a new group rather than joining a closed one.
 
 Held-out evaluation episodes (``purpose="eval"``) join no group: their rounds are
-``swarm.server.evaluation``'s.
+``swarm.server.evaluation``'s. A dropped episode carries its reason everywhere it is counted (the
+buffer, the status' ``drop_reasons``); ``stale_reason`` names the drop of one older than ``max_staleness``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ from swarm.backends.base import TrainSample
 from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest, Purpose
 from swarm.server.replies import ReplyBook
 from swarm.server.timeline import EpisodeTrace
+
+_STALE = "older than max_staleness"
+
+
+def stale_reason(max_staleness: int) -> str:
+    """The drop reason of an episode older than ``max_staleness`` versions at its step."""
+    return f"{_STALE}={max_staleness}"
+
+
+def is_stale(reason: str) -> bool:
+    """Whether a drop ``reason`` is staleness (the status counts those as ``dropped_stale``)."""
+    return reason.startswith(_STALE)
 
 
 @dataclass
@@ -41,6 +54,7 @@ class EpisodeRecord:
     abort_reason: str | None = None
     purpose: Purpose = "train"
     claimed_step: int = 0
+    first_call_at: float | None = None  # the view's clock at its first chat call, which fixed its version
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
     source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)

@@ -100,8 +100,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "bad request"), (401, "missing or invalid token"), (403, "token does not open this"),
         (404, "no such episode or route"), (409, "conflicting state"), (410, "episode expired"),
         (413, "request body too large"), (422, "request failed validation"),
-        (429, "retry later after Retry-After (paused, throttled, a weight update pending, or a bound on "
-              "in-flight calls per key, queued generation rows or event streams reached)"),
+        (429, "retry later after Retry-After (paused, throttled, a weight update pending, work that could not "
+              "train within max_staleness, or a bound on in-flight calls per key, queued generation rows or "
+              "event streams reached)"),
         (500, "internal server error"))
 }
 
@@ -109,7 +110,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def error_response(status: int, code: ErrorCode, message: str, *, detail: Any = None,
                    retry_after: float | None = None) -> JSONResponse:
     body = ErrorBody(error=ErrorInfo(code=code, message=message, detail=detail, retry_after=retry_after))
-    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    headers = None
+    if retry_after is not None:  # whole seconds (HTTP), and milliseconds as the OpenAI SDKs read them first
+        headers = {"Retry-After": str(max(1, round(retry_after))),
+                   "retry-after-ms": str(max(1, round(retry_after * 1000)))}
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 

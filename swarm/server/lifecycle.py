@@ -13,11 +13,12 @@ may have a batch now).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
 from swarm.server.capacity import CapacityMeter
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook, is_stale
 from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
 from swarm.server.records import FinishedEpisode
 from swarm.server.registry import EpisodeRegistry
@@ -41,6 +42,7 @@ class Lifecycle:
         self.capacity = capacity
         self._eval_ended = eval_ended
         self._wake = wake
+        self.drop_reasons: Counter[str] = Counter()  # every drop, by reason (``tally_drops``)
 
     def get(self, episode_id: str) -> EpisodeRecord:
         episode = self.episodes.get(episode_id)
@@ -100,7 +102,8 @@ class Lifecycle:
             raise
         self._terminate(episode, EpisodeState.finished)
         self.counts.finished += 1
-        self.capacity.episode_finished(episode.client_id)
+        began = episode.first_call_at  # the episode's duration as staleness sees it: from its version on
+        self.capacity.episode_finished(episode.client_id, None if began is None else self._view.clock() - began)
         self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
 
@@ -158,13 +161,25 @@ class Lifecycle:
         self._wake()
 
     def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
+        """Set finished episodes aside untrained, for ``reason`` (counted, and recorded in the buffer)."""
         if not episodes:
             return
-        self.counts.dropped += len(episodes)
+        self.tally_drops(len(episodes), reason)
         ids = [e.episode_id for e in episodes]
         store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
         for episode in episodes:
             self.episodes.evict(episode)
+
+    def tally_drops(self, count: int, reason: str) -> None:
+        """Count ``count`` dropped episodes under ``reason``: every drop, here or at a step, goes
+        through this one tally (``dropped``, ``dropped_stale``, ``drop_reasons``, the recent window)."""
+        if count <= 0:
+            return
+        stale = is_stale(reason)
+        self.counts.dropped += count
+        self.counts.dropped_stale += count if stale else 0
+        self.drop_reasons[reason] += count
+        self.capacity.dropped(count, stale=stale)
 
     def _persist_finished(self, episode: EpisodeRecord, group: Group) -> None:
         """Commit a finished episode to the durable buffer before ``finish`` returns."""

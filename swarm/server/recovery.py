@@ -32,7 +32,7 @@ from typing import Any
 from swarm.backends.base import Trainer
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
 from swarm.server.checkpoints import Checkpoint, CheckpointManager
-from swarm.server.episodes import EpisodeRecord, Group
+from swarm.server.episodes import EpisodeRecord, Group, is_stale
 from swarm.server.records import FinishedEpisode
 from swarm.server.settings import ServerConfig
 from swarm.server.store import EpisodeStore
@@ -67,6 +67,7 @@ class Restored:
     policy_version: int = 0
     ready: list[Group] = field(default_factory=list)  # trainable groups, in finish order
     counts: EpisodeCounts = field(default_factory=EpisodeCounts)
+    drop_reasons: dict[str, int] = field(default_factory=dict)
     rolled_back: int = 0
     restarts: int = 0
     quarantined: list[Quarantined] = field(default_factory=list)  # newest first
@@ -103,9 +104,11 @@ def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Traine
     if dropped:
         store.mark_dropped(dropped, "group incomplete after restart")
     counts = store.counts()
+    out.drop_reasons = store.drop_reasons()
     out.counts = EpisodeCounts(
         claimed=counts["finished"] + counts["aborted"] + counts["expired"], finished=counts["finished"],
-        aborted=counts["aborted"], expired=counts["expired"], trained=counts["trained"], dropped=counts["dropped"])
+        aborted=counts["aborted"], expired=counts["expired"], trained=counts["trained"], dropped=counts["dropped"],
+        dropped_stale=sum(n for reason, n in out.drop_reasons.items() if is_stale(reason)))
     if latest is not None or out.ready or out.rolled_back:
         log.info("resumed at step %d: %d pending group(s), %d episode(s) rolled back, %d dropped",
                  out.step, len(out.ready), out.rolled_back, len(dropped))

@@ -66,6 +66,11 @@ class EpisodeRegistry:
     def in_flight(self) -> int:
         return len(self._group_of)
 
+    def live_training(self) -> tuple[int, int]:
+        """Live training episodes, and the groups they are in (eval episodes excluded)."""
+        groups = [g.key for g in self._group_of.values() if g is not None]
+        return len(groups), len(set(groups))
+
     # ------------------------------------------------------------------ leaving
 
     def settle(self, episode: EpisodeRecord) -> Group | None:

@@ -33,6 +33,9 @@ class ServerConfig(TrainConfig):
     # Staleness: sync drains in-flight episodes before an update; async drops samples too old.
     mode: Literal["sync", "async"] = "async"
     max_staleness: int = Field(1, ge=0, le=64, description="async: oldest policy lag a sample may have")
+    admission: bool = Field(True, description="refuse (429 + Retry-After) claims and first chat calls that could "
+                            "not finish within max_staleness instead of dropping them at the step "
+                            "(swarm.server.admission); false: admit all, drop what is stale")
     # Generation defaults (used when a request leaves them unset).
     temperature: float = Field(1.0, ge=0.0, le=4.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -48,7 +48,7 @@ from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook
+from swarm.server.episodes import EpisodeRecord, Group, GroupBook, stale_reason
 from swarm.server.errors import BadRequest
 from swarm.server.recovery import MAX_VERSION_KEY
 from swarm.server.registry import EpisodeRegistry
@@ -83,6 +83,7 @@ class TrainerThread:
 
 
 Drop = Callable[[list[EpisodeRecord], str], None]
+Trained = Callable[[list[EpisodeRecord], list[EpisodeRecord], str], None]
 
 
 class StepLoop:
@@ -92,14 +93,16 @@ class StepLoop:
     book (``take_batch``), the episode registry (evictions), the capacity meter, and three
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
-    step, for the engine's counts). ``eval_live`` counts the live held-out episodes a step waits for;
-    ``eval_due(step)`` says a held-out round of ``step`` is due and not claimed yet (aligned rounds)."""
+    step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running
+    step trains and ``update_queued`` says its update is queued (admission counts the batch until the
+    step commits, or until then where sampling waits out the update). ``eval_live`` counts the live held-out
+    episodes a step waits for; ``eval_due(step)`` says a held-out round of ``step`` is due and not
+    claimed yet (aligned rounds)."""
 
     def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
                  capacity: CapacityMeter, may_step: Callable[[], bool], eval_live: Callable[[], int],
-                 eval_due: Callable[[int], bool], drop: Drop,
-                 trained: Callable[[list[EpisodeRecord], list[EpisodeRecord]], None]) -> None:
+                 eval_due: Callable[[int], bool], drop: Drop, trained: Trained) -> None:
         self.view = view
         self.store = store
         self.groups = groups
@@ -117,6 +120,8 @@ class StepLoop:
         self.step = 0
         self.metrics: list[StepMetrics] = []
         self.training = False
+        self.batch: list[Group] = []  # the groups the running step trains
+        self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
         self.last_error: LastError | None = None
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()  # set while no step trains (eval claims wait on it)
@@ -148,11 +153,11 @@ class StepLoop:
         """A step may start now: not stopping, below ``max_steps``, no eval round live or arriving (a
         round evaluates one policy), the engine says a batch is ready and its state allows one
         (``may_step``), and no round is due at the clients' cadence (aligned rounds)."""
-        if self._stopping or self._eval_pending() or self._past_max_steps():
+        if self._stopping or self._eval_pending() or self.past_max_steps():
             return False
         return self._may_step() and not self._held_for_eval()
 
-    def _past_max_steps(self) -> bool:
+    def past_max_steps(self) -> bool:
         return bool(self.view.config.max_steps) and self.step >= self.view.config.max_steps
 
     def _eval_pending(self) -> bool:
@@ -196,8 +201,10 @@ class StepLoop:
             self.idle.clear()
             try:
                 groups = self.groups.take_batch(config.batch_mode, config.batch_groups, config.group_size)  # collect
+                self.batch = groups
                 return await self._step(groups, config, started)
             finally:
+                self.batch, self.update_queued = [], False
                 self.training = False
                 self.idle.set()
                 self.wake.set()  # sync-mode claims may resume; another batch may be ready
@@ -213,10 +220,11 @@ class StepLoop:
             samples, kept, stale = self._samples(episodes, advantages, config)
             if not samples:
                 log.warning("step skipped: every episode of the batch was too stale or had no tokens")
-                self._drop(stale, f"older than max_staleness={config.max_staleness}")
+                self._drop(stale, stale_reason(config.max_staleness))
                 self._drop(kept, "no trainable tokens")
                 return False
             self.store.put_meta(MAX_VERSION_KEY, view.policy_version + 1)  # reserve the next version id
+            self.update_queued = True  # no await between this and the queueing of the update
             update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
         except Exception as exc:
             log.exception("training step failed; its batch is dropped")
@@ -299,7 +307,8 @@ class StepLoop:
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
         metrics.update(self.capacity.step_finished(metrics["perf/step_s"]))
         record = StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics)
-        dropped = {f"older than max_staleness={config.max_staleness}": [e.episode_id for e in stale]} if stale else {}
+        reason = stale_reason(config.max_staleness)
+        dropped = {reason: [e.episode_id for e in stale]} if stale else {}
         try:
             self.store.commit_step(step, [e.episode_id for e in kept], dropped=dropped,
                                      meta={MAX_VERSION_KEY: view.policy_version}, metrics=record.model_dump_json())
@@ -307,7 +316,7 @@ class StepLoop:
             log.exception("durable buffer: committing step %d failed", step)
         self.step = step
         self._last_step_at = now
-        self._trained(kept, stale)  # counted; they leave memory (the store keeps the durable copy)
+        self._trained(kept, stale, reason)  # counted; they leave memory (the store keeps the durable copy)
         self.metrics.append(record)
         view.emit("step.finished", step=step, metrics=metrics)
         view.emit("weights.updated", policy_version=view.policy_version, step=step)

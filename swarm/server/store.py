@@ -292,6 +292,13 @@ class EpisodeStore:
             "dropped": dropped, "aborted": closed.get("aborted", 0), "expired": closed.get("expired", 0),
         }
 
+    def drop_reasons(self) -> dict[str, int]:
+        """Dropped episodes by the reason they were dropped for."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT dropped, COUNT(*) FROM episodes WHERE dropped IS NOT NULL GROUP BY dropped").fetchall()
+        return {str(reason): int(n) for reason, n in rows}
+
     def cursor(self) -> dict[str, int]:
         """The buffer cursor to put in a checkpoint's engine_state."""
         with self._lock:

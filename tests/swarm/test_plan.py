@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from swarm.plan import (HEADROOM, Figures, NotEnoughData, WorkerFigure, advise, advise_pool, describe_pool, measure,
-                        required_eps)
-from swarm.protocol import StepMetrics
+from swarm.plan import (HEADROOM, Figures, NotEnoughData, WorkerFigure, advise, advise_pool, describe_pool, drop_fix,
+                        measure, required_eps)
+from swarm.protocol import EpisodeCounts, RecentCounts, Status, StepMetrics
 
 
 def _figures(**overrides: float) -> Figures:
@@ -81,3 +81,22 @@ def test_pool_advice_without_token_figures_says_so() -> None:
     advice = advise(_figures(), mode="async", staleness=1, target_busy=0.9)  # tokens_per_episode unknown
     pool = advise_pool(advice, _workers(("a", "torch", 10.0)))
     assert pool.required_tokens_per_s is None and "generated-token" in pool.reason
+
+
+def _status(finished: int, dropped: int, stale: int, reasons: dict[str, int], in_flight: float = 64) -> Status:
+    return Status(state="running", model="tiny", policy_version=3, step=3, episodes=EpisodeCounts(),
+                  throughput={"in_flight": in_flight}, drop_reasons=reasons,
+                  recent=RecentCounts(finished=finished, dropped=dropped, dropped_stale=stale))
+
+
+def test_status_names_the_fix_only_when_over_five_percent_of_recent_episodes_dropped() -> None:
+    config = {"max_staleness": 1, "batch_groups": 4, "group_size": 8, "admission": True}
+    assert drop_fix(_status(100, 5, 5, {"older than max_staleness=1": 5}), config) is None  # 5%: fine
+    assert drop_fix(_status(0, 0, 0, {}), config) is None
+    line = drop_fix(_status(100, 30, 30, {"older than max_staleness=1": 30}, in_flight=128), config)
+    assert line is not None and line.startswith("30% of the last minute's 100 finished episodes were dropped")
+    assert "max_staleness=3" in line and "--concurrency" in line and "admission" not in line  # 128 in flight / 32
+    off = drop_fix(_status(100, 30, 30, {"older than max_staleness=1": 30}), {**config, "admission": False})
+    assert off is not None and "swarm config admission=true" in off
+    other = drop_fix(_status(100, 10, 0, {"group below min_group_size or rewards identical": 10}), config)
+    assert other is not None and "group below min_group_size" in other and "max_staleness" not in other
