@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher import scheduler
-from researcher.evidence import rules
+from researcher import verdict_rules as rules
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout

@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 from researcher.axes import (AXES, AXIS_TEXT, AXIS_UNIT, EVAL_METRIC, TRAIN_METRIC,  # re-exported for plots and reports
                              primary_axis)
-from researcher.evidence import rules, stats, window
+from researcher.evidence import stats, window
+from researcher import verdict_rules as rules
 from researcher.records import (Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise,
                                 PlannedExperiment)
 from researcher.runs import record as runs

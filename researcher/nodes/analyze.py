@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, plots, rules
+from researcher.evidence import analysis, factorial, plots
+from researcher import verdict_rules as rules
 from researcher.planner.schema import Framing
 from researcher.records import Cell, Evidence, IterationSummary
 from researcher.runs import record as runs

@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime as dt
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, rules, run_table, verdicts, window
+from researcher.evidence import analysis, factorial, run_table, verdicts, window
+from researcher import verdict_rules as rules
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from researcher.cli import parse_duration
-from researcher.evidence import rules, verdicts
+from researcher.evidence import verdicts
+from researcher import verdict_rules as rules
 from researcher.runs import record as runs
 from researcher.study import store
 from researcher.study.layout import StudyLayout

@@ -13,7 +13,8 @@ import pytest
 
 from researcher import budget, catalog
 from researcher.context import StudyContext
-from researcher.evidence import analysis, plots, rules, verdicts
+from researcher.evidence import analysis, plots, verdicts
+from researcher import verdict_rules as rules
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
