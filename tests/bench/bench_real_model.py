@@ -40,6 +40,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
+from swarm.backends.models import resolve_model_folder  # noqa: E402
+from swarm.backends.text import load_tokenizer, render_chat  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, NEW_TOKENS = 32, 64
 VLLM_SCRIPT = """
@@ -103,8 +106,6 @@ def bench_hf(folder: Path, prompts: list[list[int]], repeats: int) -> list[float
     """(b): tokens/s of one batched ``generate`` call, per repeat (after one warm-up)."""
     from transformers import AutoModelForCausalLM
 
-    from swarm.backends.text import load_tokenizer
-
     tokenizer = load_tokenizer(folder)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -156,10 +157,8 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="skip the GRPO iteration against TRL")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(ROOT / "tests"))  # the process harness (support) for the server side
-
-    from swarm.backends.models import resolve_model_folder
-    from swarm.backends.text import load_tokenizer, render_chat
+    # The process harness (support); swarm is imported first, or tests/swarm would shadow it as a namespace.
+    sys.path.append(str(ROOT / "tests"))
 
     folder = resolve_model_folder("smollm2-135m")
     tokenizer = load_tokenizer(folder)
