@@ -5,7 +5,6 @@ files that must be refused (another architecture, an encoder, a cut-off copy).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +75,3 @@ def write_truncated(source: Path, path: Path, keep: float = 0.5) -> Path:
         writer.write(reader.read(int(source.stat().st_size * keep)))
     return path
 
-
-def copy_as(source: Path, path: Path) -> Path:
-    shutil.copyfile(source, path)
-    return path
