@@ -17,7 +17,7 @@ check (``sandbox.check_client``) → static contract → data probe → smoke ru
 
 Example clients used unchanged (the offline planner's; byte-identical to
 ``<examples>/<name>/client.py``) are exempt from the constant-reward check only: letters' untrained
-reward is ~0.003, so most small samples are all zeros, yet it learns (FACTS.md). The messages name
+reward is ~0.003, so most small samples are all zeros, yet it learns (measured: 0.003 -> 0.67 in 50 steps). The messages name
 the offending values and say what to change; the first line of a failure is the whole verdict.
 """
 

@@ -5,7 +5,7 @@ researcher logs them. Depends on pydantic only. Field names follow OpenAI's chat
 ``prompt_token_ids`` / ``token_ids`` extras) so any OpenAI SDK works unchanged.
 
 Why one module a little over 400 lines: the whole wire contract reads in one place, as
-``agentlightning/schemas.py`` does (``../shared/STYLE.md`` 1); splitting it would make every
+``agentlightning/schemas.py`` does (one typed wire contract imported by both ends); splitting it would make every
 reader of the contract hunt across files for one request's shape.
 """
 

@@ -1,4 +1,4 @@
-"""The dependency rules of DESIGN.md §2, checked by import-linter on the real package graph."""
+"""The dependency rules (README "What it is": who may import whom), checked by import-linter on the real package graph."""
 
 from __future__ import annotations
 
