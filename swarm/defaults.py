@@ -2,8 +2,8 @@
 
 ``training_defaults(model, answer_chars)`` gives the ``ServerConfig`` keys a study on ``model``
 should start from, plus the evaluation cadence (``eval_every``, a client setting). The researcher's
-data task writes them into its config and ``swarm run --data`` evaluates at their cadence, so a
-study planned by the researcher and one run by hand start from the same place.
+data task writes them into its config and client; by hand, ``swarm run --data`` evaluates every 5
+steps, the same cadence, and the example configs (gsm-format for SmolLM2) hold the same keys.
 
 The rules, and why:
 - **Learning rate.** Random tiny presets learn at 1e-3 (measured: letters, arith). Full fine-tuning

@@ -131,9 +131,9 @@ class Admission:
                                "they end")
 
     def _refuse(self, reason: str, message: str) -> None:
-        self.refused[reason] += 1
-        self._capacity.refused()
         meter = self._capacity
+        self.refused[reason] += 1
+        meter.refused()
         raise RetryLater(f"{message}; retry later (or raise max_staleness, or lower the concurrency)",
                          retry_after=retry_after(meter.step_interval(), meter.since_step()),
                          detail={"reason": reason, "step": self._view.step})
