@@ -40,26 +40,34 @@ __all__ = [
 ]
 
 
-def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch") -> InProcessModel:
-    """Build the backend ``kind`` for ``model`` (any name ``swarm.backends.models`` resolves)."""
+def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch", device: str = "cpu",
+                 dtype: str = "float32", decode_cache: str = "auto") -> InProcessModel:
+    """Build the backend ``kind`` for ``model`` (any name ``swarm.backends.models`` resolves) on ``device``
+    (``cpu``, ``cuda:N``) in ``dtype`` (``float32``, ``bfloat16``)."""
     if kind == "torch":
         from swarm.backends.torch import TorchBackend
 
-        return TorchBackend.from_model(model, config, seed=seed)
+        return TorchBackend.from_model(model, config, seed=seed, device=device, dtype=dtype, decode_cache=decode_cache)
     raise ValueError(f"unknown backend {kind!r}; available: torch")
 
 
 def load_engines(settings: "ServerSettings") -> tuple[InProcessModel | None, Generator | None, Trainer | None]:
     """``(backend, generator, trainer)`` for ``create_app``: the in-process torch model when either
     role is torch (it plays every torch role), plus the other engines the settings name."""
+    from swarm.backends.devices import split_gpus, torch_device, torch_dtype, visible_cuda
+
+    # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers, and
+    # the in-process torch engine takes none of either (``--device auto``).
+    vllm_child, verl = settings.engine == "vllm" and not settings.vllm_url, settings.trainer == "verl"
+    visible, bf16 = visible_cuda()
+    split = split_gpus(visible, generator=settings.generator_gpus, trainer=settings.trainer_gpus, vllm=vllm_child,
+                       verl=verl)
     backend = None
     if settings.engine == "torch" or settings.trainer == "torch":
-        backend = load_backend(settings.model, settings.config, seed=settings.seed)
-    from swarm.backends.devices import split_for
-
-    # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers.
-    split = split_for(vllm=settings.engine == "vllm" and not settings.vllm_url, verl=settings.trainer == "verl",
-                      generator=settings.generator_gpus, trainer=settings.trainer_gpus)
+        device = torch_device(settings.device, visible=visible, split=split, vllm_child=vllm_child, verl=verl)
+        backend = load_backend(settings.model, settings.config, seed=settings.seed, device=device,
+                               dtype=torch_dtype(settings.dtype, device, bf16_supported=bf16),
+                               decode_cache=settings.decode_cache)
     trainer = None
     if settings.trainer == "verl":
         from swarm.backends.verl import VerlTrainer

@@ -14,8 +14,11 @@ decides, before anything starts, which devices each side gets:
 - both flags may name the same GPU on purpose (colocation); NCCL weight transfer then cannot be used
   (``disjoint`` is false), so ``--weight-transfer auto`` picks the disk path.
 
-The in-process torch trainer uses the server's first visible GPU (``cuda``); ``--trainer-gpus``
-places the verl trainer's Ray workers (an existing cluster, ``--ray-address``, keeps its own GPUs).
+The in-process torch engine runs where ``--device`` puts it (``torch_device``): ``auto`` takes the first
+visible GPU that the split did not give to a vLLM child or verl's workers, else the CPU, in the dtype
+``--dtype`` names (``torch_dtype``: ``auto`` is bf16 on a GPU that has it, fp32 on the CPU).
+``--trainer-gpus`` places the verl trainer's Ray workers (an existing cluster, ``--ray-address``, keeps
+its own GPUs).
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GpuSplit", "parse_gpus", "split_for", "split_gpus", "visible_gpus"]
+__all__ = ["DEVICE_CHOICES", "DTYPE_CHOICES", "GpuSplit", "parse_gpus", "split_gpus", "torch_device",
+           "torch_dtype", "visible_cuda", "visible_gpus"]
 
 # vLLM's default share of a GPU it has to itself; with a trainer on the same GPU it must leave room.
 OWN_GPU_MEMORY = 0.9
 SHARED_GPU_MEMORY = 0.4
+DEVICE_CHOICES = "auto|cpu|cuda|cuda:N"
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -113,9 +119,42 @@ def split_gpus(visible: Sequence[str], *, generator: str | None = None, trainer:
     return split
 
 
-def split_for(*, vllm: bool, verl: bool, generator: str | None = None, trainer: str | None = None) -> GpuSplit:
-    """``split_gpus`` over the CUDA devices this process sees (none without CUDA)."""
+def visible_cuda() -> tuple[list[str], bool]:
+    """The physical ids of the CUDA devices this process sees, and whether they do bfloat16."""
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return split_gpus(visible_gpus(count), generator=generator, trainer=trainer, vllm=vllm, verl=verl)
+    if not torch.cuda.is_available():
+        return [], False
+    return visible_gpus(torch.cuda.device_count()), torch.cuda.is_bf16_supported()
+
+
+def torch_device(requested: str, *, visible: Sequence[str], split: GpuSplit, vllm_child: bool, verl: bool) -> str:
+    """Where the in-process torch engine runs: ``cpu`` or ``cuda:N`` (N as this process numbers its GPUs).
+
+    ``auto``: the first visible GPU that ``split`` gave neither to a vLLM child (``vllm_child``) nor to
+    verl's workers (``verl``), else ``cpu``. ``cuda`` is ``cuda:0``. ``ValueError`` for a GPU this
+    process does not see or anything else."""
+    name = requested.strip().lower()
+    if name == "cpu":
+        return "cpu"
+    if name == "auto":
+        given_away = set(split.generator if vllm_child else ()) | set(split.trainer if verl else ())
+        free = [index for index, physical in enumerate(visible) if physical not in given_away]
+        return f"cuda:{free[0]}" if free else "cpu"
+    index_text = name.removeprefix("cuda").removeprefix(":") if name.startswith("cuda") else None
+    if index_text is None or (index_text and not index_text.isdigit()):
+        raise ValueError(f"device {requested!r}: expected {DEVICE_CHOICES}")
+    index = int(index_text or 0)
+    if index >= len(visible):
+        raise ValueError(f"device {requested!r}: this server sees {len(visible)} CUDA device(s)")
+    return f"cuda:{index}"
+
+
+def torch_dtype(requested: str, device: str, *, bf16_supported: bool = True) -> str:
+    """The engine's dtype name: ``auto`` is ``bfloat16`` on a GPU that supports it, else ``float32``.
+    ``bfloat16`` keeps fp32 master weights and optimizer state (see ``TorchBackend``)."""
+    if requested not in DTYPE_CHOICES:
+        raise ValueError(f"dtype {requested!r}: expected one of {', '.join(DTYPE_CHOICES)}")
+    if requested != "auto":
+        return requested
+    return "bfloat16" if device.startswith("cuda") and bf16_supported else "float32"

@@ -44,6 +44,9 @@ class ServeFlags:
     generator_gpus: str | None
     trainer_gpus: str | None
     gpu_memory_utilization: float | None
+    device: str | None
+    dtype: str | None
+    decode_cache: str | None
     threads: int | None
     max_context: int | None
     tool_call_parser: str | None
@@ -87,6 +90,14 @@ def serve(
     trainer_gpus: Annotated[str | None, typer.Option(help="GPUs for verl's Ray workers, e.g. 0,1,2")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option(
         help="vllm engine: share of each GPU vLLM takes (default 0.9; 0.4 on a GPU shared with the trainer)")] = None,
+    device: Annotated[str | None, typer.Option(help=(
+        "torch engine: auto (default: the first GPU no vLLM child or verl worker was given, else cpu), cpu, cuda, "
+        "cuda:N"))] = None,
+    dtype: Annotated[str | None, typer.Option(help=(
+        "torch engine: auto (default: bfloat16 on a GPU with fp32 master weights, float32 on the CPU), float32, "
+        "bfloat16"))] = None,
+    decode_cache: Annotated[str | None, typer.Option(help=(
+        "torch engine: auto (default: static on a GPU, else dynamic), static (slots + CUDA graphs), dynamic"))] = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
@@ -138,7 +149,8 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
     named = {"engine": flags.engine, "trainer": flags.trainer, "workers": flags.workers,
              "ray_address": flags.ray_address, "weight_transfer": flags.weight_transfer,
              "generator_gpus": flags.generator_gpus, "trainer_gpus": flags.trainer_gpus,
-             "gpu_memory_utilization": flags.gpu_memory_utilization}
+             "gpu_memory_utilization": flags.gpu_memory_utilization, "device": flags.device,
+             "dtype": flags.dtype, "decode_cache": flags.decode_cache}
     chosen.update({k: v for k, v in named.items() if v is not None})
     if flags.model is not None:
         chosen["model"] = flags.model

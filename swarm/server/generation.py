@@ -39,7 +39,8 @@ class LocalGenerator(Generator):
         return True
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "torch", "alive": True, "policy_version": self.policy_version}
+        return {"engine": "torch", "alive": True, "policy_version": self.policy_version,
+                "device": getattr(self.backend, "device", "cpu"), "dtype": getattr(self.backend, "dtype", "float32")}
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                        sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:

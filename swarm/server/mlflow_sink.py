@@ -42,7 +42,7 @@ _CLOSE_TIMEOUT_S = 10.0  # a stop waits this long at most for MLflow; the rest g
 def server_params(settings: ServerSettings, config: dict[str, Any]) -> dict[str, Any]:
     """The run's params: what the process was started with, then every live config key."""
     params: dict[str, Any] = {"model": settings.model, "engine": settings.engine, "trainer": settings.trainer,
-                              "seed": settings.seed}
+                              "seed": settings.seed, "device": settings.device, "dtype": settings.dtype}
     if settings.trainer == "verl":
         params["workers"] = settings.workers
     if settings.max_context is not None:

@@ -137,7 +137,7 @@ class ServerConfig(TrainConfig):
 # ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine, and
 # ``model = "tiny-bpe"`` is how an example names the model it is written for.
 ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_transfer", "generator_gpus",
-               "trainer_gpus", "gpu_memory_utilization")
+               "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache")
 
 
 def engine_choice(path: str | Path) -> dict[str, Any]:
@@ -174,6 +174,13 @@ class ServerSettings(BaseModel):
                                      "default: the ones the generator does not use")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vllm engine: share of each of "
                                                  "its GPUs vLLM takes; default 0.9, or 0.4 on a shared GPU")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="torch engine: auto (the first "
+                        "GPU no vLLM child or verl worker was given, else cpu), cpu, cuda or cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="torch engine: auto = bfloat16 on a "
+                                                          "GPU (fp32 master weights and optimizer), float32 on the CPU")
+    decode_cache: Literal["auto", "dynamic", "static"] = Field(
+        "auto", description="torch engine: static = per-row slots in a preallocated KV cache, decode steps replayed "
+                            "as CUDA graphs on a GPU; dynamic = a growing cache; auto = static on a GPU, else dynamic")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Path("artifacts/swarm")

@@ -1,7 +1,11 @@
 """``TorchBackend``: the embedded default backend (a transformers model and a torch optimizer).
 
-It owns one causal LM on CPU (or one GPU): chat rendering, batched sampling with exact log-probs,
-policy-gradient and supervised updates, and atomic checkpoints. Models come from a local Hugging
+It owns one causal LM on the CPU or one GPU (``device``): chat rendering, batched sampling with exact
+log-probs, policy-gradient and supervised updates, and atomic checkpoints. In ``bfloat16`` the trained
+weights and the optimizer state stay fp32 (the master copy) and the forward passes of an update run
+under bf16 autocast; generation uses a bf16 copy of the weights, refreshed after every update, so
+sampled and recomputed log-probs come from the same bf16 arithmetic. On a GPU, generation decodes from
+a static slot cache with CUDA graphs (``slots``; ``decode_cache``). Models come from a local Hugging
 Face folder or from the ``tiny`` preset, which is built once into a cache folder and then loaded
 like any other folder. Nothing is ever downloaded.
 
@@ -10,6 +14,7 @@ Not thread-safe by design: the engine calls every method from one worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -25,6 +30,7 @@ from swarm.backends.models import model_name, resolve_model_folder
 from swarm.backends.text import ChatText, load_tokenizer
 from swarm.backends.torch import algorithms, training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
+from swarm.backends.torch.slots import SlotPool, supports
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +75,14 @@ class TorchBackend(InProcessModel):
         model_name: str,
         seed: int = 0,
         reference: bool = False,
+        dtype: str = "float32",
+        decode_cache: str = "auto",
     ) -> None:
         self.model = model
+        self.device = str(next(model.parameters()).device)
+        self.dtype = dtype
+        self._autocast = torch.bfloat16 if dtype == "bfloat16" else None
+        self.serving = self._serving_copy() if self._autocast is not None else model
         self.tokenizer = tokenizer
         self.text = ChatText(tokenizer)
         self.model_name = model_name
@@ -89,6 +101,7 @@ class TorchBackend(InProcessModel):
             vocab_size=self.vocab_size,
             max_context=self.max_context,
             decode=self.decode,
+            slots=self._slot_pool(decode_cache),
         )
 
     @classmethod
@@ -100,6 +113,8 @@ class TorchBackend(InProcessModel):
         seed: int = 0,
         cache_dir: str | Path | None = None,
         device: str = "cpu",
+        dtype: str = "float32",
+        decode_cache: str = "auto",
     ) -> TorchBackend:
         """Load ``model`` (a preset such as "tiny" or a local Hugging Face causal-LM folder).
 
@@ -111,8 +126,37 @@ class TorchBackend(InProcessModel):
         loaded = _load_model(folder, device)
         name = model_name(model, folder)
         wants_reference = config is not None and config.kl_coef > 0
-        logger.info("loaded %s from %s", name, folder)
-        return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference)
+        logger.info("loaded %s from %s on %s (%s)", name, folder, device, dtype)
+        return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference, dtype=dtype,
+                   decode_cache=decode_cache)
+
+    def _serving_copy(self) -> torch.nn.Module:
+        """The bf16 weights generation reads (the fp32 ``model`` is what the optimizer updates)."""
+        serving = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+        for p in serving.parameters():
+            p.requires_grad_(False)
+        return serving
+
+    def _refresh_serving(self) -> None:
+        if self.serving is not self.model:
+            with torch.no_grad():
+                for mine, master in zip(self.serving.parameters(), self.model.parameters(), strict=True):
+                    mine.copy_(master)
+
+    def _slot_pool(self, decode_cache: str) -> SlotPool | None:
+        """Static-cache decoding where asked, or by default on a GPU, for models that allow it."""
+        wanted = decode_cache == "static" or (decode_cache == "auto" and self.device.startswith("cuda"))
+        if wanted and not supports(self.serving):
+            logger.warning("%s: static-cache decoding needs full-attention layers; using the growing cache",
+                           self.model_name)
+            return None
+        return SlotPool(self.serving, self.vocab_size) if wanted else None
+
+    def _autocast_context(self) -> Any:
+        """bf16 autocast for an update's forward passes (fp32 master weights), else nothing."""
+        if self._autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=self._autocast)
 
     # -- chat and text ---------------------------------------------------------------------------
 
@@ -147,8 +191,8 @@ class TorchBackend(InProcessModel):
         With a ``feed`` rows may join while it runs (continuous batching; see ``RowFeed``)."""
         if not prompts and feed is None:
             return []
-        self.model.eval()
-        return sample_batch(self.model, prompts, params, self._setup, self._generator, on_token, feed)
+        self.serving.eval()
+        return sample_batch(self.serving, prompts, params, self._setup, self._generator, on_token, feed)
 
     # -- training --------------------------------------------------------------------------------
 
@@ -176,9 +220,11 @@ class TorchBackend(InProcessModel):
         if config.kl_coef > 0 and self._reference is None:
             logger.warning("kl_coef > 0 but no reference yet: freezing the current policy as the reference")
             self._reference = self._frozen_copy()
-        metrics = training.policy_update(
-            self.model, self._optimizer_for(config), self._reference, batch, config, self.vocab_size
-        )
+        with self._autocast_context():
+            metrics = training.policy_update(
+                self.model, self._optimizer_for(config), self._reference, batch, config, self.vocab_size
+            )
+        self._refresh_serving()
         self.policy_version += 1
         return metrics
 
@@ -192,7 +238,10 @@ class TorchBackend(InProcessModel):
     def supervised_step(self, samples: Sequence[TrainSample], config: TrainConfig) -> dict[str, float]:
         """One NLL update on ``loss_mask`` tokens; increments ``policy_version``."""
         batch = self._pack(samples)
-        metrics = training.supervised_update(self.model, self._optimizer_for(config), batch, config, self.vocab_size)
+        with self._autocast_context():
+            metrics = training.supervised_update(self.model, self._optimizer_for(config), batch, config,
+                                                 self.vocab_size)
+        self._refresh_serving()
         self.policy_version += 1
         return metrics
 
@@ -214,6 +263,7 @@ class TorchBackend(InProcessModel):
                 target = own[name]
                 if target.data_ptr() != tensor.data_ptr():
                     target.copy_(tensor.to(target.device, target.dtype))
+        self._refresh_serving()
         self.policy_version = version
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -249,4 +299,5 @@ class TorchBackend(InProcessModel):
             if self._reference is None:
                 self._reference = self._frozen_copy()
             self._reference.load_state_dict(torch.load(folder / _REFERENCE_FILE, map_location=device, weights_only=True))
+        self._refresh_serving()
         self.policy_version = int(state["policy_version"])

@@ -121,8 +121,16 @@ class SamplingPlan:
             uses=uses,
         )
 
+    def to(self, device: torch.device) -> SamplingPlan:
+        """The same plan with its tensors on ``device`` (where the logits are)."""
+        if self.temperature.device == device:
+            return self
+        return SamplingPlan(self.temperature.to(device), self.greedy.to(device), self.top_p.to(device),
+                            self.top_k.to(device), self.min_p.to(device), self.alternatives, self.max_alternatives,
+                            self.uses)
+
     def select(self, keep: torch.Tensor) -> SamplingPlan:
-        alternatives = self.alternatives[keep]
+        alternatives = self.alternatives[keep.cpu()]
         widest = int(alternatives.max()) if self.max_alternatives and len(alternatives) else 0
         return SamplingPlan(self.temperature[keep], self.greedy[keep], self.top_p[keep], self.top_k[keep],
                             self.min_p[keep], alternatives, widest, self.uses)
@@ -159,9 +167,9 @@ def apply_row_rules(logits: torch.Tensor, rows: Sequence[RowHistory], plan: Samp
 def _penalise(logits: torch.Tensor, row: RowHistory) -> None:
     """Step 2 on one row's logits ``(V,)``, touching only the ids the row has seen."""
     p = row.params
-    output = torch.tensor(row.ids, dtype=torch.long)
+    output = torch.tensor(row.ids, dtype=torch.long, device=logits.device)
     if p.repetition_penalty != 1.0:
-        seen = torch.cat([torch.tensor(list(row.prompt), dtype=torch.long), output]).unique()
+        seen = torch.cat([torch.tensor(list(row.prompt), dtype=torch.long, device=logits.device), output]).unique()
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
     if (p.frequency_penalty or p.presence_penalty) and len(output):

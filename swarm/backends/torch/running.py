@@ -113,7 +113,7 @@ class RunningBatch(Generic[P]):
             logits_to_keep=1,
         )
         self.cache = out.past_key_values
-        return out.logits[:, -1, :vocab_size].float().cpu()
+        return out.logits[:, -1, :vocab_size].float()  # sampled on the model's device
 
     def keep(self, slots: list[int]) -> None:
         """Drop every slot not in ``slots`` (after a forward), and the columns nobody needs now."""
@@ -121,7 +121,8 @@ class RunningBatch(Generic[P]):
             return
         keep = torch.tensor(slots, dtype=torch.long)
         self.cache.batch_select_indices(keep.to(self._device))
-        self.mask, self.next_pos, self.plan = self.mask[keep], self.next_pos[keep], self.plan.select(keep)
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+        self.plan = self.plan.select(keep.to(self._device))
         self.active = [self.active[s] for s in slots]
         used = self.mask.any(dim=0).nonzero()
         lead = int(used[0]) if len(used) else 0
@@ -130,6 +131,9 @@ class RunningBatch(Generic[P]):
             for layer in self.cache.layers:
                 layer.keys = layer.keys[:, :, lead:]
                 layer.values = layer.values[:, :, lead:]
+
+    def release(self) -> None:
+        """Every row finished (nothing to give back: the cache goes with the batch)."""
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Make the sampled ``tokens`` (one per slot, after ``keep``) the next forward's inputs."""

@@ -58,11 +58,13 @@ from swarm.backends import text
 from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenSink
 from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
+from swarm.backends.torch.slots import SlotBatch, SlotPool
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["JOIN_PACE_ROWS", "SamplingSetup", "sample_batch", "validate_requests"]
 
+_Batch = RunningBatch[SamplingPlan] | SlotBatch[SamplingPlan]
 JOIN_PACE_ROWS = 8  # a batch of n rows takes new rows every n // 8 decode steps (see the module docstring)
 
 
@@ -76,6 +78,7 @@ class SamplingSetup:
     vocab_size: int  # ids the tokenizer can decode; padded embedding rows beyond it are never sampled
     max_context: int
     decode: Callable[[Sequence[int]], str]
+    slots: SlotPool | None = None  # static-cache decoding (``slots``); None: the growing cache (``running``)
 
 
 @dataclass
@@ -124,6 +127,7 @@ def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: SamplingPlan,
         for k, row in enumerate(rows):
             if row.generator is not None:
                 uniforms[k] = torch.rand(1, generator=row.generator, dtype=torch.float64)[0]
+    uniforms = uniforms.to(logits.device, non_blocking=True)
     cdf = probs.double().cumsum(dim=-1)
     chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True).flatten()
     chosen = chosen.clamp_(max=logits.shape[-1] - 1)  # u * total can round up to total
@@ -133,7 +137,9 @@ def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: SamplingPlan,
         chosen = torch.where(plan.greedy, logits.argmax(dim=-1), chosen)
     token_logp = logp.gather(-1, chosen.unsqueeze(-1)).flatten()
     top = _alternatives(logp, plan) if plan.max_alternatives else None
-    return _Picked(chosen.tolist(), token_logp.tolist(), top)
+    # One host sync per step: ids (exact in float64) and log-probs come back together.
+    both = torch.stack([chosen.double(), token_logp.double()]).cpu()
+    return _Picked([int(t) for t in both[0].tolist()], both[1].tolist(), top)
 
 
 class _StopWatcher:
@@ -213,7 +219,7 @@ class _Loop:
     def run(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Generation]:
         initial = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
         results = {i: self.rows[i] for i in initial}  # kept to the end: these are returned
-        running: RunningBatch[SamplingPlan] | None = None
+        running: _Batch | None = None
         pending = initial
         with torch.inference_mode():
             while True:
@@ -236,7 +242,7 @@ class _Loop:
         self.rows[index] = _Row(prompt=prompt, params=params, generator=generator)
         return index
 
-    def _admit(self, running: RunningBatch[SamplingPlan] | None) -> list[int]:
+    def _admit(self, running: _Batch | None) -> list[int]:
         """Rows the feed offers now (none while a cache that cannot be merged is still running, nor
         between the paced joins of a large batch)."""
         if self.feed is None or (running is not None and not running.can_merge):
@@ -257,12 +263,16 @@ class _Loop:
             admitted.append(self._add(prompt, params))
         return admitted
 
-    def _prefill(self, indices: list[int]) -> RunningBatch[SamplingPlan]:
+    def _prefill(self, indices: list[int]) -> _Batch:
         rows = [self.rows[i] for i in indices]
-        return RunningBatch.prefill(self.model, [r.prompt for r in rows], self.setup.pad_id, indices,
-                                    SamplingPlan.of([r.params for r in rows], [r.generator is not None for r in rows]))
+        prompts = [r.prompt for r in rows]
+        plan = SamplingPlan.of([r.params for r in rows], [r.generator is not None for r in rows])
+        plan = plan.to(next(self.model.parameters()).device)
+        if self.setup.slots is not None:
+            return SlotBatch.prefill(self.setup.slots, prompts, self.setup.pad_id, indices, plan)
+        return RunningBatch.prefill(self.model, prompts, self.setup.pad_id, indices, plan)
 
-    def _step(self, batch: RunningBatch[SamplingPlan]) -> RunningBatch[SamplingPlan] | None:
+    def _step(self, batch: _Batch) -> _Batch | None:
         """One forward and one sampled token per row; finished rows leave. None once all left."""
         logits = batch.forward(self.model, self.setup.vocab_size)
         rows = [self.rows[i] for i in batch.active]
@@ -294,6 +304,7 @@ class _Loop:
             else:
                 self._finished(index, row)
         if not keep_slots:
+            batch.release()
             return None
         batch.keep(keep_slots)
         batch.advance([tokens[s] for s in keep_slots])

@@ -17,11 +17,15 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def backend(tiny_dir: Path):
-    """A fresh backend on the tiny folder (new weights copy, no optimizer state)."""
+def backend(tiny_dir: Path, request: pytest.FixtureRequest):
+    """A fresh backend on the tiny folder (new weights copy, no optimizer state). A module can run its
+    tests on both decoding caches (the growing ``running`` cache and the static ``slots`` cache, a
+    GPU's default) with ``pytest.mark.parametrize("backend", ["dynamic", "static"], indirect=True)``."""
     from swarm.backends.torch import TorchBackend
 
-    return TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0)
+    decode_cache = getattr(request, "param", "dynamic")
+    return TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0, decode_cache=decode_cache)
+
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -9,6 +9,9 @@ import pytest
 from swarm.backends.base import Generation, RowFeed, SamplingParams
 from swarm.backends.torch import TorchBackend
 
+# Every test on both decoding caches: the growing one and the static slots a GPU uses by default.
+pytestmark = pytest.mark.parametrize("backend", ["dynamic", "static"], indirect=True)
+
 USER = [{"role": "user", "content": "Spell a word."}]
 
 
