@@ -128,6 +128,9 @@ CONFIG_KEYS: dict[str, str] = {
     "weight_transfer": "auto | disk | nccl (vllm engine, set for the run's life)",
     "generator_gpus": "str like '3' or '2,3' (GPUs of the vLLM child)", "trainer_gpus": "str like '0,1' (verl's GPUs)",
     "gpu_memory_utilization": "float (0, 1] (vllm engine)",
+    "device": "auto | cpu | cuda | cuda:N (torch engine; auto: the run's GPU, else cpu)",
+    "dtype": "auto | float32 | bfloat16 (torch engine; auto: bf16 on a GPU with fp32 master weights)",
+    "decode_cache": "auto | static | dynamic (torch engine; static slots + CUDA graphs, auto: static on a GPU)",
     "model": "str: a preset (tiny, tiny-bpe, tiny-bpe-think) or a local model folder (set for the run's life; "
              "the example's own unless the study was started with --model)",
     "tool_call_parser": "str: hermes, llama3_json, none, auto (how replies become tool_calls)",

@@ -30,6 +30,8 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
     table.add_column()
     table.add_row("state", result.state.value)
     table.add_row("model", result.model)
+    if "device" in result.generator:  # the in-process torch engine: where it runs and in what dtype
+        table.add_row("device", f"{result.generator['device']} ({result.generator.get('dtype', 'float32')})")
     table.add_row("policy version", str(result.policy_version))
     table.add_row("step", str(result.step))
     table.add_row("episodes", "  ".join(f"{k}={v}" for k, v in result.episodes.model_dump().items()))
