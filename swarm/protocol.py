@@ -16,9 +16,15 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 API_PREFIX = "/api/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def refused(message: str) -> PydanticCustomError:
+    """A request option this server will not serve: raised in a validator, answered 400 naming the field."""
+    return PydanticCustomError("refused", message)
 
 
 class _Wire(BaseModel):

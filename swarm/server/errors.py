@@ -137,8 +137,12 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     if unknown:  # OpenAI's answer to an option it does not know: 400, naming it
         return error_response(400, ErrorCode.bad_request,
                               f"unrecognized request argument supplied: {', '.join(unknown)}", detail=detail)
-    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    refusals = [d for d in detail if d["type"] == "refused"]  # an option this server will not serve
+    first = (refusals or detail or [{"loc": [], "msg": "invalid request"}])[0]
     where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+    if refusals:  # a model-level refusal names its field in its message
+        named = first["msg"] if where == "body" else f"{where}: {first['msg']}"
+        return error_response(400, ErrorCode.bad_request, f"unsupported request argument: {named}", detail=detail)
     return error_response(422, ErrorCode.bad_request, f"invalid request: {where}: {first['msg']}", detail=detail)
 
 
