@@ -146,15 +146,28 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, ErrorCode.bad_request, f"invalid request: {where}: {first['msg']}", detail=detail)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _STATUS_CODES.get(exc.status_code, ErrorCode.bad_request if exc.status_code < 500 else ErrorCode.internal)
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
     if exc.status_code == 404 and message == "Not Found":
-        message = "no such route"
+        message = _no_such_route(request)
     elif exc.status_code == 405:
         message = "method not allowed on this route"
     return error_response(exc.status_code, code, message)
+
+
+def _no_such_route(request: Request) -> str:
+    """A 404 that names the OpenAI routes this server has, so a client pointed at the wrong one (legacy
+    completions, a provider's own path) learns where to go."""
+    paths = request.app.openapi().get("paths", {})  # the app's own route table (built once, cached)
+    served = sorted(f"{method.upper()} {path}" for path, operations in paths.items() if path.startswith("/v1/")
+                    for method in operations)
+    hint = ""
+    if request.url.path.rstrip("/").endswith("/v1/completions"):
+        hint = " (legacy text completions are not served: send the prompt as a user message)"
+    return (f"no such route: {request.method} {request.url.path}{hint}; the OpenAI routes here are "
+            f"{', '.join(served)}, and the control API is under /api/v1 (GET /openapi.json lists every route)")
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -147,3 +147,14 @@ def test_an_agents_sdk_agent_on_its_default_model_trains_one_sample(server: Runn
         assert trace.calls == 2 and len(trace.timelines) == 1 and trace.drift_forks == 0
         metrics = _finish_and_train(server, episode)
         assert metrics["context/samples_per_episode"] == 1.0 and metrics["context/drift_forks"] == 0
+
+
+def test_an_unknown_route_names_the_served_ones(server: RunningServer) -> None:
+    llm = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.token, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as legacy:
+        llm.completions.create(model="tiny", prompt="2 + 3 =", max_tokens=4)
+    message = legacy.value.body["message"]
+    assert "legacy" in message and "POST /v1/chat/completions" in message and "POST /v1/responses" in message
+    with server.client() as http:
+        other = http.post("/v1/embeddings", json={"input": "x"}).json()["error"]
+    assert other["code"] == "not_found" and "GET /v1/models" in other["message"] and "/api/v1" in other["message"]
