@@ -16,14 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarm.protocol import TokenLogprob, refused
+from swarm.protocol import ReasoningEffort, TokenLogprob, refused
 
 # Fields that cannot change what is sampled: accepted and passed over.
 RESPONSES_PASS_THROUGH = ("model", "user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
                           "prompt_cache_retention", "prompt_cache_options")
 # ``include`` values: log-probs are honoured; nothing is ever encrypted, so asking for it changes nothing.
 INCLUDE_SERVED = ("message.output_text.logprobs", "reasoning.encrypted_content")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class ReasoningOptions(BaseModel):
@@ -32,7 +31,7 @@ class ReasoningOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 

@@ -55,7 +55,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "tool_choice": body.tool_choice, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "logprobs": logprobs,
         "top_logprobs": body.top_logprobs if logprobs else None, "stream": bool(body.stream),
-        "chat_template_kwargs": {"reasoning_effort": effort} if effort is not None else None,
+        "reasoning_effort": effort,
     }
     if body.parallel_tool_calls is not None:
         fields["parallel_tool_calls"] = body.parallel_tool_calls
