@@ -79,7 +79,7 @@ class ChatMessage(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's values
 # Fields OpenAI defines that change nothing about what is sampled: accepted and passed over.
-PASS_THROUGH_FIELDS = ("user", "metadata", "store", "service_tier")
+PASS_THROUGH_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 
 
 class ChatCompletionRequest(_Wire):
@@ -126,6 +126,8 @@ class ChatCompletionRequest(_Wire):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @field_validator("stop")
     @classmethod
