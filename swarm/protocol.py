@@ -16,9 +16,15 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 API_PREFIX = "/api/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def refused(message: str) -> PydanticCustomError:
+    """A request option this server will not serve: raised in a validator, answered 400 naming the field."""
+    return PydanticCustomError("refused", message)
 
 
 class _Wire(BaseModel):
@@ -71,8 +77,9 @@ class ChatMessage(BaseModel):
 
 
 ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's values
 # Fields OpenAI defines that change nothing about what is sampled: accepted and passed over.
-PASS_THROUGH_FIELDS = ("user", "metadata", "store", "service_tier")
+PASS_THROUGH_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 
 
 class ChatCompletionRequest(_Wire):
@@ -110,11 +117,17 @@ class ChatCompletionRequest(_Wire):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
+    logit_bias: dict[int, float] | None = Field(None, max_length=1024, description="token id -> bias in [-100, 100]")
+    reasoning_effort: ReasoningEffort | None = Field(None, description="passed to the chat template (vLLM's kwarg)")
+    add_generation_prompt: bool = Field(True, description="vLLM: end the prompt with the assistant's header")
+    continue_final_message: bool = Field(False, description="vLLM: continue the final assistant message's text")
     # Pass-through (PASS_THROUGH_FIELDS).
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -125,6 +138,28 @@ class ChatCompletionRequest(_Wire):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes at most 4 non-empty strings")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        if value is not None and any(not -100.0 <= bias <= 100.0 for bias in value.values()):
+            raise ValueError("each bias must lie in [-100, 100]")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise refused("stream_options: only allowed with stream=true (as OpenAI answers)")
+        if self.top_logprobs and not self.logprobs:
+            raise refused("top_logprobs: only allowed with logprobs=true (as OpenAI answers)")
+        if self.continue_final_message and (self.add_generation_prompt or self.messages[-1].role != "assistant"):
+            raise refused("continue_final_message: needs add_generation_prompt=false and an assistant message last")
+        for i, message in enumerate(self.messages):
+            for k, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                if part.get("type") != "text":
+                    raise refused(f"messages[{i}].content[{k}]: content parts of type {part.get('type')!r} are not "
+                                  "served (this server's model reads text only): send text parts")
+        return self
 
     @field_validator("response_format")
     @classmethod
@@ -138,7 +173,7 @@ class ChatCompletionRequest(_Wire):
     @classmethod
     def _tool_choice_served(cls, value: ToolChoice | None) -> ToolChoice | None:
         if isinstance(value, dict) or value == "required":
-            raise ValueError(
+            raise refused(
                 "tool_choice 'required' and a named function need guided decoding (vLLM forces the call's "
                 "JSON that way); the swarm does not constrain sampling, because the policy's own samples are "
                 "what it trains on: send 'auto' (or leave it out) and reward the calls you want")

@@ -49,8 +49,10 @@ class SamplingParams:
     The fields after ``top_logprobs`` are vLLM's sampling extensions with vLLM's meaning: ``top_k``
     (0: off), ``min_p`` (0: off), ``repetition_penalty`` (1: off; over prompt and output),
     ``presence_penalty``/``frequency_penalty`` (0: off; over output tokens), ``min_tokens`` (no
-    end-of-turn or stop token before that many), ``ignore_eos`` (run to ``max_tokens``) and
-    ``stop_token_ids`` (extra ids that end the row, kept in its ids like the end-of-turn token).
+    end-of-turn or stop token before that many), ``ignore_eos`` (run to ``max_tokens``),
+    ``stop_token_ids`` (extra ids that end the row, kept in its ids like the end-of-turn token); then
+    OpenAI's ``logit_bias`` (added to the raw logits with ``min_tokens``' masking, before penalties:
+    -100 bans an id).
     """
 
     max_tokens: int
@@ -67,6 +69,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's logit_bias
 
 
 @dataclass(frozen=True)

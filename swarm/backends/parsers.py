@@ -58,13 +58,15 @@ class ParsedReply:
 
     ``parse_error`` is set when the text looked like a tool call but did not parse; ``content`` is
     then the whole text after the reasoning split and ``tool_calls`` is empty, so the client (and
-    the reward) sees exactly what the model wrote.
+    the reward) sees exactly what the model wrote. With ``parallel_tool_calls=false`` only the first
+    call is a call; the text of the others is appended to ``content`` and counted in ``extra_calls``.
     """
 
     content: str | None
     reasoning: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     parse_error: str | None = None
+    extra_calls: int = 0  # calls past the first of a parallel_tool_calls=false reply, returned as content
 
 
 class _BadCall(ValueError):
@@ -127,9 +129,9 @@ class _ReasoningParser(Protocol):
 
 
 class _ToolParser(Protocol):
-    def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
-        """``(content, calls)``; ``None`` when the text holds no tool call; ``_BadCall`` when it
-        looks like one but does not parse."""
+    def parse(self, text: str) -> tuple[str, list[ToolCall], int] | None:
+        """``(content, calls, where the second call's text starts in text)``; ``None`` when the text
+        holds no tool call; ``_BadCall`` when it looks like one but does not parse."""
 
     def stable(self, text: str) -> str:
         """For content still growing: a prefix of the final content for any continuation."""
@@ -183,13 +185,15 @@ class _Hermes:
     right-stripped; text between and after calls is dropped, as vLLM does.
     """
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
+    def parse(self, text: str) -> tuple[str, list[ToolCall], int] | None:
         first = text.find(_CALL_START)
         if first < 0:
             return None
         calls: list[ToolCall] = []
-        start = first
+        start, second = first, len(text)
         while start >= 0:
+            if len(calls) == 1:
+                second = start
             body_start = start + len(_CALL_START)
             end = text.find(_CALL_END, body_start)
             body = text[body_start:] if end < 0 else text[body_start:end]
@@ -202,7 +206,7 @@ class _Hermes:
             if end < 0:
                 break
             start = text.find(_CALL_START, end + len(_CALL_END))
-        return text[:first].rstrip(), calls
+        return text[:first].rstrip(), calls, second
 
     def stable(self, text: str) -> str:
         # Whether the calls parse or not, the final content starts with the text before the first
@@ -220,7 +224,7 @@ class _Llama3Json:
     for JSON further in; we do not, so prose quoting JSON stays prose).
     """
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
+    def parse(self, text: str) -> tuple[str, list[ToolCall], int] | None:
         head = text.lstrip()
         if head.startswith(_PYTHON_TAG):
             head = head[len(_PYTHON_TAG) :]
@@ -228,8 +232,10 @@ class _Llama3Json:
             return None
         decoder = json.JSONDecoder()
         calls: list[ToolCall] = []
-        pos = _skip_space(head, 0)
+        pos, second = _skip_space(head, 0), len(head)
         while True:
+            if len(calls) == 1:
+                second = pos
             try:
                 obj, pos = decoder.raw_decode(head, pos)
             except json.JSONDecodeError as exc:
@@ -241,7 +247,7 @@ class _Llama3Json:
             elif pos < len(head):
                 raise _BadCall(f"unexpected text after tool call {len(calls)}: calls must be separated by ';'")
             if pos == len(head):
-                return "", calls
+                return "", calls, len(text) - len(head) + second  # head is a suffix of text
 
     def stable(self, text: str) -> str:
         head = text.lstrip()
@@ -305,8 +311,8 @@ def parse_reply(
     """Reasoning split first (on the whole text), then tool calls on the remaining content.
 
     ``tool_parser`` ``None`` never parses tool calls (no tools in the request, or
-    ``tool_choice="none"``). ``parallel_tool_calls=False`` keeps only the first call; the others
-    must still parse, since they are part of the reply.
+    ``tool_choice="none"``). ``parallel_tool_calls=False`` keeps only the first call as a call; the
+    others must still parse (they are part of the reply) and come back as content, counted.
     """
     tools, thinker = _lookup(tool_parser, reasoning_parser)
     reasoning, content = thinker.split(text) if thinker is not None else (None, text)
@@ -319,9 +325,12 @@ def parse_reply(
         return ParsedReply(content=content or None, reasoning=reasoning, parse_error=str(exc))
     if found is None:
         return ParsedReply(content=content or None, reasoning=reasoning)
-    before, calls = found
-    kept = calls if parallel_tool_calls else calls[:1]
-    return ParsedReply(content=before or None, reasoning=reasoning, tool_calls=tuple(kept))
+    before, calls, second = found
+    if parallel_tool_calls or len(calls) == 1:
+        return ParsedReply(content=before or None, reasoning=reasoning, tool_calls=tuple(calls))
+    rest = content[second:].strip()  # the other calls' text, as the model wrote it
+    return ParsedReply(content="\n".join(filter(None, (before, rest))), reasoning=reasoning,
+                       tool_calls=tuple(calls[:1]), extra_calls=len(calls) - 1)
 
 
 class ReplyStream:

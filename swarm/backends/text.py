@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from swarm.backends.base import SamplingParams
 
-__all__ = ["ChatText", "decode", "encode", "find_stop", "load_tokenizer", "prepare_messages", "render_chat",
+__all__ = ["ChatText", "Ending", "decode", "encode", "find_stop", "load_tokenizer", "prepare_messages", "render_chat",
            "safe_prefix_chars", "validate_requests"]
 
 # Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
@@ -39,30 +40,42 @@ def load_tokenizer(folder: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a rendered prompt ends (vLLM's request fields): with the assistant's header
+    (``add_generation_prompt``, the default), after the last message's end-of-turn, or inside the final
+    assistant message, whose text the model then continues (``continue_final_message``)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    """Apply the chat template with the generation prompt; ``ValueError`` if it cannot render them."""
-    return list(tokenizer.encode(_render_text(tokenizer, messages, tools, template_kwargs), add_special_tokens=False))
+                template_kwargs: dict[str, Any] | None = None, ending: Ending = Ending()) -> list[int]:
+    """Apply the chat template (ending as ``ending`` says); ``ValueError`` if it cannot render them."""
+    text = _render_text(tokenizer, messages, tools, template_kwargs, ending)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                 template_kwargs: dict[str, Any] | None) -> str:
+                 template_kwargs: dict[str, Any] | None, ending: Ending = Ending()) -> str:
     from jinja2 import TemplateError
 
     if not messages:
         raise ValueError("messages must not be empty")
-    reserved = {"messages", "tools", "add_generation_prompt", "tokenize"} & set(template_kwargs or {})
-    if reserved:
-        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
+    reserved = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize"}
+    if reserved & set(template_kwargs or {}):
+        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved & set(template_kwargs or {}))}")
     try:
         return tokenizer.apply_chat_template(
             [dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
-            add_generation_prompt=True,
+            add_generation_prompt=ending.add_generation_prompt,
+            continue_final_message=ending.continue_final_message,
             tokenize=False,
             **(template_kwargs or {}),
         )
-    except (TemplateError, TypeError, KeyError, AttributeError) as exc:
+    except (TemplateError, TypeError, KeyError, AttributeError, ValueError) as exc:
         raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
 
 
@@ -112,18 +125,19 @@ class ChatText:
         return template if isinstance(template, str) else None
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-               template_kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Prompt ids of the conversation with the generation prompt (``ValueError`` if the template fails)."""
-        return render_chat(self.tokenizer, messages, tools, template_kwargs)
+               template_kwargs: dict[str, Any] | None = None, ending: Ending = Ending()) -> list[int]:
+        """Prompt ids of the conversation, by default with the generation prompt (``ValueError`` if the
+        template fails)."""
+        return render_chat(self.tokenizer, messages, tools, template_kwargs, ending)
 
     def render_tail(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                    template_kwargs: dict[str, Any] | None, index: int) -> list[int] | None:
+                    template_kwargs: dict[str, Any] | None, index: int, ending: Ending = Ending()) -> list[int] | None:
         """Ids of everything the template renders *after* the body of ``messages[index]`` (an
         assistant message): its end-of-turn token, the later messages, the generation prompt. None
         when the template does not render that message's body exactly once (it drops or repeats it),
         so no splice is possible."""
         marked = [*messages[:index], {"role": "assistant", "content": SPLICE_MARK}, *messages[index + 1:]]
-        text = _render_text(self.tokenizer, marked, tools, template_kwargs)
+        text = _render_text(self.tokenizer, marked, tools, template_kwargs, ending)
         if text.count(SPLICE_MARK) != 1:
             return None
         return self.encode(text.split(SPLICE_MARK, 1)[1])
@@ -242,3 +256,7 @@ def _validate_extensions(i: int, p: SamplingParams, vocab_size: int) -> None:
         raise ValueError(f"prompt {i}: min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
     if any(not (0 <= t < vocab_size) for t in p.stop_token_ids):
         raise ValueError(f"prompt {i}: stop_token_ids must lie in [0, {vocab_size})")
+    if any(not (0 <= t < vocab_size) for t, _ in p.logit_bias):
+        raise ValueError(f"prompt {i}: logit_bias token ids must lie in [0, {vocab_size})")
+    if any(not (-100.0 <= bias <= 100.0) for _, bias in p.logit_bias):
+        raise ValueError(f"prompt {i}: logit_bias values must lie in [-100, 100]")

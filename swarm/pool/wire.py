@@ -82,6 +82,7 @@ class WireParams(BaseModel):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
+    logit_bias: list[tuple[int, float]] = Field(default_factory=list)
 
     @classmethod
     def of(cls, params: SamplingParams) -> WireParams:
@@ -90,6 +91,7 @@ class WireParams(BaseModel):
     def sampling(self) -> SamplingParams:
         values = self.model_dump()
         values["stop"], values["stop_token_ids"] = tuple(self.stop), tuple(self.stop_token_ids)
+        values["logit_bias"] = tuple((int(t), float(b)) for t, b in self.logit_bias)
         return SamplingParams(**values)
 
 

@@ -34,12 +34,12 @@ import asyncio
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
-from swarm.backends.text import prepare_messages
+from swarm.backends.text import Ending, prepare_messages
 from swarm.protocol import ChatCompletionRequest, EpisodeState
 from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
@@ -212,17 +212,20 @@ class Completions:
 
     def _render(self, request: ChatCompletionRequest, episode: EpisodeRecord | None) -> Rendered:
         """The call's prompt ids: the template's rendering, or inside an episode the ids of the
-        longest known reply it re-sends plus the template's rendering of what follows it."""
+        longest known reply it re-sends plus the template's rendering of what follows it (a final
+        assistant message being continued is never a splice: the model goes on writing it)."""
         text = self.generator.text
-        kwargs = {**self.view.config.chat_template_kwargs, **(request.chat_template_kwargs or {})}
+        kwargs, ending = _template_inputs(self.view.config.chat_template_kwargs, request)
         try:
             messages = prepare_messages([m.model_dump(exclude_none=True) for m in request.messages])
-            plain = text.render(messages, request.tools, kwargs)
+            plain = text.render(messages, request.tools, kwargs, ending)
             if episode is None:
                 return Rendered(prompt=plain)
-            keys = conversation_keys(messages, request.tools, kwargs)
-            splice = episode.replies.longest(messages, keys)
-            tail = text.render_tail(messages, request.tools, kwargs, splice.index) if splice is not None else None
+            keyed = kwargs if ending == Ending() else {**kwargs, "ending": [*astuple(ending)]}
+            keys = conversation_keys(messages, request.tools, keyed)
+            splice = episode.replies.longest(messages[:-1] if ending.continue_final_message else messages, keys)
+            tail = (text.render_tail(messages, request.tools, kwargs, splice.index, ending)
+                    if splice is not None else None)
         except ValueError as exc:  # the template rejected these messages: the caller's input
             raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
         if splice is None or tail is None:
@@ -264,6 +267,15 @@ class Completions:
                 for i in range(request.n)]
 
 
+def _template_inputs(defaults: dict[str, Any], request: ChatCompletionRequest) -> tuple[dict[str, Any], Ending]:
+    """The chat template's variables (the server's defaults, ``reasoning_effort``, then the request's
+    ``chat_template_kwargs``, as vLLM merges them) and how the prompt ends."""
+    effort = {"reasoning_effort": request.reasoning_effort} if request.reasoning_effort is not None else {}
+    kwargs = {**defaults, **effort, **(request.chat_template_kwargs or {})}
+    return kwargs, Ending(add_generation_prompt=request.add_generation_prompt,
+                          continue_final_message=request.continue_final_message)
+
+
 def _extensions(request: ChatCompletionRequest) -> dict[str, Any]:
     """vLLM's sampling extensions a request set, as ``SamplingParams`` fields (vLLM's -1 top_k is 0: off)."""
     values: dict[str, Any] = {
@@ -275,6 +287,7 @@ def _extensions(request: ChatCompletionRequest) -> dict[str, Any]:
         "min_tokens": request.min_tokens,
         "stop_token_ids": tuple(request.stop_token_ids) if request.stop_token_ids else None,
         "ignore_eos": request.ignore_eos or None,
+        "logit_bias": tuple(sorted(request.logit_bias.items())) if request.logit_bias else None,
     }
     return {key: value for key, value in values.items() if value is not None}
 

@@ -137,20 +137,37 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     if unknown:  # OpenAI's answer to an option it does not know: 400, naming it
         return error_response(400, ErrorCode.bad_request,
                               f"unrecognized request argument supplied: {', '.join(unknown)}", detail=detail)
-    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    refusals = [d for d in detail if d["type"] == "refused"]  # an option this server will not serve
+    first = (refusals or detail or [{"loc": [], "msg": "invalid request"}])[0]
     where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+    if refusals:  # a model-level refusal names its field in its message
+        named = first["msg"] if where == "body" else f"{where}: {first['msg']}"
+        return error_response(400, ErrorCode.bad_request, f"unsupported request argument: {named}", detail=detail)
     return error_response(422, ErrorCode.bad_request, f"invalid request: {where}: {first['msg']}", detail=detail)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _STATUS_CODES.get(exc.status_code, ErrorCode.bad_request if exc.status_code < 500 else ErrorCode.internal)
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
     if exc.status_code == 404 and message == "Not Found":
-        message = "no such route"
+        message = _no_such_route(request)
     elif exc.status_code == 405:
         message = "method not allowed on this route"
     return error_response(exc.status_code, code, message)
+
+
+def _no_such_route(request: Request) -> str:
+    """A 404 that names the OpenAI routes this server has, so a client pointed at the wrong one (legacy
+    completions, a provider's own path) learns where to go."""
+    paths = request.app.openapi().get("paths", {})  # the app's own route table (built once, cached)
+    served = sorted(f"{method.upper()} {path}" for path, operations in paths.items() if path.startswith("/v1/")
+                    for method in operations)
+    hint = ""
+    if request.url.path.rstrip("/").endswith("/v1/completions"):
+        hint = " (legacy text completions are not served: send the prompt as a user message)"
+    return (f"no such route: {request.method} {request.url.path}{hint}; the OpenAI routes here are "
+            f"{', '.join(served)}, and the control API is under /api/v1 (GET /openapi.json lists every route)")
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -35,6 +35,7 @@ def step_metrics(episodes: Sequence[EpisodeRecord], groups: int, samples: Sequen
         "context/drift_repaired": float(sum(e.trace.drift_repaired for e in episodes)),
         "rollout/tool_calls": float(sum(e.trace.tool_calls for e in episodes)),
         "rollout/tool_parse_errors": float(sum(e.trace.tool_parse_errors for e in episodes)),
+        "rollout/tool_calls_extra": float(sum(e.trace.tool_calls_extra for e in episodes)),
         "context/merge": 1.0 if merge else 0.0,
     }
     posted: dict[str, list[float]] = {}

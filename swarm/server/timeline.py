@@ -80,12 +80,14 @@ class EpisodeTrace:
     drift_repaired: int = 0  # calls whose plain re-rendering would differ from the ids the model saw
     tool_calls: int = 0  # tool calls parsed out of replies
     tool_parse_errors: int = 0  # replies that looked like a tool call but did not parse
+    tool_calls_extra: int = 0  # calls past the first of parallel_tool_calls=false replies (returned as content)
 
     def note_replies(self, replies: Sequence[ParsedReply], *, repaired: bool) -> None:
         """Count one call's agent-protocol outcomes (see the fields)."""
         self.drift_repaired += int(repaired)
         self.tool_calls += sum(len(r.tool_calls) for r in replies)
         self.tool_parse_errors += sum(r.parse_error is not None for r in replies)
+        self.tool_calls_extra += sum(r.extra_calls for r in replies)
 
     def record(
         self,

@@ -4,7 +4,8 @@ Per row (``SamplingParams``), on logits ``(B, V)`` over the tokenizer's ids:
 
 1. ``min_tokens``: while a row has fewer sampled tokens, its end-of-turn ids and its
    ``stop_token_ids`` get logit ``-inf`` (end-of-turn ids even with ``ignore_eos``, as vLLM masks its
-   "all stop token ids" set including the model's eos).
+   "all stop token ids" set including the model's eos). Then ``logit_bias``: each listed id's bias is
+   added to its logit (vLLM's ``LogitBiasLogitsProcessor``, also before the penalties).
 2. penalties on the raw logits: ``repetition_penalty`` ``r`` on every id in the prompt or the output
    (a positive logit is divided by ``r``, a negative one multiplied), then ``frequency_penalty`` times
    the id's count in the output and ``presence_penalty`` once per id in the output are subtracted
@@ -61,6 +62,7 @@ class Uses:
     min_p: bool = False
     top_k: bool = False
     top_p: bool = False
+    logit_bias: bool = False
 
     @property
     def truncation(self) -> bool:
@@ -109,6 +111,7 @@ class SamplingPlan:
             min_p=any(v > 0 for v in min_p),
             top_k=any(v > 0 for v in top_k),
             top_p=any(v < 1 for v in top_p),
+            logit_bias=any(p.logit_bias for p in params),
         )
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),
@@ -158,6 +161,11 @@ def apply_row_rules(logits: torch.Tensor, rows: Sequence[RowHistory], plan: Samp
             if len(row.ids) < row.params.min_tokens:
                 banned = [t for t in {*end_ids, *row.params.stop_token_ids} if t < vocab]
                 logits[k, banned] = float("-inf")
+    if plan.uses.logit_bias:
+        for k, row in enumerate(rows):
+            if row.params.logit_bias:
+                ids, biases = zip(*row.params.logit_bias, strict=True)
+                logits[k, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
     if plan.uses.penalties:
         for k, row in enumerate(rows):
             if _penalised(row.params):

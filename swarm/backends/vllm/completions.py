@@ -4,7 +4,8 @@ The body asks for token ids in (``prompt: [ids]``) and out (``return_token_ids``
 token's log-prob (``logprobs: k`` returns it plus the k most likely; ``return_tokens_as_token_ids``
 keys those by id, not by text that may collide), the end-of-turn ids the torch engine stops on plus
 the row's own ``stop_token_ids`` (``stop_token_ids``; with ``ignore_eos`` only the row's own) and a
--100 logit bias on ids past the tokenizer (embedding padding, which the torch engine never samples).
+-100 logit bias on ids past the tokenizer (embedding padding, which the torch engine never samples),
+plus the row's own ``logit_bias``.
 vLLM's sampling extensions (``top_k``, ``min_p``, the penalties, ``min_tokens``, ``ignore_eos``) go
 under vLLM's names, and only when a row sets them, so a plain row's body stays as it was. The server
 runs with ``--logprobs-mode processed_logprobs``: log-probs are those of the distribution vLLM drew
@@ -52,8 +53,10 @@ def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, e
         body["stop"] = list(p.stop)
     if p.seed is not None:
         body["seed"] = p.seed
-    if len(padding_ids):
-        body["logit_bias"] = {str(i): PAD_BIAS for i in padding_ids}
+    bias = {str(i): PAD_BIAS for i in padding_ids}
+    bias.update({str(t): b for t, b in p.logit_bias})  # the request's own (OpenAI's logit_bias)
+    if bias:
+        body["logit_bias"] = bias
     return body
 
 

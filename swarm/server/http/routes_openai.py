@@ -1,10 +1,14 @@
-"""OpenAI-compatible routes: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""OpenAI-compatible routes: ``POST /v1/chat/completions``, ``POST /v1/responses`` and ``GET /v1/models``.
 
 The routes parse requests and shape responses; the engine does the rest (``Completions.start``:
 render → generate → record). A call with an episode key is recorded into that episode's trace
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
 as sampled); a call with the control token is served without recording. Responses carry vLLM's extra fields
 (``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that generated them.
+
+``POST /v1/responses`` is the same call: its request is translated to a chat completion
+(``swarm.server.http.responses``), served by the same ``Completions.start`` and shaped back into a
+response, so the tokens recorded, merged and repaired are exactly chat's.
 
 A client that disconnects before its answer is ready has its generation cancelled, streaming or not:
 its rows stop in the generator and free their slots (the engine's in-flight caps count them until then).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
@@ -32,9 +37,12 @@ from swarm.protocol import (
     ModelList,
     Usage,
 )
-from swarm.server.completions import Answer
+from swarm.protocol_responses import ResponsesRequest
+from swarm.server.completions import Answer, ChatCall
 from swarm.server.http.context import AppContext, app_context
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.server.http.responses import ResponseShape, chat_request
+from swarm.server.http.responses_stream import stream_response
 from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
 
 router = APIRouter()
@@ -111,7 +119,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
+async def _streamed_call(ctx: AppContext, key: str, episode_id: str | None,
+                         body: ChatCompletionRequest) -> tuple[ChatCall, asyncio.Queue[StreamedToken | None]]:
+    """Start a call whose tokens go to a queue, ended by ``None`` when the generation is done."""
     tokens: asyncio.Queue[StreamedToken | None] = asyncio.Queue()
 
     def sink(row: int, token: int, logprob: float, top: TopAlternatives | None) -> None:
@@ -119,15 +129,44 @@ async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatC
 
     call = await ctx.chat.start(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
     call.result.add_done_callback(lambda _: tokens.put_nowait(None))
+    return call, tokens
+
+
+def _row_stream(ctx: AppContext, call: ChatCall, stops: list[str]) -> RowStream:
+    return RowStream(decode=ctx.engine.generator.text.decode, stops=stops,
+                     reply=ReplyStream(tool_parser=call.parsing.tool_parser,
+                                       reasoning_parser=call.parsing.reasoning_parser))
+
+
+def _sse(frames: Any) -> StreamingResponse:
+    return StreamingResponse(frames, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
+    call, tokens = await _streamed_call(ctx, key, episode_id, body)
     generator = ctx.engine.generator
     writer = ChunkWriter(completion_id=f"chatcmpl-{uuid.uuid4().hex}", model=generator.model_name,
                          policy_version=generator.policy_version, text=generator.text,
                          with_logprobs=body.logprobs)
-    rows = [RowStream(decode=generator.text.decode, stops=list(body.stop or ()),
-                      reply=ReplyStream(tool_parser=call.parsing.tool_parser,
-                                        reasoning_parser=call.parsing.reasoning_parser))
-            for _ in call.params]
+    rows = [_row_stream(ctx, call, list(body.stop or ())) for _ in call.params]
     include_usage = bool((body.stream_options or {}).get("include_usage"))
-    frames = stream_completion(writer, rows, tokens, call.result, len(call.prompt), include_usage)
-    return StreamingResponse(frames, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _sse(stream_completion(writer, rows, tokens, call.result, len(call.prompt), include_usage))
+
+
+@router.post("/v1/responses", response_model=None)
+async def responses(body: ResponsesRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Response:
+    """The Responses API over the chat path (module docstring); stateless, as with ``store=false``."""
+    episode_id = ctx.keys.principal(request).episode_id
+    key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
+    chat = chat_request(body)
+    generator = ctx.engine.generator
+    shape = ResponseShape(body=body, model=generator.model_name, text=generator.text)
+    if chat.stream:
+        call, tokens = await _streamed_call(ctx, key, episode_id, chat)
+        return _sse(stream_response(shape, _row_stream(ctx, call, []), tokens, call.result, call.prompt,
+                                    generator.policy_version))
+    call = await ctx.chat.start(key, episode_id, chat)
+    if not await _answered_before_disconnect(request, call.result):
+        return Response(status_code=CLIENT_CLOSED)
+    return Response(shape.finished(call.prompt, call.result.result()).model_dump_json(), media_type="application/json")

@@ -7,7 +7,10 @@ last chunk of each choice sends whatever the final ids add, so the streamed text
 decode of the returned token ids. With a tool-call or reasoning parser, each choice's text is split
 as it streams into ``reasoning_content`` and ``content`` deltas (``parsers.ReplyStream``); text from a
 tool-call marker on is held back, and the parsed calls are sent whole in one ``tool_calls`` delta
-before the last chunk, so the deltas reassemble to exactly the non-streamed message. A stream closed early (the client went away) cancels its
+before the last chunk, so the deltas reassemble to exactly the non-streamed message. Ids whose text is
+held back ride on the next chunk with text (or the ``tool_calls`` chunk, or the last), so no chunk
+but the last carries an empty ``{}`` delta, while the chunks' ``token_ids`` still add up to every id.
+A stream closed early (the client went away) cancels its
 generation, so its rows stop in the generator instead of running to ``max_tokens`` for nobody.
 """
 
@@ -115,9 +118,12 @@ class Delta:
             delta["content"] = self.content
         return delta
 
-    @property
-    def empty(self) -> bool:
-        return not (self.reasoning or self.content or self.end > self.start)
+    def after(self, earlier: Delta | None) -> Delta:
+        """This delta preceded by an ``earlier`` one not sent yet (one chunk carries both)."""
+        if earlier is None:
+            return self
+        return Delta(reasoning=earlier.reasoning + self.reasoning, content=earlier.content + self.content,
+                     start=earlier.start, end=self.end)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -162,10 +168,15 @@ async def stream_completion(
     try:
         for index in range(len(rows)):
             yield sse(writer.chunk(index, {"role": "assistant", "content": ""}))
+        pending: list[Delta | None] = [None] * len(rows)  # ids whose text is held back, per choice
         while (item := await tokens.get()) is not None:
             index, token, logprob, top = item
             delta = rows[index].push(token, logprob, top)
-            if delta is not None and not delta.empty:
+            if delta is None:
+                continue
+            delta = pending[index] = delta.after(pending[index])
+            if delta.fields():  # no empty {} deltas: held-back ids ride on the next chunk with text
+                pending[index] = None
                 yield sse(writer.chunk(index, delta.fields(), row=rows[index], span=delta))
     finally:
         if not generation.done():
@@ -183,14 +194,17 @@ async def stream_completion(
         return
     completion_tokens = 0
     for index, (row, gen, reply) in enumerate(zip(rows, answer.sampled.generations, answer.replies, strict=True)):
-        delta = row.close(gen, reply)
+        delta = row.close(gen, reply).after(pending[index])
         completion_tokens += len(gen.token_ids)
-        if not delta.empty:
-            yield sse(writer.chunk(index, delta.fields(), row=row, span=delta))
+        span: Delta | None = delta  # the ids not sent yet go with the first chunk below
+        if delta.fields():
+            yield sse(writer.chunk(index, delta.fields(), row=row, span=span))
+            span = None
         if reply.tool_calls:
             calls = [{"index": k, **wire_tool_call(call).model_dump()} for k, call in enumerate(reply.tool_calls)]
-            yield sse(writer.chunk(index, {"tool_calls": calls}))
-        yield sse(writer.chunk(index, {}, finish=finish_reason(gen, reply)))
+            yield sse(writer.chunk(index, {"tool_calls": calls}, row=row, span=span))
+            span = None
+        yield sse(writer.chunk(index, {}, finish=finish_reason(gen, reply), row=row, span=span))
     if include_usage:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}

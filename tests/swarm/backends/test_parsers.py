@@ -55,9 +55,18 @@ def test_hermes_parallel_calls_get_distinct_ids():
     assert reply.content is None
 
 
-def test_hermes_parallel_tool_calls_false_keeps_the_first():
-    reply = hermes(ADD + "\n" + MUL, parallel_tool_calls=False)
+def test_hermes_parallel_tool_calls_false_keeps_the_first_and_returns_the_rest_as_content():
+    reply = hermes("Two calls.\n" + ADD + "\n" + MUL, parallel_tool_calls=False)
     assert calls(reply) == [("add", {"a": 2, "b": 3})]
+    assert reply.content == "Two calls.\n" + MUL and reply.extra_calls == 1
+    assert hermes(ADD, parallel_tool_calls=False).extra_calls == 0
+
+
+def test_llama3_parallel_tool_calls_false_returns_the_rest_as_content():
+    text = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y": 2}}'
+    reply = parse_reply(text, tool_parser="llama3_json", reasoning_parser=None, parallel_tool_calls=False)
+    assert calls(reply) == [("a", {"x": 1})]
+    assert reply.content == '{"name": "b", "parameters": {"y": 2}}' and reply.extra_calls == 1
 
 
 def test_hermes_text_before_a_call_is_content_right_stripped_and_text_after_is_dropped():

@@ -202,6 +202,9 @@ def test_vllm_body_carries_only_the_extensions_a_row_sets() -> None:
     ignoring = completion_body([1], SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=(9,)), stream=False,
                                eos_ids=[7, 5], padding_ids=range(0))
     assert ignoring["ignore_eos"] is True and ignoring["stop_token_ids"] == [9]
+    biased = completion_body([1], SamplingParams(max_tokens=8, logit_bias=((3, -100.0), (11, 2.5))), stream=False,
+                             eos_ids=[7], padding_ids=range(10, 12))
+    assert biased["logit_bias"] == {"10": -100.0, "11": 2.5, "3": -100.0}  # the request's own bias wins over padding
 
 
 def test_chunked_training_logprobs_equal_the_full_ones(backend: TorchBackend, monkeypatch: pytest.MonkeyPatch) -> None:

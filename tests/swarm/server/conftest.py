@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from server_harness import RunningServer, launch
+from taught_tools import teach_tools
 
 # The tool loop shared with the process-level engine tests lives in tests/swarm/client.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
@@ -25,6 +26,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tool_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model taught one tool loop (``taught_tools``), shared by the chat and Responses tests."""
+    return teach_tools(tiny_model, tmp_path_factory.mktemp("warm-tools"))
 
 
 @pytest.fixture

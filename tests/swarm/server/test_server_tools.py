@@ -1,10 +1,6 @@
 """The agent protocol on a real server: tool calls parsed out of replies (plain and streamed),
-tool_choice, refused options, sampling extensions, token bytes, and drift repair of a tool loop.
-
-The tiny model is taught one tool loop by the server's own supervised route: a question answered by
-a *compact* tool call (``{"name":"add","arguments":{"a":2,"b":3}}``), then the tool's result answered
-in words. The chat template re-renders a call from its parsed arguments with spaces, so without drift
-repair the second call of the loop could not continue the first one's token timeline.
+tool_choice, refused options, sampling extensions, token bytes, and drift repair of a tool loop
+(the tiny model is taught one tool loop first: ``taught_tools``).
 """
 
 from __future__ import annotations
@@ -12,39 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from server_harness import RunningServer, launch
+from server_harness import RunningServer
+from taught_tools import ADD, ANSWER, CALL_TEXT, QUESTION
 
 pytestmark = pytest.mark.slow
-
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
-QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
-CALL_TEXT = '<tool_call>\n{"name":"add","arguments":{"a":2,"b":3}}\n</tool_call>'
-CALL_MESSAGE = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
-RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
-ANSWER = "It is 5."
-
-
-@pytest.fixture(scope="module")
-def tool_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    server = launch(tiny_model, tmp_path_factory.mktemp("warm-tools"))
-    try:
-        examples = [{"messages": QUESTION, "tools": [ADD], "completion": CALL_TEXT},
-                    {"messages": [*QUESTION, CALL_MESSAGE, RESULT], "tools": [ADD], "completion": ANSWER}]
-        with server.client() as http:
-            sft = http.post("/api/v1/control/sft", json={"examples": examples, "steps": 160, "batch_size": 2,
-                                                         "lr": 0.003})
-            assert sft.status_code == 200, sft.text
-            path = http.post("/api/v1/control/checkpoint").json()["detail"]["weights"]
-    finally:
-        server.stop()
-    return Path(path)
 
 
 @pytest.fixture
