@@ -9,12 +9,13 @@ stops its whole process group, including processes its leader left behind after 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from swarm import stopping
 
 
 def free_port() -> int:
@@ -69,7 +70,8 @@ def alive(pid: int | None, started: float | None = None) -> bool:
 
 
 def stop_group(pid: int | None, started: float | None = None, *, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group led by ``pid``, then SIGKILL what is left of it after ``grace_s``.
+    """SIGTERM the process group led by ``pid``, then SIGKILL what is left of it after ``grace_s``
+    (``swarm.stopping.stop_group``).
 
     The group is stopped even when its leader has exited: a leader started with its own session
     leads a group of the same id, and the kernel does not hand that id to a new process while any
@@ -77,17 +79,7 @@ def stop_group(pid: int | None, started: float | None = None, *, grace_s: float 
     different process (a recycled pid) means the group is gone."""
     if pid is None or not _owns_group(pid, started):
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            alive(pid, started)  # reaps the leader when it is our child
-            if not group_alive(pid):
-                return
-            time.sleep(0.1)
+    stopping.stop_group(pid, grace_s, reap=lambda: alive(pid, started))  # reaps the leader when it is our child
 
 
 def _owns_group(pid: int, started: float | None) -> bool:
@@ -97,19 +89,6 @@ def _owns_group(pid: int, started: float | None) -> bool:
         return False  # no start time to tell a recycled pid from ours: leave it alone
     now = start_time(pid)
     return now is None or now == started  # gone (its group may live on) or our zombie
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process belongs to process group ``pgid``."""
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = stat_file.read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def wait_exit(pid: int | None, started: float | None, timeout_s: float) -> bool:

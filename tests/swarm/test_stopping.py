@@ -1,0 +1,64 @@
+"""``swarm.stopping`` with real processes: SIGTERM takes Ctrl-C's path, a stop has a deadline, and a
+process's children (and theirs) end with it. The commands built on it are tested where their other
+CLI tests live (``tests/swarm/client/test_cli_stops.py``, ``tests/researcher/test_clean_stops.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ROOT, wait_for
+from support.stops import family, terminate
+
+# A child that starts a grandchild and ignores SIGTERM, so only its group's SIGKILL ends them both.
+_STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print('up', flush=True); "
+             "time.sleep(120)")
+
+
+def _script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
+    path = tmp_path / "proc.py"
+    path.write_text("import sys, time\nfrom swarm import stopping\n" + body)
+    return subprocess.Popen([sys.executable, str(path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def _ready(proc: subprocess.Popen[str], count: int) -> None:
+    """Until ``proc``'s family has ``count`` processes (its children started)."""
+    wait_for(lambda: len(family(proc.pid)) >= count, 30, what=f"{count} processes under {proc.pid}", proc=proc)
+
+
+def test_sigterm_ends_a_foreground_child_and_its_group(tmp_path: Path) -> None:
+    proc = _script(tmp_path, f"code = stopping.run_child([sys.executable, '-c', {_STUBBORN!r}])\n"
+                             "print('child ended', code, flush=True)\n")
+    _ready(proc, 2)
+    took, code, kin = terminate(proc)
+    assert code == 0 and len(kin) == 2, (code, kin)
+    assert "child ended 0" in proc.stdout.read()
+    assert took < 3.0 + 2.0, took  # the child's group: SIGTERM ignored, SIGKILL after the 3 s grace
+
+
+def test_a_stop_that_hangs_is_cut_at_the_deadline_with_its_children(tmp_path: Path) -> None:
+    """The Ctrl-C path runs, but hangs (a peer that never answers): the deadline exits with 128 + 15
+    and kills the children started through ``start_child``."""
+    proc = _script(tmp_path, "stopping.interrupt_on_sigterm(deadline_s=1.5)\n"
+                             f"stopping.start_child([sys.executable, '-c', {_STUBBORN!r}])\n"
+                             "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n"
+                             "    print('cleaning up', flush=True)\n    time.sleep(120)\n")
+    _ready(proc, 2)
+    took, code, _ = terminate(proc, within_s=5.0)
+    output = proc.stdout.read()
+    assert code == 128 + 15 and 1.4 < took < 4.0, (code, took, output)
+    assert "cleaning up" in output and "still stopping after 1.5 s: exiting now" in output, output
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    proc = _script(tmp_path, "stopping.interrupt_on_sigterm(deadline_s=60)\nprint('up', flush=True)\n"
+                             "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n"
+                             "    print('cleaning up', flush=True)\n    time.sleep(120)\n")
+    assert proc.stdout.readline().strip() == "up"
+    proc.terminate()
+    assert proc.stdout.readline().strip() == "cleaning up"
+    took, code, _ = terminate(proc, within_s=3.0)
+    assert code == 128 + 15 and took < 2.0, (code, took)
