@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from swarm import stopping
 from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, connect, fail, out
 from swarm.client import SwarmError, load_study, probe_study, run_study
-from swarm.client._study import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def run(
     flags = RunFlags(**locals())  # every option above, by name (nothing else is defined yet)
     module = _study(flags)
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
-    stop_on_sigterm()
+    stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path (swarm.client.run_study_cli's too)
     with connect(server, token, state_dir, retry_for_s=retry_for, client_token=client_token) as client:
         summary = _run(module, client, flags)
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"

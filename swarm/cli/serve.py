@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from swarm import stopping
 from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, out
 
 if TYPE_CHECKING:
@@ -205,10 +206,13 @@ def _serve(flags: ServeFlags, path: Path | None) -> None:
         torch.set_num_threads(threads)
     from swarm.server.serve import serve as run_server
 
+    stopping.interrupt_on_sigterm()  # a stop while the model loads; once serving, uvicorn's shutdown
     try:
         run_server(settings)
     except ValueError as exc:
         fail(str(exc), 2)
+    except KeyboardInterrupt:
+        fail("stopped before the server was ready", 130)
 
 
 def _one_line(exc: ValueError) -> str:

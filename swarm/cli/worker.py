@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from swarm import stopping
 from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail
 
 
@@ -48,24 +49,35 @@ def worker(
     secret = token or _token_file(state_dir)
     if not secret:
         fail("no worker token: pass $SWARM_WORKER_TOKEN (the server's <state-dir>/worker_token)", 2)
+    stopping.interrupt_on_sigterm()  # a stop while the engine loads; once serving, the worker's own shutdown
     from swarm.backends.torch.presets import is_preset
 
     if threads is not None or is_preset(model):
         import torch
 
         torch.set_num_threads(threads or 1)
-    from swarm.pool.process import build_generator, run_worker
+    from swarm.pool.process import run_worker
     from swarm.pool.worker import WorkerOptions
 
     folder = work_dir or state_dir / f"worker-{port or os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
+    generator = _build(engine, model, folder, seed, capacity, vllm_python)
+    options = WorkerOptions(server=server, token=secret, engine=engine, capacity=capacity, model=model,
+                            advertise=advertise, max_tokens_per_s=max_tokens_per_s)
+    run_worker(options, generator, host=host, port=port)
+
+
+def _build(engine: str, model: str, folder: Path, seed: int, capacity: int, vllm_python: str | None) -> Any:
+    """The worker's generator; a bad engine or model, or a stop while it loads, ends the command."""
+    from swarm.pool.process import build_generator
+
     try:
         generator, _ = build_generator(engine, model, folder, seed=seed, capacity=capacity, vllm_python=vllm_python)
     except ValueError as exc:
         fail(f"cannot build the {engine} engine: {exc}", 2)
-    options = WorkerOptions(server=server, token=secret, engine=engine, capacity=capacity, model=model,
-                            advertise=advertise, max_tokens_per_s=max_tokens_per_s)
-    run_worker(options, generator, host=host, port=port)
+    except KeyboardInterrupt:
+        fail("stopped before the worker was ready", 130)
+    return generator
 
 
 def _token_file(state_dir: Path) -> str | None:

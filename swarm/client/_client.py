@@ -93,6 +93,11 @@ class SwarmClient:
         self.openai_pool.close()
         self._transport.close()
 
+    def stop_retrying(self) -> None:
+        """From now on every call is tried once: a failure raises instead of retrying for
+        ``retry_for_s`` (``run`` calls this when interrupted, so a run whose server is gone ends at once)."""
+        self._transport.stop_retrying()
+
     def __enter__(self) -> SwarmClient:
         return self
 

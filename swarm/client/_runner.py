@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 Workflow = Callable[[EpisodeHandle, dict[str, Any]], "float | None"]
 _RECENT = 50  # the progress bar's reward is the mean of the last this-many finished episodes
+_FINISH_GRACE_S = 4.0  # after an interrupt, episodes in flight get this long to finish, then are aborted
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class _RunState:
         self.eval_rounds = 0
         self.eval_finished = 0
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
+        self.playing: set[EpisodeHandle] = set()  # episodes whose workflow runs now
         self.groups: dict[str, tuple[threading.Event, int]] = {}  # group id -> (its first claim ended, members left)
 
     def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool]:
@@ -212,11 +214,7 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                 for future in futures:
                     future.result()
             except KeyboardInterrupt:
-                log.warning("interrupted: finishing the episodes in flight, claiming no more")
-                with state.lock:
-                    state.stop = True
-                for future in futures:
-                    future.result()
+                _interrupted(client, state, futures)
                 raise
             finally:
                 _abort_queued_evals(state)
@@ -228,16 +226,41 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                       eval_rounds=state.eval_rounds, eval_finished=state.eval_finished)
 
 
-def _play(handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
+def _interrupted(client: SwarmClient, state: _RunState, futures: list[Future[None]]) -> None:
+    """Ctrl-C or SIGTERM: claim nothing more and retry nothing, release the queued held-out episodes
+    now, give the episodes in flight ``_FINISH_GRACE_S`` to finish, abort those still playing (their
+    workflow's next call fails), and wait for the workers."""
+    log.warning("interrupted: finishing the episodes in flight, claiming no more")
+    with state.lock:
+        state.stop = True
+    client.stop_retrying()  # a dead or refusing server: give up its calls now, not in minutes
+    _abort_queued_evals(state)
+    if wait(futures, timeout=_FINISH_GRACE_S).not_done:
+        with state.lock:
+            playing = list(state.playing)
+        log.warning("aborting the %d episodes still in flight after %.0f s", len(playing), _FINISH_GRACE_S)
+        for handle in playing:
+            handle.abort("the run was interrupted")
+    for future in futures:
+        future.result()
+
+
+def _play(state: _RunState, handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
     """Run the workflow on a claimed episode and make sure it ends finished (or raise)."""
-    with handle:
-        reward = workflow(handle, task)
-        if not handle.done:
-            if reward is None:
-                raise SwarmError("workflow returned no reward and did not call ep.finish")
-            handle.finish(float(reward))
-        elif handle.state != "finished":
-            raise SwarmError(f"episode ended as {handle.state}")
+    with state.lock:
+        state.playing.add(handle)
+    try:
+        with handle:
+            reward = workflow(handle, task)
+            if not handle.done:
+                if reward is None:
+                    raise SwarmError("workflow returned no reward and did not call ep.finish")
+                handle.finish(float(reward))
+            elif handle.state != "finished":
+                raise SwarmError(f"episode ended as {handle.state}")
+    finally:
+        with state.lock:
+            state.playing.discard(handle)
 
 
 def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
@@ -261,9 +284,11 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
         handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,
                               while_refused=refused)
     except SwarmError as exc:
-        log.error("claim failed, stopping the run: %s", exc)
         with state.lock:
+            if state.stop:  # interrupted: its retries were given up on purpose
+                return
             state.fail(exc)
+        log.error("claim failed, stopping the run: %s", exc)
         return
     finally:
         opened.set()  # the group's other members claim now
@@ -272,7 +297,7 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
     if state.eval_due(handle.episode.step):
         _claim_eval_round(client, state, handle.episode.step)
     try:
-        _play(handle, workflow, task)
+        _play(state, handle, workflow, task)
     except Exception as exc:  # a broken episode must never stop the run
         with state.lock:
             state.aborted += 1
@@ -318,7 +343,7 @@ def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
 def _one_eval(state: _RunState, workflow: Workflow, handle: EpisodeHandle, task: dict[str, Any],
               round_: _EvalRound) -> None:
     try:
-        _play(handle, workflow, task)
+        _play(state, handle, workflow, task)
     except Exception as exc:  # a failed eval episode leaves no reward; the round goes on
         log.warning("eval episode %s of held-out task %s aborted: %s: %s", handle.episode_id, task["task_id"],
                     type(exc).__name__, exc)

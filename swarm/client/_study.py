@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from swarm import stopping
 from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError
@@ -175,14 +175,12 @@ def _run(module: ModuleType, client: SwarmClient, workflow: Workflow, *, seed: i
 
 def stop_on_sigterm() -> None:
     """Make SIGTERM stop a run the way Ctrl-C does: the runner claims nothing more, finishes the
-    episodes in flight and aborts the held-out episodes it queued. Without this a terminated client
-    leaves its claims to expire with their leases, and a held-out round left live holds the server's
-    next training step that long (the next client on that server trains nothing meanwhile)."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    episodes in flight and aborts the held-out episodes it queued, trying each call once. Without this
+    a terminated client leaves its claims to expire with their leases, and a held-out round left live
+    holds the server's next training step that long (the next client on that server trains nothing
+    meanwhile). A run still stopping after ``stopping.DEADLINE_S`` (a workflow stuck in a call) exits
+    then, as does one given a second signal."""
+    stopping.interrupt_on_sigterm()
 
 
 def run_study_cli(file: str, argv: list[str] | None = None) -> None:

@@ -9,7 +9,8 @@ said when (``retry_after``):
   grows with every refusal would leave a member of a group far behind the rest of its group;
 - 503 always, and other 5xx / broken connections mid-request only for idempotent calls, so a
   non-idempotent call (a supervised warm-up) is never run twice.
-Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once.
+Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once. After ``stop_retrying``
+(a run that was interrupted) nothing is retried: a stopping process does not wait out a dead server.
 
 Two credentials: the control token (config, control, SFT, events) and the client token (claims); a
 request names which it wants (``as_client``) and falls back to the other when it is missing, so a
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,6 +80,7 @@ class Transport:
         self._client = client
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self._stopping = threading.Event()  # set: every call is tried once, no retry waits
 
     @property
     def token(self) -> str | None:
@@ -95,6 +98,11 @@ class Transport:
 
     def close(self) -> None:
         self._http.close()
+
+    def stop_retrying(self) -> None:
+        """From now on a failed call raises at once, and a retry wait in progress ends: a stopping
+        process must not wait out an unreachable server (``retry_for_s``, minutes) before it exits."""
+        self._stopping.set()
 
     def request(self, method: str, path: str, *, body: BaseModel | None = None,
                 params: dict[str, Any] | None = None, bearer: str | None = None, as_client: bool = False,
@@ -144,18 +152,25 @@ class Transport:
                     began = time.monotonic()
                     while_refused(error)
                     hint = max(0.0, hint - (time.monotonic() - began))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SwarmUnavailable(f"{method} {self.url}{path}: still failing after {window:.0f} s "
-                                       f"({attempt} attempts): {problem}") from problem
-            if hint is not None:
-                delay = min(hint, _MAX_BACKOFF_S * 5) * (1 + random.random() / 4)
-            else:
-                delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
-            # "Come back later" is normal flow control; an unreachable server is worth a line once.
-            quiet = hint is not None or attempt > 1
-            (log.debug if quiet else log.info)("%s %s failed (%s); retrying in %.2f s", method, path, problem, delay)
-            time.sleep(min(delay, remaining))
+            self._back_off(method, path, window, deadline, attempt, problem, hint)
+
+    def _back_off(self, method: str, path: str, window: float, deadline: float, attempt: int, problem: Exception,
+                  hint: float | None) -> None:
+        """Wait before the next attempt (the server's hint, else a jittered exponential backoff), or
+        raise ``SwarmUnavailable`` when the window is spent or the client is stopping."""
+        call, remaining = f"{method} {self.url}{path}", deadline - time.monotonic()
+        if remaining <= 0 or self._stopping.is_set():
+            when = "stopping, not retried" if self._stopping.is_set() else f"still failing after {window:.0f} s"
+            raise SwarmUnavailable(f"{call}: {when} ({attempt} attempts): {problem}") from problem
+        if hint is not None:
+            delay = min(hint, _MAX_BACKOFF_S * 5) * (1 + random.random() / 4)
+        else:
+            delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
+        # "Come back later" is normal flow control; an unreachable server is worth a line once.
+        quiet = hint is not None or attempt > 1
+        (log.debug if quiet else log.info)("%s %s failed (%s); retrying in %.2f s", method, path, problem, delay)
+        if self._stopping.wait(min(delay, remaining)):
+            raise SwarmUnavailable(f"{call}: stopping, not retried ({attempt} attempts): {problem}") from problem
 
     @contextmanager
     def stream(self, path: str, *, headers: dict[str, str] | None = None) -> Iterator[httpx.Response]:

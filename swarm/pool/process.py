@@ -5,21 +5,22 @@ is the in-process sampler on a ``DeviceWorker`` thread behind a ``LocalGenerator
 generator (a child process fed token ids; weights reach it from disk). The weights it starts with do
 not matter: nothing is served before the server's current version is loaded.
 
-SIGTERM/SIGINT: the worker leaves the pool (the server stops routing to it), lets running calls
-finish, then uvicorn shuts down; a second signal exits at once.
+SIGTERM/SIGINT: the worker leaves the pool (the server stops routing to it), gives running calls a
+few seconds to finish, then uvicorn shuts down, all within ``swarm.stopping``'s deadline (a server
+that does not answer the leave is not waited for); a second signal exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
+from swarm import stopping
 from swarm.backends import load_engines
 from swarm.backends.base import Generator
 from swarm.pool.worker import WorkerNode, WorkerOptions, worker_app
@@ -28,6 +29,10 @@ from swarm.server.generation import LocalGenerator
 from swarm.server.settings import ServerConfig, ServerSettings
 
 log = logging.getLogger(__name__)
+
+# SIGTERM to exit within swarm.stopping's deadline: the leave (running calls finish), then uvicorn's shutdown.
+_LEAVE_GRACE_S = 3.0
+_GRACEFUL_S = 2
 
 
 def build_generator(engine: str, model: str, state_dir: Path, *, seed: int, capacity: int,
@@ -51,7 +56,7 @@ def run_worker(options: WorkerOptions, generator: Generator, *, host: str, port:
     """Serve until SIGTERM (leaving the pool first) or a second signal."""
     node = WorkerNode(generator, options)
     server = _WorkerServer(uvicorn.Config(worker_app(node), host=host, port=port, log_level="warning",
-                                          timeout_graceful_shutdown=30, timeout_keep_alive=75), node, host)
+                                          timeout_graceful_shutdown=_GRACEFUL_S, timeout_keep_alive=75), node, host)
     server.run()
 
 
@@ -77,15 +82,18 @@ class _WorkerServer(uvicorn.Server):
         self.node.listening.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._leaving is not None or sig not in (signal.SIGTERM, signal.SIGINT):
-            super().handle_exit(sig, frame)
-            return
-        loop = asyncio.get_event_loop()
-        self._leaving = loop.create_task(self._leave_then_exit())
+        """The first SIGTERM/SIGINT leaves the pool, then shuts down, within ``swarm.stopping``'s
+        deadline; a second exits at once. The signal is not raised again after the shutdown (uvicorn's
+        own handler does, which ended the process by the signal instead of by its exit code)."""
+        stopping.on_stop_signal(sig)
+        if self._leaving is None:
+            self._leaving = asyncio.get_event_loop().create_task(self._leave_then_exit())
 
     async def _leave_then_exit(self) -> None:
-        log.info("leaving the pool: no new calls; running ones finish")
+        log.info("leaving the pool: no new calls; running ones get %.0f s to finish", _LEAVE_GRACE_S)
         try:
-            await self.node.leave()
+            await asyncio.wait_for(self.node.leave(grace_s=_LEAVE_GRACE_S), _LEAVE_GRACE_S + 1.0)
+        except TimeoutError:
+            log.warning("the server did not answer the leave in time: stopping anyway")
         finally:
             self.should_exit = True

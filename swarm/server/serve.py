@@ -22,9 +22,11 @@ import logging
 import os
 import socket
 import time
+from types import FrameType
 
 import uvicorn
 
+from swarm import stopping
 from swarm.backends import load_engines
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 # connection in the instant the server closes it (uvicorn's 5 s default raced exactly that way
 # under load: a "connection error" that was nobody's fault).
 _KEEP_ALIVE_S = 75
+_GRACEFUL_S = 4  # open requests get this long after SIGTERM; the engines' own stop fits the rest of the deadline
 
 
 def serve(settings: ServerSettings) -> None:
@@ -50,7 +53,7 @@ def serve(settings: ServerSettings) -> None:
     backend, generator, trainer = load_engines(settings)
     app = create_app(settings, backend, generator=generator, trainer=trainer)
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                    timeout_graceful_shutdown=10, timeout_keep_alive=_KEEP_ALIVE_S), settings)
+                                    timeout_graceful_shutdown=_GRACEFUL_S, timeout_keep_alive=_KEEP_ALIVE_S), settings)
     app.state.request_shutdown = server.request_exit
     try:
         server.run()
@@ -71,6 +74,13 @@ class _Server(uvicorn.Server):
         self.settings = settings
 
     def request_exit(self) -> None:
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT: a graceful shutdown within ``swarm.stopping``'s deadline (a second signal
+        exits at once). Unlike uvicorn's own handler this one does not raise the signal again once the
+        shutdown is done, which killed the process before ``serve`` removed server.json."""
+        stopping.on_stop_signal(sig)
         self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
