@@ -15,7 +15,6 @@ import datetime as dt
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+
+from swarm import stopping
 
 from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
@@ -134,6 +135,7 @@ def start(
     from researcher import session
 
     _setup_logging(verbose)
+    stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
     try:
         deadline = flags.deadline(budget, until, time.time())
         settings = build_settings(studies_dir, artifacts_dir, server)
@@ -171,7 +173,16 @@ def start(
         state = session.start(ctx, topic, options, deadline)
     except (FileExistsError, store.StudyBusy) as exc:
         _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        _interrupted(sid)
     _finish(state, ctx.layout)
+
+
+def _interrupted(study_id: str) -> NoReturn:
+    """Ctrl-C or SIGTERM (``swarm.stopping``): the graph's last checkpoint stands; the runs, started in
+    their own sessions to outlive the researcher, train on until a resume re-attaches or a stop ends them."""
+    _fail(f"interrupted: `researcher resume {study_id}` continues the study; its runs train on meanwhile "
+          f"(`researcher stop {study_id}` ends them)", 130)
 
 
 def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
@@ -197,11 +208,14 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
            verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Continue a study from its last checkpoint (re-attaching to runs that are still alive)."""
     _setup_logging(verbose)
+    stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
     try:
         window_s = parse_duration(window) if window else None
         state = resume_study(study_id, str(studies_dir), str(artifacts_dir), verbose=True, window_s=window_s)
     except (ValueError, store.StudyNotFound, store.StudyBusy) as exc:
         _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        _interrupted(study_id)
     _finish(state, StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve()))
 
 
@@ -386,10 +400,7 @@ def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to thi
             "--port", str(port), "--workers", "1"]
     if uri.startswith("sqlite:"):
         argv += ["--default-artifact-root", settings.mlflow_artifact_root().as_uri()]
-    try:
-        raise typer.Exit(subprocess.call(argv))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    raise typer.Exit(stopping.run_child(argv))  # SIGTERM or Ctrl-C end MLflow and its uvicorn: nothing keeps the port
 
 
 def main() -> None:

@@ -9,6 +9,10 @@ makes the daemon notice jobs that ``researcher schedule`` added from another pro
 Beside the scheduler, on a thread, the daemon serves every study's event log as Server-Sent Events
 on loopback (``GET /studies/{id}/events``, bearer token in ``<artifacts>/daemon.token``; see
 ``researcher.events_http``), unless ``port`` is None.
+
+SIGTERM or Ctrl-C stops the scheduler, then the study sessions it runs (each ends as on its own
+Ctrl-C; their runs train on for the next session), then the events server, within
+``swarm.stopping``'s deadline. A SIGKILLed daemon leaves its sessions running.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from swarm import stopping
 
 from researcher import scheduler as sched
 
@@ -97,7 +103,8 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, p
         announce(f"study events: {server.url}/studies/<study>/events (SSE; bearer token in {server.token_file})")
 
     def stop(signum: int, frame: Any) -> None:
-        log.info("signal %d: shutting the scheduler down (running sessions continue on their own)", signum)
+        stopping.on_stop_signal(signum)  # exits within the deadline whatever hangs; a second signal at once
+        log.info("signal %d: shutting the scheduler down and stopping the sessions it runs", signum)
         scheduler.shutdown(wait=False)
         if server is not None:
             server.stop(timeout_s=0)
@@ -114,5 +121,6 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, p
     try:
         scheduler.start()  # blocks until shutdown
     finally:
+        stopping.stop_children(grace_s=sched.SESSION_STOP_S)  # the sessions' jobs return, so the daemon exits
         if server is not None:
             server.stop()

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm import stopping
+
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked, read_state
@@ -47,6 +49,7 @@ SCHEDULE_FILE = "schedule.toml"
 HISTORY_FILE = "scheduler-history.jsonl"
 STORE_FILE = "scheduler.db"
 SESSION_GRACE_S = 900.0  # a session may overrun its window by this much (finishing a node) before it is killed
+SESSION_STOP_S = 5.0  # a session being stopped gets this long after SIGTERM (within the daemon's own deadline)
 
 
 def job_id(study_id: str) -> str:
@@ -235,15 +238,16 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
     with open(session_log, "ab") as out:
         out.write(f"\n=== scheduled session {dt.datetime.now().isoformat(timespec='seconds')} ===\n".encode())
         out.flush()
-        # Own session: a Ctrl-C or SIGKILL of the daemon leaves a running study session alone.
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        # Own process group: a SIGKILLed daemon leaves a running session alone; a daemon stopped by
+        # SIGTERM or Ctrl-C stops it (``stopping.stop_children``): the session ends as on Ctrl-C, its
+        # runs train on, and the study's next session picks them up.
+        proc = stopping.start_child(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             code = proc.wait(timeout=window_s + SESSION_GRACE_S)
         except subprocess.TimeoutExpired:
             log.warning("study %s overran its window by %.0f s; terminating the session", study_id, SESSION_GRACE_S)
-            proc.terminate()
-            code = proc.wait()
+        finally:
+            code = stopping.stop_child(proc, grace_s=SESSION_STOP_S)
     outcome = {0: "ran", 2: "refused"}.get(code, "failed")
     log.info("study %s session ended with code %s after %.0f s", study_id, code, time.time() - started)
     return {"study_id": study_id, "outcome": outcome, "exit_code": code, "seconds": round(time.time() - started, 1)}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support import free_port, wait_for
+from support.stops import terminate
 
 from researcher.runs import record as runs
 
@@ -132,8 +133,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
         assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning" in link, link
         _review_in_mlflow_ui(link.split()[3], experiment.experiment_id, records, report, tmp_path)
     finally:
-        os.killpg(ui.pid, signal.SIGKILL)
-        ui.wait()
+        terminate(ui)  # its MLflow server and that server's children end with it
     unknown = cli.run("ui", "no-such-study", "--artifacts-dir", str(cli.artifacts))
     assert unknown.returncode == 2 and "no MLflow experiment for study 'no-such-study'" in unknown.stderr + unknown.stdout
 

@@ -17,7 +17,7 @@ import time
 
 def _table() -> list[tuple[int, int, int, str, str]]:
     """(pid, ppid, pgid, state, command) of every process, from ``ps``."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True,
+    out = subprocess.run(["ps", "-ww", "-e", "-o", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True,
                          check=True).stdout
     rows = []
     for line in out.splitlines():
