@@ -61,14 +61,12 @@ def _check_cluster(ctx: StudyContext) -> None:
     """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
     if ctx.launcher.placement != "ray":
         return
-    from researcher.runs.ray_launcher import ClusterNotShared
-
     try:
         ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]
-    except ClusterNotShared as exc:
+    except ValueError as exc:  # a malformed --ray-address, or ClusterNotShared: nodes that cannot see our files
         _fail(str(exc), 2)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        _fail(f"cannot reach the Ray cluster at {ctx.settings and ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
+    except (ConnectionError, RuntimeError) as exc:
+        _fail(f"cannot reach the Ray cluster at {ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -111,7 +109,8 @@ def start(
     run_resources: Annotated[str | None, typer.Option(help=(
         "resources each run asks for, as JSON: '{\"GPU\": 1, \"node_b\": 1}'"), rich_help_panel="Placement")] = None,
     ray_address: Annotated[str | None, typer.Option(help=(
-        "place runs on this Ray cluster: auto, ray://HOST:PORT or http://HOST:8265 (env RESEARCHER_RAY_ADDRESS)"),
+        "place runs on this Ray cluster: HOST:PORT (what `ray start --head` prints), auto, ray://HOST:PORT or the "
+        "dashboard's http://HOST:8265 (env RESEARCHER_RAY_ADDRESS)"),
         rich_help_panel="Placement")] = None,
     window: Annotated[str | None, typer.Option(help="end this session after this long (park; resume later)")] = None,
     data: Annotated[Path | None, typer.Option(help=(

@@ -53,8 +53,9 @@ class StudyOptions(BaseModel):
                                        "device); None: 1 on a machine or cluster with GPUs, else 0")
     run_resources: dict[str, float] | None = Field(None, description="resources each run asks for, Ray's "
                                             "names ({\"GPU\": 1, \"node_b\": 1}); these win over the derived ones")
-    ray_address: str | None = Field(None, description="place runs on this Ray cluster (auto | ray://HOST:PORT | "
-                                    "http://HOST:8265); None: local processes")
+    ray_address: str | None = Field(None, description="place runs on this Ray cluster (HOST:PORT, the GCS address "
+                                    "`ray start --head` prints | auto | ray://HOST:PORT | http://HOST:8265); None: "
+                                    "local processes")
     smoke_episodes: int = Field(4, ge=1, le=64)
     smoke_timeout_s: float = Field(60.0, gt=0)
     stall_timeout_s: float = Field(120.0, gt=0, description="no new training step for this long = stalled")

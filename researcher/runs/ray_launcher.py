@@ -37,7 +37,7 @@ from typing import Any
 
 from swarm.client import SwarmClient, SwarmError
 
-from researcher.runs import record as runs, resources, status as run_status
+from researcher.runs import ray_address, record as runs, resources, status as run_status
 from researcher.runs.launcher import Launcher
 from researcher.runs.logs import CLIENT_LOG, log_size
 from researcher.runs.processes import STATE_DIR
@@ -71,10 +71,14 @@ class RayLauncher(Launcher):
 
     @property
     def jobs(self) -> Any:
+        """The cluster's Jobs API client, built on first use from the dashboard URL ``--ray-address``
+        resolves to (``ray_address``: a GCS ``HOST:PORT`` too; ``ValueError``/``ConnectionError``)."""
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
-            self._client = JobSubmissionClient(self.address)
+            url = ray_address.dashboard_url(self.address)
+            with ray_address.explicit(url):
+                self._client = JobSubmissionClient(url)
         return self._client
 
     # ------------------------------------------------------------------ the cluster
@@ -83,7 +87,9 @@ class RayLauncher(Launcher):
         """The cluster's live nodes: {node_id, node_ip, resources}."""
         from ray.util.state import list_nodes
 
-        found = list_nodes(address=self.jobs.get_address(), filters=[("state", "=", "ALIVE")], detail=True)
+        url = self.jobs.get_address()
+        with ray_address.explicit(url):
+            found = list_nodes(address=url, filters=[("state", "=", "ALIVE")], detail=True)
         return [{"node_id": n.node_id, "node_ip": n.node_ip, "resources": dict(n.resources_total or {})}
                 for n in found]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 from researcher import procs
 from researcher.runs import record as runs, resources
@@ -181,6 +182,27 @@ def test_a_cluster_study_needs_shared_artifacts_and_mlflow(tmp_path: Path) -> No
     with pytest.raises(ClusterNotShared) as refused:
         TwoMachines(["127.0.0.1", "198.51.100.7"]).check_shared(tmp_path, "sqlite:///x.db")
     assert "--artifacts-dir" in str(refused.value) and "MLFLOW_TRACKING_URI" in str(refused.value)
+
+
+def test_a_ray_address_is_checked_and_an_unreachable_one_fails_fast(cli) -> None:
+    """The forms ``--ray-address`` takes; a GCS address nobody listens on fails in seconds (Ray's own
+    lookup waits 40 s) and ``researcher start`` says so in one line. The resolution itself, on a real
+    cluster: ``test_ray_placement.test_a_study_on_two_ray_nodes``."""
+    from researcher.runs import ray_address
+
+    for good in ("127.0.0.1:6379", "head.example:6379", "[::1]:6379", "ray://10.0.0.2:10001", "auto",
+                 "http://127.0.0.1:8265/", "https://ray.example"):
+        assert ray_address.check(good) == good.rstrip("/")
+    for bad in ("", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", "tcp://1.2.3.4:5", "a b:1", "ray://"):
+        with pytest.raises(ValueError, match="not a Ray cluster address: give HOST:PORT"):
+            ray_address.check(bad)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match="nothing answers at 127.0.0.1:"):
+        ray_address.dashboard_url(f"127.0.0.1:{free_port()}")
+    assert time.monotonic() - started < 10
+    refused = cli.run("start", "--topic", "Does a larger group size help on letters?", "--study-id", "r",
+                      "--ray-address", "head-node", *cli.dirs)
+    assert refused.returncode == 2 and "'head-node' is not a Ray cluster address" in refused.stdout, refused.stdout
 
 
 def test_a_server_bound_off_loopback_gets_a_private_token(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from ray_cluster import Cluster, two_node_cluster
-from support import wait_for
+from support import free_port, wait_for
 
 from researcher.runs import record as runs
 
@@ -44,11 +44,22 @@ def _jobs_of(cluster: Cluster) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path) -> None:
+def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placed through the GCS address ``ray start --head`` prints (HOST:PORT), in a shell whose
+    RAY_ADDRESS names a dashboard of no cluster, as Ray's job docs have users export: the explicit
+    address wins (Ray's clients alone would take the variable's)."""
+    from researcher.runs import ray_address
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with monkeypatch.context() as patch:  # this test's own Ray calls below must not see it
+        patch.setenv("RAY_ADDRESS", nowhere)
+        assert ray_address.dashboard_url(cluster.gcs) == cluster.dashboard
+        assert os.environ["RAY_ADDRESS"] == nowhere  # hidden from Ray only while it resolved the address
+    cli.env["RAY_ADDRESS"] = nowhere
     sid = "on-ray"
     runs_dir = cli.artifacts / sid / "runs"
     proc = cli.popen("start", "--topic", TOPIC, "--budget", "8m", "--study-id", sid, "--steps-per-run", "3",
-                     "--seeds", "2", "--parallel", "2", "--max-iterations", "1", "--ray-address", cluster.dashboard,
+                     "--seeds", "2", "--parallel", "2", "--max-iterations", "1", "--ray-address", cluster.gcs,
                      *cli.dirs, log=tmp_path / "start.log")
     nodes_seen: set[str] = set()
     try:
