@@ -29,9 +29,8 @@ import logging
 import math
 import threading
 import time
-import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError, SwarmHTTPError
+from swarm.client._run_state import RECENT, EvalRound, RunState, check_heldout, episode_items
 
 if TYPE_CHECKING:
     from swarm.client._client import SwarmClient
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Workflow = Callable[[EpisodeHandle, dict[str, Any]], "float | None"]
-_RECENT = 50  # the progress bar's reward is the mean of the last this-many finished episodes
 _FINISH_GRACE_S = 4.0  # after an interrupt, episodes in flight get this long to finish, then are aborted
 
 
@@ -65,111 +64,6 @@ class RunSummary:
     eval_finished: int = 0
 
 
-class _EvalRound:
-    """One held-out round as this client sees it (the server's tally is what metrics report)."""
-
-    def __init__(self, step: int, size: int) -> None:
-        self.step = step
-        self.pending = size
-        self.rewards: list[float] = []
-
-
-class _RunState:
-    """Shared by the workers; every field is guarded by ``lock``."""
-
-    def __init__(self, items: Iterator[tuple[dict[str, Any], str]], limit: int | None,
-                 heldout: list[dict[str, Any]], eval_every: int) -> None:
-        self.lock = threading.Lock()
-        self.items = items
-        self.limit = limit
-        self.started = 0
-        self.finished = 0
-        self.aborted = 0
-        self.reward_sum = 0.0
-        self.recent: deque[float] = deque(maxlen=_RECENT)
-        self.policy_version: int | None = None
-        self.stop = False
-        self.fatal: BaseException | None = None
-        self.heldout = heldout
-        self.eval_every = eval_every
-        self.next_eval: int | None = 0 if heldout and eval_every > 0 else None  # the step a round is due at
-        self.evals: deque[tuple[EpisodeHandle, dict[str, Any], _EvalRound]] = deque()  # claimed, not yet run
-        self.eval_rounds = 0
-        self.eval_finished = 0
-        self.eval_busy = False  # a round is being claimed or run: the next one waits for it
-        self.playing: set[EpisodeHandle] = set()  # episodes whose workflow runs now
-        self.groups: dict[str, tuple[threading.Event, int]] = {}  # group id -> (its first claim ended, members left)
-
-    def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool]:
-        """The event set once the group's first claim has ended, and whether this member makes it."""
-        with self.lock:
-            opened, left = self.groups.get(group_id, (threading.Event(), size))
-            first = left == size
-            if left > 1:
-                self.groups[group_id] = (opened, left - 1)
-            else:
-                self.groups.pop(group_id, None)
-            return opened, first
-
-    def eval_due(self, step: int) -> bool:
-        """Whether a claim that saw ``step`` should start a held-out round (it then owns that round).
-        Rounds fall on multiples of ``eval_every`` only: a client started mid-run (a top-up) or one
-        that missed a multiple waits for the next, so every run of a study evaluates at the same steps."""
-        with self.lock:
-            if self.stop or self.eval_busy or self.next_eval is None or step < self.next_eval:
-                return False
-            self.next_eval = (step // self.eval_every + 1) * self.eval_every
-            if step % self.eval_every:
-                return False
-            self.eval_busy = True
-            return True
-
-    def next_eval_job(self) -> tuple[EpisodeHandle, dict[str, Any], _EvalRound] | None:
-        with self.lock:
-            return self.evals.popleft() if self.evals and not self.stop else None
-
-    def next_item(self) -> tuple[dict[str, Any], str] | None:
-        with self.lock:
-            if self.stop or (self.limit is not None and self.started >= self.limit):
-                return None
-            try:
-                item = next(self.items)
-            except StopIteration:
-                return None
-            except Exception as exc:  # a broken task generator ends the run with its error
-                self.fail(exc)
-                return None
-            self.started += 1
-            return item
-
-    def fail(self, exc: BaseException) -> None:
-        self.stop = True
-        if self.fatal is None:
-            self.fatal = exc
-
-
-def _episode_items(tasks: Iterable[dict[str, Any]], group_size: int) -> Iterator[tuple[dict[str, Any], str]]:
-    for task in tasks:
-        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str) or not task["task_id"]:
-            raise ValueError(f"each task must be a dict with a non-empty string 'task_id', got {task!r:.200}")
-        group_id = f"{task['task_id']}:{uuid.uuid4().hex[:12]}"
-        for _ in range(group_size):
-            yield task, group_id
-
-
-def check_heldout(heldout: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The held-out tasks as a list; ``ValueError`` unless each is a dict with its own ``task_id``."""
-    tasks = list(heldout)
-    seen: set[str] = set()
-    for task in tasks:
-        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str) or not task["task_id"]:
-            raise ValueError(f"each held-out task must be a dict with a non-empty string 'task_id', got {task!r:.200}")
-        if task["task_id"] in seen:
-            raise ValueError(f"held-out task_id {task['task_id']!r} appears twice")
-        seen.add(task["task_id"])
-    return tasks
-
-
 def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow: Workflow, *, group_size: int,
                  concurrency: int, episodes: int | None, category: str | None, progress: bool,
                  heldout: Iterable[dict[str, Any]] | None = None, eval_every: int = 0) -> RunSummary:
@@ -181,7 +75,7 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
         raise ValueError(f"episodes must be >= 1 when given (got {episodes})")
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: no held-out evaluation), got {eval_every}")
-    state = _RunState(_episode_items(tasks, group_size), episodes, check_heldout(heldout or []), eval_every)
+    state = RunState(episode_items(tasks, group_size), episodes, check_heldout(heldout or []), eval_every)
     start = time.monotonic()
     # Import the openai SDK (~1.5 s) while the first claims are in flight, not after them.
     threading.Thread(target=client.openai_pool.client, name="openai-import", daemon=True).start()
@@ -190,7 +84,7 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                    TextColumn("aborted {task.fields[aborted]}"), TextColumn("policy v{task.fields[version]}"),
                    TimeElapsedColumn(), disable=not progress)
     with bar:
-        bar_task = bar.add_task("episodes", total=episodes, window=_RECENT, reward="-", aborted=0, version="?")
+        bar_task = bar.add_task("episodes", total=episodes, window=RECENT, reward="-", aborted=0, version="?")
 
         def refresh() -> None:
             with state.lock:
@@ -226,7 +120,7 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                       eval_rounds=state.eval_rounds, eval_finished=state.eval_finished)
 
 
-def _interrupted(client: SwarmClient, state: _RunState, futures: list[Future[None]]) -> None:
+def _interrupted(client: SwarmClient, state: RunState, futures: list[Future[None]]) -> None:
     """Ctrl-C or SIGTERM: claim nothing more and retry nothing, release the queued held-out episodes
     now, give the episodes in flight ``_FINISH_GRACE_S`` to finish, abort those still playing (their
     workflow's next call fails), and wait for the workers."""
@@ -245,7 +139,7 @@ def _interrupted(client: SwarmClient, state: _RunState, futures: list[Future[Non
         future.result()
 
 
-def _play(state: _RunState, handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
+def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
     """Run the workflow on a claimed episode and make sure it ends finished (or raise)."""
     with state.lock:
         state.playing.add(handle)
@@ -263,7 +157,7 @@ def _play(state: _RunState, handle: EpisodeHandle, workflow: Workflow, task: dic
             state.playing.discard(handle)
 
 
-def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
+def _one_episode(client: SwarmClient, state: RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
                  group_size: int, category: str | None) -> None:
     task, group_id = item
 
@@ -313,7 +207,7 @@ def _one_episode(client: SwarmClient, state: _RunState, workflow: Workflow, item
             state.recent.append(reward_value)
 
 
-def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
+def _claim_eval_round(client: SwarmClient, state: RunState, step: int) -> None:
     """Claim one eval episode per held-out task, all before any runs (so the server's step cannot
     move mid-round), and queue them for the workers."""
     claimed: list[EpisodeHandle] = []
@@ -333,15 +227,15 @@ def _claim_eval_round(client: SwarmClient, state: _RunState, step: int) -> None:
         with state.lock:
             state.eval_busy = False
         return
-    round_ = _EvalRound(claimed[0].episode.step, len(claimed))
+    round_ = EvalRound(claimed[0].episode.step, len(claimed))
     log.info("held-out evaluation of step %d: %d episodes", round_.step, len(claimed))
     with state.lock:
         state.eval_rounds += 1
         state.evals.extend((handle, task, round_) for handle, task in zip(claimed, state.heldout, strict=True))
 
 
-def _one_eval(state: _RunState, workflow: Workflow, handle: EpisodeHandle, task: dict[str, Any],
-              round_: _EvalRound) -> None:
+def _one_eval(state: RunState, workflow: Workflow, handle: EpisodeHandle, task: dict[str, Any],
+              round_: EvalRound) -> None:
     try:
         _play(state, handle, workflow, task)
     except Exception as exc:  # a failed eval episode leaves no reward; the round goes on
@@ -360,7 +254,7 @@ def _one_eval(state: _RunState, workflow: Workflow, handle: EpisodeHandle, task:
                  sum(round_.rewards) / len(round_.rewards), len(round_.rewards))
 
 
-def _abort_queued_evals(state: _RunState) -> None:
+def _abort_queued_evals(state: RunState) -> None:
     """A stopped run ends the eval episodes it claimed but never ran (nothing is left claimed)."""
     with state.lock:
         queued, state.evals = list(state.evals), deque()

@@ -32,7 +32,8 @@ from swarm import stopping
 from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError
-from swarm.client._runner import RunSummary, Workflow, check_heldout
+from swarm.client._run_state import check_heldout
+from swarm.client._runner import RunSummary, Workflow
 
 log = logging.getLogger(__name__)
 

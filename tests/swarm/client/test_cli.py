@@ -107,17 +107,19 @@ def workflow(ep, task):
 '''
 
 
-def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(server: ServeProcess, tmp_path: Path) -> None:
+def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(new_server, tmp_path: Path) -> None:
     """A terminated `swarm run` releases its claims at once: the held-out episodes it queued are aborted
     and the ones in flight finished. Before, they stayed claimed until their 60 s leases expired, and
     the live held-out round held the server's next training step that long: the next client on the
-    server trained nothing meanwhile."""
+    server trained nothing meanwhile. A fresh server: at step 0 the first claim claims a round (on the
+    shared one, at a step no multiple of 5, it would not)."""
     import os
     import signal
     import time
 
     from swarm.client import SwarmClient
 
+    server = new_server()
     client_py = tmp_path / "slow.py"
     client_py.write_text(SLOW_STUDY.format(letters=str(ROOT / "studies/examples/letters/client.py")))
     env = {k: v for k, v in os.environ.items() if k != "SWARM_TOKEN"}

@@ -307,12 +307,12 @@ def test_eval_seed_is_fixed_per_task_and_call_and_fits_int64_with_n() -> None:
 def test_a_client_started_mid_run_evaluates_at_the_next_multiple_only() -> None:
     """A topped-up client whose first claim sees step 24 (every 5) evaluates at 25, never at 24; a
     multiple it missed is skipped, not evaluated late."""
-    from swarm.client._runner import _RunState
+    from swarm.client._run_state import RunState
 
-    state = _RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
+    state = RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
     assert not state.eval_due(24) and state.next_eval == 25
     assert state.eval_due(25)
     state.eval_busy = False  # the round ended
     assert not state.eval_due(31) and state.next_eval == 35 and state.eval_due(35)
-    fresh = _RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
+    fresh = RunState(iter([]), None, [{"task_id": "h"}], eval_every=5)
     assert fresh.eval_due(0)  # a run's first client evaluates the untrained policy
