@@ -130,7 +130,7 @@ CONFIG_KEYS: dict[str, str] = {
     "gpu_memory_utilization": "float (0, 1] (vllm engine)",
     "device": "auto | cpu | cuda | cuda:N (torch engine; auto: the run's GPU, else cpu)",
     "dtype": "auto | float32 | bfloat16 (torch engine; auto: bf16 on a GPU with fp32 master weights)",
-    "decode_cache": "auto | static | dynamic (torch engine; static slots + CUDA graphs, auto: static on a GPU)",
+    "decode_cache": "auto | static | dynamic | compiled (torch engine; static slots + CUDA graphs, auto: static on a GPU)",
     "model": "str: a preset (tiny, tiny-bpe, tiny-bpe-think) or a local model folder (set for the run's life; "
              "the example's own unless the study was started with --model)",
     "tool_call_parser": "str: hermes, llama3_json, none, auto (how replies become tool_calls)",

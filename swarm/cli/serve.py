@@ -98,7 +98,8 @@ def serve(
         "torch engine: auto (default: bfloat16 on a GPU with fp32 master weights, float32 on the CPU), float32, "
         "bfloat16"))] = None,
     decode_cache: Annotated[str | None, typer.Option(help=(
-        "torch engine: auto (default: static on a GPU, else dynamic), static (slots + CUDA graphs), dynamic"))] = None,
+        "torch engine: auto (default: static on a GPU, else dynamic), static (slots + CUDA graphs), dynamic, "
+        "compiled (static, the step fused by torch.compile; opt-in)"))] = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,

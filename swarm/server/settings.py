@@ -178,9 +178,10 @@ class ServerSettings(BaseModel):
                         "GPU no vLLM child or verl worker was given, else cpu), cpu, cuda or cuda:N")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="torch engine: auto = bfloat16 on a "
                                                           "GPU (fp32 master weights and optimizer), float32 on the CPU")
-    decode_cache: Literal["auto", "dynamic", "static"] = Field(
+    decode_cache: Literal["auto", "dynamic", "static", "compiled"] = Field(
         "auto", description="torch engine: static = per-row slots in a preallocated KV cache, decode steps replayed "
-                            "as CUDA graphs on a GPU; dynamic = a growing cache; auto = static on a GPU, else dynamic")
+                            "as CUDA graphs on a GPU; compiled = static with the step fused by torch.compile first; "
+                            "dynamic = a growing cache; auto = static on a GPU, else dynamic")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Path("artifacts/swarm")

@@ -47,6 +47,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 SHAPES = json.loads(os.environ["SHAPES_JSON"]) if "SHAPES_JSON" in os.environ else SHAPES  # a CPU dry run's
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DECODE_CACHE = os.environ.get("DECODE_CACHE", "static")  # the served engine's --decode-cache
+HF_VARIANTS = os.environ.get("HF_VARIANTS", "dynamic,static").split(",")
 RESULTS: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"}
 
 
@@ -120,7 +122,8 @@ def hf_generate(folder: Path, tag: str) -> None:
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(DEVICE).eval()
     encoded = tokenizer(chat_texts(tokenizer), return_tensors="pt", padding=True).to(DEVICE)
-    for variant, extra in (("dynamic", {}), ("static", {"cache_implementation": "static"})):
+    variants = {"dynamic": {}, "static": {"cache_implementation": "static"}}
+    for variant, extra in ((v, variants[v]) for v in HF_VARIANTS):
         def generate() -> float:
             synchronize()
             started = time.perf_counter()
@@ -149,7 +152,7 @@ def start_server(folder: Path, tag: str) -> tuple[subprocess.Popen[bytes], str, 
     config.write_text(f"max_batch_rows = {CLIENTS}\nmax_inflight_per_key = {4 * CLIENTS}\n")
     command = [sys.executable, "-c", "import sys; sys.argv[0] = 'swarm'; from swarm.cli import main; main()", "serve",
                "--model", str(folder), "--port", str(port), "--state-dir", str(state), "--config", str(config),
-               "--device", DEVICE, "--dtype", "bfloat16", "--decode-cache", "static"]
+               "--device", DEVICE, "--dtype", "bfloat16", "--decode-cache", DECODE_CACHE]
     server = subprocess.Popen(command, stdout=open(OUT / f"server-{tag}.log", "wb"), stderr=subprocess.STDOUT)
     url, started = f"http://127.0.0.1:{port}", time.time()
     while time.time() - started < 240:
@@ -185,6 +188,7 @@ async def burst(url: str, token: str, clients: int, max_tokens: int) -> tuple[fl
 def served(folder: Path, tag: str) -> None:
     server, url, token = start_server(folder, tag)
     try:
+        RESULTS[f"{tag}_decode_cache"] = DECODE_CACHE
         RESULTS[f"{tag}_served_warm"] = asyncio.run(burst(url, token, CLIENTS, NEW_TOKENS))
         runs = [asyncio.run(burst(url, token, CLIENTS, NEW_TOKENS)) for _ in range(2)]
         RESULTS[f"{tag}_served_runs"] = runs
@@ -217,7 +221,7 @@ def swarm_grpo(folder: Path, tag: str) -> None:
     from swarm.backends.torch import TorchBackend
 
     config = TrainConfig(lr=1e-6, grad_clip=1.0, loss_agg_mode="token-mean")
-    backend = TorchBackend.from_model(str(folder), config, seed=0, device=DEVICE, dtype="bfloat16", decode_cache="static")
+    backend = TorchBackend.from_model(str(folder), config, seed=0, device=DEVICE, dtype="bfloat16", decode_cache=DECODE_CACHE)
     prompts, times = grpo_prompts(), []
     for iteration in range(ITERATIONS + 1):
         synchronize()
@@ -250,7 +254,7 @@ def profile(folder: Path, tag: str) -> None:
     from swarm.backends.base import SamplingParams
     from swarm.backends.torch import TorchBackend
 
-    backend = TorchBackend.from_model(str(folder), seed=0, device=DEVICE, dtype="bfloat16", decode_cache="static")
+    backend = TorchBackend.from_model(str(folder), seed=0, device=DEVICE, dtype="bfloat16", decode_cache=DECODE_CACHE)
     rows = [backend.encode(f"Client {i}: write about {i * 7}.") for i in range(CLIENTS)]
     params = [SamplingParams(max_tokens=32, temperature=1.0, ignore_eos=True)] * len(rows)
     backend.generate(rows, params)

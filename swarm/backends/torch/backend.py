@@ -145,12 +145,12 @@ class TorchBackend(InProcessModel):
 
     def _slot_pool(self, decode_cache: str) -> SlotPool | None:
         """Static-cache decoding where asked, or by default on a GPU, for models that allow it."""
-        wanted = decode_cache == "static" or (decode_cache == "auto" and self.device.startswith("cuda"))
+        wanted = decode_cache in ("static", "compiled") or (decode_cache == "auto" and self.device.startswith("cuda"))
         if wanted and not supports(self.serving):
             logger.warning("%s: static-cache decoding needs full-attention layers; using the growing cache",
                            self.model_name)
             return None
-        return SlotPool(self.serving, self.vocab_size) if wanted else None
+        return SlotPool(self.serving, self.vocab_size, compiled=decode_cache == "compiled") if wanted else None
 
     def _autocast_context(self) -> Any:
         """bf16 autocast for an update's forward passes (fp32 master weights), else nothing."""

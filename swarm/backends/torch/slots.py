@@ -21,6 +21,10 @@ column, which the real step overwrites before it is read.
 The pool grows (slots and columns, powers of two) when a join needs more, which drops the captured
 graphs. It is used for models whose layers all use full attention through ``past_key_values.update``
 (Llama, Qwen2, Mistral and most decoder-only models); others keep the growing cache (``supports``).
+
+``compiled`` (opt-in) runs the step through ``torch.compile`` with dynamic shapes before capture, so the
+norms, rotary and GQA kernels fuse: every bucket shares one compile because a bucket never has one row
+(the smallest is two) and never spans a whole buffer dimension (the columns keep a bucket's margin).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class SlotPool:
     """The preallocated cache, the per-slot column bounds, and the captured decode graphs."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, *, graphs: bool | None = None,
-                 slots: int = 8, length: int = 256) -> None:
+                 compiled: bool = False, slots: int = 8, length: int = 256) -> None:
         self.model, self.vocab_size = model, vocab_size
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
@@ -77,6 +81,12 @@ class SlotPool:
         self.values: list[torch.Tensor] = []
         self.slots = self.length = 0
         self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # torch.compile fuses the step's many small kernels (norms, rotary, GQA) before capture.
+        self._step = self._step_eager
+        if compiled:
+            # Sizes that happen to be equal (rows == slots) must not become a guard: one compile serves all.
+            torch.fx.experimental._config.use_duck_shape = False
+            self._step = torch.compile(self._step_eager, dynamic=True)
         self._graph_pool: Any = None
         self._allocate(slots, min(length, self.max_length))
 
@@ -98,7 +108,6 @@ class SlotPool:
                 tensor[: self.top].copy_(getattr(self, name)[: self.top])
         self.start, self.write, self.ids, self.positions = (state[n] for n in ("start", "write", "ids", "positions"))
         self.columns = torch.arange(length, device=self.device)
-        self.rows = torch.arange(slots, device=self.device)
         self.slots, self.length = slots, length
         self._captured.clear()
 
@@ -106,9 +115,11 @@ class SlotPool:
         """Room for ``slots`` slots and ``columns`` columns (grows in powers of two)."""
         if columns > self.max_length:
             raise ValueError(f"a row needs {columns} cache columns; at most {self.max_length} fit")
-        if slots > self.slots or columns > self.length:
+        # A bucket's width stays below the length (a step never attends to a whole buffer dimension,
+        # which a compiled step would otherwise treat as a size of its own).
+        if slots > self.slots or columns + COLUMN_BUCKET > self.length:
             self._allocate(max(self.slots, _next_power(slots)),
-                           min(self.max_length, max(self.length, _next_power(columns))))
+                           min(self.max_length, max(self.length, _next_power(columns + COLUMN_BUCKET))))
 
     def move(self, source: int, target: int, count: int, columns: int) -> None:
         """Copy ``count`` slots from ``source`` to ``target`` (ranges may overlap), first ``columns`` columns."""
@@ -135,7 +146,7 @@ class SlotPool:
         """Write one decode step's keys and values at each row's ``write`` column; return the
         rows' first ``_width`` columns."""
         rows, width = key.shape[0], self._width
-        index = (self.rows[:rows], slice(None), self.write[:rows])
+        index = (torch.arange(rows, device=key.device), slice(None), self._write_now)
         self.keys[layer][:rows][index] = key[:, :, 0]
         self.values[layer][:rows][index] = value[:, :, 0]
         return self.keys[layer][:rows, :, :width], self.values[layer][:rows, :, :width]
@@ -162,15 +173,19 @@ class SlotPool:
         return captured[1]
 
     def _forward(self, rows: int, width: int) -> torch.Tensor:
-        self._width = width
-        columns = self.columns[:width]
-        valid = (columns >= self.start[:rows, None]) & (columns <= self.write[:rows, None])
+        return self._step(self.ids[:rows], self.positions[:rows], self.start[:rows], self.write[:rows],
+                          self.columns[:width])
+
+    def _step_eager(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, write: torch.Tensor,
+                    columns: torch.Tensor) -> torch.Tensor:
+        self._width, self._write_now = columns.shape[0], write  # what ``update`` reads
+        valid = (columns >= start[:, None]) & (columns <= write[:, None])
         valid[:, 0] |= ~valid.any(dim=-1)  # a padding row with no column would give NaN
         mask = valid[:, None, None, :]
         if not self.sdpa:
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
                 ~mask, torch.finfo(self.dtype).min)
-        out = self.model(input_ids=self.ids[:rows, None], position_ids=self.positions[:rows, None],
+        out = self.model(input_ids=ids[:, None], position_ids=positions[:, None],
                          attention_mask=mask, past_key_values=self, use_cache=True,
                          logits_to_keep=1)
         return out.logits[:, -1, : self.vocab_size].float()
@@ -228,7 +243,7 @@ class SlotBatch(Generic[P]):
             return self._prefill_forward(vocab_size)
         self._relocate(0)
         self.pool.reserve(len(self), self.columns)
-        rows = min(_next_power(len(self)), self.pool.slots)
+        rows = min(max(2, _next_power(len(self))), self.pool.slots)  # 2: a compiled step never sees size 1
         width = min(-(-self.columns // COLUMN_BUCKET) * COLUMN_BUCKET, self.pool.length)
         return self.pool.decode(rows, width)[: len(self)]
 
