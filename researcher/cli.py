@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 
 from swarm import stopping
 
@@ -356,7 +355,7 @@ def watch(study_id: Annotated[str | None, typer.Argument(help=(
     if not (layout.study_toml.is_file() or layout.graph_db.is_file() or events.events_path(layout).is_file()):
         _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
     try:
-        watching.watch(layout, Console(), once=once, tail=tail)
+        watching.watch(layout, out, once=once, tail=tail)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

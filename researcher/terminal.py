@@ -1,10 +1,13 @@
-"""Terminal output of the CLI: one console, wrapped at a terminal's width but never in a pipe, the
-printer of a study's events, how a session ended, and the tables of ``researcher status`` and
-``researcher list``."""
+"""Terminal output of the CLI: one console (a terminal's width; in a pipe plain text at most
+``PIPE_WIDTH`` columns, lines never wrapped), the printer of a study's events, how a session ended, and
+the tables of ``researcher status`` and ``researcher list``. Tables keep their identifying columns
+whole and shorten long text from the middle (``fit``), so two names that differ only at the end stay
+apart."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable, Mapping
 
 from rich.console import Console
@@ -14,14 +17,46 @@ from researcher import overview
 from researcher.state import StudyState
 from researcher.study.layout import StudyLayout
 
-_PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there
+PIPE_WIDTH = 100  # tables fit this many columns in a pipe or file; text lines are never wrapped there
 
 
 def _console() -> Console:
-    """Rich output wrapped at a terminal's width; into a pipe or file (a daemon's log, ``| tee``) whole
-    lines: rich's default there is 80 columns, which broke ``deadline 21:39:31`` across two lines."""
+    """Rich output wrapped at a terminal's width; into a pipe or file (a daemon's log, ``| tee``) plain
+    lines, tables at most ``PIPE_WIDTH`` wide (rich's default there, 80 columns, broke ``deadline
+    21:39:31`` across two lines: ``soft_wrap`` keeps text lines whole)."""
     console = Console()
-    return console if console.is_terminal else Console(width=_PIPE_WIDTH, soft_wrap=True)
+    return console if console.is_terminal else Console(width=PIPE_WIDTH, soft_wrap=True, no_color=True)
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, shortened from the middle (``does-a-l…than-3e-6``)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def distinct(names: list[str], width: int) -> dict[str, str]:
+    """Each name in at most ``width`` characters, keeping what tells it from the others: a name too
+    long loses the start and end it shares with all of them (``…size-16…`` beside ``…size-8…``)."""
+    if len(names) < 2:
+        return {name: fit(name, width) for name in names}
+    start = len(os.path.commonprefix(names))
+    start = names[0].rfind("-", 0, max(0, start - 1)) + 1  # keep the differing word's own name (``size-16``)
+    end = len(os.path.commonprefix([name[::-1] for name in names]))
+    end = max(0, end - names[0][len(names[0]) - end:].find("-")) if end else 0  # the shared tail from a "-"
+    shown = {}
+    for name in names:
+        if len(name) <= width:
+            shown[name] = name
+            continue
+        core = name[start:max(start, len(name) - end)] or name
+        lead = "…" if start else ""
+        tail = "…" if end and core is not name else ""
+        shown[name] = lead + fit(core, width - len(lead) - len(tail)) + tail
+    return shown
 
 
 
@@ -89,8 +124,10 @@ def print_status(rows: list[dict]) -> None:
         out.print(table)
         if row.get("placements"):
             runs_table = Table("run", "status", "placement", "node", "resources", "gpus", "queued")
+            runs_table.columns[0].no_wrap = runs_table.columns[1].no_wrap = True
             for place in row["placements"]:
-                runs_table.add_row(place["key"], place["status"], place["placement"], place["node"] or "-",
+                runs_table.add_row(place["key"].removeprefix(f"{row['study_id']}/"), place["status"],
+                                   place["placement"], fit(place["node"] or "-", 16),
                                    ", ".join(f"{k} {v:g}" for k, v in place["resources"].items()) or "-",
                                    ",".join(place["devices"]) or "-", f"{place['queued_s']:.0f} s")
             out.print(runs_table)
@@ -99,7 +136,10 @@ def print_status(rows: list[dict]) -> None:
 def print_study_list(rows: list[dict]) -> None:
     """``researcher list``: one line a study (its ``overview.summary``)."""
     table = Table("study", "state", "active", "iteration", "runs", "deadline", "topic")
+    for column in table.columns[:2]:
+        column.no_wrap = True
+    room = max(24, out.width - 78)  # what the other columns leave the topic
     for row in rows:
-        table.add_row(row["study_id"], row["state"], "yes" if row["active"] else "", str(row["iteration"]),
-                      str(row["runs"]["launched"]), row["deadline"] or "", (row["topic"] or "")[:60])
+        table.add_row(fit(row["study_id"], 40), row["state"], "yes" if row["active"] else "", str(row["iteration"]),
+                      str(row["runs"]["launched"]), row["deadline"] or "", fit(row["topic"] or "", room))
     out.print(table)

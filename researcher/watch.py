@@ -31,6 +31,7 @@ from researcher.events import Follower, events_path
 from researcher.records import JsonObject
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked
+from researcher.terminal import distinct
 
 __all__ = ["WatchState", "format_line", "pick_study", "render", "sparkline", "watch"]
 
@@ -52,6 +53,29 @@ def sparkline(values: list[float], width: int = 24) -> str:
     return "".join(_BARS[int((v - low) / span * (len(_BARS) - 1)) if span > 0 else 3] for v in shown)
 
 
+def step_curves(runs: list[RunView], width: int) -> dict[str, str]:
+    """Each run's rewards on one shared step axis: ``width`` slots ending at the furthest step any run
+    reached, a slot blank where a run has no point, every curve scaled between the runs' common min and
+    max, so two arms' curves can be read against each other."""
+    last = max((step for run in runs for step, _ in run.points), default=0)
+    span = max(1, -(-last // width))  # steps per slot
+    first = max(0, last - span * width)
+    values = [v for run in runs for step, v in run.points if step > first]
+    if not values:
+        return {run.key: "" for run in runs}
+    low, high = min(values), max(values)
+    curves = {}
+    for run in runs:
+        slots: dict[int, float] = {}
+        for step, value in run.points:
+            if step > first:
+                slots[min(width - 1, (step - first - 1) // span)] = value
+        curves[run.key] = "".join(
+            " " if k not in slots else _BARS[int((slots[k] - low) / (high - low) * (len(_BARS) - 1)) if high > low else 3]
+            for k in range(width)).rstrip()
+    return curves
+
+
 @dataclass
 class RunView:
     key: str
@@ -62,6 +86,7 @@ class RunView:
     target: int | None = None
     reward: float | None = None
     rewards: list[float] = field(default_factory=list)
+    points: list[tuple[int, float]] = field(default_factory=list)  # (step, reward), for the shared axis
     since: float = 0.0
 
 
@@ -126,6 +151,7 @@ class WatchState:
             if reward is not None:
                 run.reward = reward
                 run.rewards = [*run.rewards[-(_CURVE - 1):], reward]
+                run.points = [*run.points[-(_CURVE - 1):], (int(event["step"]), float(reward))]
         elif kind == "ended":
             run.status, run.step = event.get("status", "ended"), event.get("step", run.step)
         elif kind == "unparked":
@@ -192,7 +218,8 @@ def _describe(event: JsonObject) -> str:
     return f"{kind} {_fields(event)}"
 
 
-def render(state: WatchState, now: float | None = None) -> RenderableType:
+def render(state: WatchState, now: float | None = None, width: int | None = None) -> RenderableType:
+    """The live view; ``width`` (the console's) narrows the arm and curve columns below 100 columns."""
     now = time.time() if now is None else now
     head = Table.grid(padding=(0, 1))
     head.add_row("study", Text(state.study_id, style="bold"))
@@ -204,22 +231,29 @@ def render(state: WatchState, now: float | None = None) -> RenderableType:
     head.add_row("phase", state.phase or "-")
     head.add_row("events", f"{state.last_id} (last at {_clock(state.last_ts)})")
 
+    prefix = f"{state.study_id}/"  # run keys are shown without the study id the header already names
     decisions = Table.grid()
     for event in state.decisions:
-        decisions.add_row(Text(f"{_clock(event.get('ts'))} {_describe(event)}", overflow="fold"))
+        decisions.add_row(Text(f"{_clock(event.get('ts'))} {_describe(event)}".replace(prefix, ""), overflow="fold"))
 
-    runs = Table("run", "arm", "seed", "status", "step", "reward", "curve", expand=False)
+    runs = Table("run", "arm", "seed", "status", "step", "reward", "curve (shared step axis)", expand=False)
+    for column in runs.columns[:4]:
+        column.no_wrap = True  # the columns that tell runs apart are never cut
     ended = [run for run in state.runs.values() if run.status not in _LIVE]
-    for run in ended[-_ENDED_SHOWN:] + [run for run in state.runs.values() if run.status in _LIVE]:
+    shown = ended[-_ENDED_SHOWN:] + [run for run in state.runs.values() if run.status in _LIVE]
+    narrow = width is not None and width < 100
+    curves = step_curves(shown, 12 if narrow else 24)
+    arms = distinct(sorted({run.experiment for run in shown}), 16 if narrow else 32)
+    for run in shown:
         style = "green" if run.status in _LIVE else ("dim" if run.status == "finished" else "yellow")
         step = f"{run.step}/{run.target}" if run.target else str(run.step)
         reward = "-" if run.reward is None else f"{run.reward:.3f}"
-        runs.add_row(run.key, run.experiment, str(run.seed), Text(run.status, style=style), step, reward,
-                     sparkline(run.rewards))
+        runs.add_row(run.key.removeprefix(prefix), arms[run.experiment],
+                     str(run.seed), Text(run.status, style=style), step, reward, curves[run.key])
 
     recent = Table.grid()
     for event in state.recent:
-        recent.add_row(Text(f"{_clock(event.get('ts'))} {_describe(event)}", overflow="fold"))
+        recent.add_row(Text(f"{_clock(event.get('ts'))} {_describe(event)}".replace(prefix, ""), overflow="fold"))
     return Group(Panel(head, title="now"), Panel(decisions, title="planner: last decisions"),
                  Panel(runs, title="runs"), Panel(recent, title="recent events"))
 
@@ -247,7 +281,7 @@ def watch(layout: StudyLayout, console: Console, *, once: bool = False, tail: in
     for event in history:
         state.apply(event)
     if once:
-        console.print(render(state))
+        console.print(render(state, width=console.width))
         return
     if not console.is_terminal:
         print(f"watching study {layout.study_id}: {events_path(layout)}", flush=True)
@@ -258,9 +292,9 @@ def watch(layout: StudyLayout, console: Console, *, once: bool = False, tail: in
         return
     from rich.live import Live
 
-    with Live(render(state), console=console, refresh_per_second=4, screen=False) as live:
+    with Live(render(state, width=console.width), console=console, refresh_per_second=4, screen=False) as live:
         while not stop():
             for event in follower.poll():
                 state.apply(event)
-            live.update(render(state))
+            live.update(render(state, width=console.width))
             time.sleep(interval_s)

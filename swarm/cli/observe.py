@@ -10,7 +10,7 @@ from rich.table import Table
 
 from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
 from swarm.client import SwarmClient, SwarmError
-from swarm.protocol import Status, WorkerStatus
+from swarm.protocol import Status, StepMetrics, WorkerStatus
 
 
 @app.command()
@@ -93,11 +93,7 @@ def metrics(url: Url = None, since: Annotated[int, typer.Option(help="first step
         print_json(steps)
         return
     available = sorted({k for s in steps for k in s.metrics})
-    if keys:
-        shown = [k.strip() for k in keys.split(",") if k.strip()]
-    else:
-        first = [k for k in ("train/reward_mean", "train/loss") if k in available]
-        shown = first + [k for k in available if k not in first][: max(0, 6 - len(first))]
+    shown = [k.strip() for k in keys.split(",") if k.strip()] if keys else _default_keys(steps, available)
     table = Table(title=f"metrics since step {since}")
     for column in ("step", "version", *shown):
         table.add_column(column, justify="right", overflow="fold")  # long slash keys wrap, not truncate
@@ -107,6 +103,15 @@ def metrics(url: Url = None, since: Annotated[int, typer.Option(help="first step
     out.print(table)
     if not keys and len(available) > len(shown):
         err.print(f"{len(available) - len(shown)} more keys; pick with --keys (available: {', '.join(available)})")
+
+
+def _default_keys(steps: list[StepMetrics], available: list[str]) -> list[str]:
+    """What a study judges on first (held-out reward, when evaluated), then train reward and loss, then
+    other keys up to six, leaving out any whose every value is zero (``context/*`` on a run that never
+    forked)."""
+    first = [k for k in ("eval/reward_mean", "train/reward_mean", "train/loss") if k in available]
+    moving = [k for k in available if k not in first and any(s.metrics.get(k, 0.0) != 0.0 for s in steps)]
+    return first + moving[: max(0, 6 - len(first))]
 
 
 @app.command()

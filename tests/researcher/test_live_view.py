@@ -97,7 +97,7 @@ def test_the_view_folds_events_into_node_decisions_runs_and_recent() -> None:
     console.print(render(state, now=1010.0))
     text = console.export_text()
     for expected in ("monitor for 9 s", "polling live runs", "decided to continue: the difference is not resolved",
-                     "s/1/0", "2/4", "0.300", "watchdog client_stuck: s/1/0", "parked in phase running"):
+                     "1/0", "2/4", "0.300", "watchdog client_stuck: 1/0", "parked in phase running"):
         assert expected in text, expected
     assert sparkline([0.0, 0.5, 1.0]) == "▁▄█" and sparkline([]) == ""
 
@@ -210,7 +210,8 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
                  what="the resumed session in watch", interval=0.2)
         view = cli.run("watch", "--once", *cli.dirs, timeout=60)
         assert view.returncode == 0, view.stdout + view.stderr
-        assert sid in view.stdout and f"{sid}/1/0" in view.stdout and "finished" in view.stdout
+        assert sid in view.stdout and "1/0" in view.stdout and "finished" in view.stdout
+        assert all(len(line) <= 100 for line in view.stdout.splitlines())  # piped: at most 100 columns
         assert "decided to conclude" in view.stdout
         no_leftover_servers(cli.artifacts / sid / "runs")
     finally:
@@ -223,3 +224,42 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
                     proc.kill()
                     proc.wait()
     assert daemon.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]
+
+
+def test_at_80_columns_arms_stay_apart_and_curves_share_one_step_axis() -> None:
+    from rich.console import Console
+
+    from researcher.terminal import distinct, fit
+    from researcher.watch import WatchState, render
+
+    study = "does-a-larger-grpo-group-size-make-the-letters-task-learn-faster-20261127-0934"
+    state = WatchState(study)
+    arms = {f"{study}/2/0": "it2-group-size-16-learning-rate-0.001", f"{study}/2/1": "it2-group-size-8-learning-rate-0.001"}
+    n = 0
+    for key, arm in arms.items():
+        n += 1
+        state.apply({"id": n, "ts": 1000.0 + n, "kind": "launched", "key": key, "experiment": arm, "seed": 1000})
+    for key, last in zip(arms, (20, 10)):  # the first arm is twice as far along as the second
+        for step in range(1, last + 1):
+            n += 1
+            state.apply({"id": n, "ts": 1000.0 + n, "kind": "progress", "key": key, "step": step, "target": 40,
+                         "reward": step / 20})
+    console = Console(record=True, width=80)
+    console.print(render(state, now=1100.0, width=80))
+    text = console.export_text()
+    assert "2/0" in text and "2/1" in text and study + "/" not in text  # the header names the study once
+    short = distinct(list(arms.values()), 16)
+    assert short[arms[f"{study}/2/0"]] == "…size-16…" and short[arms[f"{study}/2/1"]] == "…size-8…"
+    assert "…size-16…" in text and "…size-8…" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert fit("does-a-larger-group-make-it-learn-faster", 20) == "does-a-lar…rn-faster" and fit("short", 20) == "short"
+
+
+def test_step_curves_align_runs_by_step() -> None:
+    from researcher.watch import RunView, step_curves
+
+    ahead = RunView(key="a", points=[(s, s / 10) for s in range(1, 11)])
+    behind = RunView(key="b", points=[(s, s / 10) for s in range(1, 6)])
+    curves = step_curves([ahead, behind], width=10)
+    assert len(curves["a"]) == 10 and len(curves["b"]) == 5  # the same steps, the same columns
+    assert curves["a"][:5] == curves["b"]  # equal rewards at equal steps draw the same bars

@@ -27,3 +27,16 @@ def test_log_lines_reach_a_pipe_unbroken() -> None:
     assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] INFO +swarm\.client\._transport: GET /api/v1/status failed "
                         r"\(.+\); retrying in [\d.]+ s", line), first
     assert len(line) > 80  # one line although wider than rich's default width off a terminal
+
+
+def test_swarm_metrics_shows_the_judged_keys_first_and_hides_all_zero_ones() -> None:
+    from swarm.cli.observe import _default_keys
+    from swarm.protocol import StepMetrics
+
+    steps = [StepMetrics(step=s, policy_version=s, time=float(s), metrics={
+        "train/loss": 0.1, "train/reward_mean": 0.2 * s, "eval/reward_mean": 0.1 * s, "context/forks": 0.0,
+        "context/merged_fraction": 0.0, "perf/step_s": 1.5, "rollout/tokens_mean": 12.0 + s}) for s in range(1, 4)]
+    available = sorted({k for s in steps for k in s.metrics})
+    shown = _default_keys(steps, available)
+    assert shown[:3] == ["eval/reward_mean", "train/reward_mean", "train/loss"]
+    assert not any(k.startswith("context/") for k in shown) and "perf/step_s" in shown
