@@ -43,6 +43,7 @@ class Tracker:
         self.spool = Spool(spool_dir) if spool_dir is not None else None
         self._client: Any = None
         self._next_replay = 0.0
+        self._context_moved: dict[str, set[str]] = {}  # per run: context/* keys seen non-zero (see log_steps)
 
     @property
     def client(self) -> Any:
@@ -190,7 +191,8 @@ class Tracker:
             raise
         if found is None:
             return ""
-        page = f"#/experiments/{found.experiment_id}/runs/{real}/artifactPath/{report}"
+        # The training view's parameter: without it MLflow opens the GenAI view (see ``researcher ui``).
+        page = f"#/experiments/{found.experiment_id}/runs/{real}/artifactPath/{report}?workflowType=machine_learning"
         lines = [f"**Report** with its figures: [{report}]({page}) (artifacts of run `{real}`)."]
         lines += [f"![{path}](get-artifact?path={quote(path, safe='')}&run_uuid={real})" for path in figures]
         return "\n\n".join(lines)
@@ -213,8 +215,14 @@ class Tracker:
         self._deliver("params", {"run_id": run_id, "params": [[str(k), str(v)[:6000]] for k, v in sorted(params.items())]})
 
     def log_steps(self, run_id: str, steps: Sequence[StepMetrics]) -> int:
-        """Log per-step metrics (slash keys as the server names them); returns how many values."""
-        metrics = [[key, float(value), int(s.time * 1000), s.step] for s in steps for key, value in sorted(s.metrics.items())]
+        """Log per-step metrics (slash keys as the server names them); returns how many values.
+
+        A ``context/*`` key (multi-turn merge counters) is left out while it has only been zero for the
+        run: a run that never forks would otherwise fill MLflow's first chart section with flat zeros."""
+        moved = self._context_moved.setdefault(run_id, set())
+        moved.update(k for s in steps for k, v in s.metrics.items() if k.startswith("context/") and v != 0)
+        metrics = [[key, float(value), int(s.time * 1000), s.step] for s in steps
+                   for key, value in sorted(s.metrics.items()) if not key.startswith("context/") or key in moved]
         if metrics:
             self._deliver("metrics", {"run_id": run_id, "metrics": metrics})
         return len(metrics)

@@ -118,6 +118,14 @@ def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: 
     sync_trial(trial, record)
 
 
+def _arm_letter(state: StudyState, trial: Trial) -> str:
+    """The arm's letter in this iteration's plan (A, B, ...): the run name starts with it, so MLflow's
+    runs list, which cuts long names at the end, still tells the arms apart (the ``arm`` tag says which)."""
+    arms = list(dict.fromkeys(t["experiment"] for t in state.get("trials") or [trial]))
+    index = arms.index(trial["experiment"]) if trial["experiment"] in arms else len(arms)
+    return chr(ord("A") + index) if index < 26 else f"A{index}"
+
+
 def _count_launched(ctx: StudyContext) -> int:
     return sum(1 for r in runs.all_records(ctx.layout.runs_dir) if r.launches > 0)
 
@@ -140,9 +148,10 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     external = bool(ctx.settings.servers)
     url = _free_server(ctx) if external else ""
     child = ctx.tracker.start_child(state["study_id"], state.get("mlflow_parent_run"),
-                                    f"{trial['experiment']}-seed{trial['seed']}",
+                                    f"{_arm_letter(state, trial)} {trial['experiment']} s{trial['seed']}",
                                     {**config, "seed": trial["seed"], "steps": steps, "run_key": trial["key"]},
                                     {"researcher.run_key": trial["key"], "researcher.experiment": trial["experiment"],
+                                     "arm": trial["experiment"],
                                      "researcher.iteration": str(state["iteration"]),
                                      "researcher.hypothesis_id": _hypothesis_of(ctx, state["iteration"],
                                                                                 trial["experiment"])},
