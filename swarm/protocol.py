@@ -232,6 +232,8 @@ class ChatCompletion(BaseModel):
     usage: Usage
     prompt_token_ids: list[int] = Field(default_factory=list)
     policy_version: int
+    episode_id: str | None = Field(None, description="the episode this call was recorded into (also the "
+                                   "x-swarm-episode header); none for a call with the control token")
 
 
 class ModelCard(BaseModel):
@@ -305,6 +307,21 @@ class Episode(BaseModel):
     category: str | None = None
     purpose: Purpose = "train"
     step: int = Field(0, description="the server's training step when claimed (an eval evaluates its policy)")
+
+
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # a run's name: no dots, so its key parses
+
+
+class RunKeyRequest(_Wire):
+    """``POST /api/v1/runs``: one key for a whole run (``swarm.server.runs``: an episode per conversation)."""
+
+    run: str = Field(pattern=RUN_NAME, description="the run's name: letters, digits, _ and -, at most 64")
+
+
+class RunKey(BaseModel):
+    run: str
+    base_url: str
+    api_key: str
 
 
 def _finite(value: float) -> float:

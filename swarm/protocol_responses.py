@@ -204,3 +204,4 @@ class ResponseObject(BaseModel):
     prompt_token_ids: list[int] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
     policy_version: int = 0
+    episode_id: str | None = None  # the episode it was recorded into (also the x-swarm-episode header)

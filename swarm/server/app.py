@@ -103,8 +103,8 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
                    tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
                                      steps=store.step_metrics, checkpoints=checkpoints.all)
                    if settings.mlflow_uri else None)
-    ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions, keys=keys,
-                     max_context=max_context, roster=roster)
+    ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions,
+                     runs=engine.runs, keys=keys, max_context=max_context, roster=roster)
     return _http_app(parts, ctx, token)
 
 

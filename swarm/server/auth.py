@@ -11,7 +11,10 @@ Four credentials, from most to least powerful:
   heartbeat, leave under ``/api/v1/workers`` and the relay's reads under ``/pool/v1``); the server
   calls its workers, and workers call each other, with the same token;
 - an **episode key** ``ep.<episode_id>.<hmac>`` opens only the episode whose id it carries (chat
-  completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table.
+  completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table;
+- a **run key** ``run.<name>.<hmac>`` (minted by the control or client token, ``POST /api/v1/runs``) is
+  one credential for a whole run: each conversation it sends opens or continues an episode of its own
+  (``swarm.server.runs``), and it opens only the episodes its run opened.
 
 Everything a restart must keep lives in the state dir, readable by the owner only (0600): ``secret``
 (so episode keys stay valid), ``token``, ``client_token`` and ``worker_token`` (so clients started before a crash carry
@@ -26,6 +29,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -35,6 +39,8 @@ from fastapi import Request
 from swarm.server.errors import Forbidden, Unauthorized
 
 _KEY_PREFIX = "ep."
+_RUN_PREFIX = "run."
+_RUN_SIGNED = "\0run:"  # what a run key signs before its name: never an episode id (a header holds no NUL)
 TOKEN_FILE = "token"
 CLIENT_TOKEN_FILE = "client_token"
 WORKER_TOKEN_FILE = "worker_token"
@@ -45,14 +51,17 @@ class Role(str, Enum):
     client = "client"
     worker = "worker"
     episode = "episode"
+    run = "run"
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the control token holder, the client token holder, or one episode's key holder."""
+    """Who is calling: the control, client or worker token holder, one episode's key holder, or one
+    run's key holder (``run`` names it)."""
 
     episode_id: str | None = None
     role: Role = Role.control
+    run: str | None = None
 
 
 def write_private(path: Path, text: str) -> None:
@@ -144,8 +153,9 @@ def _scoped_token(name: str, given: str | None, path: Path, env: str, others: di
     for other_name, other in others.items():
         if hmac.compare_digest(token.encode(), other.encode()):
             raise ValueError(f"the {name} token must differ from the {other_name} token (check {env} and {path})")
-    if token.startswith(_KEY_PREFIX):
-        raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} (that prefix marks episode keys)")
+    if token.startswith((_KEY_PREFIX, _RUN_PREFIX)):
+        raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} or {_RUN_PREFIX!r} "
+                         "(those prefixes mark episode and run keys)")
     return token
 
 
@@ -167,11 +177,15 @@ class KeyRing:
     def episode_key(self, episode_id: str) -> str:
         return f"{_KEY_PREFIX}{episode_id}.{self._sign(episode_id)}"
 
+    def run_key(self, run: str) -> str:
+        """The key of run ``run`` (signed like an episode key, in its own namespace: valid across restarts)."""
+        return f"{_RUN_PREFIX}{run}.{self._sign(_RUN_SIGNED + run)}"
+
     def _sign(self, episode_id: str) -> str:
         return hmac.new(self._secret, episode_id.encode(), hashlib.sha256).hexdigest()[:40]
 
     def authenticate(self, request: Request) -> Principal:
-        """Whichever of the three credentials the bearer token is; 401 when missing or not ours."""
+        """Whichever credential the bearer token is; 401 when missing or not ours."""
         header = request.headers.get("authorization", "")
         scheme, _, credential = header.partition(" ")
         credential = credential.strip()
@@ -187,11 +201,17 @@ class KeyRing:
             episode_id, _, signature = credential[len(_KEY_PREFIX):].rpartition(".")
             if episode_id and hmac.compare_digest(signature.encode(), self._sign(episode_id).encode()):
                 return Principal(episode_id=episode_id, role=Role.episode)
+        if credential.startswith(_RUN_PREFIX):
+            run, _, signature = credential[len(_RUN_PREFIX):].rpartition(".")
+            if run and hmac.compare_digest(signature.encode(), self._sign(_RUN_SIGNED + run).encode()):
+                return Principal(role=Role.run, run=run)
+            raise Unauthorized("invalid run key: not one this server minted (mint one with `swarm key --run NAME` "
+                               "or POST /api/v1/runs)")
         raise Unauthorized("invalid token or episode key")
 
     def principal(self, request: Request) -> Principal:
-        """The control token or an episode key (the OpenAI routes: a key's calls are recorded into its
-        episode, the control token's are not). The client token is a 403: it generates nothing."""
+        """The control token, an episode key or a run key (the OpenAI routes: a key's calls are recorded
+        into its episode, the control token's are not). The client token is a 403: it generates nothing."""
         principal = self.authenticate(request)
         if principal.role is Role.client:
             raise Forbidden(_client_refused(request, "an episode key (or the control token)"))
@@ -203,15 +223,15 @@ class KeyRing:
         if principal.role is Role.client:
             raise Forbidden(_client_refused(request, "the control token"))
         _refuse_worker(principal, request)
-        if principal.role is Role.episode:
-            raise Forbidden("this route needs the server's control token, not an episode key")
+        if principal.role in (Role.episode, Role.run):
+            raise Forbidden(f"this route needs the server's control token, not {_a_key(principal)}")
         return principal
 
     def client(self, request: Request) -> Principal:
         """The control token or the client token (claims, status)."""
         principal = self.authenticate(request)
-        if principal.role is Role.episode:
-            raise Forbidden("this route needs the control token or the client token, not an episode key")
+        if principal.role in (Role.episode, Role.run):
+            raise Forbidden(f"this route needs the control token or the client token, not {_a_key(principal)}")
         _refuse_worker(principal, request)
         return principal
 
@@ -223,13 +243,21 @@ class KeyRing:
                             "(<state-dir>/worker_token of the server, or $SWARM_WORKER_TOKEN)")
         return principal
 
-    def for_episode(self, request: Request, episode_id: str) -> Principal:
-        """The control token, the client token, or the key of exactly this episode."""
+    def for_episode(self, request: Request, episode_id: str, run_of: Callable[[str], str | None]) -> Principal:
+        """The control token, the client token, the key of exactly this episode, or the key of the run
+        that opened it (``run_of(episode_id)``: that run's name, None for a claimed episode)."""
         principal = self.authenticate(request)
         _refuse_worker(principal, request)
         if principal.role is Role.episode and principal.episode_id != episode_id:
             raise Forbidden(f"this episode key does not open episode {episode_id}")
+        if principal.role is Role.run and run_of(episode_id) != principal.run:
+            raise Forbidden(f"the key of run {principal.run!r} does not open episode {episode_id}: "
+                            "another run (or a claim) opened it")
         return principal
+
+
+def _a_key(principal: Principal) -> str:
+    return "a run key" if principal.role is Role.run else "an episode key"
 
 
 def _refuse_worker(principal: Principal, request: Request) -> None:
@@ -257,9 +285,15 @@ def require_client(request: Request) -> Principal:
     return _keys(request).client(request)
 
 
-def require_episode(request: Request, episode_id: str) -> Principal:
-    """Dependency: the control token, the client token, or the key of the episode named in the path."""
-    return _keys(request).for_episode(request, episode_id)
+def require_episode(request: Request, episode_id: str) -> str:
+    """Dependency: the episode the path names (its id, or the id of a response recorded into it:
+    ``swarm.server.runs``) once the caller may open it: the control token, the client token, its own
+    key, or the key of the run that opened it. A 401 comes before any look-up, a 404 before a 403."""
+    keys, runs = _keys(request), request.app.state.ctx.runs
+    keys.authenticate(request)
+    target: str = runs.resolve(episode_id)
+    keys.for_episode(request, target, runs.run_of)
+    return target
 
 
 def require_worker(request: Request) -> Principal:

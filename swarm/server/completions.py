@@ -34,18 +34,17 @@ import asyncio
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
-from swarm.backends.text import Ending, prepare_messages
 from swarm.protocol import ChatCompletionRequest, EpisodeState
 from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.replies import conversation_keys
+from swarm.server.replies import Conversation
 from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
 from swarm.server.throttle import InFlight
 from swarm.server.view import ServerView
@@ -83,12 +82,14 @@ class Rendered:
 
 @dataclass
 class ChatCall:
-    """A started chat call: its prompt ids, sampling params, reply parsing and the running generation."""
+    """A started chat call: its prompt ids, sampling params, reply parsing, the running generation and
+    the episode it is recorded into (if any)."""
 
     prompt: list[int]
     params: list[SamplingParams]
     parsing: Parsing
     result: asyncio.Future[Answer]
+    episode_id: str | None = None
 
 
 class Completions:
@@ -138,7 +139,7 @@ class Completions:
         parsing = self._parsing(request)
         result = asyncio.ensure_future(self._generate(episode_id, rendered, params, parsing, sink))
         result.add_done_callback(lambda _: _release_all(releases))
-        return ChatCall(prompt=prompt, params=params, parsing=parsing, result=result)
+        return ChatCall(prompt=prompt, params=params, parsing=parsing, result=result, episode_id=episode_id)
 
     def _check_size(self, request: ChatCompletionRequest) -> None:
         """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
@@ -212,28 +213,24 @@ class Completions:
 
     def _render(self, request: ChatCompletionRequest, episode: EpisodeRecord | None) -> Rendered:
         """The call's prompt ids: the template's rendering, or inside an episode the ids of the
-        longest known reply it re-sends plus the template's rendering of what follows it (a final
-        assistant message being continued is never a splice: the model goes on writing it)."""
+        longest known reply it re-sends plus the template's rendering of what follows it."""
         text = self.generator.text
-        kwargs, ending = _template_inputs(self.view.config.chat_template_kwargs, request)
         try:
-            messages = prepare_messages([m.model_dump(exclude_none=True) for m in request.messages])
-            plain = text.render(messages, request.tools, kwargs, ending)
+            talk = Conversation(request, self.view.config.chat_template_kwargs)
+            plain = text.render(talk.messages, talk.tools, talk.kwargs, talk.ending)
             if episode is None:
                 return Rendered(prompt=plain)
-            keyed = kwargs if ending == Ending() else {**kwargs, "ending": [*astuple(ending)]}
-            keys = conversation_keys(messages, request.tools, keyed)
-            splice = episode.replies.longest(messages[:-1] if ending.continue_final_message else messages, keys)
-            tail = (text.render_tail(messages, request.tools, kwargs, splice.index, ending)
+            splice = talk.splice(episode.replies)
+            tail = (text.render_tail(talk.messages, talk.tools, talk.kwargs, splice.index, talk.ending)
                     if splice is not None else None)
         except ValueError as exc:  # the template rejected these messages: the caller's input
             raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
         if splice is None or tail is None:
-            return Rendered(prompt=plain, conversation_key=keys[-1])
+            return Rendered(prompt=plain, conversation_key=talk.keys[-1])
         if tail and splice.tokens and tail[0] == splice.tokens[-1]:
             tail = tail[1:]  # the reply's own end-of-turn token, sampled already
         prompt = splice.tokens + tail
-        return Rendered(prompt=prompt, conversation_key=keys[-1], repaired=prompt != plain)
+        return Rendered(prompt=prompt, conversation_key=talk.keys[-1], repaired=prompt != plain)
 
     def _parsing(self, request: ChatCompletionRequest) -> Parsing:
         config = self.view.config
@@ -265,15 +262,6 @@ class Completions:
         return [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stops,
                                seed=None if seed is None else seed + i, top_logprobs=top, **extensions)
                 for i in range(request.n)]
-
-
-def _template_inputs(defaults: dict[str, Any], request: ChatCompletionRequest) -> tuple[dict[str, Any], Ending]:
-    """The chat template's variables (the server's defaults, ``reasoning_effort``, then the request's
-    ``chat_template_kwargs``, as vLLM merges them) and how the prompt ends."""
-    effort = {"reasoning_effort": request.reasoning_effort} if request.reasoning_effort is not None else {}
-    kwargs = {**defaults, **effort, **(request.chat_template_kwargs or {})}
-    return kwargs, Ending(add_generation_prompt=request.add_generation_prompt,
-                          continue_final_message=request.continue_final_message)
 
 
 def _extensions(request: ChatCompletionRequest) -> dict[str, Any]:

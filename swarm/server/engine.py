@@ -5,7 +5,8 @@ its parts what that part uses (live values through ``ServerView``): claims go th
 (``swarm.server.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
 could not train within ``max_staleness`` by ``admission``, ``swarm.server.admission``), heartbeats,
 finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls
-through ``completions`` (render → generate → record, ``swarm.server.completions``), training through
+through ``completions`` (render → generate → record, ``swarm.server.completions``; a run key's calls
+find their episodes through ``runs``, ``swarm.server.runs``), training through
 ``loop`` (collect → advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out
 evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
@@ -30,6 +31,7 @@ from typing import Any
 from swarm.backends.base import Trainer
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import (
+    AbortRequest,
     ClaimRequest,
     ConfigView,
     Episode,
@@ -53,6 +55,7 @@ from swarm.server.evaluation import Evaluation
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
+from swarm.server.runs import RunEpisodes
 from swarm.server.settings import ServerConfig
 from swarm.server.step_loop import RunBlocking, StepLoop
 from swarm.server.store import EpisodeStore, store_safely
@@ -106,6 +109,9 @@ class Engine:
         self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
                                        live=self.lifecycle.live, admit_first=self.admission.first_call)
+        self.runs = RunEpisodes(
+            self, episodes=self.episodes, open_training=self.open_training,
+            abort=lambda episode_id, why: self.lifecycle.abort(episode_id, AbortRequest(reason=why)))
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -193,12 +199,17 @@ class Engine:
             self._admit(evaluating=True)
             episode = self.evals.claim(request)
         else:
-            self._admit()
-            episode = self.claims.open(request)
-            self.counts.claimed += 1
-            self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
-                      group_id=episode.group_id, category=request.category, client_id=request.client_id)
+            episode = self.open_training(request)
         return self.claims.view(episode, base_url)
+
+    def open_training(self, request: ClaimRequest) -> EpisodeRecord:
+        """A training episode, admitted as any claim is (a claim, or a run key's new conversation)."""
+        self._admit()
+        episode = self.claims.open(request)
+        self.counts.claimed += 1
+        self.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id,
+                  group_id=episode.group_id, category=request.category, client_id=request.client_id)
+        return episode
 
     def _admit(self, *, evaluating: bool = False) -> None:
         """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain

@@ -27,12 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from functools import cached_property
 from typing import Any
 
 from swarm.backends.parsers import ParsedReply
+from swarm.backends.text import Ending, prepare_messages
+from swarm.protocol import ChatCompletionRequest
 
-__all__ = ["ReplyBook", "Splice", "conversation_keys", "reply_message"]
+__all__ = ["Conversation", "ReplyBook", "Splice", "conversation_keys", "reply_message"]
 
 
 def _text(content: Any) -> str:
@@ -128,3 +131,30 @@ class ReplyBook:
             if messages[index].get("role") == "assistant" and keys[index] in self._tokens:
                 return Splice(index=index, tokens=self._tokens[keys[index]])
         return None
+
+
+class Conversation:
+    """A chat call's conversation as the template renders it: the messages (``prepare_messages``), the
+    template's variables (the server's defaults, ``reasoning_effort``, then the request's
+    ``chat_template_kwargs``, as vLLM merges them), how the prompt ends, and the keys of its prefixes.
+    ``ValueError`` for messages the template cannot take (tool-call arguments that are not JSON)."""
+
+    def __init__(self, request: ChatCompletionRequest, defaults: dict[str, Any]) -> None:
+        effort = {"reasoning_effort": request.reasoning_effort} if request.reasoning_effort is not None else {}
+        self.tools = request.tools
+        self.kwargs = {**defaults, **effort, **(request.chat_template_kwargs or {})}
+        self.ending = Ending(add_generation_prompt=request.add_generation_prompt,
+                             continue_final_message=request.continue_final_message)
+        self.messages = prepare_messages([m.model_dump(exclude_none=True) for m in request.messages])
+
+    @cached_property
+    def keys(self) -> list[bytes]:
+        """``keys[i]`` identifies ``messages[:i + 1]`` with these tools, variables and ending."""
+        keyed = self.kwargs if self.ending == Ending() else {**self.kwargs, "ending": [*astuple(self.ending)]}
+        return conversation_keys(self.messages, self.tools, keyed)
+
+    def splice(self, book: ReplyBook) -> Splice | None:
+        """The longest reply of ``book`` this conversation re-sends (a final assistant message being
+        continued is never one: the model goes on writing it)."""
+        ending = self.ending.continue_final_message
+        return book.longest(self.messages[:-1] if ending else self.messages, self.keys)

@@ -13,6 +13,7 @@ from swarm.server.auth import KeyRing
 from swarm.server.completions import Completions
 from swarm.server.engine import Engine
 from swarm.server.lifecycle import Lifecycle
+from swarm.server.runs import RunEpisodes
 from swarm.server.settings import ServerSettings
 
 
@@ -22,6 +23,7 @@ class AppContext:
     engine: Engine  # claims, control, status
     lifecycle: Lifecycle  # heartbeats, finishes, aborts
     chat: Completions  # chat completions
+    runs: RunEpisodes  # run keys' episodes, and the episode each response id names
     keys: KeyRing
     max_context: int
     roster: Roster | None = None  # the generator pool's membership (``swarm worker`` processes)

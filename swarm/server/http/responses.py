@@ -158,6 +158,7 @@ class ResponseShape:
     text: ChatText
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     created_at: float = field(default_factory=time.time)
+    episode_id: str | None = None  # the episode the call is recorded into, once started
 
     @property
     def message_id(self) -> str:
@@ -211,7 +212,7 @@ class ResponseShape:
             instructions=body.instructions, tools=body.tools or [], tool_choice=body.tool_choice or "auto",
             parallel_tool_calls=body.parallel_tool_calls is not False, temperature=body.temperature,
             top_p=body.top_p, max_output_tokens=body.max_output_tokens, metadata=body.metadata,
-            reasoning=body.reasoning, policy_version=policy_version)
+            reasoning=body.reasoning, policy_version=policy_version, episode_id=self.episode_id)
 
 
 def function_call(call_id: str, name: str, arguments: str) -> FunctionCallItem:

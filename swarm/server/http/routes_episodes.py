@@ -1,20 +1,32 @@
-"""Episode routes: claim, heartbeat, finish, abort, and look-up, under ``/api/v1/episodes``.
+"""Episode routes: claim, heartbeat, finish, abort, and look-up, under ``/api/v1/episodes``; run keys
+under ``/api/v1/runs``.
 
-Claims need the control token or the client token (``swarm.server.auth``). Heartbeat, finish, abort
-and look-up accept either of those or the episode's own key (another episode's key is a 403). The
-engine does the work and raises the 4xx errors; these handlers only authenticate and translate.
+Claims and run keys need the control token or the client token (``swarm.server.auth``). Heartbeat,
+finish, abort and look-up accept either of those, the episode's own key, or the key of the run that
+opened it (any other key is a 403); the path names the episode by its id or by the id of a response
+recorded into it (``chatcmpl-…``, ``resp_…``: ``swarm.server.runs``), so a one-key framework posts
+its rewards by the response it saw. The engine does the work and raises the 4xx errors; these
+handlers only authenticate and translate.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from swarm.protocol import API_PREFIX, AbortRequest, ClaimRequest, Episode, EpisodeStatus, FinishRequest
+from swarm.protocol import (
+    API_PREFIX,
+    AbortRequest,
+    ClaimRequest,
+    Episode,
+    EpisodeStatus,
+    FinishRequest,
+    RunKey,
+    RunKeyRequest,
+)
 from swarm.server.auth import require_client, require_episode
 from swarm.server.http.context import AppContext, app_context
 
-router = APIRouter(prefix=f"{API_PREFIX}/episodes")
-_EPISODE = [Depends(require_episode)]
+router = APIRouter(prefix=API_PREFIX)
 
 
 def _base_url(request: Request) -> str:
@@ -22,28 +34,34 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/") + "/v1"
 
 
-@router.post("", response_model=Episode, dependencies=[Depends(require_client)])
+@router.post("/episodes", response_model=Episode, dependencies=[Depends(require_client)])
 async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Episode:
     return await ctx.engine.claim(body, _base_url(request))
 
 
-@router.get("/{episode_id}", response_model=EpisodeStatus, dependencies=_EPISODE)
-async def get_episode(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.lifecycle.status_of(episode_id)
+@router.post("/runs", response_model=RunKey, dependencies=[Depends(require_client)])
+async def run_key(body: RunKeyRequest, request: Request, ctx: AppContext = Depends(app_context)) -> RunKey:
+    """One key for a whole run: each conversation it sends opens or continues an episode of its own."""
+    return RunKey(run=body.run, base_url=_base_url(request), api_key=ctx.keys.run_key(body.run))
 
 
-@router.post("/{episode_id}/heartbeat", response_model=EpisodeStatus, dependencies=_EPISODE)
-async def heartbeat(episode_id: str, request: Request, ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.lifecycle.heartbeat(episode_id)
+@router.get("/episodes/{episode_id}", response_model=EpisodeStatus)
+async def get_episode(target: str = Depends(require_episode), ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
+    return ctx.lifecycle.status_of(target)
 
 
-@router.post("/{episode_id}/finish", response_model=EpisodeStatus, dependencies=_EPISODE)
-async def finish(episode_id: str, body: FinishRequest, request: Request,
+@router.post("/episodes/{episode_id}/heartbeat", response_model=EpisodeStatus)
+async def heartbeat(target: str = Depends(require_episode), ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
+    return ctx.lifecycle.heartbeat(target)
+
+
+@router.post("/episodes/{episode_id}/finish", response_model=EpisodeStatus)
+async def finish(body: FinishRequest, target: str = Depends(require_episode),
                  ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.lifecycle.finish(episode_id, body)
+    return ctx.lifecycle.finish(target, body)
 
 
-@router.post("/{episode_id}/abort", response_model=EpisodeStatus, dependencies=_EPISODE)
-async def abort(episode_id: str, request: Request, body: AbortRequest | None = None,
+@router.post("/episodes/{episode_id}/abort", response_model=EpisodeStatus)
+async def abort(body: AbortRequest | None = None, target: str = Depends(require_episode),
                 ctx: AppContext = Depends(app_context)) -> EpisodeStatus:
-    return ctx.lifecycle.abort(episode_id, body or AbortRequest())
+    return ctx.lifecycle.abort(target, body or AbortRequest())

@@ -3,8 +3,10 @@
 The routes parse requests and shape responses; the engine does the rest (``Completions.start``:
 render → generate → record). A call with an episode key is recorded into that episode's trace
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
-as sampled); a call with the control token is served without recording. Responses carry vLLM's extra fields
-(``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that generated them.
+as sampled); a call with a run key is recorded into the episode its conversation continues or opens
+(``swarm.server.runs``); a call with the control token is served without recording. Responses carry
+vLLM's extra fields (``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that
+generated them and, when recorded, the ``episode_id`` (also the ``x-swarm-episode`` header).
 
 ``POST /v1/responses`` is the same call: its request is translated to a chat completion
 (``swarm.server.http.responses``), served by the same ``Completions.start`` and shaped back into a
@@ -24,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from swarm.backends.base import Generation, TopAlternatives
+from swarm.backends.base import Generation, TokenSink, TopAlternatives
 from swarm.backends.parsers import ParsedReply, ReplyStream
 from swarm.backends.text import ChatText
 from swarm.protocol import (
@@ -48,6 +50,7 @@ from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, s
 router = APIRouter()
 
 CONTROL_KEY = "control"  # the in-flight cap's key for calls with the control token
+EPISODE_HEADER = "x-swarm-episode"  # names the episode a call was recorded into (also the body's episode_id)
 CLIENT_CLOSED = 499  # nginx's "client closed request": logged, never read by the client that left
 
 
@@ -61,27 +64,51 @@ async def list_models(request: Request, ctx: AppContext = Depends(app_context)) 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ctx: AppContext = Depends(app_context)) -> Response:
-    episode_id = ctx.keys.principal(request).episode_id
-    key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
-        return await _stream(ctx, key, episode_id, body)
-    call = await ctx.chat.start(key, episode_id, body)
+        return await _stream(ctx, request, body, completion_id)
+    call = await _start(ctx, request, body, completion_id)
     if not await _answered_before_disconnect(request, call.result):
         return Response(status_code=CLIENT_CLOSED)
     answer = call.result.result()
+    completion = _completion(ctx, body, call.prompt, answer, completion_id)
+    completion.episode_id = call.episode_id
     # Serialised by pydantic directly: FastAPI's generic encoder costs ~0.2 ms a response.
-    return Response(_completion(ctx, body, call.prompt, answer).model_dump_json(by_alias=True),
-                    media_type="application/json")
+    return Response(completion.model_dump_json(by_alias=True), media_type="application/json",
+                    headers=_named(call))
 
 
-def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], answer: Answer) -> ChatCompletion:
+async def _start(ctx: AppContext, request: Request, body: ChatCompletionRequest, response_id: str,
+                 sink: TokenSink | None = None) -> ChatCall:
+    """Start a chat call for the caller's credential: an episode key's calls go to its episode, a run
+    key's to the episode it continues or opens (``swarm.server.runs``; one whose first call fails is
+    aborted), the control token's nowhere. The response id then names the episode."""
+    episode_id, opened = await ctx.runs.target(ctx.keys.principal(request), body)
+    key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
+    try:
+        call = await ctx.chat.start(key, episode_id, body, sink)
+    except BaseException as exc:
+        if opened and episode_id is not None:
+            ctx.runs.discard(episode_id, exc)
+        raise
+    ctx.runs.name(response_id, episode_id)
+    return call
+
+
+def _named(call: ChatCall) -> dict[str, str]:
+    """The header that names a recorded call's episode."""
+    return {} if call.episode_id is None else {EPISODE_HEADER: call.episode_id}
+
+
+def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], answer: Answer,
+                completion_id: str) -> ChatCompletion:
     text = ctx.engine.generator.text
     sampled = answer.sampled
     choices = [_choice(text, i, gen, reply, body.logprobs)
                for i, (gen, reply) in enumerate(zip(sampled.generations, answer.replies, strict=True))]
     completion_tokens = sum(len(g.token_ids) for g in sampled.generations)
     return ChatCompletion(
-        id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=ctx.engine.generator.model_name,
+        id=completion_id, created=int(time.time()), model=ctx.engine.generator.model_name,
         choices=choices, prompt_token_ids=prompt, policy_version=sampled.policy_version,
         usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion_tokens,
                     total_tokens=len(prompt) + completion_tokens),
@@ -119,15 +146,15 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _streamed_call(ctx: AppContext, key: str, episode_id: str | None,
-                         body: ChatCompletionRequest) -> tuple[ChatCall, asyncio.Queue[StreamedToken | None]]:
+async def _streamed_call(ctx: AppContext, request: Request, body: ChatCompletionRequest,
+                         response_id: str) -> tuple[ChatCall, asyncio.Queue[StreamedToken | None]]:
     """Start a call whose tokens go to a queue, ended by ``None`` when the generation is done."""
     tokens: asyncio.Queue[StreamedToken | None] = asyncio.Queue()
 
     def sink(row: int, token: int, logprob: float, top: TopAlternatives | None) -> None:
         tokens.put_nowait((row, token, logprob, top))
 
-    call = await ctx.chat.start(key, episode_id, body, sink)  # a 4xx raises here, before the stream starts
+    call = await _start(ctx, request, body, response_id, sink)  # a 4xx raises here, before the stream starts
     call.result.add_done_callback(lambda _: tokens.put_nowait(None))
     return call, tokens
 
@@ -138,35 +165,37 @@ def _row_stream(ctx: AppContext, call: ChatCall, stops: list[str]) -> RowStream:
                                        reasoning_parser=call.parsing.reasoning_parser))
 
 
-def _sse(frames: Any) -> StreamingResponse:
+def _sse(frames: Any, call: ChatCall) -> StreamingResponse:
     return StreamingResponse(frames, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_named(call)})
 
 
-async def _stream(ctx: AppContext, key: str, episode_id: str | None, body: ChatCompletionRequest) -> StreamingResponse:
-    call, tokens = await _streamed_call(ctx, key, episode_id, body)
+async def _stream(ctx: AppContext, request: Request, body: ChatCompletionRequest,
+                  completion_id: str) -> StreamingResponse:
+    call, tokens = await _streamed_call(ctx, request, body, completion_id)
     generator = ctx.engine.generator
-    writer = ChunkWriter(completion_id=f"chatcmpl-{uuid.uuid4().hex}", model=generator.model_name,
+    writer = ChunkWriter(completion_id=completion_id, model=generator.model_name,
                          policy_version=generator.policy_version, text=generator.text,
-                         with_logprobs=body.logprobs)
+                         with_logprobs=body.logprobs, episode_id=call.episode_id)
     rows = [_row_stream(ctx, call, list(body.stop or ())) for _ in call.params]
     include_usage = bool((body.stream_options or {}).get("include_usage"))
-    return _sse(stream_completion(writer, rows, tokens, call.result, len(call.prompt), include_usage))
+    return _sse(stream_completion(writer, rows, tokens, call.result, len(call.prompt), include_usage), call)
 
 
 @router.post("/v1/responses", response_model=None)
 async def responses(body: ResponsesRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Response:
     """The Responses API over the chat path (module docstring); stateless, as with ``store=false``."""
-    episode_id = ctx.keys.principal(request).episode_id
-    key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
     chat = chat_request(body)
     generator = ctx.engine.generator
     shape = ResponseShape(body=body, model=generator.model_name, text=generator.text)
     if chat.stream:
-        call, tokens = await _streamed_call(ctx, key, episode_id, chat)
+        call, tokens = await _streamed_call(ctx, request, chat, shape.id)
+        shape.episode_id = call.episode_id
         return _sse(stream_response(shape, _row_stream(ctx, call, []), tokens, call.result, call.prompt,
-                                    generator.policy_version))
-    call = await ctx.chat.start(key, episode_id, chat)
+                                    generator.policy_version), call)
+    call = await _start(ctx, request, chat, shape.id)
+    shape.episode_id = call.episode_id
     if not await _answered_before_disconnect(request, call.result):
         return Response(status_code=CLIENT_CLOSED)
-    return Response(shape.finished(call.prompt, call.result.result()).model_dump_json(), media_type="application/json")
+    return Response(shape.finished(call.prompt, call.result.result()).model_dump_json(), media_type="application/json",
+                    headers=_named(call))

@@ -140,6 +140,7 @@ class ChunkWriter:
     policy_version: int
     text: ChatText
     with_logprobs: bool
+    episode_id: str | None = None  # the episode the call is recorded into (each chunk names it)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chunk(self, index: int, delta: dict[str, Any], *, finish: str | None = None,
@@ -151,8 +152,9 @@ class ChunkWriter:
             if self.with_logprobs:
                 entries = token_logprobs(self.text, ids, row.logprobs[span.start:span.end], row.top[span.start:span.end])
                 choice["logprobs"] = {"content": [e.model_dump() for e in entries]}
+        named = {"episode_id": self.episode_id} if self.episode_id is not None else {}
         return {"id": self.completion_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [choice], "policy_version": self.policy_version}
+                "model": self.model, "choices": [choice], "policy_version": self.policy_version, **named}
 
 
 async def stream_completion(
