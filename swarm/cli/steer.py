@@ -1,4 +1,4 @@
-"""``swarm config|pause|resume|checkpoint|stop``: steer a running server."""
+"""``swarm config|pause|resume|checkpoint|stop|key``: steer a running server, and mint run keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, fail, out, print_json
+from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
 from swarm.client import SwarmError
 
 
@@ -84,3 +84,21 @@ def checkpoint(url: Url = None, token: Token = None, state_dir: StateDir = DEFAU
 def stop(url: Url = None, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Checkpoint and shut the server down."""
     _control("stop", url, token, state_dir)
+
+
+@app.command()
+def key(run: Annotated[str, typer.Option("--run", help="the run's name (letters, digits, _ and -)")],
+        url: Url = None, json_: AsJson = False, token: Token = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Print a run key: one key for a whole run (`OPENAI_API_KEY=$(swarm key --run r1)`); each
+    conversation sent with it is an episode of its own, rewarded by episode or response id."""
+    with connect(url, token, state_dir) as client:
+        try:
+            minted = client.run_key(run)
+        except SwarmError as exc:
+            fail(str(exc))
+    if json_:
+        print_json(minted)
+        return
+    out.print(minted.api_key, highlight=False, soft_wrap=True)  # alone on stdout, for $(...)
+    err.print(f"run {minted.run}: base URL {minted.base_url}; post rewards to "
+              "/api/v1/episodes/{episode or response id}/finish", highlight=False, soft_wrap=True)

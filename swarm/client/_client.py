@@ -31,7 +31,10 @@ from swarm.protocol import (
     Episode,
     EpisodeStatus,
     Event,
+    FinishRequest,
     Purpose,
+    RunKey,
+    RunKeyRequest,
     SftExample,
     SftRequest,
     SftResult,
@@ -152,6 +155,21 @@ class SwarmClient:
     def episode_status(self, episode_id: str) -> EpisodeStatus:
         """Where one episode stands on the server (claimed, finished, aborted, expired)."""
         response = self._transport.request("GET", f"{API_PREFIX}/episodes/{episode_id}", as_client=True)
+        return EpisodeStatus.model_validate_json(response.content)
+
+    def run_key(self, run: str) -> RunKey:
+        """One key for a whole run: a framework that takes one ``base_url`` and ``api_key`` for all
+        its rollouts gets an episode per conversation (``swarm.server.runs``); post each reward with
+        ``finish`` by the episode (``x-swarm-episode``) or the id of the response it answers."""
+        response = self._transport.request("POST", f"{API_PREFIX}/runs", body=RunKeyRequest(run=run), as_client=True)
+        return RunKey.model_validate_json(response.content)
+
+    def finish(self, episode_or_response_id: str, reward: float, *, metrics: dict[str, float] | None = None,
+               metadata: dict[str, Any] | None = None) -> EpisodeStatus:
+        """Finish an episode named by its id or by a response id recorded into it (a run key's, usually)."""
+        body = FinishRequest(reward=reward, metrics=metrics or {}, metadata=metadata or {})
+        response = self._transport.request("POST", f"{API_PREFIX}/episodes/{episode_or_response_id}/finish",
+                                           body=body, as_client=True)
         return EpisodeStatus.model_validate_json(response.content)
 
     # ---------------------------------------------------------------- observing
