@@ -96,6 +96,8 @@ def key(run: Annotated[str, typer.Option("--run", help="the run's name (letters,
             minted = client.run_key(run)
         except SwarmError as exc:
             fail(str(exc))
+        except ValueError:  # the request model refused the name before sending it
+            fail(f"--run {run!r}: a run's name is letters, digits, _ and - (at most 64, no dots)", 2)
     if json_:
         print_json(minted)
         return

@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
 from pydantic import TypeAdapter
 from support import ROOT, SWARM, ServeProcess, wait_for
 
@@ -51,6 +52,23 @@ def test_config_show_patch_and_reject(server: ServeProcess) -> None:
     assert malformed.returncode == 2 and "KEY=VALUE" in malformed.stderr
     after = ConfigView.model_validate_json(swarm("config", server.url, "--json", *state).stdout)
     assert after.version == view.version and after.values["temperature"] == 0.7  # bad input changed nothing
+
+
+def test_key_mints_a_run_key_whose_calls_name_their_episode(server: ServeProcess) -> None:
+    state = ["--state-dir", str(server.state_dir)]
+    minted = swarm("key", "--run", "cli-run", server.url, *state)
+    assert minted.returncode == 0, minted.stderr
+    key = minted.stdout.strip()
+    assert key.startswith("run.cli-run.") and f"{server.url}/v1" in minted.stderr
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        answer = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "max_tokens": 2})
+        assert answer.status_code == 200, answer.text
+        episode = answer.headers["x-swarm-episode"]
+        assert answer.json()["episode_id"] == episode
+        assert http.post(f"/api/v1/episodes/{answer.json()['id']}/abort").json()["episode_id"] == episode
+    bad = swarm("key", "--run", "a.b", server.url, *state)
+    assert bad.returncode == 2 and "--run 'a.b'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_metrics_json_parses_as_protocol(server: ServeProcess) -> None:
