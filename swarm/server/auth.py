@@ -286,12 +286,11 @@ def require_client(request: Request) -> Principal:
 
 
 def require_episode(request: Request, episode_id: str) -> str:
-    """Dependency: the episode the path names (its id, or the id of a response recorded into it:
-    ``swarm.server.runs``) once the caller may open it: the control token, the client token, its own
-    key, or the key of the run that opened it. A 401 comes before any look-up, a 404 before a 403."""
+    """Dependency: the episode the path names (its id, a response id recorded into it, or for a run
+    key one of its sessions: ``swarm.server.runs``) once the caller may open it: the control or client
+    token, its own key, or its run's key. A 401 comes before any look-up, a 404 before a 403."""
     keys, runs = _keys(request), request.app.state.ctx.runs
-    keys.authenticate(request)
-    target: str = runs.resolve(episode_id)
+    target: str = runs.resolve(episode_id, keys.authenticate(request).run)
     keys.for_episode(request, target, runs.run_of)
     return target
 

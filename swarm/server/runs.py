@@ -4,12 +4,16 @@ A framework that takes one base URL and one key for a whole run (verifiers' ``vf
 harness, one openai client) holds a run key (``swarm.server.auth``; ``POST /api/v1/runs``, ``swarm
 key --run NAME``). ``RunEpisodes.target`` maps each of its chat calls to an episode:
 
-- a call that re-sends a reply an open episode of the run sampled continues that episode. This is
-  drift repair's look-up (``replies.Conversation.splice``), so the call's prompt is that episode's own
-  tokens plus the new messages and it merges into the episode's timeline token for token: the same
-  machinery as a claimed episode's multi-turn merge, no second matcher. Where several open episodes
-  sampled the same reply (members of one GRPO group can), the one whose conversation ends there (not
-  continued past it yet) wins, then the oldest;
+- a call with an ``X-Session-ID`` header (verifiers sends its rollout's trace id in it on every
+  turn) belongs to that session's episode: its first call opens one, later calls continue it, and a
+  reward may be posted by the session id with the run key. Sessions settle what prefixes cannot: two
+  rollouts whose first replies were the same;
+- without one, a call that re-sends a reply an open episode of the run sampled continues that
+  episode. This is drift repair's look-up (``replies.Conversation.splice``), so the call's prompt is
+  that episode's own tokens plus the new messages and it merges into the episode's timeline token for
+  token: the same machinery as a claimed episode's multi-turn merge, no second matcher. Where several
+  open episodes sampled the same reply (members of one GRPO group can), the one whose conversation
+  ends there (not continued past it yet) wins, then the oldest;
 - any other call opens a new training episode through the claim path (``Engine.open_training``:
   pause, sync drains, category ratios, admission, each a 429 with ``Retry-After`` as for a claim),
   in the group keyed by its conversation (messages, tools and template variables: what its prompt
@@ -36,9 +40,11 @@ from swarm.server.registry import EpisodeRegistry
 from swarm.server.replies import Conversation, Splice
 from swarm.server.view import ServerView
 
-__all__ = ["RESPONSE_PREFIXES", "RunEpisodes"]
+__all__ = ["RESPONSE_PREFIXES", "SESSION_HEADER", "RunEpisodes"]
 
 RESPONSE_PREFIXES = ("chatcmpl-", "resp_")  # the ids a client sees; an episode id is bare hex
+SESSION_HEADER = "x-session-id"  # verifiers sends its rollout's trace id in it, every turn
+_MAX_SESSION = 256
 
 
 class RunEpisodes:
@@ -55,21 +61,27 @@ class RunEpisodes:
         self._open: dict[str, list[str]] = {}  # run -> its episodes that may be live (pruned on each look-up)
         self._run_of: OrderedDict[str, str] = OrderedDict()  # episode id -> the run that opened it
         self._responses: OrderedDict[str, str] = OrderedDict()  # response id -> episode id
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # _session_key(run, session) -> episode id
 
-    async def target(self, principal: Principal, request: ChatCompletionRequest) -> tuple[str | None, bool]:
+    async def target(self, principal: Principal, request: ChatCompletionRequest,
+                     session: str | None = None) -> tuple[str | None, bool]:
         """The episode a chat call is recorded into, and whether this call opened it: an episode key's
-        own; for a run key the open episode it continues, else a new one; none for the control token."""
-        if principal.run is None:
+        own; for a run key its session's or the open episode it continues, else a new one; none for
+        the control token."""
+        run = principal.run
+        if run is None:
             return principal.episode_id, False
+        if session is not None and not 0 < len(session) <= _MAX_SESSION:
+            raise BadRequest(f"the {SESSION_HEADER} header must hold 1 to {_MAX_SESSION} characters")
         defaults = self._view.config.chat_template_kwargs
         try:  # hashing a long conversation stays off the event loop, as rendering does
             talk = await asyncio.to_thread(_keyed, request, defaults)
         except ValueError as exc:
             raise BadRequest(f"the chat template cannot render these messages: {exc}") from None
-        episode = self._continued(principal.run, talk)
+        episode = self._of_session(run, session) if session is not None else self._continued(run, talk)
         if episode is not None:
             return episode.episode_id, False
-        return self._opened(principal.run, talk), True
+        return self._opened(run, talk, session), True
 
     def discard(self, episode_id: str, exc: BaseException) -> None:
         """Abort an episode whose first call failed before it started (a 4xx, a 429, a disconnect), so
@@ -92,24 +104,35 @@ class RunEpisodes:
         self._open[run] = live
         return best
 
-    def _opened(self, run: str, talk: Conversation) -> str:
-        """A new episode of ``run`` in the group of this conversation (a 429 when it may not start now)."""
+    def _of_session(self, run: str, session: str) -> EpisodeRecord | None:
+        """The live episode of this session of ``run``, if it has one."""
+        episode_id = self._sessions.get(_session_key(run, session))
+        episode = self._episodes.held(episode_id) if episode_id is not None else None
+        return episode if episode is not None and episode.state is EpisodeState.claimed else None
+
+    def _opened(self, run: str, talk: Conversation, session: str | None) -> str:
+        """A new episode of ``run`` in the group of this conversation (a 429 when it may not start now),
+        found again by its session, or else by the replies it samples."""
         task_id = f"{run}:{talk.keys[-1].hex()[:24]}"
-        episode = self._open_training(ClaimRequest(task_id=task_id, client_id=f"run:{run}"))
-        self._open.setdefault(run, []).append(episode.episode_id)
-        self._remember(self._run_of, episode.episode_id, run)
-        return episode.episode_id
+        episode_id = self._open_training(ClaimRequest(task_id=task_id, client_id=f"run:{run}")).episode_id
+        if session is not None:
+            self._remember(self._sessions, _session_key(run, session), episode_id)
+        else:
+            self._open.setdefault(run, []).append(episode_id)
+        self._remember(self._run_of, episode_id, run)
+        return episode_id
 
     def name(self, response_id: str, episode_id: str | None) -> None:
         """Note that the response ``response_id`` was recorded into ``episode_id`` (if any)."""
         if episode_id is not None:
             self._remember(self._responses, response_id, episode_id)
 
-    def resolve(self, id_: str) -> str:
-        """The episode a path names: a response id is looked up (404 if unknown), anything else is
-        taken as an episode id."""
+    def resolve(self, id_: str, run: str | None = None) -> str:
+        """The episode a path names: a response id is looked up (404 if unknown); for a run key's
+        caller (``run``) so is a session id of that run; anything else is taken as an episode id."""
         if not id_.startswith(RESPONSE_PREFIXES):
-            return id_
+            session = self._sessions.get(_session_key(run, id_)) if run is not None else None
+            return session if session is not None else id_
         episode_id = self._responses.get(id_)
         if episode_id is None:
             raise NotFound(f"unknown response id {id_}: no response recorded into an episode had it (a call with "
@@ -132,6 +155,10 @@ def _keyed(request: ChatCompletionRequest, defaults: dict[str, object]) -> Conve
     talk = Conversation(request, dict(defaults))
     _ = talk.keys
     return talk
+
+
+def _session_key(run: str, session: str) -> str:
+    return f"{run}\n{session}"  # a run's name holds no newline
 
 
 def _ends_at(episode: EpisodeRecord, splice: Splice) -> bool:

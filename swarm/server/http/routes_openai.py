@@ -46,6 +46,7 @@ from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_too
 from swarm.server.http.responses import ResponseShape, chat_request
 from swarm.server.http.responses_stream import stream_response
 from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
+from swarm.server.runs import SESSION_HEADER
 
 router = APIRouter()
 
@@ -83,7 +84,8 @@ async def _start(ctx: AppContext, request: Request, body: ChatCompletionRequest,
     """Start a chat call for the caller's credential: an episode key's calls go to its episode, a run
     key's to the episode it continues or opens (``swarm.server.runs``; one whose first call fails is
     aborted), the control token's nowhere. The response id then names the episode."""
-    episode_id, opened = await ctx.runs.target(ctx.keys.principal(request), body)
+    session = request.headers.get(SESSION_HEADER)
+    episode_id, opened = await ctx.runs.target(ctx.keys.principal(request), body, session)
     key = CONTROL_KEY if episode_id is None else f"episode:{episode_id}"
     try:
         call = await ctx.chat.start(key, episode_id, body, sink)

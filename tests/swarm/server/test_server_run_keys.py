@@ -98,6 +98,31 @@ def test_one_key_n_conversations_are_n_episodes_each_trained_as_one_sample(serve
         assert row.metrics["context/samples_per_episode"] == 1.0 and row.metrics["context/drift_forks"] == 0
 
 
+def test_sessions_keep_rollouts_whose_replies_are_the_same_apart(server: RunningServer) -> None:
+    """verifiers sends its rollout's trace id as ``X-Session-ID`` on every turn: a session is its own
+    episode even where prefixes are ambiguous, and the run's key posts its reward by that id."""
+    minted = _mint(server, "vf")
+    llm, key = _llm(minted), minted["api_key"]
+
+    def chat(session: str, messages: list[dict], max_tokens: int) -> tuple[str, Any]:
+        return _chat(llm, messages, tools=[ADD], temperature=0.0, max_tokens=max_tokens,
+                     extra_headers={"X-Session-ID": session})
+
+    step = server.engine.step
+    a, a1 = chat("rollout-a", QUESTION, 64)
+    b, b1 = chat("rollout-b", QUESTION, 64)
+    assert a != b and a1.choices[0].message.tool_calls[0].function == b1.choices[0].message.tool_calls[0].function
+    b_again, _ = chat("rollout-b", _turn_two(b1), 32)  # b first: by prefix alone it would continue a, the oldest
+    a_again, _ = chat("rollout-a", _turn_two(a1), 32)
+    assert (a_again, b_again) == (a, b)
+    assert all(len(server.engine.lifecycle.get(e).trace.timelines) == 1 for e in (a, b))
+    assert _post(server, server.token, "rollout-a", 1.0).status_code == 404  # a session is named by its run's key
+    assert _post(server, key, "rollout-a", 1.0).status_code == 200
+    assert _post(server, key, "rollout-b", 0.0).status_code == 200
+    wait_for(lambda: server.engine.step > step, timeout=120, what="a step on the two sessions")
+    assert (server.engine.store.get(a).reward, server.engine.store.get(b).reward) == (1.0, 0.0)
+
+
 def test_responses_and_streams_name_their_episode_and_the_unrewarded_expire(tool_model: Path,
                                                                             start_server) -> None:
     server = start_server(model_dir=tool_model, group_size=2, min_group_size=1, batch_groups=1, lease_s=3.0)
