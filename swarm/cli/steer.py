@@ -103,4 +103,4 @@ def key(run: Annotated[str, typer.Option("--run", help="the run's name (letters,
         return
     out.print(minted.api_key, highlight=False, soft_wrap=True)  # alone on stdout, for $(...)
     err.print(f"run {minted.run}: base URL {minted.base_url}; post rewards to "
-              "/api/v1/episodes/{episode or response id}/finish", highlight=False, soft_wrap=True)
+              "/api/v1/episodes/{episode, response or session id}/finish", highlight=False, soft_wrap=True)

@@ -1,0 +1,3 @@
+from letters_v1.taskset import LettersTaskset
+
+__all__ = ["LettersTaskset"]
