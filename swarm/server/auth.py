@@ -1,6 +1,6 @@
-"""Bearer credentials: the control token, the client token, and per-episode keys signed with a secret.
+"""Bearer credentials: control, client and worker tokens, and episode and run keys signed with a secret.
 
-Four credentials, from most to least powerful:
+Five credentials, from most to least powerful:
 
 - the **control token** opens everything (config, control, SFT, events, metrics, and all below);
 - the **client token** is what study code and ``swarm run`` hold: it claims episodes, heartbeats,
@@ -12,14 +12,14 @@ Four credentials, from most to least powerful:
   calls its workers, and workers call each other, with the same token;
 - an **episode key** ``ep.<episode_id>.<hmac>`` opens only the episode whose id it carries (chat
   completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table;
-- a **run key** ``run.<name>.<hmac>`` (minted by the control or client token, ``POST /api/v1/runs``) is
-  one credential for a whole run: each conversation it sends opens or continues an episode of its own
-  (``swarm.server.runs``), and it opens only the episodes its run opened.
+- a **run key** ``run.<name>.<hmac>`` (``POST /api/v1/runs``) is one credential for a whole run: each
+  conversation it sends is an episode of its own (``swarm.server.runs``), and it opens only those.
 
 Everything a restart must keep lives in the state dir, readable by the owner only (0600): ``secret``
-(so episode keys stay valid), ``token``, ``client_token`` and ``worker_token`` (so clients started before a crash carry
-on after it). A token given to the server (``SWARM_TOKEN`` / ``SWARM_CLIENT_TOKEN`` / ``SWARM_WORKER_TOKEN``) wins over the
-file and is not written; tools should hand tokens over by environment or file, never on a command line.
+(so episode and run keys stay valid), ``token``, ``client_token`` and ``worker_token`` (so clients
+started before a crash carry on after it). A token given to the server (``SWARM_TOKEN`` /
+``SWARM_CLIENT_TOKEN`` / ``SWARM_WORKER_TOKEN``) wins over the file and is not written; tools should
+hand tokens over by environment or file, never on a command line.
 """
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ class Role(str, Enum):
     run = "run"
 
 
+_KEY_NAMES = {Role.episode: "an episode key", Role.run: "a run key"}
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the control, client or worker token holder, one episode's key holder, or one
-    run's key holder (``run`` names it)."""
+    """Who is calling: a token's holder (control, client, worker), or one episode's or run's key holder."""
 
     episode_id: str | None = None
     role: Role = Role.control
@@ -154,8 +156,7 @@ def _scoped_token(name: str, given: str | None, path: Path, env: str, others: di
         if hmac.compare_digest(token.encode(), other.encode()):
             raise ValueError(f"the {name} token must differ from the {other_name} token (check {env} and {path})")
     if token.startswith((_KEY_PREFIX, _RUN_PREFIX)):
-        raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} or {_RUN_PREFIX!r} "
-                         "(those prefixes mark episode and run keys)")
+        raise ValueError(f"the {name} token must not start with {_KEY_PREFIX!r} or {_RUN_PREFIX!r} (keys do)")
     return token
 
 
@@ -205,8 +206,7 @@ class KeyRing:
             run, _, signature = credential[len(_RUN_PREFIX):].rpartition(".")
             if run and hmac.compare_digest(signature.encode(), self._sign(_RUN_SIGNED + run).encode()):
                 return Principal(role=Role.run, run=run)
-            raise Unauthorized("invalid run key: not one this server minted (mint one with `swarm key --run NAME` "
-                               "or POST /api/v1/runs)")
+            raise Unauthorized("invalid run key: this server did not mint it (`swarm key --run NAME` mints one)")
         raise Unauthorized("invalid token or episode key")
 
     def principal(self, request: Request) -> Principal:
@@ -224,14 +224,14 @@ class KeyRing:
             raise Forbidden(_client_refused(request, "the control token"))
         _refuse_worker(principal, request)
         if principal.role in (Role.episode, Role.run):
-            raise Forbidden(f"this route needs the server's control token, not {_a_key(principal)}")
+            raise Forbidden(f"this route needs the server's control token, not {_KEY_NAMES[principal.role]}")
         return principal
 
     def client(self, request: Request) -> Principal:
         """The control token or the client token (claims, status)."""
         principal = self.authenticate(request)
         if principal.role in (Role.episode, Role.run):
-            raise Forbidden(f"this route needs the control token or the client token, not {_a_key(principal)}")
+            raise Forbidden(f"this route needs the control token or the client token, not {_KEY_NAMES[principal.role]}")
         _refuse_worker(principal, request)
         return principal
 
@@ -244,8 +244,7 @@ class KeyRing:
         return principal
 
     def for_episode(self, request: Request, episode_id: str, run_of: Callable[[str], str | None]) -> Principal:
-        """The control token, the client token, the key of exactly this episode, or the key of the run
-        that opened it (``run_of(episode_id)``: that run's name, None for a claimed episode)."""
+        """The control or client token, this episode's key, or the key of the run that opened it (``run_of``)."""
         principal = self.authenticate(request)
         _refuse_worker(principal, request)
         if principal.role is Role.episode and principal.episode_id != episode_id:
@@ -254,10 +253,6 @@ class KeyRing:
             raise Forbidden(f"the key of run {principal.run!r} does not open episode {episode_id}: "
                             "another run (or a claim) opened it")
         return principal
-
-
-def _a_key(principal: Principal) -> str:
-    return "a run key" if principal.role is Role.run else "an episode key"
 
 
 def _refuse_worker(principal: Principal, request: Request) -> None:
@@ -286,9 +281,8 @@ def require_client(request: Request) -> Principal:
 
 
 def require_episode(request: Request, episode_id: str) -> str:
-    """Dependency: the episode the path names (its id, a response id recorded into it, or for a run
-    key one of its sessions: ``swarm.server.runs``) once the caller may open it: the control or client
-    token, its own key, or its run's key. A 401 comes before any look-up, a 404 before a 403."""
+    """Dependency: the episode the path names (``swarm.server.runs.resolve``) once the caller may open it
+    (``KeyRing.for_episode``). A 401 comes before any look-up, a 404 before a 403."""
     keys, runs = _keys(request), request.app.state.ctx.runs
     target: str = runs.resolve(episode_id, keys.authenticate(request).run)
     keys.for_episode(request, target, runs.run_of)
