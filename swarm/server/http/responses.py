@@ -25,7 +25,7 @@ from swarm.backends.base import Generation
 from swarm.backends.parsers import ParsedReply
 from swarm.backends.text import ChatText
 from swarm.protocol import ChatCompletionRequest, TokenLogprob
-from swarm.protocol_responses import (
+from swarm.protocol.responses import (
     FunctionCallItem,
     OutputItem,
     OutputMessage,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.protocol import ErrorCode
-from swarm.protocol_responses import OutputMessage, OutputText, ReasoningItem, ReasoningText
+from swarm.protocol.responses import OutputMessage, OutputText, ReasoningItem, ReasoningText
 from swarm.server.completions import Answer
 from swarm.server.errors import ApiError
 from swarm.server.http.responses import ResponseShape, function_call

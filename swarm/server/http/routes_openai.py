@@ -39,7 +39,7 @@ from swarm.protocol import (
     ModelList,
     Usage,
 )
-from swarm.protocol_responses import ResponsesRequest
+from swarm.protocol.responses import ResponsesRequest
 from swarm.server.completions import Answer, ChatCall
 from swarm.server.http.context import AppContext, app_context
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call

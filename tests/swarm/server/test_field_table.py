@@ -14,7 +14,7 @@ from openai.types.responses import response_create_params
 from pydantic import BaseModel
 
 from swarm.protocol import ChatCompletionRequest
-from swarm.protocol_responses import ResponsesRequest
+from swarm.protocol.responses import ResponsesRequest
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 STATUSES = ("honoured", "refused", "passed over")

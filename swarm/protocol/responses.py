@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarm.protocol import ReasoningEffort, TokenLogprob, refused
+from swarm.protocol._base import refused
+from swarm.protocol.chat import ReasoningEffort, TokenLogprob
 
 # Fields that cannot change what is sampled: accepted and passed over.
 RESPONSES_PASS_THROUGH = ("model", "user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",

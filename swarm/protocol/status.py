@@ -1,0 +1,105 @@
+"""Status and metrics: episode counts, the server's state, workers, per-step metrics.
+Part of ``swarm.protocol`` (see its docstring)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+__all__ = ["EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics", "WorkerState", "WorkerStatus"]
+
+class EpisodeCounts(BaseModel):
+    """Training episodes. ``dropped_stale``: of ``dropped``, those older than ``max_staleness`` at their
+    step; ``refused_stale``: claims and first chat calls answered 429 because they could not have
+    finished within ``max_staleness`` (``swarm.server.admission``; since the process started, a retry
+    refused again counts again)."""
+
+    claimed: int = 0
+    finished: int = 0
+    aborted: int = 0
+    expired: int = 0
+    trained: int = 0
+    dropped: int = 0
+    dropped_stale: int = 0
+    refused_stale: int = 0
+
+
+class RecentCounts(BaseModel):
+    """``EpisodeCounts`` over the last ``window_s`` seconds (``swarm status`` judges the drop rate by them)."""
+
+    window_s: float = 60.0
+    finished: int = 0
+    dropped: int = 0
+    dropped_stale: int = 0
+    refused_stale: int = 0
+
+
+class ServerState(str, Enum):
+    starting = "starting"
+    running = "running"
+    training = "training"
+    paused = "paused"
+    stopping = "stopping"
+    stopped = "stopped"
+
+
+class LastError(BaseModel):
+    """The newest error the server survived (also published as an ``error`` event): ``where`` is the
+    stage (``train_step``, ``publish``, ``checkpoint``), ``at`` a Unix time."""
+
+    where: str
+    message: str
+    at: float
+
+
+WorkerState = Literal["syncing", "ready", "draining", "dropped"]
+
+
+class WorkerStatus(BaseModel):
+    """One member of the server's generator pool in ``GET /api/v1/status`` (``id`` "local": the
+    server's own generator). ``state``: ``syncing`` (joined, does not hold a version it may serve
+    yet), ``ready`` (gets traffic), ``draining`` (leaving, or its log-probs disagree with the
+    trainer's), ``dropped`` (missed its lease or stopped answering)."""
+
+    id: str
+    engine: str
+    version: int | None = None
+    state: WorkerState
+    tokens_per_s: float = 0.0
+    address: str | None = None
+    in_flight: int = 0
+    capacity: int = 0
+    logprob_diff_max: float | None = None
+
+
+class Status(BaseModel):
+    """``GET /api/v1/status``."""
+
+    state: ServerState
+    model: str
+    policy_version: int
+    step: int
+    episodes: EpisodeCounts
+    groups_pending: int = 0
+    clients: int = 0
+    config_version: int = 0
+    throughput: dict[str, float] = Field(default_factory=dict)
+    uptime_s: float = 0.0
+    generator: dict[str, Any] = Field(default_factory=dict, description="the generator's engine and health")
+    last_error: LastError | None = Field(None, description="the newest error training survived, if any")
+    workers: list[WorkerStatus] = Field(default_factory=list, description="the generator pool's members")
+    drop_reasons: dict[str, int] = Field(default_factory=dict, description="dropped episodes by reason")
+    refusal_reasons: dict[str, int] = Field(default_factory=dict, description="refused_stale by reason")
+    recent: RecentCounts = Field(default_factory=RecentCounts, description="counts over the last minute")
+
+
+class StepMetrics(BaseModel):
+    """One training step's metrics; keys are slash-named (``train/reward_mean``)."""
+
+    step: int
+    policy_version: int
+    time: float
+    metrics: dict[str, float]
