@@ -24,7 +24,8 @@ from schemathesis.checks import (
 
 TOKEN = "security-token"
 # Routes an episode key may use (its own episode only) or any key may use; everything else is control.
-EPISODE_ROUTES = ("/api/v1/episodes/{episode_id}", "/v1/chat/completions", "/v1/models", "/healthz")
+# Routes an episode key may call (checked apart below: the OpenAI ones validate their body first).
+EPISODE_ROUTES = ("/api/v1/episodes/{episode_id}", "/v1/chat/completions", "/v1/responses", "/v1/models", "/healthz")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,10 @@ def test_control_routes_refuse_missing_wrong_and_episode_tokens(live: ServeProce
                                      params={"timeout_s": 1})
             assert response.status_code == status, (method, path, headers, response.text)
             assert _is_error_body(response)
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/responses", {"input": "hi"})):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):  # a valid body without a valid key
+            assert httpx.post(f"{live.url}{path}", headers=headers, json=body).status_code == 401, (path, headers)
     status = live.status()  # nothing the refused calls asked for happened
     assert status["state"] == "running" and status["config_version"] == 0
 
