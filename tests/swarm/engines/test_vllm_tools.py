@@ -24,6 +24,7 @@ group_size = 4
 min_group_size = 1
 batch_groups = 4096
 max_inflight_per_key = 4
+lease_s = 3600  # no episode may expire (and lose its trace) before the test finishes it
 """
 
 

@@ -21,8 +21,10 @@ EPISODES = 200
 
 
 def test_tool_loops_on_a_real_bpe_stay_one_exact_timeline(bpe_model: Path, start_server) -> None:
+    # The episodes stay open until they are inspected: a lease longer than the whole run, so none
+    # expires (and loses its trace) while 200 loops share a busy machine.
     server = start_server(model_dir=bpe_model, group_size=4, min_group_size=1, batch_groups=4096,
-                          max_inflight_per_key=4)
+                          max_inflight_per_key=4, lease_s=3600)
     with ThreadPoolExecutor(max_workers=16) as pool:
         loops = list(pool.map(lambda i: tool_loop(server.url, server.token, i), range(EPISODES)))
     text = server.engine.generator.text
