@@ -24,7 +24,7 @@ import typer
 
 from swarm import stopping
 
-from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
+from researcher import catalog, datatask, events, flags, overview, review_view, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.evidence import run_table
@@ -381,19 +381,20 @@ def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to thi
        port: int = 5000, artifacts_dir: ArtifactsDir = Path("artifacts")) -> None:
     """Start the MLflow UI on the studies' tracking store (Ctrl-C to quit).
 
-    The link opens MLflow's model-training view (``workflowType=machine_learning``): without it MLflow
-    3.17 opens every experiment on its GenAI traces overview, where a study's runs and curves are not."""
+    The link opens MLflow's model-training view: without it MLflow 3.17 opens every experiment on its
+    GenAI traces overview, where a study's runs and curves are not. A study's link opens its runs
+    grouped by arm with the verdict's metric charted first (``researcher.review_view``)."""
     settings = build_settings(Path("studies"), artifacts_dir)
     uri = settings.mlflow_uri()
-    page = "experiments"
+    page = review_view.experiment_page(None, with_view=False)
     if study_id is not None:
         from mlflow import MlflowClient
 
         found = MlflowClient(tracking_uri=uri).get_experiment_by_name(study_id)
         if found is None:
             _fail(f"no MLflow experiment for study {study_id!r} in {uri}", 2)
-        page += f"/{found.experiment_id}"
-    out.print(f"MLflow UI on http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning (store {uri})")
+        page = review_view.experiment_page(found.experiment_id, with_view=review_view.VIEW_TAG in found.tags)
+    out.print(f"MLflow UI on http://127.0.0.1:{port}/#{page} (store {uri})")
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1"]
     if uri.startswith("sqlite:"):

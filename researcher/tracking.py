@@ -16,6 +16,7 @@ files (``token``, ``client_token``, ``secret``) are never uploaded, even inside 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 from swarm.protocol import StepMetrics
 
+from researcher import review_view
 from researcher.records import JsonObject
 from researcher.spool import Spool
 
@@ -115,6 +117,13 @@ class Tracker:
         if op == "describe":
             self.client.set_experiment_tag(self.experiment_id(args["study_id"]), DESCRIPTION, args["text"][:5000])
             return None
+        if op == "view":
+            experiment = self.experiment_id(args["study_id"])
+            found = self.client.get_experiment(experiment).tags.get(review_view.VIEW_TAG)
+            created = json.loads(found)["createdAt"] if found else args["at_ms"]
+            self.client.set_experiment_tag(experiment, review_view.VIEW_TAG,
+                                           review_view.saved_view(args["metric"], created, args["at_ms"]))
+            return None
         run_id = self._run(args["run_id"])
         if op == "params":
             items = [Param(k, v) for k, v in args["params"]]
@@ -176,10 +185,16 @@ class Tracker:
         """The experiment's description in MLflow's UI: what the study asks and, once known, its answer."""
         self._deliver("describe", {"study_id": study_id, "text": text})
 
+    def save_review_view(self, study_id: str, metric: str) -> None:
+        """The experiment's saved view in MLflow's UI (``researcher.review_view``): its runs grouped by
+        arm, ``metric`` (the verdict's) charted first; saved again when the verdict's metric is known."""
+        self._deliver("view", {"study_id": study_id, "metric": metric, "at_ms": int(time.time() * 1000)})
+
     def report_markdown(self, study_id: str, run_id: str, report: str, figures: Sequence[str]) -> str:
-        """Markdown for the experiment's description: a link to the run's ``report`` artifact and its
-        ``figures`` (artifact paths) shown inline, as URLs relative to the MLflow UI's root (the UI
-        renders descriptions as Markdown); "" while the store is unreachable or the run not created."""
+        """Markdown for the experiment's description: a link to the runs grouped by arm (where the
+        experiment holds that saved view), a link to the run's ``report`` artifact and its ``figures``
+        (artifact paths) shown inline, as URLs relative to the MLflow UI's root (the UI renders
+        descriptions as Markdown); "" while the store is unreachable or the run not created."""
         from urllib.parse import quote
 
         try:
@@ -191,9 +206,13 @@ class Tracker:
             raise
         if found is None:
             return ""
-        # The training view's parameter: without it MLflow opens the GenAI view (see ``researcher ui``).
-        page = f"#/experiments/{found.experiment_id}/runs/{real}/artifactPath/{report}?workflowType=machine_learning"
-        lines = [f"**Report** with its figures: [{report}]({page}) (artifacts of run `{real}`)."]
+        lines = []
+        view = found.tags.get(review_view.VIEW_TAG)
+        if view:
+            page = review_view.experiment_page(found.experiment_id, with_view=True)
+            lines.append(f"**Runs** grouped by arm: [{json.loads(view)['name']}](#{page}).")
+        page = review_view.run_page(found.experiment_id, real, report)
+        lines.append(f"**Report** with its figures: [{report}](#{page}) (artifacts of run `{real}`).")
         lines += [f"![{path}](get-artifact?path={quote(path, safe='')}&run_uuid={real})" for path in figures]
         return "\n\n".join(lines)
 

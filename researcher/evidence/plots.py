@@ -2,8 +2,12 @@
 
 One figure per iteration: each configuration's mean curve over its seeds (thick) and the
 individual seeds (thin), against the training step. For the whole study: the same curves on the
-three axes side by side (per training step, per episode consumed, per wall-clock second), and for
-a sweep the dose-response curve (knob value against AUC mean ± 95% CI, one panel per axis).
+three axes (per training step, per episode consumed, per wall-clock second), and for a sweep the
+dose-response curve (knob value against AUC mean ± 95% CI, one panel per axis).
+
+Every figure is at most ``PAGE_PX`` pixels wide, panels stacked in a column: MLflow shows the study's
+figures at their pixel size in the experiment's description (its Markdown allows no image width), and
+a wider one is cut at the box's right edge.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ from typing import Any
 from researcher.evidence import analysis
 from researcher.records import Evidence, IterationSummary
 
+DPI = 100
+PAGE_PX = 640  # fits MLflow's description box in a 1400 px window with its chat panel open
+PANEL_IN = (PAGE_PX / DPI, 2.7)  # one panel's width and height, inches
+
 
 def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
     import matplotlib
@@ -22,7 +30,7 @@ def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     metric, horizon = summary.metric, summary.horizon
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(PANEL_IN[0], 4.0), dpi=DPI)
     for index, row in enumerate(summary.experiments):
         color = f"C{index % 10}"
         curves = [(c.steps, c.values) for c in (analysis.read_axes(Path(d), metric, horizon) for d in row.runs)]
@@ -56,6 +64,12 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
+def _column(plt: Any, n: int) -> tuple[Any, list[Any]]:
+    """A page-wide figure of ``n`` panels, one under the other."""
+    fig, panels = plt.subplots(n, 1, figsize=(PANEL_IN[0], PANEL_IN[1] * n + 0.4), dpi=DPI, squeeze=False)
+    return fig, [row[0] for row in panels]
+
+
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -68,8 +82,8 @@ def axes_curves(study: Evidence, path: Path, title: str) -> Path:
     """Each configuration's seeds (pooled over iterations) against steps, episodes consumed and seconds."""
     plt = _pyplot()
     measured = study.measured
-    fig, panels = plt.subplots(1, len(measured), figsize=(4.2 * len(measured), 3.8), dpi=110, squeeze=False)
-    for ax, axis in zip(panels[0], measured, strict=True):
+    fig, panels = _column(plt, len(measured))
+    for ax, axis in zip(panels, measured, strict=True):
         for index, row in enumerate(study.arms):
             color = f"C{index % 10}"
             for n, run_dir in enumerate(row.runs):
@@ -82,8 +96,8 @@ def axes_curves(study: Evidence, path: Path, title: str) -> Path:
         ax.set_ylabel(study.metric)
         ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study.axis else ""), fontsize=9)
         ax.grid(alpha=0.3)
-    if panels[0][0].get_legend_handles_labels()[0]:
-        panels[0][0].legend(fontsize=7)
+    if panels[0].get_legend_handles_labels()[0]:
+        panels[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     out = _save(fig, path)
     plt.close(fig)
@@ -98,8 +112,8 @@ def dose_response(study: Evidence, path: Path, title: str) -> Path:
     numeric = all(isinstance(r.value, (int, float)) for r in rows)
     if numeric:
         rows.sort(key=lambda r: r.value)
-    fig, panels = plt.subplots(1, len(measured), figsize=(4.2 * len(measured), 3.8), dpi=110, squeeze=False)
-    for ax, axis in zip(panels[0], measured, strict=True):
+    fig, panels = _column(plt, len(measured))
+    for ax, axis in zip(panels, measured, strict=True):
         xs = [r.value if numeric else i for i, r in enumerate(rows)]
         means = [r.axes[axis].mean for r in rows]
         errs = [r.axes[axis].hw or 0.0 for r in rows]

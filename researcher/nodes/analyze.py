@@ -70,6 +70,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     parent = state.get("mlflow_parent_run")
     if parent:
         _log_parent(ctx, parent, summary, analysis_file)
+    ctx.tracker.save_review_view(state["study_id"], study.metric)  # the metric judged, registered or switched to
     ctx.say("analyzed", iteration=iteration, best=summary.best, lines=lines)
     return {"iterations": [s.dump() for s in [*history, summary]], "phase": "deciding"}
 

@@ -75,6 +75,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                                + ".")
     ctx.tracker.describe_study(state["study_id"], f"Topic: {state['topic']}\n\nQuestion: {framing.question}\n\n"
                                                   "Answer: not yet (the study is running).")
+    ctx.tracker.save_review_view(state["study_id"], framing.metric)  # analyze saves the judged metric's
     ctx.say("framed", question=framing.question, task=framing.task, knob=framing.knob)
     return {"framing": framing.model_dump(), "phase": "planning", "llm": usage}
 

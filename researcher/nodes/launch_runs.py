@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from researcher import budget
+from researcher import budget, review_view
 from researcher.context import StudyContext
 from researcher.runs import record as runs, resources
 from researcher.runs.processes import LaunchError
@@ -151,7 +151,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                                     f"{_arm_letter(state, trial)} {trial['experiment']} s{trial['seed']}",
                                     {**config, "seed": trial["seed"], "steps": steps, "run_key": trial["key"]},
                                     {"researcher.run_key": trial["key"], "researcher.experiment": trial["experiment"],
-                                     "arm": trial["experiment"],
+                                     review_view.ARM_TAG: trial["experiment"],
                                      "researcher.iteration": str(state["iteration"]),
                                      "researcher.hypothesis_id": _hypothesis_of(ctx, state["iteration"],
                                                                                 trial["experiment"])},

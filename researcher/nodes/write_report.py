@@ -62,11 +62,31 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     last = history[-1].study if history else None
     shown = list(last.plots.values()) if last else []
     report = ctx.tracker.report_markdown(state["study_id"], parent, "report.md", shown) if parent else ""
-    # The answer first: MLflow shows a description's first line above the runs, the rest on expanding it.
-    ctx.tracker.describe_study(state["study_id"], f"Answer ({final_phase}): {answer}\n\n{question}Topic: {state['topic']}"
-                                                  f"\n\n{report or f'Report: {ctx.layout.report_md}'}")
+    ctx.tracker.describe_study(state["study_id"], description(final_phase, answer, question + f"Topic: {state['topic']}",
+                                                              report or f"Report: {ctx.layout.report_md}"))
     ctx.say("report", path=str(ctx.layout.report_md), answer=answer, phase=final_phase)
     return {"phase": final_phase, "llm": usage}
+
+
+HEADLINE_CHARS = 100  # one line of MLflow's collapsed description box (a 1400 px wide window, the chat open)
+
+
+def description(phase: str, answer: str, *rest: str) -> str:
+    """The experiment's description (Markdown): the answer's headline on the first line, which is all MLflow
+    shows above the runs until the box is expanded, then the whole answer and ``rest``, a paragraph each."""
+    whole = " ".join(answer.split())
+    first = f"Answer ({phase}): "
+    head = headline(whole, HEADLINE_CHARS - len(first))
+    return "\n\n".join([first + head, *([whole] if head != whole else []), *rest])
+
+
+def headline(text: str, limit: int) -> str:
+    """``text`` up to its first sentence end or dash, cut at a word to ``limit`` characters (with "…")."""
+    ends = [i for i in (text.find(". "), text.find(" — ")) if i > 0]
+    head = text[:min(ends) + (text[min(ends)] == ".")] if ends else text
+    if len(head) <= limit:
+        return head
+    return head[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
 
 
 def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContext, answer: str, caveats: str,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import budget, catalog
+from researcher import budget, catalog, review_view
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots, verdicts
 from researcher import verdict_rules as rules
@@ -285,7 +285,9 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     assert shown["lines"][0].startswith(f"{shown['best']} (group_size={best.value}): AUC per episode consumed of "
                                         f"`train/reward_mean` {best.axes['episode'].mean:.3f} ± ")
     assert "(6/6 runs usable, iteration(s) 1, 2)" in shown["lines"][0]
-    assert (layout.study_dir / "figures" / "axes.png").stat().st_size > 1000
+    axes_png = (layout.study_dir / "figures" / "axes.png").read_bytes()
+    assert len(axes_png) > 1000
+    assert int.from_bytes(axes_png[16:20], "big") <= plots.PAGE_PX  # PNG width: MLflow shows it at that size
 
     run = tracker.client.get_run(parent)
     tags = run.data.tags
@@ -311,6 +313,16 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     assert "AUC per episode consumed (verdict)" in report and "| AUC per wall-clock second |" in report
     assert "Noise floor per training step (pooled within-configuration sd of the AUC):" in report
     assert "from 12 seeds in 2 configurations" in report and "figures/axes.png" in report
+    # MLflow: the description's first line is the answer's headline, whole below; the saved view charts
+    # the judged metric first and is linked from the description.
+    experiment = tracker.client.get_experiment_by_name("pooled")
+    description = experiment.tags["mlflow.note.content"]
+    first = description.split("\n\n", 1)[0]
+    assert first.startswith("Answer (done): ") and len(first) <= write_report.HEADLINE_CHARS
+    assert " ".join(report.split("## Answer\n\n", 1)[1].split("\n", 1)[0].split()) in description
+    view = json.loads(json.loads(experiment.tags[review_view.VIEW_TAG])["state"])
+    assert view["compareRunCharts"][0]["metricKey"] == study.metric == "train/reward_mean"
+    assert f"viewStateShareKey={review_view.VIEW_ID}" in description
     review = (layout.study_dir / "review.md").read_text()
     assert "AUC/episode" in review and "AUC/second" in review
 

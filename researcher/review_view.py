@@ -1,0 +1,69 @@
+"""What the links the researcher writes open in MLflow's UI: the training view, the runs grouped by arm,
+the verdict's metric charted first.
+
+Written against MLflow 3.17's built UI (``mlflow/server/js/build/static/js``), which honours only this:
+
+- ``workflowType=machine_learning`` in the URL: the model-training view. Without it the UI opens the GenAI
+  view (the workflow context in ``main.*.js``, default ``genai``, falls back to the browser's stored choice).
+- ``#/experiments/<id>/runs?compareRunsMode=CHART``: the runs page with its charts. The bare experiment route
+  ``#/experiments/<id>`` redirects to that tab keeping only ``startTime``, ``endTime``, ``workflowType`` and
+  ``workspace``, so links go to ``/runs`` directly.
+- ``viewStateShareKey=<id>``: applies the saved view stored in the experiment tag
+  ``mlflow.sharedViewState.<id>``: a JSON envelope ``{name, createdAt, updatedAt, state}`` whose state sets
+  the grouping (``groupBy``), the charts (``compareRunCharts``) and their sections (``compareRunSections``,
+  kept in our order by ``isAccordionReordered``). The runs page lists it under "Views" too; while it is
+  applied MLflow shows a "You're viewing a shared view" banner. Metrics the view does not name get
+  MLflow's own charts, in sections after ours.
+
+Not honoured by 3.17, so not attempted: a default view for an experiment (the UI keeps a reader's view in
+browser localStorage only; the plain experiment page, as the experiments list opens it, is ungrouped), and
+grouping or charts as URL parameters. A run page opened from the runs table leaves the training view: the
+table's run links carry no ``workflowType`` and the page falls back to the browser's stored choice (GenAI
+until the reader switches the sidebar to "Model training"). The run links written here carry it.
+"""
+
+from __future__ import annotations
+
+import json
+
+VIEW_ID = "by-arm"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"  # the saved-view tag prefix of MLflow's UI
+TRAINING_VIEW = "workflowType=machine_learning"
+ARM_TAG = "arm"  # the training runs' tag naming their arm (researcher.nodes.launch_runs)
+VERDICT_SECTION = "verdict"
+
+
+def view_name(metric: str) -> str:
+    return f"By arm, {metric} first"
+
+
+def saved_view(metric: str, created_ms: int, updated_ms: int) -> str:
+    """The experiment tag value of the saved view: runs grouped by the ``arm`` tag (charted as each arm's
+    mean), ``metric`` alone in the first chart section at full width, MLflow's charts of the rest below."""
+    chart = {"uuid": "verdict-metric", "type": "LINE", "metricSectionId": VERDICT_SECTION, "metricKey": metric,
+             "selectedMetricKeys": [metric], "displayName": metric, "isGenerated": False, "deleted": False,
+             "runsCountToCompare": 10, "xAxisKey": "step", "xAxisScaleType": "linear", "scaleType": "linear",
+             "lineSmoothness": 0, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True, "yAxisKey": "metric",
+             "yAxisExpressions": [], "selectedXAxisMetricKey": "", "ignoreOutliers": False, "range": {}}
+    section = {"uuid": VERDICT_SECTION, "name": "The verdict's metric", "display": True, "isReordered": True,
+               "deleted": False, "columns": 1}
+    state = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": ARM_TAG}]},
+             "useGroupedValuesInCharts": True, "compareRunCharts": [chart], "compareRunSections": [section],
+             "isAccordionReordered": True}
+    return json.dumps({"name": view_name(metric), "createdAt": created_ms, "updatedAt": updated_ms,
+                       "state": json.dumps(state)})
+
+
+def experiment_page(experiment_id: str | None, with_view: bool) -> str:
+    """The UI route (after ``#``) of an experiment's runs in the training view: charted and grouped by
+    arm where the experiment holds the saved view; every experiment when ``experiment_id`` is None."""
+    if experiment_id is None:
+        return f"/experiments?{TRAINING_VIEW}"
+    query = f"{TRAINING_VIEW}&compareRunsMode=CHART&viewStateShareKey={VIEW_ID}" if with_view else TRAINING_VIEW
+    return f"/experiments/{experiment_id}/runs?{query}"
+
+
+def run_page(experiment_id: str, run_id: str, artifact: str | None = None) -> str:
+    """The UI route (after ``#``) of a run, or of one of its artifacts, in the training view."""
+    tail = f"/artifactPath/{artifact}" if artifact else ""
+    return f"/experiments/{experiment_id}/runs/{run_id}{tail}?{TRAINING_VIEW}"
