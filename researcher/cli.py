@@ -394,7 +394,8 @@ def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to thi
         if found is None:
             _fail(f"no MLflow experiment for study {study_id!r} in {uri}", 2)
         page = review_view.experiment_page(found.experiment_id, with_view=review_view.VIEW_TAG in found.tags)
-    out.print(f"MLflow UI on http://127.0.0.1:{port}/#{page} (store {uri})")
+    # One line however narrow the terminal (it wraps it, rich does not cut it): the link stays whole to copy.
+    out.print(f"MLflow UI on http://127.0.0.1:{port}/#{page} (store {uri})", soft_wrap=True)
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1"]
     if uri.startswith("sqlite:"):

@@ -20,6 +20,7 @@ import pytest
 from support import free_port, wait_for
 from support.stops import terminate
 
+from researcher import review_view
 from researcher.runs import record as runs
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
@@ -123,14 +124,14 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
         eval_steps.add(tuple(sorted(m.step for m in client.get_metric_history(rec.mlflow_run_id, "eval/reward_mean"))))
     assert eval_steps == {(0, 5)}, eval_steps  # letters evaluates every 5 steps: 0 and 5 of 8, in every run
 
-    # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view), and
-    # the real MLflow UI it starts serves the review: driven through its REST API and, where
-    # Debian's Chromium is installed, rendered headless.
+    # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view, grouped by
+    # arm: test_mlflow_review renders that), and the real MLflow UI it starts serves the review: driven
+    # through its REST API and, where Debian's Chromium is installed, rendered headless.
     ui = subprocess.Popen(cli.argv("ui", sid, "--port", str(free_port()), "--artifacts-dir", str(cli.artifacts)),
                           env=cli.env, cwd=cli.cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         link = ui.stdout.readline()
-        assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning" in link, link
+        assert link.split()[3].endswith(f"/#{review_view.experiment_page(experiment.experiment_id, with_view=True)}"), link
         _review_in_mlflow_ui(link.split()[3], experiment.experiment_id, records, report, tmp_path)
     finally:
         terminate(ui)  # its MLflow server and that server's children end with it
@@ -159,7 +160,7 @@ def _review_in_mlflow_ui(page: str, experiment_id: str, records: list[runs.RunRe
         answer = report.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
         experiment = http.get(f"{api}/experiments/get", params={"experiment_id": experiment_id}).json()["experiment"]
         description = {t["key"]: t["value"] for t in experiment["tags"]}["mlflow.note.content"]
-        assert description.startswith(f"Answer (done): {answer}")
+        assert description.startswith("Answer (done): ") and " ".join(answer.split()) in description
 
         found = http.post(f"{api}/runs/search", json={"experiment_ids": [experiment_id]}).json()["runs"]
         by_id = {r["info"]["run_id"]: r for r in found}
