@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from swarm.backends.base import SOURCE_DIFF_PREFIX, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
 from swarm.backends.text import ChatText
@@ -35,13 +35,19 @@ from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
 from swarm.protocol import WorkerStatus
 
-if TYPE_CHECKING:
-    from swarm.pool.roster import Roster
-
 log = logging.getLogger(__name__)
 
 _STICKY_MAX = 65_536  # affinities remembered (oldest forgotten first)
 _RETRY_AFTER_S = 1.0
+
+
+class Dissemination(Protocol):
+    """What the pool asks of its remote membership (``swarm.pool.roster.Roster``, which registers
+    itself as ``pool.roster``): push each published version to the remote members, and stop."""
+
+    async def disseminate(self, version: int, weights: Weights | None, *, overlap: bool = False) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class GeneratorPool(Generator):
@@ -63,7 +69,7 @@ class GeneratorPool(Generator):
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._published = local.policy_version if local is not None else 0
         self.last_publication: dict[str, float] = {}  # the last publication's figures (the step's metrics)
-        self.roster: Roster | None = None  # remote membership and dissemination (set by the Roster)
+        self.roster: Dissemination | None = None  # remote membership and dissemination (set by the Roster)
         self._mode: Literal["sync", "async"] = "async"
 
     # ------------------------------------------------------------------ the Generator hooks
