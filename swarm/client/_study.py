@@ -4,9 +4,9 @@ A study client module defines ``tasks(seed) -> Iterable[dict]`` (each with a ``t
 ``workflow(ep, task) -> float``; optionally ``GROUP_SIZE``, ``CONCURRENCY`` and ``setup(client)``
 (for example a supervised warm-up through ``client.sft``), and ``heldout() -> list[dict]``: a fixed
 set of held-out tasks, disjoint from every ``tasks(seed)``, that the run evaluates (never trains on)
-at step 0 and every ``EVAL_EVERY`` steps (default 5; ``--eval-every`` overrides, 0 turns it off). Modules load from a file path, so a
-restarted client picks up edited code; the study imports only what it needs (the openai SDK is
-imported the first time an episode asks for a client).
+at step 0 and every ``EVAL_EVERY`` steps (default 5; ``--eval-every`` overrides, 0 turns it off).
+Modules load from a file path, so a restarted client picks up edited code; the study imports only
+what it needs (the openai SDK is imported the first time an episode asks for a client).
 
 A study may declare ``REWARD_RANGE = (low, high)``, the range its workflow's reward lies in (the
 researcher requires it of the clients it writes and checks the rewards of a smoke run against it).

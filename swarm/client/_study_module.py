@@ -19,7 +19,8 @@ def load_study(path: str | Path) -> ModuleType:
     """Import a study client module from ``path``; raises ``ValueError`` if it is not one."""
     path = Path(path).resolve()
     main = sys.modules.get("__main__")
-    if main is not None and getattr(main, "__file__", None) and Path(main.__file__).resolve() == path:
+    main_file = getattr(main, "__file__", None)
+    if main is not None and main_file and Path(main_file).resolve() == path:
         module = main  # `python CLIENT.py`: the module is already running; do not execute it twice
     else:
         if not path.is_file():

@@ -28,7 +28,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.backends.base import (
+    SOURCE_DIFF_PREFIX,
+    Generator,
+    GeneratorUnavailable,
+    Sampled,
+    SamplingParams,
+    TokenSink,
+    Weights,
+)
 from swarm.backends.text import ChatText
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
@@ -42,10 +50,13 @@ _RETRY_AFTER_S = 1.0
 
 
 class Dissemination(Protocol):
-    """What the pool asks of its remote membership (``swarm.pool.roster.Roster``, which registers
-    itself as ``pool.roster``): push each published version to the remote members, and stop."""
+    """The pool's remote membership as its holders see it (``swarm.pool.roster.Roster``, which
+    registers itself as ``pool.roster``): push each published version to the remote members, sweep
+    members whose lease lapsed (the server runs it for the pool's life), and stop."""
 
     async def disseminate(self, version: int, weights: Weights | None, *, overlap: bool = False) -> None: ...
+
+    async def run_sweeper(self) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -75,7 +86,7 @@ class GeneratorPool(Generator):
     # ------------------------------------------------------------------ the Generator hooks
 
     @property
-    def mode(self) -> Literal["sync", "async"]:  # type: ignore[override]
+    def mode(self) -> Literal["sync", "async"]:
         return self._mode
 
     @mode.setter
@@ -85,7 +96,7 @@ class GeneratorPool(Generator):
             self.local.mode = value
 
     @property
-    def streams_weights(self) -> bool:  # type: ignore[override]
+    def streams_weights(self) -> bool:
         return self.local is not None and self.local.streams_weights
 
     @property
@@ -97,7 +108,7 @@ class GeneratorPool(Generator):
         return self.local is not None and self.local.restarts_on_recover
 
     @property
-    def on_status(self) -> Callable[[Any], None] | None:  # type: ignore[override]
+    def on_status(self) -> Callable[[Any], None] | None:
         return self.local.on_status if self.local is not None else None
 
     @on_status.setter

@@ -33,7 +33,7 @@ def attn_implementation() -> str:
     """``flash_attention_2`` when ``flash_attn`` imports here, else ``sdpa`` (runs everywhere)."""
     try:
         importlib.import_module("flash_attn")
-    except Exception:  # noqa: BLE001 - a broken flash-attn build is as good as none
+    except Exception:  # a broken flash-attn build is as good as none
         return "sdpa"
     return "flash_attention_2"
 

@@ -116,7 +116,7 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
     def run() -> None:
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:  # handed to the awaiting coroutine
             loop.call_soon_threadsafe(settle, None, exc)
         else:
             loop.call_soon_threadsafe(settle, result)
@@ -223,7 +223,7 @@ class NcclTransfer:
     def _abort(self) -> None:
         try:
             self.sender.abort()
-        except Exception:  # noqa: BLE001 - the group is abandoned either way
+        except Exception:  # the group is abandoned either way
             logger.exception("aborting the NCCL weight-transfer group failed")
 
 
