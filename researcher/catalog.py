@@ -102,7 +102,8 @@ KNOBS: tuple[Knob, ...] = (
 CONFIG_KEYS: dict[str, str] = {
     "lr": "float (0, 1], AdamW learning rate", "weight_decay": "float >= 0", "grad_clip": "float > 0",
     "adv_estimator": "str: grpo, rloo, reinforce_plus_plus, ...", "norm_adv_by_std": "bool",
-    "policy_loss": "str: vanilla, gspo, cispo, ...", "loss_agg_mode": "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
+    "policy_loss": "str: vanilla, gspo, cispo, ...",
+    "loss_agg_mode": "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
     "clip_ratio": "float (0, 1)", "kl_coef": "float >= 0 (0 disables the reference model)",
     "kl_penalty": "str: low_var_kl, kl, abs, mse", "ppo_epochs": "int 1-16", "micro_batch_tokens": "int >= 64",
     "rollout_is": "off | token | sequence", "rollout_is_threshold": "float > 0",

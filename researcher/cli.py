@@ -22,8 +22,6 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from swarm import stopping
-
 from researcher import catalog, datatask, events, flags, overview, review_view, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
@@ -38,6 +36,7 @@ from researcher.state import StudyState
 from researcher.study import store
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking import Tracker
+from swarm import stopping
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
                   add_completion=False)

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm import stopping
-
 from researcher import scheduler as sched
+from swarm import stopping
 
 log = logging.getLogger(__name__)
 

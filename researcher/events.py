@@ -45,7 +45,7 @@ from researcher.records import JsonObject
 from researcher.study.layout import StudyLayout
 
 log = logging.getLogger(__name__)
-__all__ = ["EventLog", "Follower", "NODE_DOING", "events_path", "llm_call_listener", "read_events", "recorder"]
+__all__ = ["NODE_DOING", "EventLog", "Follower", "events_path", "llm_call_listener", "read_events", "recorder"]
 
 EVENTS_FILE = "events.jsonl"
 _TAIL = 65536  # bytes read from the end to find the last id (far more than one event)
@@ -192,7 +192,7 @@ def llm_call_listener(say: Callable[..., None]) -> Callable[[LLMCall], None]:
                 tokens=int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)),
                 error=(str(record["error"])[:200] if record.get("error") else None),
                 summary=answer[:240] + ("…" if len(answer) > 240 else ""))
-        except Exception as exc:  # noqa: BLE001 - a listener must not raise (the planner's contract)
+        except Exception as exc:  # a listener must not raise (the planner's contract)
             log.warning("could not record the planner call %s as an event: %s", record.get("step"), exc)
 
     return listen

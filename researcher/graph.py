@@ -19,8 +19,18 @@ from langgraph.types import RetryPolicy
 
 from researcher.context import StudyContext
 from researcher.events import NODE_DOING
-from researcher.nodes import (analyze, decide, frame_topic, launch_runs, monitor, park, plan_experiments, validate,
-                              write_client, write_report)
+from researcher.nodes import (
+    analyze,
+    decide,
+    frame_topic,
+    launch_runs,
+    monitor,
+    park,
+    plan_experiments,
+    validate,
+    write_client,
+    write_report,
+)
 from researcher.state import StudyState
 from researcher.watchdogs import ParkStudy, is_transient
 

@@ -36,7 +36,7 @@ from researcher.study.store import read_state
 from researcher.tracking import Tracker
 
 log = logging.getLogger(__name__)
-__all__ = ["PENDING", "PlannerTraces", "RUN_LINK_TAG"]
+__all__ = ["PENDING", "RUN_LINK_TAG", "PlannerTraces"]
 
 RUN_LINK_TAG = "researcher.run_link"  # "pending" until the trace's iteration run exists, then "linked"
 PENDING = "pending"
@@ -61,7 +61,7 @@ class PlannerTraces:
         """Trace one planner call; the trace id, or None when tracing failed (logged, never raised)."""
         try:
             return self._record(call)
-        except Exception as exc:  # noqa: BLE001 - best effort by contract: the JSON copy is the fallback
+        except Exception as exc:  # best effort by contract: the JSON copy is the fallback
             log.warning("could not write the planner call %s as an MLflow trace (%s: %s); its JSON copy stays "
                         "in %s", call.get("step"), type(exc).__name__, exc, self.layout.llm_calls_dir)
             return None

@@ -45,7 +45,7 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         "active": is_locked(layout),
         "iteration": state.get("iteration", 0),
         "runs": {"launched": sum(1 for r in records if r.launches), "by_status": counts},
-        "deadline": dt.datetime.fromtimestamp(deadline, dt.timezone.utc).isoformat(timespec="seconds")
+        "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat(timespec="seconds")
         if deadline else None,
         "decision": state.get("decision"),
         "llm": state.get("llm"),

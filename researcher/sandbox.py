@@ -27,6 +27,7 @@ out of the places such code looks (environment, argv).
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import resource
 import signal
@@ -222,7 +223,5 @@ def run_boxed(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, limits:
 
 def kill_group(pgid: int) -> None:
     """SIGKILL every process of group ``pgid`` (our child leads it, so the id cannot be reused yet)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarm import stopping
-
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked, read_state
+from swarm import stopping
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +147,7 @@ def _parse_clock(text: str) -> tuple[int, int, int]:
     try:
         if len(parts) not in (2, 3):
             raise ValueError
-        hour, minute, second = (int(p) for p in (parts + ["0"])[:3])
+        hour, minute, second = (int(p) for p in ([*parts, "0"])[:3])
         if not (0 <= hour < 24 and 0 <= minute < 60 and 0 <= second < 60):
             raise ValueError
     except ValueError:

@@ -62,7 +62,8 @@ def resume(ctx: StudyContext) -> StudyState:
             if state.get("phase") not in ("analyzing", "deciding", "reporting", "done", "failed", "stopped"):
                 keep.add(state.get("mlflow_parent_run") or "")
             ctx.tracker.close_stale(layout.study_id, keep)
-            window = "" if ctx.window_end is None else f", window until {time.strftime('%H:%M:%S', time.localtime(ctx.window_end))}"
+            until = "" if ctx.window_end is None else time.strftime("%H:%M:%S", time.localtime(ctx.window_end))
+            window = f", window until {until}" if until else ""
             studyfiles.log(layout, f"Resumed (phase {state.get('phase')}, iteration {state.get('iteration')}{window}).")
             if state.get("phase") == "parked":
                 # The parked session's graph run ended at `park`: start a new one, entering where it parked.

@@ -43,9 +43,9 @@ def distinct(names: list[str], width: int) -> dict[str, str]:
     long loses the start and end it shares with all of them (``…size-16…`` beside ``…size-8…``)."""
     if len(names) < 2:
         return {name: fit(name, width) for name in names}
-    start = len(os.path.commonprefix(names))
+    start = len(os.path.commonprefix(names))  # noqa: RUF071 - characters, on purpose: cut at any character
     start = names[0].rfind("-", 0, max(0, start - 1)) + 1  # keep the differing word's own name (``size-16``)
-    end = len(os.path.commonprefix([name[::-1] for name in names]))
+    end = len(os.path.commonprefix([name[::-1] for name in names]))  # noqa: RUF071 - as above
     end = max(0, end - names[0][len(names[0]) - end:].find("-")) if end else 0  # the shared tail from a "-"
     shown = {}
     for name in names:

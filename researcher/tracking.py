@@ -23,11 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm.protocol import StepMetrics
-
 from researcher import review_view
 from researcher.records import JsonObject
 from researcher.spool import Spool
+from swarm.protocol import StepMetrics
 
 log = logging.getLogger(__name__)
 _BATCH = 1000  # MLflow's per-request metric limit
@@ -66,7 +65,7 @@ class Tracker:
             return None
         try:
             return self._apply(op, args)
-        except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
+        except Exception as exc:  # classified right below; anything else re-raises
             if not unreachable(exc):
                 if _caller_error(exc):
                     log.warning("MLflow refused %s (dropped): %s", op, exc)
@@ -85,7 +84,7 @@ class Tracker:
             return False
         try:
             done = self.spool.replay(self._apply)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not unreachable(exc):
                 raise
             self._next_replay = time.monotonic() + _REPLAY_EVERY_S
@@ -200,7 +199,7 @@ class Tracker:
         try:
             real = self.real_id(run_id)
             found = self.client.get_experiment_by_name(study_id) if real else None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if unreachable(exc):
                 return ""
             raise
@@ -283,7 +282,7 @@ class Tracker:
                 return []
             stale = self.client.search_runs([found.experiment_id], filter_string="attributes.status = 'RUNNING'",
                                             max_results=1000)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if unreachable(exc):
                 log.warning("MLflow unreachable; stale runs of %s stay open for now: %s", study_id, exc)
                 return []

@@ -121,7 +121,8 @@ class WatchState:
                 self.doing, self.node_since = f"done (phase now {self.phase})", event.get("ts")
                 self.node_running = False
         elif kind == "session":
-            self.node, self.doing, self.node_since = None, f"session {event.get('action')} (pid {event.get('pid')})", event.get("ts")
+            self.node, self.node_since = None, event.get("ts")
+            self.doing = f"session {event.get('action')} (pid {event.get('pid')})"
             self.node_running = False
         repair = (kind == "client" and event.get("repaired")) or (kind == "validated" and not event.get("ok"))
         if kind in _DECISIONS:

@@ -22,6 +22,7 @@ use it. Linux and macOS (process groups); the process-group scan reads ``/proc``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -88,10 +89,8 @@ def exit_now(signum: int, why: str) -> None:
     for child in children:
         _signal_group(child.pid, signal.SIGKILL)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(128 + int(signum))
 
 

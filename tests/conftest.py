@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support.ray_logs import dead_worker_pids, oom_kills, worker_post_mortem
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

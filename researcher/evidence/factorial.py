@@ -188,7 +188,7 @@ def effects_section(study: Evidence) -> list[str]:
         verdict = ("yes: the CI excludes 0" if r.resolved else "no: the CI includes 0" if r.hw is not None
                    else "no interval")
         out.append(f"| {label} | {estimate} | {ci} | {verdict} |")
-    return out + [""]
+    return [*out, ""]
 
 
 def mlflow_values(study: Evidence) -> dict[str, float]:

@@ -4,10 +4,10 @@ Table columns: iteration, hypothesis, experiment, config (the overrides it tests
 steps, final and best reward, AUC per training step, per episode and per wall-clock second (of the
 metric the iteration's verdict used), wall time, cost (core-seconds: wall time x torch threads) and a
 verdict: ``keep`` (the study's best configuration, pooled over iterations, when that iteration was
-analysed), ``discard`` (usable but not best) or ``crashed`` (no usable curve: crashed, stalled, diverged, stopped). Written as review.md,
-review.csv and review.png (overlaid curves on a shared step axis), logged to every iteration's
-MLflow parent run, with lineage tags (study, iteration, hypothesis, run key, verdict) on the
-child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
+analysed), ``discard`` (usable but not best) or ``crashed`` (no usable curve: crashed, stalled,
+diverged, stopped). Written as review.md, review.csv and review.png (overlaid curves on a shared
+step axis), logged to every iteration's MLflow parent run, with lineage tags (study, iteration,
+hypothesis, run key, verdict) on the child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def log_to_mlflow(tracker: Tracker, layout: StudyLayout, written: Review) -> lis
             return []
         candidates = tracker.client.search_runs([found.experiment_id], filter_string="tags.`researcher.kind` = 'iteration'",
                                                 max_results=1000)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if unreachable(exc):
             log.warning("MLflow unreachable; the review stays in %s", layout.study_dir)
             return []
@@ -222,9 +222,9 @@ def log_to_mlflow(tracker: Tracker, layout: StudyLayout, written: Review) -> lis
             "researcher.hypothesis_ids": ",".join(sorted({r.hypothesis_id for r in mine if r.hypothesis_id})),
             "researcher.kept": ",".join(sorted({r.experiment for r in mine if r.verdict == "keep"}))})
         try:
-            tracker.client.log_table(data={c: [getattr(r, c) for r in rows] for c in COLUMNS}, artifact_file="review/review_table.json",
-                                     run_id=run.info.run_id)
-        except Exception as exc:  # noqa: BLE001 - the table is a convenience; the CSV is already there
+            tracker.client.log_table(data={c: [getattr(r, c) for r in rows] for c in COLUMNS},
+                                     artifact_file="review/review_table.json", run_id=run.info.run_id)
+        except Exception as exc:  # the table is a convenience; the CSV is already there
             log.info("log_table failed for %s: %s", run.info.run_id, exc)
         parents.append(run.info.run_id)
     return parents

@@ -7,6 +7,7 @@ and the seeds a comparison needs. The t quantiles are tabulated to keep scipy ou
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ def t975(df: float) -> float:
     if df >= len(_T975):
         return 1.96 if df > len(_T975) + 10 else _T975[-1]
     # Welch's df is fractional: interpolate linearly between the tabulated integers.
-    low = int(math.floor(df))
+    low = math.floor(df)
     frac = df - low
     return _T975[low - 1] if frac == 0 else _T975[low - 1] * (1 - frac) + _T975[low] * frac
 
@@ -85,7 +86,7 @@ def auc(steps: Sequence[int], values: Sequence[float], horizon: int | None = Non
         raise ValueError("auc needs at least one point")
     if len(points) == 1:
         return points[0][1]
-    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(points, points[1:]))
+    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in itertools.pairwise(points))
     return area / (points[-1][0] - points[0][0])
 
 
@@ -114,7 +115,7 @@ def auc_until(xs: Sequence[float], values: Sequence[float], horizon: float) -> f
         return points[0][1]
     if len(kept) == 1 or kept[-1][0] == kept[0][0]:
         return kept[-1][1]
-    area = sum((x1 - x0) * (v0 + v1) / 2 for (x0, v0), (x1, v1) in zip(kept, kept[1:]))
+    area = sum((x1 - x0) * (v0 + v1) / 2 for (x0, v0), (x1, v1) in itertools.pairwise(kept))
     return area / (kept[-1][0] - kept[0][0])
 
 

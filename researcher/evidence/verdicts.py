@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from researcher.evidence.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
-from researcher.verdict_rules import Verdict, classify, resolved
 from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
+from researcher.verdict_rules import Verdict, classify, resolved
 
 
 def _est(cell: Cell | None) -> str:

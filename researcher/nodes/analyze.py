@@ -10,9 +10,9 @@ import json
 import shutil
 from pathlib import Path
 
+from researcher import verdict_rules as rules
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, plots
-from researcher import verdict_rules as rules
 from researcher.planner.schema import Framing
 from researcher.records import Cell, Evidence, IterationSummary
 from researcher.runs import record as runs

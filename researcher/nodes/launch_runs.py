@@ -16,7 +16,8 @@ from pathlib import Path
 
 from researcher import budget, review_view
 from researcher.context import StudyContext
-from researcher.runs import record as runs, resources
+from researcher.runs import record as runs
+from researcher.runs import resources
 from researcher.runs.processes import LaunchError
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus

@@ -19,6 +19,7 @@ them in order and the first ending stops the run through the launcher, which sav
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -29,9 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarm.client import SwarmError
-from swarm.protocol import Status, StepMetrics
-
 from researcher import budget, watchdogs
 from researcher.context import StudyContext
 from researcher.evidence import analysis
@@ -40,6 +38,8 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
 from researcher.study import files as studyfiles
+from swarm.client import SwarmError
+from swarm.protocol import Status, StepMetrics
 
 log = logging.getLogger(__name__)
 _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"}
@@ -135,7 +135,7 @@ def _final_round_due(poll: Poll) -> bool:
     """The run evaluates every k steps (its logged rounds say so), k divides the target step, and the
     target's round is not logged yet: stopping now would leave some runs of a study without it."""
     steps, _ = runs.read_curve(poll.run_dir, analysis.EVAL_METRIC)
-    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
     target = poll.record.target_step
     return bool(gaps) and target % min(gaps) == 0 and target not in steps
 

@@ -14,7 +14,6 @@ written or any planner call is made (validate passes a failed study on to the re
 
 from __future__ import annotations
 
-
 from researcher import budget, catalog, preflight
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing

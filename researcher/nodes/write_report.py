@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+from researcher import verdict_rules as rules
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, run_table, verdicts, window
-from researcher import verdict_rules as rules
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
@@ -35,8 +35,8 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
             try:
                 reply = ctx.planner.report(framing, {
                     "verdict": answer, "caveats": caveats,
-                    "iterations": [s.model_dump(include={"iteration", "experiments", "comparison", "plateau", "best"}, exclude_unset=True)
-                                   for s in history],
+                    "iterations": [s.model_dump(include={"iteration", "experiments", "comparison", "plateau", "best"},
+                                                exclude_unset=True) for s in history],
                     "effects": [e.dump() for e in (history[-1].study.effects if history[-1].study else [])]})
                 usage = add_usage(usage, reply.usage)
                 answer, caveats = reply.value.answer, reply.value.discussion
@@ -96,7 +96,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     records = runs.all_records(ctx.layout.runs_dir)
     out = [f"# Study {state['study_id']}", "",
            f"**Topic:** {state['topic']}  ", f"**Question:** {framing.get('question', 'n/a')}  ",
-           f"**Status:** {phase} · written {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}", "",
+           f"**Status:** {phase} · written {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}", "",
            "## Answer", "", answer, ""]
     last = history[-1].study if history else None
     if last:
@@ -115,7 +115,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
             f"{decision.get('reason', '')}",
             f"- Planner LLM: {usage['calls']} calls, {usage['prompt_tokens'] + usage['completion_tokens']} tokens, "
             f"${usage['cost_usd']:.4f}",
-            f"- Deadline: {dt.datetime.fromtimestamp(state['budget']['deadline'], dt.timezone.utc).isoformat(timespec='seconds')}",
+            f"- Deadline: {dt.datetime.fromtimestamp(state['budget']['deadline'], dt.UTC).isoformat(timespec='seconds')}",
             "", f"Everything is in MLflow experiment `{state['study_id']}` (`researcher ui`); the dated log is "
                 "LOG.md and the plan (hypotheses written before the runs) is plan.json.", ""]
     return "\n".join(out)
@@ -203,7 +203,7 @@ def evidence_section(study: Evidence) -> list[str]:
             out += ["", f"![dose-response curve of {knob}]({plots['curve']})"]
     if plots.get("axes"):
         out += ["", f"![reward curves per step, per episode and per second]({plots['axes']})"]
-    return out + [""]
+    return [*out, ""]
 
 
 def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:

@@ -31,10 +31,10 @@ def spread(knob: catalog.Knob, a: Any, b: Any) -> list[Any]:
         points.sort()
         gaps = list(itertools.pairwise(points))
         x, y = max(gaps, key=lambda g: (g[1] / g[0]) if knob.log_scale and g[0] > 0 else g[1] - g[0])
-        mid = mid(knob, x, y)
-        if any(same_value(mid, p) for p in points):
+        between = mid(knob, x, y)
+        if any(same_value(between, p) for p in points):
             break
-        points.append(mid)
+        points.append(between)
     return sorted(points)
 
 

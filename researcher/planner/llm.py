@@ -23,8 +23,16 @@ import openai
 from pydantic import BaseModel, ValidationError
 
 from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import (ClientCode, Decision, Framing, Plan, PlannerError, QuotaExhausted, Reply,
-                                      ReportText)
+from researcher.planner.schema import (
+    ClientCode,
+    Decision,
+    Framing,
+    Plan,
+    PlannerError,
+    QuotaExhausted,
+    Reply,
+    ReportText,
+)
 from researcher.planner.usage import LLMCall, LLMUsage, add_usage, new_usage
 from researcher.records import JsonObject
 from researcher.settings import LLMSettings

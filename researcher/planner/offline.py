@@ -21,12 +21,22 @@ from typing import Any, Literal, NamedTuple
 
 from researcher import catalog
 from researcher.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
-from researcher.verdict_rules import Verdict, classify, settled
 from researcher.planner import ladder
-from researcher.planner.schema import (ClientCode, Decision, Experiment, Framing, Hypothesis, Plan, Reply,
-                                       ReportText, TopicNotMappable, free)
+from researcher.planner.schema import (
+    ClientCode,
+    Decision,
+    Experiment,
+    Framing,
+    Hypothesis,
+    Plan,
+    Reply,
+    ReportText,
+    TopicNotMappable,
+    free,
+)
 from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
 from researcher.records import Comparison, JsonObject
+from researcher.verdict_rules import Verdict, classify, settled
 
 MAX_ARMS = 8  # Plan.experiments holds at most 8 configurations
 

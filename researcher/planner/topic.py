@@ -296,7 +296,8 @@ def _primary(mentions: list[_Hit], numbers: dict[catalog.Knob, list[tuple[Any, _
     return min(mentions, key=lambda h: (-h.length, h.start)).item
 
 
-def _named_values(text: str, knob: catalog.Knob, numbers: dict[catalog.Knob, list[tuple[Any, _Hit]]]) -> tuple[list[Any], list[_Hit]]:
+def _named_values(text: str, knob: catalog.Knob,
+                  numbers: dict[catalog.Knob, list[tuple[Any, _Hit]]]) -> tuple[list[Any], list[_Hit]]:
     """The knob's values in the order the topic names them, and the number tokens they came from."""
     named: list[tuple[int, Any]] = [(tok.start, v) for v, tok in numbers.get(knob, [])]
     tokens = [tok for _, tok in numbers.get(knob, [])]

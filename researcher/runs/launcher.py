@@ -20,14 +20,15 @@ import socket
 import time
 from pathlib import Path
 
-from swarm.client import SwarmError
-
 from researcher import procs, sandbox
-from researcher.runs import record as runs, resources, smoke, status as run_status
+from researcher.runs import record as runs
+from researcher.runs import resources, smoke
+from researcher.runs import status as run_status
 from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, log_size, tail
 from researcher.runs.processes import STATE_DIR, RunProcesses
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
+from swarm.client import SwarmError
 
 log = logging.getLogger(__name__)
 

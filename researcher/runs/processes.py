@@ -19,13 +19,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from swarm.client import SwarmClient
-
 from researcher import procs, sandbox
 from researcher.runs import record as runs
 from researcher.runs.logs import SERVER_LOG, tail
 from researcher.runs.record import RunRecord
 from researcher.spool import LOCAL_PREFIX
+from swarm.client import SwarmClient
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +73,23 @@ class RunProcesses:
         state_dir = runs.private_dir(run_dir / STATE_DIR)
         # The user's `researcher start --model` beats the config's `model`; without it the config decides.
         model = ["--model", self.model] if self.model is not None else []
-        argv = self.swarm_command + ["serve", *model, "--state-dir", str(state_dir), "--config", str(config),
-                                     "--seed", str(record.seed), "--threads", str(self.threads)]
+        argv = [*self.swarm_command, "serve", *model, "--state-dir", str(state_dir), "--config", str(config),
+                "--seed", str(record.seed), "--threads", str(self.threads)]
         if record.target_step:
             argv += ["--max-steps", str(record.target_step)]
         return argv
 
     def client_argv(self, record: RunRecord) -> list[str]:
         """The run's `swarm run` command wherever it is placed."""
-        return self.swarm_command + ["run", record.client, "--server", record.url, "--episodes", str(record.episodes),
-                                     "--group-size", str(record.group_size), "--seed", str(record.seed),
-                                     "--concurrency", str(record.concurrency), "--retry-for", "30"]
+        return [*self.swarm_command, "run", record.client, "--server", record.url, "--episodes", str(record.episodes),
+                "--group-size", str(record.group_size), "--seed", str(record.seed),
+                "--concurrency", str(record.concurrency), "--retry-for", "30"]
 
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
         """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics
         writer (``--mlflow-run-id``; the URI goes by environment, it may hold credentials); a run whose
         MLflow id is still a spool placeholder (the store was down) has its metrics copied by the monitor."""
-        argv = self.serve_argv(run_dir, config, record) + ["--host", "127.0.0.1", "--port", str(record.port)]
+        argv = [*self.serve_argv(run_dir, config, record), "--host", "127.0.0.1", "--port", str(record.port)]
         env = self._placed_env(record)
         run_id = record.mlflow_run_id
         record.server_logs_mlflow = bool(self.mlflow_uri and run_id and not run_id.startswith(LOCAL_PREFIX))

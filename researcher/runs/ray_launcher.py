@@ -35,15 +35,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm.client import SwarmClient, SwarmError
-
-from researcher.runs import ray_address, record as runs, resources, status as run_status
+from researcher.runs import ray_address, resources
+from researcher.runs import record as runs
+from researcher.runs import status as run_status
 from researcher.runs.launcher import Launcher
 from researcher.runs.logs import CLIENT_LOG, log_size
 from researcher.runs.processes import STATE_DIR
 from researcher.runs.ray_entry import ADDRESS_FILE
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
+from swarm.client import SwarmClient, SwarmError
 
 log = logging.getLogger(__name__)
 MAX_REVIVES = 3

@@ -134,7 +134,7 @@ def assign(request: Request, devices: list[str], usage: Mapping[str, float]) -> 
         room = [d for d in devices if usage.get(d, 0.0) + want <= 1.0 + _EPS]
         return [min(room, key=lambda d: (-usage.get(d, 0.0), devices.index(d)))] if room else None
     free = [d for d in devices if usage.get(d, 0.0) <= _EPS]
-    count = int(math.ceil(want))
+    count = math.ceil(want)
     return free[:count] if len(free) >= count else None
 
 

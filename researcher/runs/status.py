@@ -20,7 +20,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-__all__ = ["ENDED", "IllegalTransition", "LIVE", "RunStatus", "TRANSITIONS", "can_move", "move"]
+__all__ = ["ENDED", "LIVE", "TRANSITIONS", "IllegalTransition", "RunStatus", "can_move", "move"]
 
 
 class RunStatus(StrEnum):

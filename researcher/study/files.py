@@ -162,7 +162,8 @@ def set_factors(source: str, levels: Mapping[str, Any]) -> str:
         if ast.literal_eval(text) != merged:
             raise ValueError
     except (ValueError, SyntaxError):
-        raise ValueError(f"client factor levels must be plain literals (numbers, strings, booleans, lists): {merged!r}")
+        raise ValueError("client factor levels must be plain literals (numbers, strings, booleans, lists): "
+                         f"{merged!r}") from None
     value = node.value
     assert value is not None and value.end_lineno is not None and value.end_col_offset is not None
     lines = source.encode().splitlines(keepends=True)
@@ -224,8 +225,8 @@ def log(layout: StudyLayout, text: str) -> None:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _iso(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from swarm.backends.sampling_params import SamplingParams
+
 if TYPE_CHECKING:
     from swarm.backends.text import ChatText
 
@@ -40,36 +42,6 @@ TopAlternatives = list[tuple[int, float]]
 TokenSink = Callable[[int, int, float, "TopAlternatives | None"], None]
 # A full state dict on the CPU, Hugging Face parameter names -> torch tensors (typed loosely: no torch here).
 Weights = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings for one prompt row (one row per returned choice).
-
-    The fields after ``top_logprobs`` are vLLM's sampling extensions with vLLM's meaning: ``top_k``
-    (0: off), ``min_p`` (0: off), ``repetition_penalty`` (1: off; over prompt and output),
-    ``presence_penalty``/``frequency_penalty`` (0: off; over output tokens), ``min_tokens`` (no
-    end-of-turn or stop token before that many), ``ignore_eos`` (run to ``max_tokens``),
-    ``stop_token_ids`` (extra ids that end the row, kept in its ids like the end-of-turn token); then
-    OpenAI's ``logit_bias`` (added to the raw logits with ``min_tokens``' masking, before penalties:
-    -100 bans an id).
-    """
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    top_logprobs: int = 0  # alternatives to report per sampled token (0: none)
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's logit_bias
 
 
 @dataclass(frozen=True)
@@ -252,10 +224,15 @@ class Generator(Protocol):
     text: ChatText  # the tokenizer's text rules: rendering, encoding, decoding, drift-repair splices
     # Optional hooks, with the defaults of a generator that needs none of them:
     mode: Literal["sync", "async"] = "async"  # the server's mode, set before every publication
-    streams_weights: bool = False  # True: the trainer streams weights to it (``load_streamed``)
     start_timeout: float = 0.0  # seconds a restart (``recover``) may take beyond ``publish_timeout_s``
     restarts_on_recover: bool = False  # ``recover`` restarts a process (reported in ``generator.recovered``)
     on_status: Callable[[Any], None] | None = None  # called when its own health changes (a vLLM child)
+
+    @property
+    def streams_weights(self) -> bool:
+        """True: the trainer streams weights to it (``load_streamed``); read only, so an engine may
+        answer it from its state (a pool: its local member's)."""
+        return False
 
     @property
     def policy_version(self) -> int:

@@ -9,23 +9,22 @@ stop string begins, so the returned ids decode to exactly the returned text.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.base import SamplingParams
+from swarm.backends.sampling_params import MAX_TOP_LOGPROBS, validate_requests
 
-__all__ = ["ChatText", "Ending", "decode", "encode", "find_stop", "load_tokenizer", "prepare_messages", "render_chat",
-           "safe_prefix_chars", "validate_requests"]
+# MAX_TOP_LOGPROBS and validate_requests live with SamplingParams; still importable from here.
+__all__ = ["MAX_TOP_LOGPROBS", "ChatText", "Ending", "decode", "encode", "find_stop", "load_tokenizer",
+           "prepare_messages", "render_chat", "safe_prefix_chars", "validate_requests"]
 
 # Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
 # AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
 # regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
 _GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 _REPLACEMENT = "\ufffd"
-MAX_TOP_LOGPROBS = 20
 
 
 def load_tokenizer(folder: str | Path) -> Any:
@@ -210,53 +209,3 @@ def safe_prefix_chars(text: str, stops: Sequence[str]) -> int:
     while safe > 0 and text[safe - 1] == _REPLACEMENT:
         safe -= 1
     return safe
-
-
-def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
-                      max_context: int, vocab_size: int) -> None:
-    """``ValueError`` for anything that cannot be served; checked before anything is generated."""
-    if len(prompts) != len(params):
-        raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty")
-        if p.max_tokens < 1:
-            raise ValueError(f"prompt {i}: max_tokens must be at least 1, got {p.max_tokens}")
-        if not (p.temperature >= 0.0 and math.isfinite(p.temperature)):
-            raise ValueError(f"prompt {i}: temperature must be a finite number >= 0, got {p.temperature}")
-        if not (0.0 < p.top_p <= 1.0):
-            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p.top_p}")
-        if any(s == "" for s in p.stop):
-            raise ValueError(f"prompt {i}: stop strings must not be empty")
-        if not (0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
-            raise ValueError(f"prompt {i}: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs}")
-        _validate_extensions(i, p, vocab_size)
-        if len(prompt) + p.max_tokens > max_context:
-            raise ValueError(
-                f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "
-                f"model's context of {max_context} tokens"
-            )
-        if min(prompt) < 0 or max(prompt) >= vocab_size:
-            raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab_size})")
-
-
-def _validate_extensions(i: int, p: SamplingParams, vocab_size: int) -> None:
-    """vLLM's sampling extensions, with vLLM's ranges (``top_k`` -1 is mapped to 0 at the protocol)."""
-    if p.top_k < 0:
-        raise ValueError(f"prompt {i}: top_k must be >= 0 (0: off), got {p.top_k}")
-    if not (0.0 <= p.min_p <= 1.0):
-        raise ValueError(f"prompt {i}: min_p must be in [0, 1], got {p.min_p}")
-    if not (0.0 < p.repetition_penalty < math.inf):
-        raise ValueError(f"prompt {i}: repetition_penalty must be a finite number > 0, got {p.repetition_penalty}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(p, name)
-        if not (-2.0 <= value <= 2.0):
-            raise ValueError(f"prompt {i}: {name} must be in [-2, 2], got {value}")
-    if not (0 <= p.min_tokens <= p.max_tokens):
-        raise ValueError(f"prompt {i}: min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
-    if any(not (0 <= t < vocab_size) for t in p.stop_token_ids):
-        raise ValueError(f"prompt {i}: stop_token_ids must lie in [0, {vocab_size})")
-    if any(not (0 <= t < vocab_size) for t, _ in p.logit_bias):
-        raise ValueError(f"prompt {i}: logit_bias token ids must lie in [0, {vocab_size})")
-    if any(not (-100.0 <= bias <= 100.0) for _, bias in p.logit_bias):
-        raise ValueError(f"prompt {i}: logit_bias values must lie in [-100, 100]")

@@ -25,11 +25,13 @@ app, the consoles and the token and URL rules they share.
 from __future__ import annotations
 
 # Each verb module registers its commands on ``app`` when imported, in the order ``--help`` lists them.
-from swarm.cli import serve  # noqa: F401, I001
+# isort: off
+from swarm.cli import serve  # noqa: F401
 from swarm.cli import run  # noqa: F401
 from swarm.cli import observe  # noqa: F401
 from swarm.cli import steer  # noqa: F401
 from swarm.cli import worker  # noqa: F401
+# isort: on
 from swarm.cli._common import app
 
 __all__ = ["app", "main"]

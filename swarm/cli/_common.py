@@ -15,7 +15,6 @@ from rich.logging import RichHandler
 
 from swarm.client import SwarmClient
 
-
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Swarm RL: a server that trains a model from any OpenAI-speaking agent.")
 _PIPE_WIDTH = 10_000  # tables keep their natural width in a pipe or file; text is never wrapped there

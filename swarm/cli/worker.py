@@ -21,8 +21,9 @@ from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail
 def worker(
     server: Annotated[str, typer.Option(help="the swarm server's URL, e.g. http://10.0.0.2:8000")],
     engine: Annotated[str, typer.Option(help="torch (in process) or vllm (a vLLM child process)")] = "torch",
-    model: Annotated[str, typer.Option(help="the model the server trains: a preset (tiny, tiny-bpe), smollm2-135m, a .gguf file or a local "
-                                            "folder of the same architecture (its weights are replaced on join)")] = "tiny",
+    model: Annotated[str, typer.Option(help="the model the server trains: a preset (tiny, tiny-bpe), smollm2-135m, "
+                                            "a .gguf file or a local folder of the same architecture (its weights are "
+                                            "replaced on join)")] = "tiny",
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on (0: any free one)")] = 0,
     advertise: Annotated[str | None, typer.Option(help=(

@@ -198,7 +198,8 @@ class SwarmClient:
         return Status.model_validate_json(response.content)
 
     def metrics(self, since_step: int = 0) -> list[StepMetrics]:
-        """Per-step training metrics of steps after ``since_step`` (``step > since_step``; slash keys such as ``train/reward_mean``)."""
+        """Per-step training metrics of steps after ``since_step`` (``step > since_step``; slash keys such
+        as ``train/reward_mean``)."""
         response = self._transport.request("GET", f"{API_PREFIX}/metrics", params={"since_step": since_step})
         return _METRICS.validate_json(response.content)
 

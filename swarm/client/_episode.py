@@ -20,7 +20,7 @@ from swarm.client._transport import Transport
 from swarm.protocol import API_PREFIX, AbortRequest, Episode, EpisodeStatus, FinishRequest
 
 if TYPE_CHECKING:  # openai costs ~1.5 s to import: only when an agent asks for a client
-    import openai
+    from openai import AsyncOpenAI, OpenAI  # by name: inside EpisodeHandle, ``openai`` is its method
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class OpenAIPool:
         self._lock = threading.Lock()
         self._client: Any = None
 
-    def client(self) -> openai.OpenAI:
+    def client(self) -> OpenAI:
         with self._lock:
             if self._client is None:
                 import openai as _openai
@@ -112,7 +112,7 @@ class EpisodeHandle:
 
     # ---------------------------------------------------------------- agents
 
-    def openai(self, **kwargs: Any) -> openai.OpenAI:
+    def openai(self, **kwargs: Any) -> OpenAI:
         """An ``openai.OpenAI`` client for this episode; ``kwargs`` override its options.
 
         Episodes of one ``SwarmClient`` share one connection pool (``with_options`` copies), so a
@@ -124,7 +124,7 @@ class EpisodeHandle:
             self._openai = self._openai_pool.client().with_options(api_key=self.api_key, base_url=self.base_url)
         return self._openai
 
-    def async_openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+    def async_openai(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client for this episode (new each call; the caller closes it)."""
         import openai as _openai
 

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from swarm.client._run_state import check_heldout
-from swarm.client._study import load_study
+from swarm.client._study_module import load_study
 
 PROBE_TASKS = 200  # per seed: enough to meet a held-out task drawn from a pool of a few thousand
 PROBE_SEEDS = (0, 1, 2)

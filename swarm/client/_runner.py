@@ -33,21 +33,33 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from swarm.client._episode import EpisodeHandle
+from swarm.client._episode import EpisodeHandle, OpenAIPool
 from swarm.client._errors import SwarmError, SwarmHTTPError
 from swarm.client._run_state import RECENT, EvalRound, RunState, check_heldout, episode_items
-
-if TYPE_CHECKING:
-    from swarm.client._client import SwarmClient
+from swarm.protocol import Purpose
 
 log = logging.getLogger(__name__)
 
 Workflow = Callable[[EpisodeHandle, dict[str, Any]], "float | None"]
 _FINISH_GRACE_S = 4.0  # after an interrupt, episodes in flight get this long to finish, then are aborted
+
+
+class EpisodeSource(Protocol):
+    """What the loop needs of its ``SwarmClient``: claims, the shared OpenAI clients, and a way to
+    give up retrying when the run is interrupted."""
+
+    @property
+    def openai_pool(self) -> OpenAIPool: ...
+
+    def stop_retrying(self) -> None: ...
+
+    def claim(self, task_id: str, *, group_id: str | None = None, group_size: int | None = None,
+              category: str | None = None, purpose: Purpose = "train", eval_every: int | None = None,
+              while_refused: Callable[[SwarmHTTPError], None] | None = None) -> EpisodeHandle: ...
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class RunSummary:
     eval_finished: int = 0
 
 
-def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow: Workflow, *, group_size: int,
+def run_workflow(client: EpisodeSource, tasks: Iterable[dict[str, Any]], workflow: Workflow, *, group_size: int,
                  concurrency: int, episodes: int | None, category: str | None, progress: bool,
                  heldout: Iterable[dict[str, Any]] | None = None, eval_every: int = 0) -> RunSummary:
     """Run until tasks run out, ``episodes`` have been started, or a claim fails for good; evaluate
@@ -120,7 +132,7 @@ def run_workflow(client: SwarmClient, tasks: Iterable[dict[str, Any]], workflow:
                       eval_rounds=state.eval_rounds, eval_finished=state.eval_finished)
 
 
-def _interrupted(client: SwarmClient, state: RunState, futures: list[Future[None]]) -> None:
+def _interrupted(client: EpisodeSource, state: RunState, futures: list[Future[None]]) -> None:
     """Ctrl-C or SIGTERM: claim nothing more and retry nothing, release the queued held-out episodes
     now, give the episodes in flight ``_FINISH_GRACE_S`` to finish, abort those still playing (their
     workflow's next call fails), and wait for the workers."""
@@ -157,7 +169,7 @@ def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: dict
             state.playing.discard(handle)
 
 
-def _one_episode(client: SwarmClient, state: RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
+def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
                  group_size: int, category: str | None) -> None:
     task, group_id = item
 
@@ -207,7 +219,7 @@ def _one_episode(client: SwarmClient, state: RunState, workflow: Workflow, item:
             state.recent.append(reward_value)
 
 
-def _claim_eval_round(client: SwarmClient, state: RunState, step: int) -> None:
+def _claim_eval_round(client: EpisodeSource, state: RunState, step: int) -> None:
     """Claim one eval episode per held-out task, all before any runs (so the server's step cannot
     move mid-round), and queue them for the workers."""
     claimed: list[EpisodeHandle] = []

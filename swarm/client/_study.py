@@ -4,9 +4,9 @@ A study client module defines ``tasks(seed) -> Iterable[dict]`` (each with a ``t
 ``workflow(ep, task) -> float``; optionally ``GROUP_SIZE``, ``CONCURRENCY`` and ``setup(client)``
 (for example a supervised warm-up through ``client.sft``), and ``heldout() -> list[dict]``: a fixed
 set of held-out tasks, disjoint from every ``tasks(seed)``, that the run evaluates (never trains on)
-at step 0 and every ``EVAL_EVERY`` steps (default 5; ``--eval-every`` overrides, 0 turns it off). Modules load from a file path, so a
-restarted client picks up edited code; the study imports only what it needs (the openai SDK is
-imported the first time an episode asks for a client).
+at step 0 and every ``EVAL_EVERY`` steps (default 5; ``--eval-every`` overrides, 0 turns it off).
+Modules load from a file path, so a restarted client picks up edited code; the study imports only
+what it needs (the openai SDK is imported the first time an episode asks for a client).
 
 A study may declare ``REWARD_RANGE = (low, high)``, the range its workflow's reward lies in (the
 researcher requires it of the clients it writes and checks the rewards of a smoke run against it).
@@ -18,7 +18,6 @@ non-finite reward, which the server refuses (the episode aborts), is recorded al
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 import threading
@@ -32,43 +31,14 @@ from swarm import stopping
 from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError
-from swarm.client._run_state import check_heldout
+from swarm.client._probe import probe_study
 from swarm.client._runner import RunSummary, Workflow
+from swarm.client._study_module import load_study, study_heldout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path("artifacts/swarm")
 DEFAULT_EVAL_EVERY = 5
-
-
-def load_study(path: str | Path) -> ModuleType:
-    """Import a study client module from ``path``; raises ``ValueError`` if it is not one."""
-    path = Path(path).resolve()
-    main = sys.modules.get("__main__")
-    if main is not None and getattr(main, "__file__", None) and Path(main.__file__).resolve() == path:
-        module = main  # `python CLIENT.py`: the module is already running; do not execute it twice
-    else:
-        if not path.is_file():
-            raise ValueError(f"no study client at {path}")
-        spec = importlib.util.spec_from_file_location(f"swarm_study_{path.parent.name}_{path.stem}", path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"cannot import {path} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    for name in ("tasks", "workflow"):
-        if not callable(getattr(module, name, None)):
-            raise ValueError(f"{path} is not a study client: it must define {name}() "
-                             "(tasks(seed) -> iterable of dicts with 'task_id'; workflow(ep, task) -> reward)")
-    if getattr(module, "heldout", None) is not None and not callable(module.heldout):
-        raise ValueError(f"{path}: heldout must be a function returning the held-out tasks (a list of dicts)")
-    return module
-
-
-def study_heldout(module: ModuleType) -> list[dict]:
-    """The study's held-out tasks (``[]`` without ``heldout()``); ``ValueError`` if they are malformed."""
-    heldout = getattr(module, "heldout", None)
-    return check_heldout(heldout()) if callable(heldout) else []
 
 
 class RewardRecord(BaseModel):
@@ -206,8 +176,6 @@ def run_study_cli(file: str, argv: list[str] | None = None) -> None:
                              "problem)")
     args = parser.parse_args(argv)
     if args.probe:
-        from swarm.client._probe import probe_study  # imports this module: a cycle at import time otherwise
-
         report = probe_study(file)
         print(report.model_dump_json())
         raise SystemExit(0 if report.ok else 1)

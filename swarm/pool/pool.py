@@ -26,22 +26,39 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.backends.base import (
+    SOURCE_DIFF_PREFIX,
+    Generator,
+    GeneratorUnavailable,
+    Sampled,
+    SamplingParams,
+    TokenSink,
+    Weights,
+)
 from swarm.backends.text import ChatText
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
 from swarm.protocol import WorkerStatus
 
-if TYPE_CHECKING:
-    from swarm.pool.roster import Roster
-
 log = logging.getLogger(__name__)
 
 _STICKY_MAX = 65_536  # affinities remembered (oldest forgotten first)
 _RETRY_AFTER_S = 1.0
+
+
+class Dissemination(Protocol):
+    """The pool's remote membership as its holders see it (``swarm.pool.roster.Roster``, which
+    registers itself as ``pool.roster``): push each published version to the remote members, sweep
+    members whose lease lapsed (the server runs it for the pool's life), and stop."""
+
+    async def disseminate(self, version: int, weights: Weights | None, *, overlap: bool = False) -> None: ...
+
+    async def run_sweeper(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class GeneratorPool(Generator):
@@ -63,13 +80,13 @@ class GeneratorPool(Generator):
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._published = local.policy_version if local is not None else 0
         self.last_publication: dict[str, float] = {}  # the last publication's figures (the step's metrics)
-        self.roster: Roster | None = None  # remote membership and dissemination (set by the Roster)
+        self.roster: Dissemination | None = None  # remote membership and dissemination (set by the Roster)
         self._mode: Literal["sync", "async"] = "async"
 
     # ------------------------------------------------------------------ the Generator hooks
 
     @property
-    def mode(self) -> Literal["sync", "async"]:  # type: ignore[override]
+    def mode(self) -> Literal["sync", "async"]:
         return self._mode
 
     @mode.setter
@@ -79,7 +96,7 @@ class GeneratorPool(Generator):
             self.local.mode = value
 
     @property
-    def streams_weights(self) -> bool:  # type: ignore[override]
+    def streams_weights(self) -> bool:
         return self.local is not None and self.local.streams_weights
 
     @property
@@ -91,7 +108,7 @@ class GeneratorPool(Generator):
         return self.local is not None and self.local.restarts_on_recover
 
     @property
-    def on_status(self) -> Callable[[Any], None] | None:  # type: ignore[override]
+    def on_status(self) -> Callable[[Any], None] | None:
         return self.local.on_status if self.local is not None else None
 
     @on_status.setter

@@ -46,8 +46,19 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import BaseModel
 
 from swarm.pool.bucket import TokenBucket
-from swarm.pool.chain import (PREFIX, REQUEST_TIMEOUT_S, Depot, Forward, Holding, HopReport, Opened, OpenPush, Stored,
-                              cancel_holding, get_chunk)
+from swarm.pool.chain import (
+    PREFIX,
+    REQUEST_TIMEOUT_S,
+    Depot,
+    Forward,
+    Holding,
+    HopReport,
+    Opened,
+    OpenPush,
+    Stored,
+    cancel_holding,
+    get_chunk,
+)
 from swarm.pool.shards import ChunkInfo, Manifest, ShardError, verify_chunk
 
 __all__ = ["Depot", "Inbox", "RelayReport", "disseminate", "fetch", "relay_router"]

@@ -148,7 +148,7 @@ class Roster:
             if weights is None:
                 weights = await self._exported(version)
             encoded = await self.publisher.encode(version, weights, full)
-        except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
+        except Exception:  # the members catch up from the snapshot; training goes on
             log.exception("preparing version %d for the workers failed; they catch up by heartbeat", version)
             self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}
             return
@@ -176,7 +176,7 @@ class Roster:
         try:
             sent = await self.publisher.relay(encoded, [m.address or "" for m in chain],
                                               timeout_s=config.disseminate_timeout_s)
-        except Exception:  # noqa: BLE001 - the members catch up from the snapshot; training goes on
+        except Exception:  # the members catch up from the snapshot; training goes on
             log.exception("disseminating version %d failed; workers catch up by heartbeat", encoded.version)
             self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}
             return

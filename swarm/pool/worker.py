@@ -90,6 +90,7 @@ class WorkerNode:
                                        headers={"Authorization": f"Bearer {options.token}"})
         self._heartbeat_s = 2.0
         self._syncing: asyncio.Future[None] | None = None
+        self._announcing: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references to tasks
 
     # ------------------------------------------------------------------ weights
 
@@ -103,7 +104,9 @@ class WorkerNode:
             await self.generator.load_weights(manifest.version, weights)
             self.weights, self.version = weights, manifest.version
         log.info("holding policy version %d (%s, %d bytes)", manifest.version, manifest.kind, manifest.total_bytes)
-        asyncio.ensure_future(self._announce())  # the server may route to it at once
+        announce = asyncio.ensure_future(self._announce())  # the server may route to it at once
+        self._announcing.add(announce)
+        announce.add_done_callback(self._announcing.discard)
 
     async def catch_up(self, newest: int | None, snapshot: int | None, peers: Sequence[str] = ()) -> None:
         """Behind ``newest``: the delta when it applies to what is held (its chunks from ``peers`` that
@@ -302,7 +305,7 @@ async def _stream(node: WorkerNode, prompts: list[list[int]], params: list[Sampl
             lines.put_nowait(StreamLine(done=GenerateResult.of(sampled)).model_dump_json(exclude_none=True) + "\n")
         except ValueError as exc:
             lines.put_nowait(StreamLine(error=str(exc), status=400).model_dump_json(exclude_none=True) + "\n")
-        except Exception as exc:  # noqa: BLE001 - reported to the server, which re-runs the rows elsewhere
+        except Exception as exc:  # reported to the server, which re-runs the rows elsewhere
             log.exception("generation failed")
             lines.put_nowait(StreamLine(error=f"{type(exc).__name__}: {exc}", status=500)
                              .model_dump_json(exclude_none=True) + "\n")

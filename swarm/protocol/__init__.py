@@ -10,7 +10,9 @@ shape opens one short file and a user of the contract imports from one place. Th
 (``swarm.protocol.responses``) is imported where it is served, not here.
 """
 
-from swarm.protocol._base import API_PREFIX, MAX_BODY_BYTES, refused
+from swarm.protocol._base import API_PREFIX as API_PREFIX
+from swarm.protocol._base import MAX_BODY_BYTES as MAX_BODY_BYTES
+from swarm.protocol._base import refused as refused
 from swarm.protocol.chat import *  # noqa: F403
 from swarm.protocol.control import *  # noqa: F403
 from swarm.protocol.episodes import *  # noqa: F403

@@ -7,9 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarm.protocol._base import refused, _Wire
+from swarm.protocol._base import _Wire, refused
 
-__all__ = ["AssistantMessage", "ChatCompletion", "ChatCompletionRequest", "ChatMessage", "Choice", "ChoiceLogprobs", "FunctionCall", "ModelCard", "ModelList", "PASS_THROUGH_FIELDS", "ReasoningEffort", "TokenLogprob", "ToolCall", "ToolChoice", "Usage"]
+__all__ = ["PASS_THROUGH_FIELDS", "AssistantMessage", "ChatCompletion", "ChatCompletionRequest", "ChatMessage", "Choice",
+           "ChoiceLogprobs", "FunctionCall", "ModelCard", "ModelList", "ReasoningEffort", "TokenLogprob", "ToolCall",
+           "ToolChoice", "Usage"]
 
 class ChatMessage(BaseModel):
     """A chat message as OpenAI clients send it; extra keys (name, tool_call_id, …) are kept."""

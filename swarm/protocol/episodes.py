@@ -11,7 +11,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from swarm.protocol._base import _Wire
 
-__all__ = ["AbortRequest", "ClaimRequest", "EPISODE_TRANSITIONS", "Episode", "EpisodeState", "EpisodeStatus", "FinishRequest", "Purpose", "RUN_NAME", "RunKey", "RunKeyRequest"]
+__all__ = ["EPISODE_TRANSITIONS", "RUN_NAME", "AbortRequest", "ClaimRequest", "Episode", "EpisodeState", "EpisodeStatus",
+           "FinishRequest", "Purpose", "RunKey", "RunKeyRequest"]
 
 class EpisodeState(str, Enum):
     claimed = "claimed"

@@ -8,7 +8,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-
 __all__ = ["ErrorBody", "ErrorCode", "ErrorInfo"]
 
 class ErrorCode(str, Enum):

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-
 __all__ = ["EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics", "WorkerState", "WorkerStatus"]
 
 class EpisodeCounts(BaseModel):

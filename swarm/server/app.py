@@ -24,6 +24,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Generator, InProcessModel, Trainer
+from swarm.pool.pool import GeneratorPool
+from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
+from swarm.pool.roster import Roster
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import (
     KeyRing,
@@ -38,9 +41,6 @@ from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
-from swarm.pool.pool import GeneratorPool
-from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
-from swarm.pool.roster import Roster
 from swarm.server.generation import LocalGenerator
 from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router

@@ -21,6 +21,7 @@ running rows stop at the next decode step (``_JobFeed.cancelled``), freeing thei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -184,7 +185,7 @@ class DeviceWorker:
     def _run_call(self, job: _CallJob) -> None:
         try:
             result = job.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:  # handed to the awaiting coroutine
             _resolve(job.loop, job.future, error=exc)
         else:
             _resolve(job.loop, job.future, result=result)
@@ -194,7 +195,7 @@ class DeviceWorker:
         started = time.perf_counter()
         try:
             self.backend.generate([], [], feed.on_token, feed=feed)
-        except BaseException as exc:  # noqa: BLE001 - every request still waiting gets the error
+        except BaseException as exc:  # every request still waiting gets the error
             log.exception("generation failed with %d rows running", feed.running)
             feed.fail(exc)
         self.stats.batches += 1
@@ -309,7 +310,5 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], *,
         else:
             future.set_result(result)
 
-    try:
+    with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
         loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # loop closed during shutdown
-        pass

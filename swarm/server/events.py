@@ -116,7 +116,7 @@ class EventBus:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
-    def publish(self, type: str, /, **data: Any) -> Event:  # noqa: A002 - the SSE field is called type
+    def publish(self, type: str, /, **data: Any) -> Event:  # the SSE field is called type
         """Record one event and hand it to every subscriber; never blocks on readers."""
         if not type:
             raise ValueError("event type must be non-empty")

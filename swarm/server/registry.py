@@ -2,9 +2,10 @@
 
 The engine decides what happens to an episode; this registry only answers "which episodes exist
 here, and where": the held ones (claimed, or finished and waiting to be trained), the live
-(CLAIMED) subset with each one's group (none for a held-out eval episode), claim request ids for idempotent retries, and a bounded set
-of tombstones so a late call on an aborted/expired episode still gets a clear 409/410. Trained and
-dropped episodes are evicted (the durable store keeps them), so memory stays bounded over days.
+(CLAIMED) subset with each one's group (none for a held-out eval episode), claim request ids for
+idempotent retries, and a bounded set of tombstones so a late call on an aborted/expired episode
+still gets a clear 409/410. Trained and dropped episodes are evicted (the durable store keeps them),
+so memory stays bounded over days.
 """
 
 from __future__ import annotations

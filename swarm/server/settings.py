@@ -159,7 +159,8 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("tiny", min_length=1, description="a preset (tiny, tiny-bpe, ...), a registry model (smollm2-135m), a .gguf file or a local model folder")
+    model: str = Field("tiny", min_length=1, description="a preset (tiny, tiny-bpe, ...), a registry model "
+                       "(smollm2-135m), a .gguf file or a local model folder")
     engine: Literal["torch", "vllm"] = Field("torch", description="the generator: who samples tokens")
     trainer: Literal["torch", "verl"] = Field("torch", description="the trainer: who runs policy updates")
     workers: int = Field(1, ge=1, le=1024, description="verl trainer: FSDP2 workers in the Ray group")

@@ -21,7 +21,7 @@ def sft_samples(generator: Generator, examples: Sequence[SftExample]) -> list[Tr
     for example in examples:
         messages = prepare_messages([m.model_dump(exclude_none=True) for m in example.messages])
         prompt = generator.text.render(messages, example.tools)
-        completion = generator.text.encode(example.completion) + [generator.eos_token_id]
+        completion = [*generator.text.encode(example.completion), generator.eos_token_id]
         samples.append(TrainSample(
             tokens=prompt + completion,
             loss_mask=[0] * len(prompt) + [1] * len(completion),

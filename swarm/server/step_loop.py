@@ -263,7 +263,7 @@ class StepLoop:
         timeout = self.view.config.publish_timeout_s
         try:
             await asyncio.wait_for(self._send(version), timeout)
-        except Exception as exc:  # noqa: BLE001 - whatever broke, the generator must not stay behind
+        except Exception as exc:  # whatever broke, the generator must not stay behind
             await self._recover(version, _publish_failure(version, exc, timeout))
         seconds = time.perf_counter() - started
         self.view.emit("weights.published", policy_version=version, step=self.step, sync_s=seconds,
@@ -287,7 +287,7 @@ class StepLoop:
         try:
             weights = await asyncio.wait_for(self.run_blocking(self.trainer.export_weights), budget)
             await asyncio.wait_for(generator.recover(version, weights), budget)
-        except Exception as exc:  # noqa: BLE001 - reported; the next step publishes again
+        except Exception as exc:  # reported; the next step publishes again
             log.exception("restarting the generator on policy version %d failed", version)
             self.report("publish", RuntimeError(f"restarting the generator on policy version {version} failed: "
                                                 f"{type(exc).__name__}: {exc}; it serves version "

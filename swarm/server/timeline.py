@@ -48,7 +48,7 @@ class Timeline:
             tokens=self.tokens + context + list(completion),
             loss_mask=self.loss_mask + [0] * len(context) + [1] * len(completion),
             logprobs=self.logprobs + [0.0] * len(context) + [float(x) for x in logprobs],
-            versions=self.versions + [version],
+            versions=[*self.versions, version],
             temperature=self.temperature,
             calls=self.calls + 1,
         )

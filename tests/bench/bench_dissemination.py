@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shar
 # The repository before tests/: there tests/swarm (a namespace folder) would shadow the swarm package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from support import ROOT, free_port, wait_for  # noqa: E402
+from support import ROOT, free_port, wait_for
 
 TOKEN_ENV = "BENCH_POOL_TOKEN"
 MB = 1 << 20
@@ -266,7 +266,7 @@ def _letters_deltas(steps: int, lr: float | None, chunk_bytes: int) -> dict[str,
         previous = {name: t.detach().clone() for name, t in backend.export_weights().items()}
         for step in range(1, steps + 1):
             prompts, groups = [], []
-            for g in range(config.batch_groups):
+            for _g in range(config.batch_groups):
                 task = next(tasks)
                 prompt = backend.render_prompt([{"role": "user", "content": task["prompt"]}], None)
                 prompts += [prompt] * config.group_size

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "swarm" / "reliability"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared `support` package
 
-from rel_harness import start_server  # noqa: E402
-from support import free_port  # noqa: E402
-from rel_load import run_load  # noqa: E402
+from rel_harness import start_server
+from rel_load import run_load
+from support import free_port
 
 CONFIG = {"group_size": 4, "min_group_size": 2, "batch_groups": 8, "max_tokens": 8, "max_staleness": 64,
           "lease_s": 300.0, "max_batch_rows": 128}

@@ -25,7 +25,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared `support` package
 
-from support import ROOT, ServeProcess, WorkerProcess, free_port, study_run  # noqa: E402
+from support import ROOT, ServeProcess, WorkerProcess, free_port, study_run
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 CONFIG = "group_size = 8\nbatch_groups = 4096\nmin_group_size = 2\nmax_tokens = 16\nmode = \"async\"\n"

@@ -37,11 +37,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import httpx  # noqa: E402
-import torch  # noqa: E402
+import httpx
+import torch
 
-from swarm.backends.models import resolve_model_folder  # noqa: E402
-from swarm.backends.text import load_tokenizer, render_chat  # noqa: E402
+from swarm.backends.models import resolve_model_folder
+from swarm.backends.text import load_tokenizer, render_chat
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, NEW_TOKENS = 32, 64

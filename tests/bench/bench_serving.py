@@ -121,7 +121,8 @@ def main() -> None:
                 print((Path(tmp) / "server.log").read_text())
     offline_s, served_s = min(offline_times), min(served_times)
     tokens = sum(len(g.token_ids) for g in offline)
-    print(f"threads={args.threads} window_ms={args.window_ms} clients={args.clients} max_tokens={args.max_tokens} generated_tokens={tokens} "
+    print(f"threads={args.threads} window_ms={args.window_ms} clients={args.clients} max_tokens={args.max_tokens} "
+        f"generated_tokens={tokens} "
           f"identical_outputs={same}/{args.clients} server_rows_per_batch={status['throughput']['rows_per_batch']:.1f}")
     print(f"offline batched generate: {offline_s:.3f} s (runs: {', '.join(f'{t:.3f}' for t in offline_times)})")
     print(f"served, {args.clients} concurrent clients: {served_s:.3f} s (runs: {', '.join(f'{t:.3f}' for t in served_times)})")

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,10 +81,8 @@ class Server:
         """Note the server's descendants (vLLM child, Ray), so they can be killed if they outlive it."""
         try:
             for child in psutil.Process(self.proc.pid).children(recursive=True):
-                try:
+                with suppress(psutil.Error):
                     self.tree[child.pid] = child.create_time()
-                except psutil.Error:
-                    pass
         except psutil.Error:
             pass
 
@@ -141,14 +139,10 @@ def serve(work: Path, name: str, *flags: str, config: Path | None = LETTERS / "c
 
 def _stop_server(proc: subprocess.Popen[bytes], server: Server | None) -> None:
     if server is not None and proc.poll() is None:
-        try:  # what `swarm stop` does: checkpoint, then exit; the server stops its vLLM child or Ray
+        with suppress(httpx.HTTPError):  # what `swarm stop` does: checkpoint, then exit (its vLLM child or Ray too)
             httpx.post(f"{server.url}/api/v1/control/stop", headers=server.headers, timeout=60)
-        except httpx.HTTPError:
-            pass
-    try:
+    with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pass
     _kill_group(proc.pid)
     proc.wait()
     for pid, created in (server.tree if server is not None else {}).items():
@@ -161,10 +155,8 @@ def _stop_server(proc: subprocess.Popen[bytes], server: Server | None) -> None:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @contextmanager
@@ -180,10 +172,8 @@ def letters_client(server: Server, work: Path, name: str) -> Iterator[subprocess
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         _kill_group(proc.pid)
         proc.wait()
 

@@ -29,10 +29,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
-from swarm.backends.base import SamplingParams, TrainConfig, TrainSample  # noqa: E402
-from swarm.backends.torch import TorchBackend, build_tiny  # noqa: E402
+from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
+from swarm.backends.torch import TorchBackend, build_tiny
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

@@ -19,6 +19,7 @@ divided by ours>``. Not run where it was written (no GPU there).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -80,7 +81,7 @@ def swarm_side(steps: int, work: Path) -> list[float]:
     finally:
         server.remember_tree()
         smoke_run._stop_server(server.proc, server)
-    return [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]
+    return [b["time"] - a["time"] for a, b in itertools.pairwise(rows)]
 
 
 def main() -> int:

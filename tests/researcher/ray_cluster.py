@@ -61,7 +61,7 @@ class Cluster:
                      "--ray-client-server-port", str(free_port())]
         else:
             argv += ["--address", self.gcs]
-        log = open(self.root / f"{name}.log", "wb")
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - the process writes it for its life
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
         log.close()
@@ -72,7 +72,7 @@ class Cluster:
         def alive() -> bool:
             try:
                 return len(list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")])) >= count
-            except Exception:  # noqa: BLE001 - the dashboard is still starting
+            except Exception:  # the dashboard is still starting
                 return False
 
         wait_for(alive, timeout, what=lambda: f"{count} live Ray nodes\n{self.logs()}", interval=1)

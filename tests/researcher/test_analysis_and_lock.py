@@ -8,15 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
+from evidence_inputs import summarize
 
+from researcher import verdict_rules as rules
 from researcher.cli import parse_duration
 from researcher.evidence import verdicts
-from researcher import verdict_rules as rules
 from researcher.runs import record as runs
 from researcher.study import store
 from researcher.study.layout import StudyLayout
 from swarm.protocol import StepMetrics
-from evidence_inputs import summarize
 
 
 def _write_run(run_dir: Path, rewards: list[float]) -> None:

@@ -10,6 +10,7 @@ ids and override keys.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -93,10 +94,8 @@ class CmdlineWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             for file in Path("/proc").glob("[0-9]*/cmdline"):
-                try:
+                with contextlib.suppress(OSError):
                     self.seen.add(file.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-                except OSError:
-                    pass
             self._stop.wait(0.2)
 
     def __enter__(self) -> CmdlineWatch:
@@ -206,7 +205,8 @@ def test_import_check_fails_validation_before_the_client_runs(tmp_path: Path) ->
     marker = tmp_path / "it-ran"
     example = (LETTERS / "client.py").read_text()
     line = len(example.splitlines()) + 1
-    studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}), {})
+    plan = IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]})
+    studyfiles.write_plan(layout, 1, plan, {})
     studyfiles.write_experiment(layout, "e1", f"{example}import subprocess\nopen({str(marker)!r}, 'w').write('x')\n",
                                 {"group_size": 2}, "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 2, "smoke_timeout_s": 30.0}, "budget": {"max_repairs": 3},

@@ -63,7 +63,7 @@ def test_ui_ends_mlflow_and_its_uvicorn(cli, tmp_path: Path) -> None:
 
     try:
         wait_for(serving, 120, what="the MLflow UI", proc=ui, log=tmp_path / "ui.log", interval=0.3)
-        took, code, kin = terminate(ui)
+        _took, code, kin = terminate(ui)
     finally:
         ui.kill()
         ui.wait()

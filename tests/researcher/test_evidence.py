@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from evidence_inputs import evidence, summarize
 
 from researcher import budget, catalog, review_view
+from researcher import verdict_rules as rules
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots, verdicts
-from researcher import verdict_rules as rules
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
@@ -26,7 +27,6 @@ from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking import Tracker
 from swarm.protocol import StepMetrics
-from evidence_inputs import evidence, summarize
 
 STEPS = 10
 EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
@@ -411,7 +411,8 @@ def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(t
                         "best": f"it{iteration}-lr-3e-3", "best_value": 3e-3, "plateau": None,
                         "comparison": {"better": f"it{iteration}-lr-3e-3", "worse": f"it{iteration}-lr-3e-4",
                                        "diff": 0.2, "hw": 0.05, "clear": True}})
-    assert verdicts.verdict("q", IterationSummary.load_all(history))[0].startswith("No answer")  # what such a state read as before
+    # what such a state read as before:
+    assert verdicts.verdict("q", IterationSummary.load_all(history))[0].startswith("No answer")
     now = time.time()
     state = {"study_id": "old", "topic": "Does lr 3e-3 beat 3e-4 on letters?", "iteration": 2, "phase": "reporting",
              "framing": {"answerable": True, "reason": "named", "question": "lr 3e-3 vs 3e-4", "task": "letters",

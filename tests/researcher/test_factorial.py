@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from evidence_inputs import evidence
 
 from researcher import catalog
 from researcher.evidence import factorial, stats, verdicts
@@ -18,8 +19,6 @@ from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from swarm.protocol import StepMetrics
 from swarm.server.settings import ENGINE_KEYS, ServerConfig
-
-from evidence_inputs import evidence
 
 CLIENT = '''"""A client with factors."""
 GREETING = "héllo"  # non-ASCII before the assignment: offsets are bytes

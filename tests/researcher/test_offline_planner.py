@@ -103,3 +103,15 @@ def test_cli_rejects_bad_options_without_writing(tmp_path: Path, args: list[str]
                                 env={"RESEARCHER_LLM_BASE_URL": "", "RESEARCHER_LLM_MODEL": ""})
     assert result.exit_code == 2, result.output
     assert not (tmp_path / "s").exists() and not (tmp_path / "a").exists()
+
+
+def test_a_sweep_between_two_neighbouring_values_fills_in_midpoints() -> None:
+    """Two ladder neighbours leave fewer than MIN_SWEEP points: midpoints fill the widest gaps until
+    none is new (a local named like the ``mid`` helper once made this raise UnboundLocalError)."""
+    from researcher import catalog
+    from researcher.planner import ladder
+
+    knob = catalog.KNOBS[0]
+    points = ladder.spread(knob, knob.ladder[0], knob.ladder[1])
+    assert len(points) > 2 and points == sorted(points)
+    assert points[0] == knob.ladder[0] and points[-1] == knob.ladder[1]

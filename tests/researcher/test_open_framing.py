@@ -147,8 +147,9 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
     ctx = StudyContext(settings, layout, OfflinePlanner(sorted(catalog.examples(EXAMPLES))),
                        Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"), Launcher(settings.swarm_command))
     framing = _state(layout, 1)["framing"]
-    studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [{"name": "it1-plain", "hypothesis": "h1", "overrides": {},
-                                                       "factors": {"prompt": "plain"}}], "code_change": ""}), framing)
+    plan = IterationPlan.model_validate({"experiments": [{"name": "it1-plain", "hypothesis": "h1", "overrides": {},
+                                                          "factors": {"prompt": "plain"}}], "code_change": ""})
+    studyfiles.write_plan(layout, 1, plan, framing)
     studyfiles.write_experiment(layout, "it1-plain", CLIENT, {}, "h1")
     arms = [{"name": f"it2-{p}", "hypothesis": "h1", "overrides": {"lr": 3e-3}, "factors": {"prompt": p}}
             for p in ("plain", "hint")]
@@ -158,15 +159,16 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
     assert out["phase"] == "validating"
     for prompt in ("plain", "hint"):
         folder = layout.experiment_dir(f"it2-{prompt}")
-        assert load_study(folder / "client.py").FACTORS == {"prompt": prompt}  # self-contained: its own levels
+        assert {"prompt": prompt} == load_study(folder / "client.py").FACTORS  # self-contained: its own levels
         assert studyfiles.server_config(folder / "config.toml", {})["lr"] == 3e-3  # letters' config + overrides
         assert (folder / "client.py").read_text().replace(f"'prompt': '{prompt}'", '"prompt": "plain"') == CLIENT
     assert "Reused the client of iteration 1 (the plan changes no code)" in layout.log_md.read_text()
 
     # A code change whose client does not declare the factor its experiments set: the repair step gets the
     # precise message; still wrong after it, the study fails and no folder of the iteration is written.
-    studyfiles.write_plan(layout, 3, IterationPlan.model_validate({"experiments": [{**arms[0], "name": "it3-pad", "factors": {"scratchpad": True}}],
-                                      "code_change": "add a scratchpad tool behind FACTORS['scratchpad']"}), framing)
+    plan = IterationPlan.model_validate({"experiments": [{**arms[0], "name": "it3-pad", "factors": {"scratchpad": True}}],
+                                         "code_change": "add a scratchpad tool behind FACTORS['scratchpad']"})
+    studyfiles.write_plan(layout, 3, plan, framing)
     out = write_client.run(_state(layout, 3), ctx)  # type: ignore[arg-type]
     assert out["phase"] == "failed" and "(even after a repair round)" in out["error"]
     assert "client factor(s) scratchpad that the client's FACTORS does not declare (it declares: prompt)" in out["error"]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from support import free_port
 
-from researcher import procs
-from researcher.runs import record as runs, resources
+from researcher.runs import record as runs
+from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
@@ -197,7 +197,7 @@ def test_a_ray_address_is_checked_and_an_unreachable_one_fails_fast(cli) -> None
         with pytest.raises(ValueError, match="not a Ray cluster address: give HOST:PORT"):
             ray_address.check(bad)
     started = time.monotonic()
-    with pytest.raises(ConnectionError, match="nothing answers at 127.0.0.1:"):
+    with pytest.raises(ConnectionError, match=r"nothing answers at 127\.0\.0\.1:"):
         ray_address.dashboard_url(f"127.0.0.1:{free_port()}")
     assert time.monotonic() - started < 10
     refused = cli.run("start", "--topic", "Does a larger group size help on letters?", "--study-id", "r",

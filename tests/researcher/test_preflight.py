@@ -95,7 +95,8 @@ def _context(tmp_path: Path, study_id: str, server: tuple[str, str] | None = Non
 
 
 def _validate(ctx: StudyContext, source: str) -> dict:
-    studyfiles.write_plan(ctx.layout, 1, IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]}), {})
+    plan = IterationPlan.model_validate({"experiments": [{"name": "e1", "hypothesis": "h1", "overrides": {}}]})
+    studyfiles.write_plan(ctx.layout, 1, plan, {})
     studyfiles.write_experiment(ctx.layout, "e1", source, dict(group_size=4), "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 4, "smoke_timeout_s": 120.0},
              "budget": {"max_repairs": 3}, "validation": None}

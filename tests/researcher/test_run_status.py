@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from researcher.runs import record as runs, status as run_status
+from researcher.runs import record as runs
+from researcher.runs import status as run_status
 from researcher.runs.status import ENDED, LIVE, TRANSITIONS, IllegalTransition, RunStatus
 from researcher.state import Trial, advance_trial, sync_trial
 
@@ -18,7 +19,7 @@ def _record(status: str = "pending") -> runs.RunRecord:
 
 def test_every_status_has_a_row_and_ends_are_final() -> None:
     assert set(TRANSITIONS) == set(RunStatus)
-    assert LIVE | ENDED == set(RunStatus) and not LIVE & ENDED
+    assert set(RunStatus) == LIVE | ENDED and not LIVE & ENDED
     for end in ENDED:
         assert TRANSITIONS[end] == frozenset() and run_status.can_move(end, end)  # saving again is no move
     assert {s.value for s in RunStatus} >= {"pending", "queued", "running", "parked", "finished", "cut", "crashed",

@@ -33,8 +33,8 @@ def test_spec_validation_refuses_bad_input() -> None:
         ScheduleSpec(window_s=60)
     spec = ScheduleSpec(window_s=8 * 3600, cron="0 22 * * *")
     assert ScheduleSpec.from_toml(spec.to_toml()) == spec
-    now = dt.datetime(2026, 11, 22, 23, 0, tzinfo=dt.timezone.utc)
-    assert scheduler.next_clock_time("22:00", now) == dt.datetime(2026, 11, 23, 22, 0, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 11, 22, 23, 0, tzinfo=dt.UTC)
+    assert scheduler.next_clock_time("22:00", now) == dt.datetime(2026, 11, 23, 22, 0, tzinfo=dt.UTC)
 
 
 def test_schedule_writes_file_and_durable_job(tmp_path: Path) -> None:

@@ -54,5 +54,6 @@ def test_status_names_a_best_only_where_the_verdict_rules_resolve_one() -> None:
     assert line(0.012, 0.010) == "leading so far (a difference below the minimum of interest)"
     assert line(0.004, 0.01) == "leading so far (no meaningful difference)"
     assert line(0.09, 0.142) == line(0.3, None) == "leading so far (inconclusive)"
-    assert line(0.104, 0.05, short="No verdict per training step: …") == "leading so far (no verdict: too few points in an arm's window)"
+    expected = "leading so far (no verdict: too few points in an arm's window)"
+    assert line(0.104, 0.05, short="No verdict per training step: …") == expected
     assert standing({"comparison": None}, 0.02) == "best so far"  # one arm: nothing to compare

@@ -13,6 +13,7 @@ confound the comparison), MLflow on SQLite, and the held-out evaluation of the l
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable
@@ -113,7 +114,7 @@ def _held_out_auc(run_dir: Path, horizon: int) -> float:
                     for m in map(json.loads, (run_dir / runs.METRICS_FILE).read_text().splitlines())
                     if "eval/reward_mean" in m["metrics"])
     area = 0.0
-    for (s0, v0), (s1, v1) in zip(points, points[1:]):
+    for (s0, v0), (s1, v1) in itertools.pairwise(points):
         if s0 >= horizon:
             break
         end = min(s1, horizon)

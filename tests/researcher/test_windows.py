@@ -176,7 +176,7 @@ def test_daemon_windows_park_and_resume_then_review_in_mlflow(paced_cli, tmp_pat
 def _check_mlflow_rest(cli, tmp_path: Path, records: list[runs.RunRecord]) -> None:
     port = free_port()
     store = f"sqlite:///{cli.artifacts.resolve() / 'mlflow.db'}"
-    log = open(tmp_path / "mlflow.log", "wb")
+    log = open(tmp_path / "mlflow.log", "wb")  # noqa: SIM115 - the server writes it for its life
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
                                "--default-artifact-root", (cli.artifacts.resolve() / "mlartifacts").as_uri(),
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],

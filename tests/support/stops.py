@@ -9,6 +9,7 @@ so a failing test leaves nothing either.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,7 +72,5 @@ def terminate(proc: subprocess.Popen, within_s: float = 10.0) -> tuple[float, in
 
 def _kill(pids: dict[int, str]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

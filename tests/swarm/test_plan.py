@@ -6,8 +6,18 @@ import math
 
 import pytest
 
-from swarm.plan import (HEADROOM, Figures, NotEnoughData, WorkerFigure, advise, advise_pool, describe_pool, drop_fix,
-                        measure, required_eps)
+from swarm.plan import (
+    HEADROOM,
+    Figures,
+    NotEnoughData,
+    WorkerFigure,
+    advise,
+    advise_pool,
+    describe_pool,
+    drop_fix,
+    measure,
+    required_eps,
+)
 from swarm.protocol import EpisodeCounts, RecentCounts, Status, StepMetrics
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from support import ROOT, SWARM, ServeProcess, free_port, study_run, wait_for
 
 from swarm.client import SwarmClient

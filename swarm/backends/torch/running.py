@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 import torch
 
-__all__ = ["RunningBatch", "RowTable"]
+__all__ = ["RowTable", "RunningBatch"]
 
 
 class RowTable(Protocol):

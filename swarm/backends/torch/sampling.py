@@ -285,9 +285,8 @@ class _Loop:
             row.logprobs.append(logp)
             if picked.top is not None and row.params.top_logprobs:
                 row.top.append(picked.top[slot])
-            if token in self.setup.eos_ids and not row.params.ignore_eos:
-                row.finish = "stop"
-            elif row.params.stop_token_ids and token in row.params.stop_token_ids:
+            ends_turn = token in self.setup.eos_ids and not row.params.ignore_eos
+            if ends_turn or (row.params.stop_token_ids and token in row.params.stop_token_ids):
                 row.finish = "stop"
             elif row.params.stop and self.watcher.check(row):
                 pass

@@ -3,6 +3,6 @@
 it builds a model. Importing it is the side effect: do not import it from anywhere else.
 """
 
-from swarm.backends.verl.compat import hide_trl
+from swarm.backends.verl.trl_guard import hide_trl
 
 hide_trl()

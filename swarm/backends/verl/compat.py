@@ -16,38 +16,24 @@ and buffers stay fp32).
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
+from swarm.backends.verl import cpu_platform
+from swarm.backends.verl.trl_guard import TRL_USERS, hide_trl
+
+# TRL_USERS and hide_trl live in trl_guard (cpu_platform needs them too); still importable from here.
 __all__ = ["TRL_PLUGIN", "TRL_USERS", "attn_implementation", "hide_trl", "mixed_precision", "model_overrides",
            "prepare", "worker_env"]
 
 TRL_PLUGIN = "swarm.backends.verl._trl_plugin"
-# Modules that bound verl's ``is_trl_available`` by name at import time.
-TRL_USERS = ("verl.models.transformers.monkey_patch", "verl.utils.model")
 _GPU_PRECISION = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-
-
-def _trl_unavailable() -> bool:
-    return False
-
-
-def hide_trl() -> None:
-    """Make verl see trl as unavailable, in modules imported already and in those imported later."""
-    from verl.utils import import_utils
-
-    import_utils.is_trl_available = _trl_unavailable
-    for name in TRL_USERS:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "is_trl_available"):
-            module.is_trl_available = _trl_unavailable
 
 
 def attn_implementation() -> str:
     """``flash_attention_2`` when ``flash_attn`` imports here, else ``sdpa`` (runs everywhere)."""
     try:
         importlib.import_module("flash_attn")
-    except Exception:  # noqa: BLE001 - a broken flash-attn build is as good as none
+    except Exception:  # a broken flash-attn build is as good as none
         return "sdpa"
     return "flash_attention_2"
 
@@ -59,15 +45,11 @@ def model_overrides(device: str) -> dict[str, Any]:
 
 def mixed_precision(device: str) -> dict[str, str]:
     """``FSDPEngineConfig.mixed_precision``: fp32 throughout on CPU, bf16 compute params on GPU."""
-    from swarm.backends.verl import cpu_platform
-
     return dict(cpu_platform.MIXED_PRECISION if device == "cpu" else _GPU_PRECISION)
 
 
 def prepare(device: str) -> None:
     """The driver's side: check the verl version, hide trl, and on CPU register the CPU platform."""
-    from swarm.backends.verl import cpu_platform
-
     cpu_platform.check_verl_version()
     if device == "cpu":
         cpu_platform.activate()
@@ -77,8 +59,6 @@ def prepare(device: str) -> None:
 
 def worker_env(device: str) -> dict[str, str]:
     """Environment for verl's Ray workers on ``device`` (the plugin module applies the fixes there)."""
-    from swarm.backends.verl import cpu_platform
-
     if device == "cpu":
         return cpu_platform.worker_env()
     return {"VERL_USE_EXTERNAL_MODULES": TRL_PLUGIN, "TOKENIZERS_PARALLELISM": "false"}

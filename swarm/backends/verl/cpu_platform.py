@@ -10,7 +10,7 @@ rather than edits to verl:
 2. a plain ``gloo`` process group, created before verl's ``TrainingWorker`` would build its
    ``"cpu:gloo,{device}:{backend}"`` string (a duplicate ``cpu`` entry torch refuses);
 3. ``VERL_ENGINE_DEVICE=cuda``, which only picks the FSDP engine class (registered for cuda/npu);
-4. verl seeing trl as unavailable (``compat.hide_trl``; needed on every device);
+4. verl seeing trl as unavailable (``trl_guard.hide_trl``; needed on every device);
 5. model settings that run on CPU: ``attn_implementation="sdpa"`` and fp32 (see
    ``MODEL_OVERRIDES`` / ``MIXED_PRECISION``; ``compat`` resolves them per device).
 
@@ -30,8 +30,8 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
-from swarm.backends.verl.compat import TRL_USERS as _TRL_USERS  # noqa: F401 - named by the platform tests
-from swarm.backends.verl.compat import hide_trl
+from swarm.backends.verl.trl_guard import TRL_USERS as _TRL_USERS  # noqa: F401 - named by the platform tests
+from swarm.backends.verl.trl_guard import hide_trl
 
 __all__ = [
     "MIXED_PRECISION",
@@ -220,7 +220,7 @@ def activate() -> None:
         PlatformRegistry.register(PLATFORM_NAME)(cls)
     if not isinstance(platform_manager._current_platform, cls):
         set_platform(cls())
-    hide_trl()  # device-independent (``compat``); in CPU workers this plugin path is the one that runs
+    hide_trl()  # device-independent (``trl_guard``); in CPU workers this plugin path is the one that runs
 
 
 def init_process_group() -> None:

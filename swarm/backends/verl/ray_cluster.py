@@ -118,7 +118,7 @@ class LocalRay:
                     configure_logging=False,
                 )
                 self.started = True
-        except Exception as exc:  # noqa: BLE001 - re-raised by start() in the caller's thread
+        except Exception as exc:  # re-raised by start() in the caller's thread
             self._error = exc
             self._ready.set()
             return

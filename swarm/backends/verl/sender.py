@@ -10,15 +10,23 @@ disk path when they are missing. Not run on this project's CPU machines.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from swarm.backends.base import Weights
 from swarm.backends.vllm.transfer import SenderProbe
 
-if TYPE_CHECKING:
-    from swarm.backends.verl.trainer import VerlTrainer
+__all__ = ["VerlNcclSender", "WorkerGroup"]
 
-__all__ = ["VerlNcclSender"]
+
+class WorkerGroup(Protocol):
+    """What the sender needs of a ``VerlTrainer``: its device, and a call on every worker."""
+
+    @property
+    def device(self) -> str: ...
+
+    def worker_call(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer to ``method`` called on every worker."""
+        ...
 
 
 class VerlNcclSender:
@@ -27,7 +35,7 @@ class VerlNcclSender:
     streams = True
     where = "the verl workers"
 
-    def __init__(self, trainer: VerlTrainer, timeout: float = 600.0) -> None:
+    def __init__(self, trainer: WorkerGroup, timeout: float = 600.0) -> None:
         self.trainer = trainer
         self.timeout = timeout
 

@@ -40,6 +40,7 @@ from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
+from swarm.backends.verl.sender import VerlNcclSender
 
 logger = logging.getLogger(__name__)
 
@@ -277,10 +278,8 @@ class VerlTrainer(Trainer):
 
     # -- streaming into vLLM (GPU) ----------------------------------------------------------------
 
-    def nccl_sender(self, timeout: float = 600.0) -> Any:
+    def nccl_sender(self, timeout: float = 600.0) -> VerlNcclSender:
         """A ``WeightSender``: the workers stream their parameters into vLLM over NCCL (``sender``)."""
-        from swarm.backends.verl.sender import VerlNcclSender
-
         return VerlNcclSender(self, timeout)
 
     def worker_call(self, method: str, *args: Any) -> Any:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ import httpx
 from swarm.backends.base import Generation, Generator, Sampled, SamplingParams, TokenSink
 from swarm.backends.text import ChatText, validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
-from swarm.backends.vllm.completions import completion_body, raise_for_status, request_row
+from swarm.backends.vllm.completions import completion_body, request_row
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
 from swarm.backends.vllm.publishing import WeightPublishing

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from swarm.backends.vllm.transfer import VLLM_SERIES, SenderProbe
+from swarm.backends.vllm.sender_probe import VLLM_SERIES, SenderProbe
 
 __all__ = ["NcclLink", "ParamMeta", "ParamStream", "probe_here", "reachable_address"]
 
@@ -104,8 +104,8 @@ def probe_here(where: str, cuda: bool | None = None) -> SenderProbe:
         return SenderProbe(where=where, cuda=False)
     try:
         import vllm
-        import vllm.distributed.weight_transfer.nccl_engine  # noqa: F401 - the engine NcclLink drives
-    except Exception as exc:  # noqa: BLE001 - any import failure means: no NCCL sender here
+        import vllm.distributed.weight_transfer.nccl_engine  # the engine NcclLink drives
+    except Exception as exc:  # any import failure means: no NCCL sender here
         return SenderProbe(where=where, cuda=True, problem=f"{type(exc).__name__}: {exc}")
     return SenderProbe(where=where, cuda=True, vllm=str(vllm.__version__))
 

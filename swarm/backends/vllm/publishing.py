@@ -9,7 +9,8 @@ unmoved; a caller that gives up waiting cancels it (the transfer is reset either
 NCCL group is abandoned). ``recover`` then writes the weights to a folder and restarts vLLM on it.
 
 A mixin: it uses the generator's state (``server``, ``transfer``, the request gate ``_open``/``_idle``,
-``_update_lock``, the serving folder and its version) and its restart machinery.
+``_update_lock``, the serving folder and its version) and its restart machinery, all named by
+``PublishingHost``, the self-type of its methods (so this module never imports the generator).
 """
 
 from __future__ import annotations
@@ -20,29 +21,71 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
 from swarm.backends.base import Weights
 from swarm.backends.vllm.completions import raise_for_status
 from swarm.backends.vllm.errors import GeneratorUnavailable, WeightSyncError
+from swarm.backends.vllm.process import AttachedVllm, VllmProcess
+from swarm.backends.vllm.transfer import WeightTransfer
 from swarm.backends.vllm.weights import prune_weight_folders, write_weights_folder
-
-if TYPE_CHECKING:
-    from swarm.backends.vllm.generator import VllmGenerator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WeightPublishing"]
+__all__ = ["PublishingHost", "WeightPublishing"]
 
 _RESUME_TIMEOUT_S = 10.0
+
+
+class PublishingHost(Protocol):
+    """What ``WeightPublishing`` uses of the generator it is mixed into (``VllmGenerator``)."""
+
+    # read only here
+    @property
+    def server(self) -> VllmProcess | AttachedVllm: ...
+    @property
+    def transfer(self) -> WeightTransfer: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def model_dir(self) -> Path: ...
+    @property
+    def weights_dtype(self) -> str | None: ...
+    @property
+    def _weights_root(self) -> Path: ...
+    @property
+    def _open(self) -> asyncio.Event: ...  # the request gate: cleared while weights are swapped
+    @property
+    def _idle(self) -> asyncio.Event: ...  # set when no request is in flight
+    @property
+    def _update_lock(self) -> asyncio.Lock: ...
+    @property
+    def _restarting(self) -> asyncio.Task[None] | None: ...
+
+    # moved by a publication
+    _version: int
+    _serving_folder: Path
+    _folder_version: int
+    weight_sync_s: float
+    last_error: str | None
+
+    async def _restart_locked(self) -> None: ...
+    def _require_client(self) -> httpx.AsyncClient: ...
+    def _report(self) -> None: ...
+    def _retry_after(self) -> float: ...
+    # this mixin's own helpers, called through the self-type
+    async def _publish(self, version: int, weights: Weights | None) -> None: ...
+    async def _swap(self, version: int, staged: Path | None, apply: Callable[[], Any]) -> None: ...
 
 
 class WeightPublishing:
     """``load_weights``/``load_streamed``/``recover`` for ``VllmGenerator`` (see the module docstring)."""
 
-    async def load_weights(self: VllmGenerator, version: int, weights: Weights) -> None:
+    last_error: str | None  # a failed publication says why here (the generator's status reports it)
+
+    async def load_weights(self: PublishingHost, version: int, weights: Weights) -> None:
         """Serve ``weights`` as ``version``: requests in flight finish on the old weights first.
 
         ``WeightSyncError`` if the publication fails in any way (vLLM down, weights refused, the
@@ -51,16 +94,16 @@ class WeightPublishing:
         await self._publish(version, weights)
 
     @property
-    def streams_weights(self: VllmGenerator) -> bool:
+    def streams_weights(self: PublishingHost) -> bool:
         """True when the trainer streams its weights into vLLM itself (NCCL from its workers): the
         step loop then calls ``load_streamed`` and never gathers a state dict for this generator."""
         return self.transfer.streams
 
-    async def load_streamed(self: VllmGenerator, version: int) -> None:
+    async def load_streamed(self: PublishingHost, version: int) -> None:
         """Serve the weights the trainer streams now (``streams_weights``) as ``version``."""
         await self._publish(version, None)
 
-    async def recover(self: VllmGenerator, version: int, weights: Weights) -> None:
+    async def recover(self: PublishingHost, version: int, weights: Weights) -> None:
         """After a failed publication: restart vLLM on ``weights`` (written to a folder, bf16 on GPU)
         and serve them as ``version``; an attached server reloads the folder. ``VllmStartError`` if
         vLLM does not come back (the watchdog keeps trying from that folder)."""
@@ -75,7 +118,7 @@ class WeightPublishing:
             await self._restart_locked()
             await asyncio.to_thread(prune_weight_folders, self._weights_root, folder)
 
-    async def _publish(self: VllmGenerator, version: int, weights: Weights | None) -> None:
+    async def _publish(self: PublishingHost, version: int, weights: Weights | None) -> None:
         async with self._update_lock:
             started = time.monotonic()
             try:
@@ -95,7 +138,7 @@ class WeightPublishing:
             logger.info("vLLM serves policy version %d (%s, %.2f s)", version, self.transfer.kind, self.weight_sync_s)
             self._report()
 
-    async def _swap(self: VllmGenerator, version: int, staged: Path | None, apply: Callable[[], Any]) -> None:
+    async def _swap(self: PublishingHost, version: int, staged: Path | None, apply: Callable[[], Any]) -> None:
         """Hold new requests, drain the ones in flight, apply the weights, move the version.
 
         Any failure propagates and the version stays (``_publish`` raises it as ``WeightSyncError``;

@@ -35,10 +35,12 @@ import httpx
 
 from swarm.backends.base import Weights
 from swarm.backends.devices import GpuSplit
+from swarm.backends.vllm.sender_probe import VLLM_SERIES, SenderProbe
 from swarm.backends.vllm.weights import reload_from_folder, write_weights_folder
 
 logger = logging.getLogger(__name__)
 
+# VLLM_SERIES and SenderProbe live in sender_probe (nccl fills them in too); still importable from here.
 __all__ = [
     "VLLM_SERIES",
     "DiskTransfer",
@@ -53,19 +55,7 @@ __all__ = [
 ]
 
 TransferKind = Literal["disk", "nccl"]
-# The vLLM whose weight-transfer API this code was read against (its trainer engine's signature moves).
-VLLM_SERIES = "0.32."
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SenderProbe:
-    """What the process that would send weights over NCCL can do (``nccl.probe_here`` fills it)."""
-
-    where: str  # "the server process", "the verl workers"
-    cuda: bool
-    vllm: str | None = None  # the vLLM version importable there
-    problem: str | None = None  # why vLLM's NCCL engine cannot be imported there
 
 
 @dataclass(frozen=True)
@@ -126,7 +116,7 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
     def run() -> None:
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:  # handed to the awaiting coroutine
             loop.call_soon_threadsafe(settle, None, exc)
         else:
             loop.call_soon_threadsafe(settle, result)
@@ -233,7 +223,7 @@ class NcclTransfer:
     def _abort(self) -> None:
         try:
             self.sender.abort()
-        except Exception:  # noqa: BLE001 - the group is abandoned either way
+        except Exception:  # the group is abandoned either way
             logger.exception("aborting the NCCL weight-transfer group failed")
 
 
@@ -251,7 +241,7 @@ class LocalNcclSender:
         self._weights: Weights = {}
 
     def probe(self) -> SenderProbe:
-        from swarm.backends.vllm.nccl import probe_here
+        from swarm.backends.vllm.nccl import probe_here  # nccl imports torch: only when this sender is used
 
         return probe_here(self.where)
 

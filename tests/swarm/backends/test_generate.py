@@ -26,7 +26,8 @@ def _teacher_forced(backend: TorchBackend, prompt: list[int], completion: list[i
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_recorded_logprobs_match_teacher_forcing(backend: TorchBackend, temperature: float) -> None:
-    prompts = [backend.render_prompt(USER, None), backend.render_prompt([{"role": "user", "content": "a much longer question here"}], None)]
+    longer = [{"role": "user", "content": "a much longer question here"}]
+    prompts = [backend.render_prompt(USER, None), backend.render_prompt(longer, None)]
     params = [SamplingParams(max_tokens=24, temperature=temperature, seed=i) for i in range(2)]
     for prompt, gen in zip(prompts, backend.generate(prompts, params)):
         assert len(gen.token_ids) == len(gen.logprobs) > 0
@@ -91,7 +92,8 @@ def test_stop_string_cuts_before_the_token_where_it_begins(backend: TorchBackend
     stop = text[starts[0] : starts[0] + 2]
     streamed: list[tuple[int, int, float, None]] = []
     gen = backend.generate(
-        [prompt], [SamplingParams(max_tokens=40, temperature=0.0, stop=(stop, "never-there"))], on_token=lambda *a: streamed.append(a)
+        [prompt], [SamplingParams(max_tokens=40, temperature=0.0, stop=(stop, "never-there"))],
+        on_token=lambda *a: streamed.append(a),
     )[0]
     returned = backend.decode(gen.token_ids)
     assert gen.finish_reason == "stop"
@@ -113,7 +115,8 @@ def test_eos_ends_a_row_and_is_kept(backend: TorchBackend) -> None:
     backend.model.lm_head.register_forward_hook(favour_im_end)
     prompt = backend.render_prompt(USER, None)
     streamed: list[int] = []
-    gen = backend.generate([prompt], [SamplingParams(max_tokens=10, seed=0)], on_token=lambda r, t, lp, top: streamed.append(t))[0]
+    gen = backend.generate([prompt], [SamplingParams(max_tokens=10, seed=0)],
+                           on_token=lambda r, t, lp, top: streamed.append(t))[0]
     assert gen.token_ids == [im_end] and gen.finish_reason == "stop"
     assert streamed == [im_end]
     assert backend.decode(gen.token_ids) == ""
@@ -122,7 +125,8 @@ def test_eos_ends_a_row_and_is_kept(backend: TorchBackend) -> None:
 def test_streaming_reports_every_token_in_order(backend: TorchBackend) -> None:
     prompts = [backend.render_prompt(USER, None), [104, 105]]
     seen: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
-    gens = backend.generate(prompts, [SamplingParams(max_tokens=12, seed=3)] * 2, on_token=lambda r, t, lp, top: seen[r].append((t, lp)))
+    gens = backend.generate(prompts, [SamplingParams(max_tokens=12, seed=3)] * 2,
+                            on_token=lambda r, t, lp, top: seen[r].append((t, lp)))
     for row, gen in enumerate(gens):
         assert seen[row] == list(zip(gen.token_ids, gen.logprobs))
 
@@ -131,7 +135,8 @@ def test_context_overflow_and_bad_params_raise(backend: TorchBackend) -> None:
     prompt = backend.render_prompt(USER, None)
     with pytest.raises(ValueError, match="exceed"):
         backend.generate([prompt], [SamplingParams(max_tokens=backend.max_context)])
-    for bad in (SamplingParams(max_tokens=0), SamplingParams(max_tokens=4, temperature=-1), SamplingParams(max_tokens=4, top_p=0)):
+    bads = (SamplingParams(max_tokens=0), SamplingParams(max_tokens=4, temperature=-1), SamplingParams(max_tokens=4, top_p=0))
+    for bad in bads:
         with pytest.raises(ValueError):
             backend.generate([prompt], [bad])
     with pytest.raises(ValueError):

@@ -203,9 +203,9 @@ def test_known_names_pass_and_unknown_names_are_listed():
     for tool in (None, "auto", "none", *TOOL_CALL_PARSERS):
         for reasoning in (None, "none", *REASONING_PARSERS):
             check_parser_names(tool, reasoning)
-    with pytest.raises(ValueError, match="'mistral'.*hermes.*llama3_json"):
+    with pytest.raises(ValueError, match=r"'mistral'.*hermes.*llama3_json"):
         check_parser_names("mistral", None)
-    with pytest.raises(ValueError, match="'r2'.*qwen3.*deepseek_r1"):
+    with pytest.raises(ValueError, match=r"'r2'.*qwen3.*deepseek_r1"):
         check_parser_names("hermes", "r2")
     with pytest.raises(ValueError, match="resolve"):
         parse_reply("x", tool_parser="auto", reasoning_parser=None)

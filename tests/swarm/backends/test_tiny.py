@@ -106,9 +106,9 @@ def test_bad_messages_raise_value_error(backend: TorchBackend) -> None:
 
 
 def test_from_model_rejects_unknown_names_without_downloading(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="or an existing local folder \(nothing is downloaded\)"):
+    with pytest.raises(ValueError, match=r"or an existing local folder \(nothing is downloaded\)"):
         TorchBackend.from_model("Qwen/Qwen2.5-0.5B", TrainConfig())
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match=r"no config\.json"):
         TorchBackend.from_model(str(tmp_path), TrainConfig())
 
 

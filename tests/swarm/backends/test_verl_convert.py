@@ -11,7 +11,6 @@ from swarm.backends.base import TrainConfig, TrainSample
 from swarm.server.timeline import EpisodeTrace
 
 
-
 def _merged_sample() -> TrainSample:
     trace = EpisodeTrace(merge=True)
     trace.record([5, 6, 7], [([20, 21], [-0.1, -0.2])], version=3, temperature=1.0)
@@ -56,7 +55,7 @@ def test_overrides_name_real_keys_of_verls_trainer_config() -> None:
     tree = yaml.safe_load(cfg_file.read_text())
     overrides = verl_overrides(TrainConfig(lr=3e-6, kl_coef=0.01), "/models/qwen", n_gpus=8)
     for item in overrides:
-        path, _, value = item.partition("=")
+        path, _, _value = item.partition("=")
         node = tree
         for part in path.split("."):
             assert isinstance(node, dict) and part in node, f"{path} is not a verl config key"

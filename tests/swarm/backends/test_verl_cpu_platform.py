@@ -13,8 +13,6 @@ from dataclasses import fields
 from pathlib import Path
 
 
-
-
 def _source(obj) -> str:
     return inspect.getsource(obj)
 

@@ -20,7 +20,6 @@ from support import wait_for
 
 from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample
 
-
 # Non-trivial on purpose: with one on-policy epoch the vanilla loss is just -mean(advantage), so the
 # second epoch (clipping, a moved policy), the KL term and the importance weights are what compare.
 CONFIG = TrainConfig(lr=3e-3, ppo_epochs=2, clip_ratio=0.1, kl_coef=0.05, rollout_is="token",

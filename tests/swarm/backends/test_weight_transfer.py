@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -82,9 +81,7 @@ def test_param_stream_yields_one_gathered_bf16_parameter_at_a_time() -> None:
     assert stream.materialized == 0  # metadata gathers nothing
     names = [n for n, _ in model.named_parameters()]
     assert [m.name for m in meta] == names and all(m.dtype == torch.bfloat16 for m in meta)
-    seen = 0
-    for (name, tensor), m, (_, param) in zip(stream, meta, model.named_parameters(), strict=True):
-        seen += 1
+    for seen, ((name, tensor), m, (_, param)) in enumerate(zip(stream, meta, model.named_parameters(), strict=True), 1):
         assert stream.materialized == seen  # produced lazily, one parameter per step
         assert (name, tensor.dtype, tuple(tensor.shape)) == (m.name, m.dtype, m.shape)
         assert torch.equal(tensor, param.detach().to(torch.bfloat16)) and tensor.is_contiguous()

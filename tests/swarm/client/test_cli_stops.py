@@ -48,7 +48,7 @@ def test_serve_worker_and_run_stop_within_10_s_whatever_their_peer_does(
         assert code == 0 and "did not answer the leave" in worker.log(), worker.log()[-2000:]
 
         # The server stops with a study run and an event stream connected, and removes server.json.
-        took, code, kin = terminate(server.process)
+        took, code, _kin = terminate(server.process)
         assert code == 0 and not (server.state_dir / "server.json").exists(), server.log()[-2000:]
 
         # The run's server is gone: it stops at once instead of retrying its calls for --retry-for.

@@ -32,10 +32,9 @@ def test_episode_finishes_with_reward_and_is_counted(client: SwarmClient) -> Non
 
 
 def test_exception_in_block_aborts_with_traceback_and_reraises(client: SwarmClient) -> None:
-    with pytest.raises(ZeroDivisionError):
-        with client.episode("t-crash") as ep:
-            _ask(ep)
-            1 / 0  # noqa: B018
+    with pytest.raises(ZeroDivisionError), client.episode("t-crash") as ep:
+        _ask(ep)
+        1 / 0  # noqa: B018
     assert ep.state == "aborted"
     assert client.episode_status(ep.episode_id).state is EpisodeState.aborted
 
@@ -48,9 +47,8 @@ def test_leaving_without_finish_aborts(client: SwarmClient) -> None:
 
 
 def test_nan_reward_is_refused_before_sending_and_episode_still_ends(client: SwarmClient) -> None:
-    with pytest.raises(ValueError, match="finite"):
-        with client.episode("t-nan") as ep:
-            ep.finish(math.nan)
+    with pytest.raises(ValueError, match="finite"), client.episode("t-nan") as ep:
+        ep.finish(math.nan)
     assert client.episode_status(ep.episode_id).state is EpisodeState.aborted
 
 
@@ -95,9 +93,8 @@ def test_finishing_twice_same_body_is_a_noop_different_body_a_conflict(client: S
 
 def test_client_errors_are_not_retried(server: ServeProcess) -> None:
     start = time.monotonic()
-    with SwarmClient(server.url, token="wrong-token", retry_for_s=30) as bad:
-        with pytest.raises(SwarmHTTPError) as info:
-            bad.status()
+    with SwarmClient(server.url, token="wrong-token", retry_for_s=30) as bad, pytest.raises(SwarmHTTPError) as info:
+        bad.status()
     assert info.value.status == 401 and info.value.code == "unauthorized"
     assert time.monotonic() - start < 5  # a 4xx is an answer, not an outage
 
@@ -161,6 +158,5 @@ def test_run_stops_after_episodes_and_accepts_workflows_that_finish_themselves(c
 def test_run_refuses_bad_tasks_and_a_bad_token_stops_it(client: SwarmClient, server: ServeProcess) -> None:
     with pytest.raises(ValueError, match="task_id"):
         client.run([{"id": 1}], lambda ep, task: 1.0, group_size=1, progress=False)
-    with SwarmClient(server.url, token="wrong", retry_for_s=5) as bad:
-        with pytest.raises(SwarmError):
-            bad.run([{"task_id": "x"}], lambda ep, task: 1.0, group_size=1, progress=False)
+    with SwarmClient(server.url, token="wrong", retry_for_s=5) as bad, pytest.raises(SwarmError):
+        bad.run([{"task_id": "x"}], lambda ep, task: 1.0, group_size=1, progress=False)

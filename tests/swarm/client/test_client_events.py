@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -36,7 +37,7 @@ def test_events_stream_shows_an_episode_and_resumes_after_an_id(client: SwarmCli
         pytest.skip("the server does not serve /api/v1/events yet")
     finished = seen[-1]
     assert finished.type == "episode.finished" and finished.data["reward"] == 0.5
-    assert all(b.id > a.id for a, b in zip(seen, seen[1:]))  # monotonically increasing ids
+    assert all(b.id > a.id for a, b in itertools.pairwise(seen))  # monotonically increasing ids
 
     replay: list[Event] = []
     again = threading.Event()

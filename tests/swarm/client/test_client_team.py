@@ -34,14 +34,12 @@ def test_rollout_finishes_every_role_with_its_reward(team: SwarmTeam) -> None:
 
 
 def test_an_exception_aborts_every_role(team: SwarmTeam) -> None:
-    with pytest.raises(KeyError):
-        with team.rollout("team-crash") as rollout:
-            raise KeyError("tool missing")
+    with pytest.raises(KeyError), team.rollout("team-crash") as rollout:
+        raise KeyError("tool missing")
     assert _states(team, rollout) == {"planner": EpisodeState.aborted, "worker": EpisodeState.aborted}
 
 
 def test_rewards_must_name_exactly_the_roles(team: SwarmTeam) -> None:
-    with pytest.raises(ValueError, match="roles"):
-        with team.rollout("team-partial") as rollout:
-            rollout.finish({"planner": 1.0})
+    with pytest.raises(ValueError, match="roles"), team.rollout("team-partial") as rollout:
+        rollout.finish({"planner": 1.0})
     assert _states(team, rollout) == {"planner": EpisodeState.aborted, "worker": EpisodeState.aborted}

@@ -14,7 +14,6 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from support import ServeProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[3]

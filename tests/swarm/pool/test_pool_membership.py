@@ -15,7 +15,7 @@ import pytest
 from support import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_harness import RunningServer, launch  # noqa: E402
+from server_harness import RunningServer, launch
 
 JOIN = {"engine": "torch", "address": "http://127.0.0.1:9", "capacity": 4}
 

@@ -122,7 +122,7 @@ def test_a_member_lost_mid_call_is_dropped_and_the_rows_continue_elsewhere_exact
     # Two tokens from the dead member, then three more from the spare, continuing after them.
     assert generation.token_ids == [1, 2, 50, 51, 52]
     assert generation.logprobs == pytest.approx([-0.1, -0.2, -5.0, -5.1, -5.2])
-    assert spare.calls[0][0] == [prompt + [1, 2]] and spare.calls[0][1][0].max_tokens == 3
+    assert spare.calls[0][0] == [[*prompt, 1, 2]] and spare.calls[0][1][0].max_tokens == 3
     assert streamed == [(0, 1), (0, 2), (0, 50), (0, 51), (0, 52)]  # the caller's stream never repeats
     assert pool.members["dying"].phase == "dropped" and sampled.source == "spare"
     assert [w.state for w in pool.workers()] == ["dropped", "ready"]

@@ -26,7 +26,7 @@ from swarm.server.device_worker import DeviceWorker
 from swarm.server.generation import LocalGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_harness import RunningServer, launch  # noqa: E402
+from server_harness import RunningServer, launch
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 

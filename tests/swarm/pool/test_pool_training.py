@@ -50,7 +50,7 @@ class _Watch(threading.Thread):
             try:
                 s = self.server.status()
                 self.seen.append((time.time(), s["policy_version"], s["step"], s["workers"]))
-            except Exception:  # noqa: BLE001 - a poll that fails is skipped
+            except Exception:  # a poll that fails is skipped
                 pass
             self.done.wait(0.1)
 

@@ -38,7 +38,7 @@ def _nudged(weights: dict[str, torch.Tensor], fraction: float, seed: int = 1) ->
     """A copy where ``fraction`` of each float tensor's elements changed (and a signed zero and a NaN payload)."""
     gen = torch.Generator().manual_seed(seed)
     out = {name: tensor.clone() for name, tensor in weights.items()}
-    for name, tensor in out.items():
+    for _name, tensor in out.items():
         if tensor.is_floating_point():
             flat = tensor.view(-1)
             picked = torch.rand(flat.numel(), generator=gen) < fraction

@@ -46,7 +46,7 @@ async def run_load(url: str, token: str, *, clients: int, seconds: float, group_
             openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120,
                                http_client=httpx.AsyncClient(limits=limits, timeout=120)) as llm:
 
-        async def timed(kind: str, call) -> object | None:  # noqa: ANN001 - a coroutine factory
+        async def timed(kind: str, call) -> object | None:  # a coroutine factory
             while True:
                 started = time.perf_counter()
                 result.requests += 1

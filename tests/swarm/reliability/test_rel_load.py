@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from rel_harness import start_server
-from support import free_port
 from rel_load import run_load
+from support import free_port
 
 CONFIG = {"group_size": 4, "min_group_size": 2, "batch_groups": 4, "max_tokens": 8, "max_staleness": 64,
           "lease_s": 120.0}

@@ -14,13 +14,13 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from rel_harness import start_server
-from support import ServeProcess, free_port
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,
     status_code_conformance,
 )
+from support import ServeProcess, free_port
 
 TOKEN = "security-token"
 # Routes an episode key may use (its own episode only) or any key may use; everything else is control.

@@ -91,7 +91,7 @@ def test_rewritten_history_forks_and_counts_drift(warm_model: Path, start_server
     episodes = []
     for reward in (0.0, 1.0):
         episode, llm = _episode(server)
-        messages, _ = _conversation(llm, turns=2)
+        _messages, _ = _conversation(llm, turns=2)
         # Summarised memory: the agent rewrites its history before the next call.
         rewritten = [SYSTEM, {"role": "user", "content": "summary of turns 0-1"}]
         llm.chat.completions.create(model="tiny", messages=rewritten, max_tokens=8, temperature=0.0)

@@ -216,8 +216,8 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     from mlflow.tracking import MlflowClient
 
     from researcher.evidence.analysis import read_axes
-    from researcher.runs.launcher import Launcher
     from researcher.nodes import monitor
+    from researcher.runs.launcher import Launcher
     from researcher.runs.record import METRICS_FILE, RunRecord
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -52,7 +52,7 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
     engine = server.engine
     trace = engine.lifecycle.get(episode["episode_id"]).trace
     backend = engine.generator.local
-    seen = [plain.choices[0]] + list(many.choices) + [stopped.choices[0]]
+    seen = [plain.choices[0], *list(many.choices), stopped.choices[0]]
     recorded = []
     for timeline in trace.timelines:
         generated = [t for t, m in zip(timeline.tokens, timeline.loss_mask) if m == 1]

@@ -75,7 +75,7 @@ def test_one_key_n_conversations_are_n_episodes_each_trained_as_one_sample(serve
         b, b1 = _chat(llm, QUESTION, **tool, max_tokens=64)
         assert a != b and server.engine.lifecycle.get(a).group_key == server.engine.lifecycle.get(b).group_key
         a_again, a2 = _chat(llm, _turn_two(a1), **tool, max_tokens=32)
-        b_again, b2 = _chat(llm, _turn_two(b1), **tool, max_tokens=32)
+        b_again, _b2 = _chat(llm, _turn_two(b1), **tool, max_tokens=32)
         assert (a_again, b_again) == (a, b) and a2.choices[0].message.content == ANSWER
         for episode in (a, b):
             trace = server.engine.lifecycle.get(episode).trace

@@ -88,7 +88,7 @@ def test_incomplete_or_mislabelled_dirs_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "step-7").mkdir()
     (tmp_path / "step-7" / "meta.json").write_text(json.dumps({"step": 2, "policy_version": 2, "time": 0}))
     assert manager.latest().step == 1
-    with pytest.raises(CheckpointError, match="meta.json"):
+    with pytest.raises(CheckpointError, match=r"meta\.json"):
         CheckpointManager.load_meta(tmp_path / "step-5")
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import uvicorn
-from support import free_port, wait_for
 from fastapi import FastAPI
+from support import free_port, wait_for
 
 from swarm.protocol import Event
 from swarm.server.auth import KeyRing
