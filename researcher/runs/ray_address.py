@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,6 +31,9 @@ _OVERRIDES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})")
 _FORMS = ("HOST:PORT (the GCS address `ray start --head` prints), auto, ray://HOST:PORT or the dashboard's "
           "http(s)://HOST:PORT")
+_RESOLVE = ("import sys\nfrom ray.dashboard.utils import get_address_for_submission_client as url\n"
+            "print(url(sys.argv[1]))")
+_RESOLVE_S = 90.0  # importing Ray (a few seconds) and Ray's own retries against a slow GCS
 _REACH_S = 3.0  # a GCS port that does not accept a connection in this long is not there (Ray itself waits 40 s)
 
 
@@ -51,14 +56,24 @@ def dashboard_url(address: str) -> str:
         return address
     if address != "auto":
         _reachable(address.removeprefix("ray://"))
-    from ray.dashboard.utils import get_address_for_submission_client
-    from ray.exceptions import RayError
-
-    with explicit(address):
-        try:
-            return str(get_address_for_submission_client(address)).rstrip("/")
-        except (ConnectionError, RuntimeError, ValueError, RayError) as exc:
-            raise ConnectionError(f"no Ray dashboard found through {address}: {exc}") from exc
+    # Ray resolves it in a child process: resolving a GCS address leaves a GCS client in the process that
+    # asked (Ray's global key-value client), and once that GCS has gone, the process's next Ray call ends
+    # it with status 1 and no message. A researcher outliving a restarted Ray head must not die of it (it
+    # ended a whole test session 15 minutes after the cluster it had asked about was stopped).
+    env = dict(os.environ)
+    if address != "auto":
+        for key in _OVERRIDES:
+            env.pop(key, None)
+    try:
+        done = subprocess.run([sys.executable, "-c", _RESOLVE, address], env=env, capture_output=True, text=True,
+                              timeout=_RESOLVE_S)
+    except subprocess.TimeoutExpired as exc:
+        raise ConnectionError(f"no Ray dashboard found through {address} within {_RESOLVE_S:g} s") from exc
+    found = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not found:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise ConnectionError(f"no Ray dashboard found through {address}: {why}")
+    return found[-1].rstrip("/")
 
 
 @contextmanager

@@ -55,6 +55,11 @@ def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path, monkeyp
         patch.setenv("RAY_ADDRESS", nowhere)
         assert ray_address.dashboard_url(cluster.gcs) == cluster.dashboard
         assert os.environ["RAY_ADDRESS"] == nowhere  # hidden from Ray only while it resolved the address
+    from ray.experimental import internal_kv
+
+    # Resolved in a child: a GCS client left in this process (Ray's global one) would end it, status 1 and
+    # silently, at its next Ray call once this cluster has gone (it ended whole CI runs at a later test).
+    assert not internal_kv._internal_kv_initialized()
     cli.env["RAY_ADDRESS"] = nowhere
     sid = "on-ray"
     runs_dir = cli.artifacts / sid / "runs"
