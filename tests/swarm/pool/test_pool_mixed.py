@@ -29,7 +29,7 @@ def _vllm_python() -> str:
     return str(find_vllm_python())
 
 
-@pytest.mark.slow
+@pytest.mark.study  # about 110 s; each worker kind trains in the default run (test_pool_training, test_vllm_server)
 @pytest.mark.timeout(900)
 def test_a_torch_and_a_vllm_worker_train_letters_together(tmp_path: Path) -> None:
     python = _vllm_python()
