@@ -103,11 +103,11 @@ def _page_text(dom: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Debian's Chromium at {CHROMIUM} (apt-get install chromium)")
 def test_the_ui_link_opens_the_runs_grouped_by_arm_with_the_verdict_metric_charted_first(cli, tmp_path: Path) -> None:
     """`researcher ui STUDY`'s link, in headless Chromium against the real MLflow UI it starts on a real
     SQLite store: the runs grouped by the ``arm`` tag, the verdict's metric charted first; a run opened
     from there (the description's link) stays in the training view."""
+    assert CHROMIUM.exists(), f"Debian's Chromium is missing at {CHROMIUM}: .ci/setup installs it"
     sid = "review-study"
     artifacts = cli.artifacts.resolve()
     tracker = Tracker(f"sqlite:///{artifacts / 'mlflow.db'}", artifacts / "mlartifacts")
