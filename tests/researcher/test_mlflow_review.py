@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 from support import free_port, wait_for
 from support.stops import terminate
 
