@@ -31,6 +31,7 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
+from researcher.runs.ray_launcher import RayLauncher
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.study import store
@@ -57,14 +58,15 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def _check_cluster(ctx: StudyContext) -> None:
     """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
-    if ctx.launcher.placement != "ray":
+    launcher = ctx.launcher
+    if not isinstance(launcher, RayLauncher):
         return
     try:
-        ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]
+        launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())
     except ValueError as exc:  # a malformed --ray-address, or ClusterNotShared: nodes that cannot see our files
         _fail(str(exc), 2)
     except (ConnectionError, RuntimeError) as exc:
-        _fail(f"cannot reach the Ray cluster at {ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
+        _fail(f"cannot reach the Ray cluster at {launcher.address}: {exc}", 2)
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -15,7 +15,8 @@ from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.client._probe import ProbeReport, probe_study
 from swarm.client._runner import RunSummary
-from swarm.client._study import RewardRecord, load_study, run_study, run_study_cli
+from swarm.client._study import RewardRecord, run_study, run_study_cli
+from swarm.client._study_module import load_study
 from swarm.client._team import SwarmTeam, TeamRollout
 
 __all__ = [

@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import Any, SupportsFloat
 
 from pydantic import BaseModel, ConfigDict
 
@@ -108,7 +108,9 @@ def _reward_of(ep: EpisodeHandle, value: object) -> tuple[float | None, str | No
     if value is None:
         return None, "the workflow returned no reward and did not call ep.finish"
     try:
-        return float(value), None  # type: ignore[arg-type]
+        if not isinstance(value, SupportsFloat | str):
+            raise TypeError(type(value).__name__)
+        return float(value), None
     except (TypeError, ValueError):
         return None, f"the workflow returned {value!r:.80} (not a number)"
 

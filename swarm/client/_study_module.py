@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from swarm.client._run_state import check_heldout
 
@@ -40,7 +41,7 @@ def load_study(path: str | Path) -> ModuleType:
     return module
 
 
-def study_heldout(module: ModuleType) -> list[dict]:
+def study_heldout(module: ModuleType) -> list[dict[str, Any]]:
     """The study's held-out tasks (``[]`` without ``heldout()``); ``ValueError`` if they are malformed."""
     heldout = getattr(module, "heldout", None)
     return check_heldout(heldout()) if callable(heldout) else []

@@ -85,7 +85,7 @@ def _jsonl(path: Path) -> list[tuple[int, Any]]:
             continue
         try:
             records.append((number, json.loads(line)))
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise DataError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     return records
 

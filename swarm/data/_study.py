@@ -100,7 +100,8 @@ class DataStudy:
 
 
 def _split(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
-    train, held = [], []
+    train: list[Row] = []
+    held: list[Row] = []
     for row in rows:
         (held if int(row.key()[:12], 16) / 16**12 < fraction else train).append(row)
     return train, held

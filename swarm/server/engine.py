@@ -62,7 +62,7 @@ from swarm.server.store import EpisodeStore, store_safely
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[str, dict[str, Any]], None]
+Listener = Callable[[str, dict[str, Any]], object]  # what it returns is ignored
 
 
 class Engine:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
 from swarm.backends.parsers import check_parser_names
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 # Real text averages about four characters a token, so at this many per context token the default
 # ``max_prompt_chars`` turns away only prompts that would not fit anyway, before paying to tokenise them.
@@ -91,7 +94,7 @@ class ServerConfig(TrainConfig):
                                                   "log-probs differ from the trainer's by more than this; unset: off")
 
     @classmethod
-    def training_fields(cls) -> dict[str, Any]:
+    def training_fields(cls) -> dict[str, FieldInfo]:
         """Only the inherited ``TrainConfig`` fields configure the update; the rest are the engine's."""
         return dict(TrainConfig.model_fields)
 
@@ -151,7 +154,10 @@ def _read_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from None
-    return data.get("server", data)
+    server = data.get("server", data)
+    if not isinstance(server, dict):
+        raise ValueError(f"cannot read config {path}: [server] must be a table")
+    return server
 
 
 class ServerSettings(BaseModel):
