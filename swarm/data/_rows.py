@@ -87,6 +87,8 @@ def _jsonl(path: Path) -> list[tuple[int, Any]]:
             records.append((number, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise DataError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # valid JSON Python will not read: an integer past its digit limit
+            raise DataError(path, number, f"not readable JSON ({exc})") from None
     return records
 
 
