@@ -249,7 +249,7 @@ class Generator(Protocol):
         """False while the engine cannot serve (e.g. restarting): chat calls then get a 503."""
         ...
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """Engine name and health for ``/api/v1/status`` (JSON-ready)."""
         ...
 

@@ -132,7 +132,7 @@ class GeneratorPool(Generator):
     def available(self) -> bool:
         return any(m.eligible(self._published, self.bound()) for m in self.members.values())
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The local generator's description (the engine and its health), plus the pool's size."""
         base = self.local.describe() if self.local is not None else {"engine": "pool", "alive": True,
                                                                       "policy_version": self._published}

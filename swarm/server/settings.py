@@ -7,6 +7,7 @@ keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm conf
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -118,7 +119,7 @@ class ServerConfig(TrainConfig):
             raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
         return self
 
-    def patched(self, values: dict[str, Any]) -> ServerConfig:
+    def patched(self, values: Mapping[str, object]) -> ServerConfig:
         """A validated copy with ``values`` applied; raises ``ValueError`` naming bad keys."""
         unknown = sorted(set(values) - set(type(self).model_fields))
         if unknown:
