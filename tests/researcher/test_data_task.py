@@ -40,18 +40,20 @@ def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
         datatask.check_unchanged(moved)
 
 
-@pytest.mark.parametrize("model, lr, max_tokens, staleness", [
-    ("smollm2-135m", 1e-5, 96, 4),  # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens
-    ("tiny", 1e-3, 9, 1),  # byte-level: the longest answer ('#### 16') and 2
+@pytest.mark.parametrize("model, lr, max_tokens, staleness, micro_batch", [
+    # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens, nor a 14 GB micro-batch
+    ("smollm2-135m", 1e-5, 96, 4, 2048),
+    ("tiny", 1e-3, 9, 1, None),  # byte-level: the longest answer ('#### 16') and 2; TrainConfig's micro-batch
 ])
 def test_a_study_on_a_model_starts_from_defaults_scaled_to_it(model: str, lr: float, max_tokens: int, staleness: int,
-                                                             tmp_path: Path) -> None:
+                                                             micro_batch: int | None, tmp_path: Path) -> None:
     gsm = ROOT / "studies" / "examples" / "gsm-format"
     options = StudyOptions(**datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", "verl", 0), model=model)
     root = datatask.write_task(options, tmp_path / "study", ARITH / "config.toml", scale_to_model=True)
     found = catalog.examples(root)["data"]
     config = tomllib.loads(found.config.read_text())
     assert (config["lr"], config["max_tokens"], config["max_staleness"]) == (lr, max_tokens, staleness)
+    assert config.get("micro_batch_tokens") == micro_batch
     assert "EVAL_EVERY = 5" in found.client.read_text()
 
 
