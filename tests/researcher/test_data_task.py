@@ -40,6 +40,19 @@ def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
         datatask.check_unchanged(moved)
 
 
+def test_a_reward_file_named_from_the_users_directory_is_recorded_absolute(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs' clients start in their own folders: a relative ``--reward PATH.py:FUNC`` must not reach
+    them relative (it failed validation four times, then the study, before this)."""
+    monkeypatch.chdir(ROOT)
+    gsm = Path("studies/examples/gsm-format")
+    options = datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", f"{gsm}/reward.py:score", 0)
+    assert options["reward"] == f"{ROOT / gsm / 'reward.py'}:score"
+    assert datatask.options_for(gsm / "train.jsonl", None, "verl", 0)["reward"] == "verl"
+    with pytest.raises(ValueError, match="no reward file at studies/none.py"):
+        datatask.options_for(gsm / "train.jsonl", None, "studies/none.py:score", 0)
+
+
 @pytest.mark.parametrize("model, lr, max_tokens, staleness, micro_batch", [
     # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens, nor a 14 GB micro-batch
     ("smollm2-135m", 1e-5, 96, 4, 2048),
