@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import catalog, datatask, sandbox
+from researcher import catalog, datatask, flags, sandbox
 from researcher.planner.offline import OfflinePlanner
 from researcher.settings import StudyOptions
 
@@ -49,8 +49,15 @@ def test_a_reward_file_named_from_the_users_directory_is_recorded_absolute(tmp_p
     options = datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", f"{gsm}/reward.py:score", 0)
     assert options["reward"] == f"{ROOT / gsm / 'reward.py'}:score"
     assert datatask.options_for(gsm / "train.jsonl", None, "verl", 0)["reward"] == "verl"
-    with pytest.raises(ValueError, match="no reward file at studies/none.py"):
+    with pytest.raises(ValueError, match=r"no reward file at studies/none\.py"):
         datatask.options_for(gsm / "train.jsonl", None, "studies/none.py:score", 0)
+
+
+def test_a_study_on_a_real_model_waits_as_long_as_its_runs_take() -> None:
+    real = flags.study_options({"model": "smollm2-135m"}, None)
+    assert (real.smoke_timeout_s, real.stall_timeout_s) == (600.0, 900.0)
+    for options in (flags.study_options({"model": "tiny"}, None), flags.study_options({}, None)):
+        assert (options.smoke_timeout_s, options.stall_timeout_s) == (60.0, 120.0)
 
 
 @pytest.mark.parametrize("model, lr, max_tokens, staleness, micro_batch", [
