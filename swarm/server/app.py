@@ -226,7 +226,7 @@ def _roster(pool: GeneratorPool, keys: KeyRing, engine: Engine, run_blocking: An
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, plus what it cannot infer: chat completions answer with a ``ChatCompletion``
-    (JSON) or, with ``stream: true``, Server-Sent Events."""
+    (JSON) and responses with a Responses-API object, or either, with ``stream: true``, Server-Sent Events."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         chat = schema.get("paths", {}).get("/v1/chat/completions", {}).get("post")
@@ -238,6 +238,14 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             chat["responses"]["200"] = {
                 "description": "a chat completion; with `stream: true`, SSE chunks ending with `data: [DONE]`",
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                            "text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
+            }
+        responses = schema.get("paths", {}).get("/v1/responses", {}).get("post")
+        if responses is not None:
+            responses["responses"]["200"] = {
+                "description": "a response object; with `stream: true`, SSE events from `response.created` to "
+                               "`response.completed`",
+                "content": {"application/json": {"schema": {"type": "object"}},
                             "text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
             }
         app.openapi_schema = schema
