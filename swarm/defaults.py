@@ -29,11 +29,13 @@ The rules, and why:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from swarm.named_models import model_facts
 
 __all__ = ["training_defaults"]
+
+T = TypeVar("T")
 
 _LR_BY_SIZE = ((300_000_000, 1e-5), (1_500_000_000, 3e-6))  # (at most this many parameters, lr); above: 1e-6
 _MICRO_BATCH_BY_SIZE = ((300_000_000, 2048), (1_500_000_000, 1024))  # (at most, tokens); above or unknown: 512
@@ -47,7 +49,14 @@ def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
     if not facts.pretrained:
         return {"lr": 1e-3, "max_tokens": max(8, answer_chars + 2), "max_staleness": 1, "eval_every": 5}
     size = facts.parameters
-    lr = 3e-6 if size is None else next((value for limit, value in _LR_BY_SIZE if size <= limit), 1e-6)
     max_tokens = min(1024, max(96, answer_chars // 2 + 64))
-    micro = 512 if size is None else next((value for limit, value in _MICRO_BATCH_BY_SIZE if size <= limit), 512)
-    return {"lr": lr, "max_tokens": max_tokens, "max_staleness": 4, "micro_batch_tokens": micro, "eval_every": 5}
+    return {"lr": _by_size(_LR_BY_SIZE, size, above=1e-6, unknown=3e-6), "max_tokens": max_tokens,
+            "max_staleness": 4, "micro_batch_tokens": _by_size(_MICRO_BATCH_BY_SIZE, size, above=512, unknown=512),
+            "eval_every": 5}
+
+
+def _by_size(table: tuple[tuple[int, T], ...], size: int | None, *, above: T, unknown: T) -> T:
+    """The value of the first ``(at most, value)`` row that ``size`` fits; ``above`` past the last row."""
+    if size is None:
+        return unknown
+    return next((value for limit, value in table if size <= limit), above)
