@@ -20,13 +20,14 @@ from swarm.backends.sampling_params import MAX_TOP_LOGPROBS, validate_requests
 __all__ = ["MAX_TOP_LOGPROBS", "ChatText", "Ending", "Message", "ToolSpec", "decode", "encode", "find_stop", "load_tokenizer",
            "prepare_messages", "render_chat", "safe_prefix_chars", "validate_requests"]
 
-# Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
-# AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
-# regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
 # A chat message and a tool definition as OpenAI's JSON spells them (role, content, tool_calls, ...;
 # type, function): read here, never changed, and handed to the chat template as they are.
 Message = Mapping[str, object]
 ToolSpec = Mapping[str, object]
+
+# Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
+# AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
+# regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
 _GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 _REPLACEMENT = "\ufffd"
 
