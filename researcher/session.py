@@ -18,6 +18,7 @@ from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
+from researcher.runs import smoke
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.study import files as studyfiles
@@ -57,6 +58,8 @@ def resume(ctx: StudyContext) -> StudyState:
         raise StudyNotFound(f"no study {layout.study_id!r} under {layout.artifacts_root}")
     with study_lock(layout):
         layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
+        if smoke.stop_leftovers(layout.artifacts_dir / "smoke"):
+            log.warning("stopped a smoke-run server left by a killed session of %s", layout.study_id)
         ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
         state = read_state(layout)
         if state is not None:

@@ -3,23 +3,27 @@
 1. a local run whose server was SIGKILLed ended ``crashed``: nothing brought it back;
 2. a run whose server stopped while MLflow was away never had its last steps in MLflow (the server
    keeps them for a next start that never comes once the run ended);
-3. a study that ended while MLflow was away left its writes in the spool, where nothing delivered them.
+3. a study that ended while MLflow was away left its writes in the spool, where nothing delivered them;
+4. a researcher SIGKILLed during a smoke run left the smoke run's server running for good.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from support import free_port
+from support import free_port, wait_for
 
 from researcher import procs, session
 from researcher.nodes import monitor
 from researcher.runs import launcher as launching
 from researcher.runs import record as runs
+from researcher.runs import smoke
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
 from researcher.study.layout import StudyLayout
@@ -113,3 +117,26 @@ def test_a_study_that_ends_while_mlflow_is_away_delivers_its_spool_when_it_answe
     experiment = back.client.get_experiment_by_name("s")
     assert experiment is not None and len(back.client.search_runs([experiment.experiment_id])) == 1
 
+
+
+def test_a_smoke_server_left_by_a_killed_researcher_is_stopped_by_the_next_session(tmp_path: Path) -> None:
+    work, config = tmp_path / "smoke" / "01-01", tmp_path / "config.toml"
+    config.write_text("lr = 1e-3\n")
+    # A researcher in its smoke run, waiting for the server to answer (this one never does) ...
+    code = ("from pathlib import Path\nfrom researcher.runs.launcher import Launcher\nfrom researcher.runs import smoke\n"
+            f"smoke.run(Launcher({SLEEPER!r}), Path('client.py'), Path({str(config)!r}), Path({str(work)!r}), "
+            "episodes=2, group_size=2, timeout_s=60)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    researcher = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        record = wait_for(lambda: runs.load(work), 60, what="the smoke run's record", proc=researcher)
+    finally:
+        researcher.kill()  # ... is SIGKILLed: its `finally` never stops the server
+        researcher.wait()
+    try:
+        assert procs.alive(record.server_pid, record.server_started)
+        assert smoke.stop_leftovers(tmp_path / "smoke") == 1  # what `researcher resume` does first
+        assert not procs.alive(record.server_pid, record.server_started)
+        assert smoke.stop_leftovers(tmp_path / "smoke") == 0
+    finally:
+        procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)

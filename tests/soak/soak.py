@@ -294,9 +294,10 @@ class Soak:
                 quiet_since = None
             time.sleep(1.0)
         _say(f"study {study_id}: {self.phase(study_id)}")
-        for proc in self.mine:  # the session that wrote the report exits by itself
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
+        deadline = time.time() + 120  # the session that wrote the report exits by itself (after its spool)
+        while self.researcher_running(study_id) and time.time() < deadline:
+            self.reap()
+            time.sleep(1.0)
         subprocess.run(self.researcher("unschedule", study_id, *self.dirs()), cwd=REPO, env=self.env(),
                        capture_output=True)
 
