@@ -3,8 +3,8 @@
 One call polls until some run ends (so ``launch_runs`` can fill the slot) or all have ended:
 - a run reaching its step budget (its server trains no step past it) is stopped (control stop) and
   marked finished, once the held-out round of that step is logged (if its cadence has one there);
-- a dead server is a crash; a client that ran all its episodes is topped up, a failed one restarted
-  (bounded: ``max_client_restarts``);
+- a dead server is restarted from its last checkpoint (``revive``, bounded), else a crash; a client
+  that ran all its episodes is topped up, a failed one restarted (bounded: ``max_client_restarts``);
 - no new step for ``stall_timeout_s`` is a stall; non-finite metrics are a divergence;
 - the deadline (minus the report reserve) cuts every run; a stop request stops them;
 - no finished episode for ``client_stuck_s`` while the server waits for episodes: the client is
