@@ -80,6 +80,7 @@ class Soak:
         self.kills: dict[str, int] = {}
         self.restarts: dict[str, int] = {}
         self.researcher_kills = 0
+        self.round: list[str] = []  # the kinds this round of kills has yet to hit
         self.pending: list[tuple[float, str]] = []  # (due time, what to restart by hand)
         self.memory = chaos.MemoryLog()
         self.study_ids: list[str] = []
@@ -178,20 +179,22 @@ class Soak:
         """With ``--every-kind``: the kinds not killed yet (the chaos goes on past the duration until none)."""
         return [k for k in self.kinds() if k not in self.kills] if self.args.every_kind else []
 
-    def bag(self):
-        """Kinds in a seeded shuffle, reshuffled each round: every kind present is killed once a round."""
-        while True:
-            order = self.kinds()
-            self.rng.shuffle(order)
-            yield from order
+    def pick(self, now: dict[str, list[chaos.Target]]) -> str | None:
+        """The next kind of this round (a seeded shuffle of every kind) that is present now; a kind that
+        is absent (no run is live: no client) keeps its place until it is. Every kind is killed once a
+        round before any is killed twice."""
+        if not self.round:
+            self.round = self.kinds()
+            self.rng.shuffle(self.round)
+        kind = next((k for k in self.round if k in now), None)
+        if kind is not None:
+            self.round.remove(kind)
+        return kind
 
-    def kill_one(self, kinds) -> None:
+    def kill_one(self) -> None:
         now = self.present()
-        for _ in range(len(now) * 8 + 8):
-            kind = next(kinds)
-            if kind in now:
-                break
-        else:
+        kind = self.pick(now)
+        if kind is None:
             return
         target = self.rng.choice(now[kind])
         if not chaos.kill(target):
@@ -269,18 +272,18 @@ class Soak:
             time.sleep(0.5)
         subprocess.run(self.researcher("schedule", study_id, "--every", f"{self.args.every:g}s", "--window", "6h",
                                        *self.dirs()), cwd=REPO, env=self.env(), check=True, capture_output=True)
-        kinds = self.bag()
         next_kill = time.time() + self.rng.uniform(*self.args.interval)
         quiet_since = None
         while self.phase(study_id) not in ENDED:
             self.reap()
             self.restart_due(study_id)
             self.keep_workers()
-            self.memory.sample(self.present().get("daemon", []) + self.present().get("mlflow", [])
-                               + self.present().get("researcher", []))
+            if int(time.time()) % 5 == 0:  # every ~5 s: a scan of /proc costs CPU the study needs
+                now_present = self.present()
+                self.memory.sample([t for k in ("daemon", "mlflow", "researcher") for t in now_present.get(k, [])])
             now = time.time()
             if now >= next_kill and (now < chaos_until or self.missing_kinds()):
-                self.kill_one(kinds)
+                self.kill_one()
                 next_kill = now + self.rng.uniform(*self.args.interval)
             # A safety net, counted apart: no researcher for 3 schedule periods and none pending.
             if self.researcher_running(study_id) or any(w == "researcher" for _, w in self.pending):

@@ -119,28 +119,36 @@ def _pgid(pid: int) -> int | None:
 
 @dataclass
 class MemoryLog:
-    """RSS samples per incarnation (kind, pid, start time) of the long-lived processes."""
+    """RSS samples of each long-lived process (a group target: each member), keyed by kind, pid and
+    start time, so a restarted process is a new series."""
 
+    warmup_s: float = 60.0  # imports, caches, a server's workers spawning: not growth
     samples: dict[tuple[str, int, float | None], list[tuple[float, float]]] = field(default_factory=dict)
 
     def sample(self, targets: list[Target]) -> None:
         now = time.monotonic()
         for target in targets:
-            value = rss_mb(target.pid, target.group)
-            if value is not None:
-                self.samples.setdefault((target.kind, target.pid, target.started), []).append((now, value))
+            members = [target.pid]
+            if target.group:
+                pgid = _pgid(target.pid)
+                members = [p for p in _pids() if pgid is not None and _pgid(p) == pgid]
+            for pid in members:
+                value = rss_mb(pid)
+                if value is not None:
+                    self.samples.setdefault((target.kind, pid, procs.start_time(pid)), []).append((now, value))
 
     def growth_mb(self, min_span_s: float = 60.0) -> float:
-        """The largest growth of one incarnation: the mean of its last quarter of samples minus the mean
-        of its second quarter (the first quarter is start-up: imports, caches filling). Incarnations
-        that lived less than ``min_span_s`` are not judged."""
+        """The largest growth of one process after its warm-up (its first ``warmup_s`` seen): the mean of
+        its last quarter of samples minus that of its first quarter. Processes with less than
+        ``min_span_s`` of samples after their warm-up are not judged."""
         worst = 0.0
         for series in self.samples.values():
-            if len(series) < 8 or series[-1][0] - series[0][0] < min_span_s:
+            settled = [(t, v) for t, v in series if t - series[0][0] >= self.warmup_s]
+            if len(settled) < 8 or settled[-1][0] - settled[0][0] < min_span_s:
                 continue
-            n = len(series)
-            early = [v for _, v in series[n // 4: n // 2]]
-            late = [v for _, v in series[3 * n // 4:]]
+            n = len(settled)
+            early = [v for _, v in settled[: n // 4]]
+            late = [v for _, v in settled[3 * n // 4:]]
             worst = max(worst, sum(late) / len(late) - sum(early) / len(early))
         return round(worst, 1)
 
