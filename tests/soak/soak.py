@@ -191,14 +191,16 @@ class Soak:
             self.round.remove(kind)
         return kind
 
-    def kill_one(self) -> None:
+    def kill_one(self) -> bool:
+        """SIGKILL one process of the round's next kind present; False when none is (try again soon)."""
         now = self.present()
         kind = self.pick(now)
         if kind is None:
-            return
+            return False
         target = self.rng.choice(now[kind])
         if not chaos.kill(target):
-            return
+            self.round.append(kind)  # it ended by itself meanwhile: the kind keeps its turn
+            return False
         self.kills[kind] = self.kills.get(kind, 0) + 1
         _say(f"SIGKILL {kind} pid {target.pid} {target.what}".rstrip())
         if kind == "daemon":
@@ -211,6 +213,7 @@ class Soak:
                 self.pending.append((time.time() + self.rng.uniform(1, 5), "researcher"))
             else:
                 _say("left to the daemon's schedule")
+        return True
 
     def restart_due(self, study_id: str) -> None:
         now = time.time()
@@ -283,8 +286,8 @@ class Soak:
                 self.memory.sample([t for k in ("daemon", "mlflow", "researcher") for t in now_present.get(k, [])])
             now = time.time()
             if now >= next_kill and (now < chaos_until or self.missing_kinds()):
-                self.kill_one()
-                next_kill = now + self.rng.uniform(*self.args.interval)
+                if self.kill_one():  # else the kinds left in this round are absent: retry at the next tick
+                    next_kill = now + self.rng.uniform(*self.args.interval)
             # A safety net, counted apart: no researcher for 3 schedule periods and none pending.
             if self.researcher_running(study_id) or any(w == "researcher" for _, w in self.pending):
                 quiet_since = None
