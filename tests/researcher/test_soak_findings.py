@@ -4,7 +4,8 @@
 2. a run whose server stopped while MLflow was away never had its last steps in MLflow (the server
    keeps them for a next start that never comes once the run ended);
 3. a study that ended while MLflow was away left its writes in the spool, where nothing delivered them;
-4. a researcher SIGKILLed during a smoke run left the smoke run's server running for good.
+4. a researcher SIGKILLed during a smoke run left the smoke run's server running for good;
+5. a client restarted after a SIGKILL gave up on admission refusals before its predecessor's leases ran out.
 """
 
 from __future__ import annotations
@@ -140,3 +141,15 @@ def test_a_smoke_server_left_by_a_killed_researcher_is_stopped_by_the_next_sessi
         assert smoke.stop_leftovers(tmp_path / "smoke") == 0
     finally:
         procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)
+
+
+def test_a_restarted_client_waits_out_its_dead_predecessors_leases(tmp_path: Path) -> None:
+    """5. A client restarted after a SIGKILL failed: admission refused its claims (429) while the dead
+    client's claims held their 60 s leases, and its 30 s retry window ran out first (a failure counted
+    toward max_client_restarts, four of which crash the run). Its window now outlasts a lease."""
+    record = _record(tmp_path)
+    argv = Launcher(["swarm"]).client_argv(record)
+    assert float(argv[argv.index("--retry-for") + 1]) > 60.0  # swarm's default lease
+    record.config = {"lease_s": 300.0}
+    argv = Launcher(["swarm"]).client_argv(record)
+    assert float(argv[argv.index("--retry-for") + 1]) > 300.0
