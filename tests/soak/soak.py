@@ -269,9 +269,12 @@ class Soak:
 
     def run_study(self, study_id: str, chaos_until: float) -> None:
         self.study_ids.append(study_id)
-        self.mine.append(self.spawn(self.study_argv(study_id), f"{study_id}.log"))
+        starting = self.spawn(self.study_argv(study_id), f"{study_id}.log")
+        self.mine.append(starting)
         layout = self.layout(study_id)
         while not layout.graph_db.is_file():
+            if starting.poll() is not None:
+                raise RuntimeError(f"`researcher start` exited {starting.returncode}: see {self.logs / study_id}.log")
             time.sleep(0.5)
         subprocess.run(self.researcher("schedule", study_id, "--every", f"{self.args.every:g}s", "--window", "6h",
                                        *self.dirs()), cwd=REPO, env=self.env(), check=True, capture_output=True)
