@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-workers", type=int, default=0, help="swarm workers kept in each live run's pool")
     parser.add_argument("--ray", action="store_true", help="place runs on a local Ray cluster (not in this increment)")
     parser.add_argument("--topic", default=TOPIC)
-    parser.add_argument("--steps", type=int, default=20, help="training steps per run (at 10 the class of the Answer is not stable)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per run (at 10 the Answer's class is not stable)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per arm")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--budget", default="30m", help="each study's budget (a study ends well within it)")
