@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray", action="store_true", help="place runs on a local Ray cluster (not in this increment)")
     parser.add_argument("--topic", default=TOPIC)
     parser.add_argument("--steps", type=int, default=20, help="steps per run (at 10 the Answer's class is not stable)")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds per arm")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per arm (at 2 the Answer's class is not stable)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--budget", default="30m", help="each study's budget (a study ends well within it)")
     parser.add_argument("--every", type=float, default=15.0, help="the daemon's schedule period, seconds")
