@@ -181,8 +181,9 @@ def read_curve(run_dir: Path, metric: str, horizon: int | None = None) -> tuple[
 
 
 def read_steps(run_dir: Path, after: int = 0) -> list[Any]:
-    """The run's per-step metrics after step ``after`` as ``StepMetrics``, in step order; a step logged
-    twice (a crash between writes, a step retrained after a restart) counts once, as last logged."""
+    """The run's per-step metrics after step ``after`` as ``StepMetrics``, in step order. A step with
+    several lines (its held-out round logged after it, a crash between writes, a step retrained after
+    a restart) is one: its metrics merged, the later line's value winning per key."""
     from swarm.protocol import StepMetrics
 
     file = run_dir / METRICS_FILE
@@ -195,5 +196,8 @@ def read_steps(run_dir: Path, after: int = 0) -> list[Any]:
         except ValueError:  # blank, or cut short by a crash
             continue
         if item.step > after:
+            earlier = by_step.get(item.step)
+            if earlier is not None:
+                item = item.model_copy(update={"metrics": {**earlier.metrics, **item.metrics}})
             by_step[item.step] = item
     return [by_step[s] for s in sorted(by_step)]

@@ -2,7 +2,8 @@
 
 1. a local run whose server was SIGKILLed ended ``crashed``: nothing brought it back;
 2. a run whose server stopped while MLflow was away never had its last steps in MLflow (the server
-   keeps them for a next start that never comes once the run ended);
+   keeps them for a next start that never comes once the run ended); the first fix sent a held-out
+   round's step without its training metrics (its later eval-only line replaced the step's line);
 3. a study that ended while MLflow was away left its writes in the spool, where nothing delivered them;
 4. a researcher SIGKILLed during a smoke run left the smoke run's server running for good;
 5. a client restarted after a SIGKILL gave up on admission refusals before its predecessor's leases ran out.
@@ -83,6 +84,8 @@ def test_closing_a_run_sends_the_steps_its_server_left_undelivered(tmp_path: Pat
                                                  "last_step": 4, "status": "finished"})
     runs.append_metrics(run_dir, [StepMetrics(step=s, policy_version=s, time=1000.0 + s, metrics={"train/reward_mean": s / 10})
                                   for s in range(1, 5)])
+    # Step 4's held-out round, logged after the step (the monitor's late eval row): it adds, never replaces.
+    runs.append_metrics(run_dir, [StepMetrics(step=4, policy_version=4, time=1004.0, metrics={"eval/reward_mean": 0.5})])
     state_dir = Path(record.state_dir)
     state_dir.mkdir()
     # The server delivered steps 1-2 itself, then was stopped while the store was away.
@@ -95,6 +98,7 @@ def test_closing_a_run_sends_the_steps_its_server_left_undelivered(tmp_path: Pat
     monitor._close(ctx, run_dir, record)
     history = tracker.client.get_metric_history(run_id, "train/reward_mean")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # each once: step 1-2 were not sent again
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "eval/reward_mean")] == [4]
 
 
 def test_a_study_that_ends_while_mlflow_is_away_delivers_its_spool_when_it_answers(tmp_path: Path, monkeypatch) -> None:
