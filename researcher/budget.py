@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import statistics
 
-from researcher.state import StudyState
+from researcher.state import Budget, StudyState
 
 DEFAULT_RUN_S = 90.0     # assumed wall time of a run before one has been measured
 VALIDATE_S = 30.0        # a smoke run: server start + a few episodes
 
 
 def make_budget(now: float, deadline: float, *, max_runs: int, max_iterations: int, max_repairs: int,
-                max_llm_tokens: int, max_llm_cost_usd: float) -> dict[str, float | int]:
+                max_llm_tokens: int, max_llm_cost_usd: float) -> Budget:
     total = max(deadline - now, 0.0)
     # Keep ~5% (15-60 s) for analysis and the report.
     reserve = min(max(total * 0.05, 15.0), 60.0)

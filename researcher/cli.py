@@ -31,6 +31,7 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
+from researcher.runs.ray_launcher import RayLauncher
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.study import store
@@ -57,14 +58,15 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def _check_cluster(ctx: StudyContext) -> None:
     """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
-    if ctx.launcher.placement != "ray":
+    launcher = ctx.launcher
+    if not isinstance(launcher, RayLauncher):
         return
     try:
-        ctx.launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())  # type: ignore[attr-defined]
+        launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())
     except ValueError as exc:  # a malformed --ray-address, or ClusterNotShared: nodes that cannot see our files
         _fail(str(exc), 2)
     except (ConnectionError, RuntimeError) as exc:
-        _fail(f"cannot reach the Ray cluster at {ctx.launcher.address}: {exc}", 2)  # type: ignore[attr-defined]
+        _fail(f"cannot reach the Ray cluster at {launcher.address}: {exc}", 2)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -140,11 +142,11 @@ def start(
                                        "seed_base": seed_base,
                                        "parallel_runs": parallel, "max_iterations": max_iterations,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": str(Path(model).resolve()) if model and Path(model).is_dir() else model,
+                                       "model": str(Path(model).resolve()) if model and Path(model).exists() else model,
                                        "gpus_per_run": gpus_per_run,
                                        "run_resources": resources.parse_run_resources(run_resources) or None,
                                        "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None},
-                                      server)  # a model folder as an absolute path: runs start in their own dirs
+                                      server)  # a model folder or .gguf file as an absolute path: runs start in their own dirs
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
         if data is not None:

@@ -49,7 +49,20 @@ def options_for(data: Path, heldout: Path | None, reward: str, warmup_steps: int
             raise ValueError(f"no data file at {path}")
     return {"data": str(data.resolve()), "data_sha256": sha256(data),
             "heldout": str(heldout.resolve()) if heldout else None,
-            "heldout_sha256": sha256(heldout) if heldout else None, "reward": reward, "warmup_steps": warmup_steps}
+            "heldout_sha256": sha256(heldout) if heldout else None, "reward": _absolute_reward(reward),
+            "warmup_steps": warmup_steps}
+
+
+def _absolute_reward(reward: str) -> str:
+    """A ``PATH.py:FUNC`` reward with its file made absolute: the runs' clients start in their own folders,
+    where a path relative to the user's directory names nothing. Named rewards (verl, exact, a data
+    source) pass through."""
+    path, sep, name = reward.rpartition(":")
+    if not (sep and path.endswith(".py")):
+        return reward
+    if not Path(path).is_file():
+        raise ValueError(f"no reward file at {path} (--reward {reward})")
+    return f"{Path(path).resolve()}:{name}"
 
 
 def check_unchanged(options: StudyOptions) -> None:

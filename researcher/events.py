@@ -34,18 +34,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from researcher.planner.usage import LLMCall
-from researcher.records import JsonObject
 from researcher.study.layout import StudyLayout
 
 log = logging.getLogger(__name__)
-__all__ = ["NODE_DOING", "EventLog", "Follower", "events_path", "llm_call_listener", "read_events", "recorder"]
+__all__ = ["NODE_DOING", "Event", "EventLog", "Follower", "events_path", "llm_call_listener", "read_events", "recorder"]
 
 EVENTS_FILE = "events.jsonl"
 _TAIL = 65536  # bytes read from the end to find the last id (far more than one event)
@@ -64,6 +63,9 @@ NODE_DOING = {
 }
 # New kinds the terminal printer of `researcher start` leaves to `researcher watch`.
 NOT_PRINTED = frozenset({"node", "llm_call", "session"})
+# One event as its line holds it: id, ts, kind and the kind's own fields (the list above). Readers
+# look a field up under the kind that writes it, so its type is the kind's, not this alias's.
+Event = dict[str, Any]
 
 
 def events_path(layout: StudyLayout) -> Path:
@@ -77,7 +79,7 @@ class EventLog:
         self.path = path
         self._lock = FileLock(str(path) + ".lock")
 
-    def append(self, kind: str, **fields: Any) -> JsonObject:
+    def append(self, kind: str, **fields: Any) -> Event:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             last_id, needs_newline = _last_id(self.path)
@@ -115,7 +117,7 @@ def _last_id(path: Path) -> tuple[int, bool]:
         return 0, False
 
 
-def _parse(raw: bytes) -> JsonObject | None:
+def _parse(raw: bytes) -> Event | None:
     try:
         event = json.loads(raw)
     except ValueError:
@@ -132,7 +134,7 @@ class Follower:
         self.after_id = after_id
         self._offset = 0
 
-    def poll(self) -> list[JsonObject]:
+    def poll(self) -> list[Event]:
         try:
             with open(self.path, "rb") as file:
                 file.seek(0, os.SEEK_END)
@@ -152,25 +154,25 @@ class Follower:
                 self.after_id = event["id"]
         return found
 
-    def follow(self, interval_s: float = 0.25, stop: Callable[[], bool] = lambda: False) -> Iterator[JsonObject]:
+    def follow(self, interval_s: float = 0.25, stop: Callable[[], bool] = lambda: False) -> Iterator[Event]:
         while not stop():
             yield from self.poll()
             time.sleep(interval_s)
 
 
-def read_events(path: Path, after_id: int = 0) -> list[JsonObject]:
+def read_events(path: Path, after_id: int = 0) -> list[Event]:
     """Every whole event with an id above ``after_id``."""
     return Follower(path, after_id).poll()
 
 
-def recorder(layout: StudyLayout, then: Callable[[str, JsonObject], None] | None = None
-             ) -> Callable[[str, JsonObject], None]:
+def recorder(layout: StudyLayout, then: Callable[[str, Mapping[str, object]], None] | None = None
+             ) -> Callable[[str, Mapping[str, object]], None]:
     """A ``StudyContext.emit`` that appends each event to the study's log, then hands it to ``then``
     (the terminal printer) unless it is one of the kinds only ``researcher watch`` shows. Writing is
     best effort: a full disk must not stop the study (the disk watchdog parks it)."""
     events = EventLog(events_path(layout))
 
-    def emit(kind: str, data: JsonObject) -> None:
+    def emit(kind: str, data: Mapping[str, object]) -> None:
         try:
             events.append(kind, **data)
         except OSError as exc:

@@ -10,6 +10,12 @@ from typing import Any
 
 from researcher.settings import StudyOptions
 from researcher.study.layout import check_study_id, slugify
+from swarm.named_models import model_facts
+
+# A pretrained model's runs are minutes where the tiny presets' are seconds: on 2 CPU cores SmolLM2-135M's
+# smoke run of 8 episodes took over 60 s (the study failed its validation four times) and a training step
+# takes 1-3 minutes under load. The tiny-sized timeouts would call healthy real-model runs broken or stalled.
+REAL_MODEL_TIMEOUTS = {"smoke_timeout_s": 600.0, "stall_timeout_s": 900.0}
 
 
 def parse_duration(text: str) -> float:
@@ -44,10 +50,13 @@ def deadline(budget: str | None, until: str | None, now: float) -> float:
 
 
 def study_options(flags: dict[str, Any], servers: list[str] | None) -> StudyOptions:
-    """StudyOptions from the flags given (None = not given); with servers, one run per server."""
+    """StudyOptions from the flags given (None = not given); with servers, one run per server; with a
+    pretrained ``model``, timeouts sized for it (``REAL_MODEL_TIMEOUTS``)."""
     overrides = {k: v for k, v in flags.items() if v is not None}
     if servers and "parallel_runs" not in overrides:
         overrides["parallel_runs"] = len(servers)
+    if overrides.get("model") and model_facts(str(overrides["model"])).pretrained:
+        overrides = {**REAL_MODEL_TIMEOUTS, **overrides}
     return StudyOptions(**overrides)
 
 

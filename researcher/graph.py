@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from typing import Protocol
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
@@ -50,8 +51,14 @@ ENTRY = {"framing": "frame_topic", "planning": "plan_experiments", "writing": "w
 NO_PARK = ("reporting", "done", "failed", "stopped")
 
 
-def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState],
-          ctx: StudyContext) -> Callable[[StudyState], StudyState]:
+class _BoundNode(Protocol):
+    """A node as LangGraph calls it: by the keyword ``state`` too, which a plain ``Callable`` type
+    does not promise (so it would match none of ``add_node``'s overloads)."""
+
+    def __call__(self, state: StudyState) -> StudyState: ...
+
+
+def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState], ctx: StudyContext) -> _BoundNode:
     def bound(state: StudyState) -> StudyState:
         ctx.say("node", action="enter", node=name, doing=NODE_DOING.get(name, name), phase=state.get("phase"))
         try:
@@ -69,7 +76,7 @@ def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState],
     return bound
 
 
-def build(ctx: StudyContext) -> StateGraph:
+def build(ctx: StudyContext) -> StateGraph[StudyState]:
     g = StateGraph(StudyState)
     for name, module in (("frame_topic", frame_topic), ("plan_experiments", plan_experiments),
                          ("write_client", write_client), ("validate", validate), ("launch_runs", launch_runs),

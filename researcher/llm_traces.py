@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any
 
 from researcher.planner.usage import LLMCall
-from researcher.records import JsonObject
 from researcher.state import StudyState
 from researcher.study.layout import StudyLayout
 from researcher.study.store import read_state
@@ -135,12 +134,12 @@ class PlannerTraces:
             log.info("linked %d earlier planner traces to iteration run %s", len(due), run_id)
 
 
-def _attributes(trace_id: str, call: LLMCall) -> JsonObject:
+def _attributes(trace_id: str, call: LLMCall) -> dict[str, object]:
     """The span's attributes in MLflow's keys, so the UI renders a chat with its tokens and cost."""
     usage = call.get("usage") or {}
     cost = call.get("cost") or {}
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    attributes: JsonObject = {
+    attributes: dict[str, object] = {
         "mlflow.traceRequestId": trace_id,
         "mlflow.spanType": "CHAT_MODEL",
         "mlflow.message.format": "openai",

@@ -15,19 +15,22 @@ from typing import Any
 from researcher import scheduler
 from researcher import verdict_rules as rules
 from researcher.runs import record as runs
+from researcher.state import StudyState
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked, read_state
 
 
 def summary(layout: StudyLayout) -> dict[str, Any]:
-    state = read_state(layout) or {}
+    state: StudyState = read_state(layout) or {}
     records = runs.all_records(layout.runs_dir)
     counts: dict[str, int] = {}
     for record in records:
         counts[record.status] = counts.get(record.status, 0) + 1
-    deadline = (state.get("budget") or {}).get("deadline")
-    meta = studyfiles.read_study_toml(layout).get("study", {})
+    budget = state.get("budget")
+    deadline = budget["deadline"] if budget else None
+    meta = studyfiles.read_study_toml(layout).get("study")
+    meta = meta if isinstance(meta, dict) else {}
     answer = None
     history = state.get("iterations") or []
     if history:

@@ -195,8 +195,11 @@ class Finished:
         return f"was killed by {name}" + (f" ({why})" if why else "")
 
 
-_LIMIT_SIGNALS = {signal.SIGXCPU: "it reached its CPU time limit", signal.SIGXFSZ: "it wrote past its file size limit",
-                  signal.SIGKILL: "the hard CPU time limit or the kernel's out-of-memory killer"}
+_LIMIT_SIGNALS: dict[int, str] = {
+    signal.SIGXCPU: "it reached its CPU time limit",
+    signal.SIGXFSZ: "it wrote past its file size limit",
+    signal.SIGKILL: "the hard CPU time limit or the kernel's out-of-memory killer",
+}
 
 
 def run_boxed(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, limits: Limits,

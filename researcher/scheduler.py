@@ -125,8 +125,8 @@ class ScheduleSpec:
             return IntervalTrigger(seconds=self.every_s, start_date=start)
         if moment is not None:
             return DateTrigger(run_date=moment)
-        hour, minute, second = _parse_clock(self.at or "")
-        return CronTrigger(hour=hour, minute=minute, second=second)
+        clock = _parse_clock(self.at or "")
+        return CronTrigger(hour=clock[0], minute=clock[1], second=clock[2])
 
     def to_toml(self) -> str:
         data = {k: v for k, v in {"at": self.at, "cron": self.cron, "every_s": self.every_s,
@@ -242,12 +242,12 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
         # runs train on, and the study's next session picks them up.
         proc = stopping.start_child(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            code = proc.wait(timeout=window_s + SESSION_GRACE_S)
+            proc.wait(timeout=window_s + SESSION_GRACE_S)
         except subprocess.TimeoutExpired:
             log.warning("study %s overran its window by %.0f s; terminating the session", study_id, SESSION_GRACE_S)
         finally:
             code = stopping.stop_child(proc, grace_s=SESSION_STOP_S)
-    outcome = {0: "ran", 2: "refused"}.get(code, "failed")
+    outcome = "ran" if code == 0 else "refused" if code == 2 else "failed"
     log.info("study %s session ended with code %s after %.0f s", study_id, code, time.time() - started)
     return {"study_id": study_id, "outcome": outcome, "exit_code": code, "seconds": round(time.time() - started, 1)}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import cast
 
 from researcher import budget
 from researcher.context import StudyContext
@@ -31,7 +32,7 @@ SPOOL_WAIT_S = 60.0  # how long an ended study's session waits for MLflow to tak
 
 def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:
     return {"study_id": study_id, "topic": topic, "phase": "framing", "options": options.model_dump(),
-            "budget": budget.make_budget(now, deadline, max_runs=options.max_runs,  # type: ignore[typeddict-item]
+            "budget": budget.make_budget(now, deadline, max_runs=options.max_runs,
                                          max_iterations=options.max_iterations, max_repairs=options.max_repairs,
                                          max_llm_tokens=options.max_llm_tokens,
                                          max_llm_cost_usd=options.max_llm_cost_usd),
@@ -73,7 +74,7 @@ def resume(ctx: StudyContext) -> StudyState:
             if state.get("phase") == "parked":
                 # The parked session's graph run ended at `park`: start a new one, entering where it parked.
                 parked = state.get("parked") or {}
-                return _invoke(ctx, {"phase": parked.get("phase", "framing"), "parked": None})  # type: ignore[typeddict-item]
+                return _invoke(ctx, {"phase": parked.get("phase", "framing"), "parked": None})
         return _invoke(ctx, None)
 
 
@@ -85,13 +86,13 @@ def _invoke(ctx: StudyContext, state: StudyState | None) -> StudyState:
             snap = graph.get_state(config)
             if not snap.next and not snap.tasks:
                 deliver_spool(ctx)  # already complete: only MLflow writes that waited for the store are left
-                return snap.values
+                return cast(StudyState, snap.values)
         started = time.monotonic()
         result = graph.invoke(state, config, durability="sync")
         log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
         if result.get("phase") in ENDED_PHASES:
             deliver_spool(ctx)
-        return result
+        return cast(StudyState, result)  # the compiled graph's output is its state (langgraph types it as a dict)
 
 
 def deliver_spool(ctx: StudyContext, wait_s: float = SPOOL_WAIT_S, every_s: float = 5.0) -> bool:

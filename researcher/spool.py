@@ -17,11 +17,9 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-from researcher.records import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,7 @@ class Spool:
             return 0
         return sum(1 for line in self._lines())
 
-    def append(self, op: str, args: JsonObject) -> None:
+    def append(self, op: str, args: Mapping[str, object]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"op": op, "args": args}, default=str) + "\n"
         with open(self.ops_file, "a+b") as out:
@@ -71,7 +69,7 @@ class Spool:
         tmp.write_text(json.dumps(ids, indent=1))
         os.replace(tmp, self.ids_file)
 
-    def replay(self, apply: Callable[[str, JsonObject], None]) -> int:
+    def replay(self, apply: Callable[[str, dict[str, Any]], object]) -> int:
         """Apply the spooled ops in order; stop at the first failure (re-raised) keeping the rest.
         Lines that are not ops move to ``spool.bad``. Returns how many were applied."""
         if not self.ops_file.is_file():
@@ -108,8 +106,9 @@ class Spool:
             os.fsync(out.fileno())
 
 
-def _parse(line: str) -> tuple[str, JsonObject] | None:
-    """``(op, args)`` of a spool line, or None if it is not one."""
+def _parse(line: str) -> tuple[str, dict[str, Any]] | None:
+    """``(op, args)`` of a spool line, or None if it is not one (``args`` as the tracker wrote them:
+    each op reads its own keys)."""
     try:
         item = json.loads(line)
     except ValueError:

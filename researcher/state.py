@@ -50,7 +50,7 @@ class DecisionRecord(TypedDict):
 
 
 class Parked(TypedDict, total=False):
-    phase: str               # where the study re-enters
+    phase: Phase             # where the study re-enters
     reason: str
     at: float
     runs: list[str]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -68,7 +69,7 @@ def printer() -> Callable[[str, Mapping[str, object]], None]:
     per 5 steps a run, the analysis and report in full, the rest as ``kind key=value``."""
     shown: dict[str, int] = {}
 
-    def emit(event: str, data: Mapping[str, object]) -> None:
+    def emit(event: str, data: Mapping[str, Any]) -> None:  # the event's fields, typed by its kind
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         if event == "progress":
             last = shown.get(data["key"], -10)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from researcher import review_view
-from researcher.records import JsonObject
 from researcher.spool import Spool
 from swarm.protocol import StepMetrics
 
@@ -56,7 +55,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ delivery
 
-    def _deliver(self, op: str, args: JsonObject) -> Any:
+    def _deliver(self, op: str, args: Mapping[str, object]) -> Any:
         """Run one write now, or spool it when the store is unreachable (or earlier writes wait)."""
         if self.spool is None:
             return self._apply(op, args)
@@ -98,7 +97,8 @@ class Tracker:
             raise LookupError(f"run {run_id} was never created")
         return real
 
-    def _apply(self, op: str, args: JsonObject) -> Any:
+    def _apply(self, op: str, args: Mapping[str, Any]) -> Any:
+        """One write; ``args`` are what ``_deliver`` was given (or their JSON, replayed from the spool)."""
         from mlflow.entities import Metric, Param
 
         if op == "create_run":
@@ -178,7 +178,10 @@ class Tracker:
             tags = {**tags, DESCRIPTION: description[:5000]}
         local = Spool.new_local_id() if self.spool else None
         run_id = self._deliver("create_run", {"study_id": study_id, "name": name, "tags": tags, "local_id": local})
-        return run_id or local  # type: ignore[return-value]
+        created = run_id or local
+        if not isinstance(created, str):  # _deliver answers None only when it spooled, and a spool gives a local id
+            raise RuntimeError(f"MLflow created no run for {name!r}")
+        return created
 
     def describe_study(self, study_id: str, text: str) -> None:
         """The experiment's description in MLflow's UI: what the study asks and, once known, its answer."""
@@ -203,7 +206,7 @@ class Tracker:
             if unreachable(exc):
                 return ""
             raise
-        if found is None:
+        if found is None or real is None:
             return ""
         lines = []
         view = found.tags.get(review_view.VIEW_TAG)

@@ -27,8 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from researcher import overview
-from researcher.events import Follower, events_path
-from researcher.records import JsonObject
+from researcher.events import Event, Follower, events_path
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked
 from researcher.terminal import distinct
@@ -103,10 +102,10 @@ class WatchState:
     node_since: float | None = None
     phase: str | None = None
     runs: dict[str, RunView] = field(default_factory=dict)
-    decisions: deque[JsonObject] = field(default_factory=lambda: deque(maxlen=6))
-    recent: deque[JsonObject] = field(default_factory=lambda: deque(maxlen=10))
+    decisions: deque[Event] = field(default_factory=lambda: deque(maxlen=6))
+    recent: deque[Event] = field(default_factory=lambda: deque(maxlen=10))
 
-    def apply(self, event: JsonObject) -> None:
+    def apply(self, event: Event) -> None:
         self.last_id, self.last_ts = event["id"], event.get("ts")
         kind = event.get("kind")
         if kind == "node":
@@ -135,7 +134,7 @@ class WatchState:
                     run.status = "parked"
         self._apply_run(kind, event)
 
-    def _apply_run(self, kind: str | None, event: JsonObject) -> None:
+    def _apply_run(self, kind: str | None, event: Event) -> None:
         key = event.get("key")
         if not key or kind not in ("launched", "progress", "ended", "client_restart", "unparked", "watchdog"):
             return
@@ -163,7 +162,7 @@ def _clock(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "--:--:--"
 
 
-def _fields(event: JsonObject, skip: tuple[str, ...] = ("id", "ts", "kind")) -> str:
+def _fields(event: Event, skip: tuple[str, ...] = ("id", "ts", "kind")) -> str:
     parts = []
     for name, value in event.items():
         if name in skip or value is None or value == "":
@@ -176,12 +175,12 @@ def _fields(event: JsonObject, skip: tuple[str, ...] = ("id", "ts", "kind")) -> 
     return " ".join(parts)
 
 
-def format_line(event: JsonObject) -> str:
+def format_line(event: Event) -> str:
     """One event as one plain line: ``#id HH:MM:SS kind field=value …``."""
     return f"#{event['id']} {_clock(event.get('ts'))} {event.get('kind')} {_fields(event)}".rstrip()
 
 
-def _describe(event: JsonObject) -> str:
+def _describe(event: Event) -> str:
     kind = event.get("kind")
     if kind == "framed":
         return f"framed: {event.get('question')}"

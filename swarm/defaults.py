@@ -17,6 +17,12 @@ The rules, and why:
 - **Staleness.** A pretrained model's steps are slow (~40 s for SmolLM2 on 2 CPU cores) and its
   episodes long, so a 96-token episode spans a few steps: ``max_staleness = 4`` (ECHO-2 finds up to
   6 stable). Tiny steps are fast: 1, as the examples use.
+- **Micro-batch.** A training forward keeps every layer's activations for the backward pass, about
+  1.4 MB a token for SmolLM2-135M in fp32 (30 layers, hidden 576). ``TrainConfig``'s 8192-token
+  budget, sized for the tiny presets, put a whole 32-episode batch in one pass: 14.1 GB peak for one
+  step (measured), so two such runs side by side (the researcher's ``--parallel 2``) would not fit a
+  24 GB machine. 2048 tokens up to ~300M parameters (6.7 GB peak), 1024 to 1.5B, 512 above or when the
+  size is unknown; gradients accumulate over micro-batches, so the update itself is the same.
 - **Evaluation cadence.** Every 5 steps (``swarm run``'s default): a pretrained model's step is
   slow, so a round every 5 steps still gives a 60-step run 13 points.
 """
@@ -30,10 +36,12 @@ from swarm.named_models import model_facts
 __all__ = ["training_defaults"]
 
 _LR_BY_SIZE = ((300_000_000, 1e-5), (1_500_000_000, 3e-6))  # (at most this many parameters, lr); above: 1e-6
+_MICRO_BATCH_BY_SIZE = ((300_000_000, 2048), (1_500_000_000, 1024))  # (at most, tokens); above or unknown: 512
 
 
 def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
-    """ServerConfig keys (``lr``, ``max_tokens``, ``max_staleness``) and ``eval_every`` for ``model``
+    """ServerConfig keys (``lr``, ``max_tokens``, ``max_staleness``, and ``micro_batch_tokens`` for a
+    pretrained model) and ``eval_every`` for ``model``
     (a preset, a registry name, a .gguf file or a folder), given the longest reference answer's length."""
     facts = model_facts(model)
     if not facts.pretrained:
@@ -41,4 +49,5 @@ def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
     size = facts.parameters
     lr = 3e-6 if size is None else next((value for limit, value in _LR_BY_SIZE if size <= limit), 1e-6)
     max_tokens = min(1024, max(96, answer_chars // 2 + 64))
-    return {"lr": lr, "max_tokens": max_tokens, "max_staleness": 4, "eval_every": 5}
+    micro = 512 if size is None else next((value for limit, value in _MICRO_BATCH_BY_SIZE if size <= limit), 512)
+    return {"lr": lr, "max_tokens": max_tokens, "max_staleness": 4, "micro_batch_tokens": micro, "eval_every": 5}

@@ -43,8 +43,9 @@ class Curve(NamedTuple):
     seconds: list[float]   # StepMetrics time since the run's first step
     values: list[float]
 
-    def axis(self, name: str) -> list[float]:
-        return {"step": self.steps, "episode": self.episodes, "second": self.seconds}[name]  # type: ignore[return-value]
+    def axis(self, name: str) -> Sequence[float]:
+        axes: dict[str, Sequence[float]] = {"step": self.steps, "episode": self.episodes, "second": self.seconds}
+        return axes[name]
 
 
 class _Row(NamedTuple):
@@ -199,7 +200,7 @@ def _cut(c: Curve, horizon: int) -> Curve:
     few steps and lands on different steps in different runs (``[0, 6, 8]``, ``[0, 7]``), so a run with no
     point at the shared horizon gets one interpolated there instead of being cut back to its start."""
     n = sum(1 for s in c.steps if s <= horizon)
-    cut = Curve(*(list(xs[:n]) for xs in c))
+    cut = Curve(c.steps[:n], c.episodes[:n], c.seconds[:n], c.values[:n])
     if 0 < n < len(c.steps) and c.steps[n - 1] < horizon:
         w = (horizon - c.steps[n - 1]) / (c.steps[n] - c.steps[n - 1])
         cut.steps.append(horizon)

@@ -13,6 +13,7 @@ a wider one is cut at the box's right edge.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from researcher.evidence import analysis
@@ -55,7 +56,7 @@ def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
     return path
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -50,10 +50,10 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         if open_world:
             complaint = framing_problem(framing, examples) or topic_complaint(question, framing, examples)
         else:
-            problem = _catalog_problem(framing, examples, text)
-            if problem:
-                studyfiles.log(ctx.layout, problem.splitlines()[0])
-                return {"phase": "failed", "error": problem, "llm": usage}
+            refused = _catalog_problem(framing, examples, text)
+            if refused:
+                studyfiles.log(ctx.layout, refused.splitlines()[0])
+                return {"phase": "failed", "error": refused, "llm": usage}
             complaint = topic.framing_complaint(question, framing.knob, framing.task)
         if complaint is None:
             break

@@ -34,7 +34,7 @@ EPISODE_SLACK = 1.75
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
-    trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
+    trials: list[Trial] = [t.copy() for t in state["trials"]]
     launched_total = _count_launched(ctx)
     for trial in trials:
         run_dir = Path(trial["run_dir"])

@@ -48,7 +48,7 @@ _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = state["options"]
-    trials: list[Trial] = [dict(t) for t in state["trials"]]  # type: ignore[misc]
+    trials: list[Trial] = [t.copy() for t in state["trials"]]
     seconds = list(state.get("run_seconds") or [])
     while True:
         if ctx.should_park():

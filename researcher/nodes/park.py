@@ -19,7 +19,7 @@ from researcher.study import files as studyfiles
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     reason = ctx.should_park() or "parked"
-    trials: list[Trial] = [dict(t) for t in state.get("trials") or []]  # type: ignore[misc]
+    trials: list[Trial] = [t.copy() for t in state.get("trials") or []]
     parked_runs = []
     for trial in trials:
         if trial["status"] != RunStatus.RUNNING:

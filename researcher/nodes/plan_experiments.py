@@ -23,7 +23,7 @@ from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import factorial
 from researcher.planner import topic
-from researcher.planner.schema import Experiment, Framing, Plan, Planner
+from researcher.planner.schema import Experiment, Framing, Plan, Planner, PlannerContext
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.records import IterationPlan, IterationSummary, JsonObject
 from researcher.state import StudyState, Trial, summaries
@@ -44,7 +44,7 @@ class CheckedPlan:
 ConfigCheck = Callable[[Plan], str | None]
 
 
-def ask_checked(planner: Planner, framing: Framing, context: JsonObject,
+def ask_checked(planner: Planner, framing: Framing, context: PlannerContext,
                 question: topic.TopicQuestion, check: ConfigCheck | None = None) -> CheckedPlan:
     """Ask for a plan; when it does not test ``question``, does not run the framed design, or (with
     ``check``, e.g. ``config_check``) holds a config the server refuses, ask once more with the
@@ -160,7 +160,7 @@ def _context(state: StudyState, ctx: StudyContext, framing: Framing, question: t
     study's history (each iteration's pooled comparison, values and factorial effects)."""
     options = state["options"]
     earlier = studyfiles.read_plan(ctx.layout).iterations
-    context: JsonObject = {
+    context: PlannerContext = {
         "iteration": state.get("iteration", 0) + 1, "topic": state["topic"], "named": question.summary(),
         "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
         "min_effect": options["min_effect"],

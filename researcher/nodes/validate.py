@@ -16,7 +16,7 @@ from pathlib import Path
 from researcher import preflight
 from researcher.context import StudyContext
 from researcher.preflight import Failure
-from researcher.state import StudyState
+from researcher.state import StudyState, Validation
 from researcher.study import files as studyfiles
 
 
@@ -26,7 +26,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plan = studyfiles.read_plan(ctx.layout).iteration(state["iteration"])
     first = plan.experiments[0].name
     folder = ctx.layout.experiment_dir(first)
-    validation = dict(state.get("validation") or {"attempts": 0, "ok": False, "error": None})
+    validation = Validation(**(state.get("validation") or {"attempts": 0, "ok": False, "error": None}))
     attempt = validation.get("attempts", 0) + 1
     passed: list[str] = []
     failure = _check(folder / "client.py", folder / "config.toml", state, ctx, attempt, passed)

@@ -38,14 +38,15 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     except ValueError as exc:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the plan is unusable: {exc}")
         return {"phase": "failed", "error": f"the plan of iteration {iteration} is unusable: {exc}"}
-    validation = dict(state.get("validation") or {"attempts": 0, "ok": False, "error": None})
+    validation = Validation(**(state.get("validation") or {"attempts": 0, "ok": False, "error": None}))
     previous = _previous_client(ctx, plans, iteration)
     start = previous or example.client.read_text()  # the code the planner starts from
     context = _context(state, framing, plan, validation, bool(previous), ctx.clock())
     first = ctx.layout.experiment_dir(plan.experiments[0].name) / "client.py"
     usage = state.get("llm") or new_usage()
-    if validation.get("error") and first.is_file():
-        reply = ctx.planner.repair_client(first.read_text(), validation["error"], start, context)
+    failed_with = validation.get("error")
+    if failed_with and first.is_file():
+        reply = ctx.planner.repair_client(first.read_text(), failed_with, start, context)
         code, usage = reply.value.code, add_usage(usage, reply.usage)
         what = f"Repaired the client after validation attempt {validation['attempts']} ({reply.value.notes})."
     elif previous and not plan.code_change:

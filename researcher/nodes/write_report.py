@@ -13,7 +13,7 @@ from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
-from researcher.state import StudyState, summaries
+from researcher.state import Phase, StudyState, summaries
 from researcher.study import files as studyfiles
 
 
@@ -24,7 +24,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     history = analysis.backfill(summaries(state), ctx.layout, min_effect)
     framing = Framing.model_validate(state["framing"]) if state.get("framing") is not None else None
     phase = state.get("phase")
-    final_phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
+    final_phase: Phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
     if framing is None:
         answer, caveats = "No answer: the topic could not be framed.", state.get("error") or ""
     else:

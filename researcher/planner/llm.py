@@ -28,6 +28,7 @@ from researcher.planner.schema import (
     Decision,
     Framing,
     Plan,
+    PlannerContext,
     PlannerError,
     QuotaExhausted,
     Reply,
@@ -69,26 +70,26 @@ class LLMPlanner:
     def frame(self, topic: str, catalog: str) -> Reply[Framing]:
         return self._ask("frame_topic", Framing, topic=topic, catalog=catalog)
 
-    def plan(self, framing: Framing, context: JsonObject) -> Reply[Plan]:
+    def plan(self, framing: Framing, context: PlannerContext) -> Reply[Plan]:
         return self._ask("plan_experiments", Plan, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
     def write_client(self, framing: Framing, example_source: str, experiments: list[JsonObject],
-                     context: JsonObject | None = None) -> Reply[ClientCode]:
+                     context: PlannerContext | None = None) -> Reply[ClientCode]:
         return self._ask("write_client", ClientCode, framing=framing.model_dump_json(indent=2),
                          example=example_source, experiments=json.dumps(experiments, indent=2, default=str),
                          context=json.dumps(context or {}, indent=2, default=str))
 
     def repair_client(self, code: str, error: str, example_source: str,
-                      context: JsonObject | None = None) -> Reply[ClientCode]:
+                      context: PlannerContext | None = None) -> Reply[ClientCode]:
         return self._ask("repair_client", ClientCode, code=code, error=error[-6000:], example=example_source,
                          context=json.dumps(context or {}, indent=2, default=str))
 
-    def decide(self, framing: Framing, context: JsonObject) -> Reply[Decision]:
+    def decide(self, framing: Framing, context: PlannerContext) -> Reply[Decision]:
         return self._ask("decide", Decision, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 
-    def report(self, framing: Framing, context: JsonObject) -> Reply[ReportText]:
+    def report(self, framing: Framing, context: PlannerContext) -> Reply[ReportText]:
         return self._ask("write_report", ReportText, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
 

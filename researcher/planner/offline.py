@@ -29,6 +29,7 @@ from researcher.planner.schema import (
     Framing,
     Hypothesis,
     Plan,
+    PlannerContext,
     Reply,
     ReportText,
     TopicNotMappable,
@@ -112,7 +113,7 @@ class OfflinePlanner:
 
     # ------------------------------------------------------------------ plan
 
-    def plan(self, framing: Framing, context: JsonObject) -> Reply[Plan]:
+    def plan(self, framing: Framing, context: PlannerContext) -> Reply[Plan]:
         """The first design the topic asks for; later, more seeds for an unresolved difference, else a refinement."""
         knob = catalog.knob(framing.knob)
         question = _question(framing, context)
@@ -142,17 +143,17 @@ class OfflinePlanner:
     # ------------------------------------------------------------------ client code
 
     def write_client(self, framing: Framing, example_source: str, experiments: list[JsonObject],
-                     context: JsonObject | None = None) -> Reply[ClientCode]:
+                     context: PlannerContext | None = None) -> Reply[ClientCode]:
         return free(ClientCode(code=example_source, notes=f"the {framing.task} example client, unchanged"))
 
     def repair_client(self, code: str, error: str, example_source: str,
-                      context: JsonObject | None = None) -> Reply[ClientCode]:
+                      context: PlannerContext | None = None) -> Reply[ClientCode]:
         # The offline planner cannot reason about a traceback; the example is its known-good fallback.
         return free(ClientCode(code=example_source, notes="reverted to the example client"))
 
     # ------------------------------------------------------------------ decide and report
 
-    def decide(self, framing: Framing, context: JsonObject) -> Reply[Decision]:
+    def decide(self, framing: Framing, context: PlannerContext) -> Reply[Decision]:
         """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds."""
         knob = catalog.knob(framing.knob)
         question = _question(framing, context)
@@ -197,7 +198,7 @@ class OfflinePlanner:
             return free(Decision(action="conclude", reason="every neighbour of the best value has been tested"))
         return free(Decision(action="continue", reason=f"refine around the best value {knob.key}={best}"))
 
-    def report(self, framing: Framing, context: JsonObject) -> Reply[ReportText]:
+    def report(self, framing: Framing, context: PlannerContext) -> Reply[ReportText]:
         """The analysis' wording, minus any plateau claim made from an unresolved difference."""
         caveats = context["caveats"]
         for summary in context.get("iterations", []):
@@ -211,7 +212,7 @@ class OfflinePlanner:
 # ---------------------------------------------------------------------- strategies
 
 
-def _question(framing: Framing, context: JsonObject) -> TopicQuestion:
+def _question(framing: Framing, context: PlannerContext) -> TopicQuestion:
     """The topic's reading when it is about the framed knob; otherwise one that names nothing."""
     question = parse(str(context.get("topic") or ""))
     if question.knob == framing.knob:

@@ -228,7 +228,9 @@ def _identical_complaint(question: TopicQuestion, arms: Sequence[Mapping[str, An
     if varied:
         problems.append(f"an A/A check runs the identical configuration in every arm, but the plan varies "
                         f"{', '.join(f'`{k}`' for k in varied)}: give every experiment the same overrides")
-    pinned = {**question.fixed, **({question.knob: question.values[0]} if question.values else {})}
+    pinned: dict[str, Any] = dict(question.fixed)
+    if question.knob is not None and question.values:
+        pinned[question.knob] = question.values[0]
     for key, value in pinned.items():
         if any(not same_value(overrides.get(key), value) for overrides in arms):
             problems.append(f"the topic sets {key} = {_fmt(value)}: set it in every experiment's overrides")

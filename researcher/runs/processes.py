@@ -27,7 +27,6 @@ from researcher.spool import LOCAL_PREFIX
 from swarm.client import SwarmClient
 
 log = logging.getLogger(__name__)
-SERVER_LEASE_S = 60.0  # an episode's lease when a run's config names none (swarm's ServerConfig.lease_s)
 
 STATE_DIR = "server"  # the server's state dir inside the run dir
 TOKEN_FILE, CLIENT_TOKEN_FILE = "token", "client_token"  # written there by `swarm serve`
@@ -81,13 +80,10 @@ class RunProcesses:
         return argv
 
     def client_argv(self, record: RunRecord) -> list[str]:
-        """The run's `swarm run` command wherever it is placed. Its retry window outlasts an episode's
-        lease: a client started after its predecessor died (SIGKILLed, OOM) is refused by admission
-        (429) until the dead one's claims expire, and must wait that out rather than fail."""
-        lease_s = float(record.config.get("lease_s") or SERVER_LEASE_S)
+        """The run's `swarm run` command wherever it is placed."""
         return [*self.swarm_command, "run", record.client, "--server", record.url, "--episodes", str(record.episodes),
                 "--group-size", str(record.group_size), "--seed", str(record.seed),
-                "--concurrency", str(record.concurrency), "--retry-for", f"{lease_s + 30:g}"]
+                "--concurrency", str(record.concurrency), "--retry-for", "30"]
 
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
         """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics

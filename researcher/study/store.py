@@ -12,13 +12,16 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from filelock import FileLock, Timeout
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from researcher.state import StudyState
 from researcher.study.layout import StudyLayout
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
 
 RECURSION_LIMIT = 100_000  # monitor/launch loops are long; the budget, not the step count, bounds a study
 
@@ -63,7 +66,7 @@ def is_locked(layout: StudyLayout) -> bool:
     return False
 
 
-def config_for(study_id: str) -> dict[str, Any]:
+def config_for(study_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": study_id}, "recursion_limit": RECURSION_LIMIT}
 
 
@@ -80,7 +83,8 @@ def read_state(layout: StudyLayout) -> StudyState | None:
         return None
     with checkpointer(layout) as saver:
         found = saver.get_tuple(config_for(layout.study_id))
-    return None if found is None else found.checkpoint["channel_values"]  # type: ignore[return-value]
+    # The checkpoint's channels are the graph's state keys (langgraph types them as plain dict values).
+    return None if found is None else cast("StudyState", found.checkpoint["channel_values"])
 
 
 def request_stop(layout: StudyLayout) -> None:

@@ -32,6 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from swarm.backends.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+    from pydantic.fields import FieldInfo
+
     from swarm.backends.text import ChatText
 
 # A sampled token's most likely alternatives, most likely first: (token id, log-prob) pairs.
@@ -40,8 +43,10 @@ TopAlternatives = list[tuple[int, float]]
 # row asked for none). The torch sampler calls it on the generation thread; a streamed request's sink
 # is called with the same arguments on the event loop (row = choice index).
 TokenSink = Callable[[int, int, float, "TopAlternatives | None"], None]
-# A full state dict on the CPU, Hugging Face parameter names -> torch tensors (typed loosely: no torch here).
-Weights = Mapping[str, Any]
+# A full state dict on the CPU, Hugging Face parameter names -> torch tensors (torch is imported for
+# the checker only: the server imports this module without it).
+Weights = Mapping[str, "torch.Tensor"]
+FinishReason = Literal["stop", "length"]  # a stop token or string / ``max_tokens`` or the context's end
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class Generation:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     # With ``SamplingParams.top_logprobs = k``: per sampled token, the k most likely (id, log-prob).
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
@@ -164,7 +169,7 @@ class TrainConfig(BaseModel):
     rollout_is_threshold: float = Field(2.0, gt=0, description="upper bound the importance weights are truncated to")
 
     @classmethod
-    def training_fields(cls) -> dict[str, Any]:
+    def training_fields(cls) -> dict[str, FieldInfo]:
         """The fields that configure the policy update (a subclass adding engine knobs narrows it),
         so a trainer can refuse the ones it cannot honour and ignore the rest."""
         return dict(cls.model_fields)
@@ -244,7 +249,7 @@ class Generator(Protocol):
         """False while the engine cannot serve (e.g. restarting): chat calls then get a 503."""
         ...
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """Engine name and health for ``/api/v1/status`` (JSON-ready)."""
         ...
 
@@ -263,7 +268,8 @@ class Generator(Protocol):
 
     async def load_streamed(self, version: int) -> None:
         """Serve the weights the trainer streams now as ``version`` (only when ``streams_weights``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not receive streamed weights")
+        name = type(self).__name__  # not a bare raise: mypy would read the hook as abstract
+        raise NotImplementedError(f"{name} does not receive streamed weights")
 
     async def recover(self, version: int, weights: Weights) -> None:
         """After a failed publication: serve ``weights`` as ``version`` again, restarting whatever
@@ -326,8 +332,12 @@ class Sampler(Protocol):
     policy_version: int
     model_name: str
     max_context: int
-    eos_token_id: int  # the end-of-turn token a finished assistant message ends with
     text: ChatText  # the tokenizer's text rules
+
+    @property
+    def eos_token_id(self) -> int:
+        """The end-of-turn token a finished assistant message ends with (read only: the tokenizer's)."""
+        ...
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                  on_token: TokenSink | None = None, feed: RowFeed | None = None) -> list[Generation]:

@@ -46,7 +46,7 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def build_once(folder: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+def build_once(folder: Path, is_current: Callable[[Path], bool], build: Callable[[Path], object]) -> Path:
     """``folder``, built by ``build(staging)`` unless ``is_current(folder)`` already holds. The build runs
     under a file lock beside the folder (processes starting side by side build once: the others wait,
     then find it current) and through ``atomic_folder`` (a killed or failed build leaves nothing a

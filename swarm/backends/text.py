@@ -9,7 +9,7 @@ stop string begins, so the returned ids decode to exactly the returned text.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +17,16 @@ from typing import Any
 from swarm.backends.sampling_params import MAX_TOP_LOGPROBS, validate_requests
 
 # MAX_TOP_LOGPROBS and validate_requests live with SamplingParams; still importable from here.
-__all__ = ["MAX_TOP_LOGPROBS", "ChatText", "Ending", "decode", "encode", "find_stop", "load_tokenizer",
+__all__ = ["MAX_TOP_LOGPROBS", "ChatText", "Ending", "Message", "ToolSpec", "decode", "encode", "find_stop", "load_tokenizer",
            "prepare_messages", "render_chat", "safe_prefix_chars", "validate_requests"]
 
 # Folders whose tokenizer_config names the generic fast class are loaded from tokenizer.json as is.
 # AutoTokenizer would otherwise swap in the model type's own class (for qwen2: an NFC-normalising,
 # regex-splitting tokenizer), which breaks the tiny preset's exact byte round-trip.
+# A chat message and a tool definition as OpenAI's JSON spells them (role, content, tool_calls, ...;
+# type, function): read here, never changed, and handed to the chat template as they are.
+Message = Mapping[str, object]
+ToolSpec = Mapping[str, object]
 _GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 _REPLACEMENT = "\ufffd"
 
@@ -49,15 +53,15 @@ class Ending:
     continue_final_message: bool = False
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                template_kwargs: dict[str, Any] | None = None, ending: Ending = Ending()) -> list[int]:
+def render_chat(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec] | None,
+                template_kwargs: Mapping[str, object] | None = None, ending: Ending = Ending()) -> list[int]:
     """Apply the chat template (ending as ``ending`` says); ``ValueError`` if it cannot render them."""
     text = _render_text(tokenizer, messages, tools, template_kwargs, ending)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                 template_kwargs: dict[str, Any] | None, ending: Ending = Ending()) -> str:
+def _render_text(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec] | None,
+                 template_kwargs: Mapping[str, object] | None, ending: Ending = Ending()) -> str:
     from jinja2 import TemplateError
 
     if not messages:
@@ -78,20 +82,22 @@ def _render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequ
         raise ValueError(f"cannot render these messages with the chat template: {exc}") from exc
 
 
-def prepare_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def prepare_messages(messages: Sequence[Message]) -> list[Message]:
     """Messages as vLLM hands them to a chat template: an assistant's ``tool_calls[].function.arguments``
     sent as a JSON string (OpenAI's wire form) is parsed to a dict, so templates that apply ``tojson``
     render the object, not a double-encoded string. ``ValueError`` for arguments that are not JSON."""
     prepared = []
     for i, message in enumerate(messages):
         calls = message.get("tool_calls")
-        if message.get("role") == "assistant" and calls:
+        if message.get("role") == "assistant" and isinstance(calls, list) and calls:
             message = {**message, "tool_calls": [_parsed_call(i, k, call) for k, call in enumerate(calls)]}
         prepared.append(message)
     return prepared
 
 
-def _parsed_call(message_index: int, call_index: int, call: dict[str, Any]) -> dict[str, Any]:
+def _parsed_call(message_index: int, call_index: int, call: object) -> object:
+    if not isinstance(call, dict):
+        return call
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return call
@@ -123,14 +129,14 @@ class ChatText:
         template = getattr(self.tokenizer, "chat_template", None)
         return template if isinstance(template, str) else None
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-               template_kwargs: dict[str, Any] | None = None, ending: Ending = Ending()) -> list[int]:
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None,
+               template_kwargs: Mapping[str, object] | None = None, ending: Ending = Ending()) -> list[int]:
         """Prompt ids of the conversation, by default with the generation prompt (``ValueError`` if the
         template fails)."""
         return render_chat(self.tokenizer, messages, tools, template_kwargs, ending)
 
-    def render_tail(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                    template_kwargs: dict[str, Any] | None, index: int, ending: Ending = Ending()) -> list[int] | None:
+    def render_tail(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None,
+                    template_kwargs: Mapping[str, object] | None, index: int, ending: Ending = Ending()) -> list[int] | None:
         """Ids of everything the template renders *after* the body of ``messages[index]`` (an
         assistant message): its end-of-turn token, the later messages, the generation prompt. None
         when the template does not render that message's body exactly once (it drops or repeats it),

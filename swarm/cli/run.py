@@ -110,13 +110,13 @@ def run(
 def _study(flags: RunFlags) -> Any:
     """The study module (or the data file as a study); ``--probe`` reports on it and exits."""
     client_file, data = flags.client_file, flags.data
-    if (client_file is None) == (data is None):
-        fail("give a study CLIENT.py or --data FILE (one of them)", 2)
-    if client_file is None:
-        study = _data_study(flags)
+    if data is not None and client_file is None:
+        study = _data_study(data, flags)
         if flags.probe:
             fail("--probe checks a CLIENT.py; --data is checked every time it loads", 2)
         return study
+    if client_file is None or data is not None:
+        fail("give a study CLIENT.py or --data FILE (one of them)", 2)
     if flags.probe:
         report = probe_study(client_file)
         typer.echo(report.model_dump_json())
@@ -144,12 +144,12 @@ def _run(module: Any, client: Any, flags: RunFlags) -> Any:
         fail("interrupted; the episodes in flight were finished or aborted", 130)
 
 
-def _data_study(flags: RunFlags) -> Any:
+def _data_study(data: Path, flags: RunFlags) -> Any:
     """The data file as a study (``swarm.data``, imported here only: parquet and verl are heavy);
     a bad file or reward stops here, before the server is contacted."""
     from swarm.data import DataOptions, build_study
 
-    options = DataOptions(data=flags.data, reward=flags.reward, heldout=flags.heldout,
+    options = DataOptions(data=data, reward=flags.reward, heldout=flags.heldout,
                           heldout_fraction=flags.heldout_fraction, heldout_size=flags.heldout_size,
                           epochs=flags.epochs, workflow=flags.workflow, warmup_steps=flags.warmup_steps,
                           warmup_lr=flags.warmup_lr, group_size=flags.group_size or 8,

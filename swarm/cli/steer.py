@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -39,8 +39,8 @@ def config(url: Url = None,
     out.print(table)
 
 
-def _parse_pairs(pairs: list[str]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
+def _parse_pairs(pairs: list[str]) -> dict[str, object]:
+    values: dict[str, object] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():

@@ -14,8 +14,10 @@ from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.client._probe import ProbeReport, probe_study
+from swarm.client._run_state import Task
 from swarm.client._runner import RunSummary
-from swarm.client._study import RewardRecord, load_study, run_study, run_study_cli
+from swarm.client._study import RewardRecord, run_study, run_study_cli
+from swarm.client._study_module import load_study
 from swarm.client._team import SwarmTeam, TeamRollout
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "SwarmHTTPError",
     "SwarmTeam",
     "SwarmUnavailable",
+    "Task",
     "TeamRollout",
     "load_study",
     "probe_study",

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from swarm.client._episode import EpisodeHandle, OpenAIPool
 from swarm.client._errors import SwarmError, SwarmHTTPError, SwarmUnavailable
 from swarm.client._events import iter_events
+from swarm.client._run_state import Task
 from swarm.client._runner import RunSummary, run_workflow
 from swarm.client._transport import Credential, Transport
 from swarm.protocol import (
@@ -141,9 +142,9 @@ class SwarmClient:
         with handle:
             yield handle
 
-    def run(self, tasks: Iterable[dict[str, Any]], workflow: Callable[[EpisodeHandle, dict[str, Any]], float | None],
+    def run(self, tasks: Iterable[Task], workflow: Callable[[EpisodeHandle, Task], float | None],
             *, group_size: int = 8, concurrency: int = 16, episodes: int | None = None,
-            category: str | None = None, progress: bool = True, heldout: list[dict[str, Any]] | None = None,
+            category: str | None = None, progress: bool = True, heldout: list[Task] | None = None,
             eval_every: int = 0) -> RunSummary:
         """Run ``workflow`` over ``tasks``, ``group_size`` episodes per task; with ``heldout`` tasks and
         ``eval_every`` > 0, also evaluate them at step 0 and every ``eval_every`` steps; see

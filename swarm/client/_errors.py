@@ -33,7 +33,7 @@ class SwarmHTTPError(SwarmError):
 
 
 class SwarmUnavailable(SwarmError):
-    """The server was unreachable (or kept answering 5xx / retry-later) for the whole retry window."""
+    """The server was unreachable (or kept answering 5xx) for the whole retry window, or the client is stopping."""
 
 
 def http_error_from(response: httpx.Response) -> SwarmHTTPError:

@@ -12,6 +12,10 @@ from typing import Any
 
 from swarm.client._episode import EpisodeHandle
 
+# A task as a study defines it: the study's own data (a prompt, an answer, a tool set, ...), given to its
+# workflow as it is; the runner reads only an optional ``task_id``. Its values are the study's business,
+# so they stay untyped here: a typed Mapping would refuse workflows annotated ``task: dict``.
+Task = dict[str, Any]
 RECENT = 50  # the progress bar's reward is the mean of the last this-many finished episodes
 
 
@@ -27,8 +31,8 @@ class EvalRound:
 class RunState:
     """Shared by the workers; every field is guarded by ``lock``."""
 
-    def __init__(self, items: Iterator[tuple[dict[str, Any], str]], limit: int | None,
-                 heldout: list[dict[str, Any]], eval_every: int) -> None:
+    def __init__(self, items: Iterator[tuple[Task, str]], limit: int | None,
+                 heldout: list[Task], eval_every: int) -> None:
         self.lock = threading.Lock()
         self.items = items
         self.limit = limit
@@ -43,7 +47,7 @@ class RunState:
         self.heldout = heldout
         self.eval_every = eval_every
         self.next_eval: int | None = 0 if heldout and eval_every > 0 else None  # the step a round is due at
-        self.evals: deque[tuple[EpisodeHandle, dict[str, Any], EvalRound]] = deque()  # claimed, not yet run
+        self.evals: deque[tuple[EpisodeHandle, Task, EvalRound]] = deque()  # claimed, not yet run
         self.eval_rounds = 0
         self.eval_finished = 0
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
@@ -74,11 +78,11 @@ class RunState:
             self.eval_busy = True
             return True
 
-    def next_eval_job(self) -> tuple[EpisodeHandle, dict[str, Any], EvalRound] | None:
+    def next_eval_job(self) -> tuple[EpisodeHandle, Task, EvalRound] | None:
         with self.lock:
             return self.evals.popleft() if self.evals and not self.stop else None
 
-    def next_item(self) -> tuple[dict[str, Any], str] | None:
+    def next_item(self) -> tuple[Task, str] | None:
         with self.lock:
             if self.stop or (self.limit is not None and self.started >= self.limit):
                 return None
@@ -98,7 +102,7 @@ class RunState:
             self.fatal = exc
 
 
-def episode_items(tasks: Iterable[dict[str, Any]], group_size: int) -> Iterator[tuple[dict[str, Any], str]]:
+def episode_items(tasks: Iterable[Task], group_size: int) -> Iterator[tuple[Task, str]]:
     for task in tasks:
         if not isinstance(task, dict) or not isinstance(task.get("task_id"), str) or not task["task_id"]:
             raise ValueError(f"each task must be a dict with a non-empty string 'task_id', got {task!r:.200}")
@@ -107,7 +111,7 @@ def episode_items(tasks: Iterable[dict[str, Any]], group_size: int) -> Iterator[
             yield task, group_id
 
 
-def check_heldout(heldout: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_heldout(heldout: Iterable[Task]) -> list[Task]:
     """The held-out tasks as a list; ``ValueError`` unless each is a dict with its own ``task_id``."""
     tasks = list(heldout)
     seen: set[str] = set()

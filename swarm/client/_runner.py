@@ -33,18 +33,18 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.client._episode import EpisodeHandle, OpenAIPool
 from swarm.client._errors import SwarmError, SwarmHTTPError
-from swarm.client._run_state import RECENT, EvalRound, RunState, check_heldout, episode_items
+from swarm.client._run_state import RECENT, EvalRound, RunState, Task, check_heldout, episode_items
 from swarm.protocol import Purpose
 
 log = logging.getLogger(__name__)
 
-Workflow = Callable[[EpisodeHandle, dict[str, Any]], "float | None"]
+Workflow = Callable[[EpisodeHandle, Task], "float | None"]
 _FINISH_GRACE_S = 4.0  # after an interrupt, episodes in flight get this long to finish, then are aborted
 
 
@@ -76,9 +76,9 @@ class RunSummary:
     eval_finished: int = 0
 
 
-def run_workflow(client: EpisodeSource, tasks: Iterable[dict[str, Any]], workflow: Workflow, *, group_size: int,
+def run_workflow(client: EpisodeSource, tasks: Iterable[Task], workflow: Workflow, *, group_size: int,
                  concurrency: int, episodes: int | None, category: str | None, progress: bool,
-                 heldout: Iterable[dict[str, Any]] | None = None, eval_every: int = 0) -> RunSummary:
+                 heldout: Iterable[Task] | None = None, eval_every: int = 0) -> RunSummary:
     """Run until tasks run out, ``episodes`` have been started, or a claim fails for good; evaluate
     ``heldout`` at step 0 and every ``eval_every`` steps (0: never)."""
     if group_size < 1 or concurrency < 1:
@@ -151,7 +151,7 @@ def _interrupted(client: EpisodeSource, state: RunState, futures: list[Future[No
         future.result()
 
 
-def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: dict[str, Any]) -> None:
+def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: Task) -> None:
     """Run the workflow on a claimed episode and make sure it ends finished (or raise)."""
     with state.lock:
         state.playing.add(handle)
@@ -169,7 +169,7 @@ def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: dict
             state.playing.discard(handle)
 
 
-def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, item: tuple[dict[str, Any], str],
+def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, item: tuple[Task, str],
                  group_size: int, category: str | None) -> None:
     task, group_id = item
 
@@ -249,7 +249,7 @@ def _claim_eval_round(client: EpisodeSource, state: RunState, step: int) -> None
         state.evals.extend((handle, task, round_) for handle, task in zip(claimed, state.heldout, strict=True))
 
 
-def _one_eval(state: RunState, workflow: Workflow, handle: EpisodeHandle, task: dict[str, Any],
+def _one_eval(state: RunState, workflow: Workflow, handle: EpisodeHandle, task: Task,
               round_: EvalRound) -> None:
     try:
         _play(state, handle, workflow, task)

@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import SupportsFloat
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,6 +32,7 @@ from swarm.client._client import SwarmClient
 from swarm.client._episode import EpisodeHandle
 from swarm.client._errors import SwarmError
 from swarm.client._probe import probe_study
+from swarm.client._run_state import Task
 from swarm.client._runner import RunSummary, Workflow
 from swarm.client._study_module import load_study, study_heldout
 
@@ -69,7 +70,7 @@ class RewardLog:
     def wrap(self, workflow: Workflow) -> Workflow:
         """``workflow`` unchanged in behaviour (its result and exceptions pass through), recording each episode."""
 
-        def recorded(ep: EpisodeHandle, task: dict[str, Any]) -> float | None:
+        def recorded(ep: EpisodeHandle, task: Task) -> float | None:
             try:
                 value = workflow(ep, task)
             except Exception as exc:
@@ -108,7 +109,9 @@ def _reward_of(ep: EpisodeHandle, value: object) -> tuple[float | None, str | No
     if value is None:
         return None, "the workflow returned no reward and did not call ep.finish"
     try:
-        return float(value), None  # type: ignore[arg-type]
+        if not isinstance(value, SupportsFloat | str):
+            raise TypeError(type(value).__name__)
+        return float(value), None
     except (TypeError, ValueError):
         return None, f"the workflow returned {value!r:.80} (not a number)"
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from swarm.client._run_state import check_heldout
+from swarm.client._run_state import Task, check_heldout
 
 __all__ = ["load_study", "study_heldout"]
 
@@ -40,7 +40,7 @@ def load_study(path: str | Path) -> ModuleType:
     return module
 
 
-def study_heldout(module: ModuleType) -> list[dict]:
+def study_heldout(module: ModuleType) -> list[Task]:
     """The study's held-out tasks (``[]`` without ``heldout()``); ``ValueError`` if they are malformed."""
     heldout = getattr(module, "heldout", None)
     return check_heldout(heldout()) if callable(heldout) else []

@@ -1,7 +1,11 @@
 """A retrying JSON transport: the one place the client decides what is worth retrying.
 
-Retried until ``retry_for_s`` has passed, after a jittered exponential backoff unless the server
-said when (``retry_after``):
+Retried until ``retry_for_s`` has passed without an answer worth waiting for, after a jittered
+exponential backoff unless the server said when (``retry_after``). A "retry later" answer restarts
+that clock: the server is up and pacing its clients, and its pacing may outlast any fixed window
+(admission holds new groups until a step commits, minutes for a real model on a CPU; a client that
+gave up after 30 s of refusals stopped a healthy run). The window bounds an unreachable or failing
+server, never a live one's flow control. Retried:
 - connection failures (the request never reached a server: a restart, a crash, not up yet);
 - 429, or 409 with ``retry_after`` (the throttler, admission or a weight sync says "wait"), after
   the hint itself (jittered a little, so a crowd of refused calls does not return in one burst):
@@ -148,6 +152,8 @@ class Transport:
                 if not _retryable(response.status_code, error, idempotent):
                     raise error
                 problem, hint = error, error.retry_after
+                if hint is not None:  # a live server's "wait": the window starts again (module docstring)
+                    deadline = time.monotonic() + window
                 if hint is not None and while_refused is not None:
                     began = time.monotonic()
                     while_refused(error)

@@ -6,7 +6,7 @@ verl (and torch), which a client must not import; both are imported only when us
 """
 
 from swarm.data._reward import load_reward
-from swarm.data._rows import DataError, Row, file_sha256, read_rows
+from swarm.data._rows import DataError, DataTask, Row, file_sha256, read_rows
 from swarm.data._study import DataOptions, DataStudy, build_study
 
-__all__ = ["DataError", "DataOptions", "DataStudy", "Row", "build_study", "file_sha256", "load_reward", "read_rows"]
+__all__ = ["DataError", "DataOptions", "DataStudy", "DataTask", "Row", "build_study", "file_sha256", "load_reward", "read_rows"]

@@ -24,20 +24,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm.data._rows import DataError, Row
+from swarm.data._rows import DataError, DataTask, Row
 
-Reward = Callable[[str, dict[str, Any]], float]
+Reward = Callable[[str, DataTask], float]
 PROBE_ROWS = 8
 
 
-def _exact(text: str, task: dict[str, Any]) -> float:
+def _exact(text: str, task: DataTask) -> float:
     return 1.0 if text.strip() == str(task["ground_truth"]).strip() else 0.0
 
 
 def _verl(source: str | None) -> Reward:
     from verl.utils.reward_score import default_compute_score  # heavy (imports torch): only when used
 
-    def score(text: str, task: dict[str, Any]) -> float:
+    def score(text: str, task: DataTask) -> float:
         data_source = source or task.get("data_source")
         if not data_source:
             return _exact(text, task)

@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 
 class DataError(ValueError):
@@ -33,19 +33,30 @@ def _unit(file: Path | str) -> str:
     return "line" if str(file).endswith((".jsonl", ".json")) else "row"
 
 
+class DataTask(TypedDict):
+    """The task a data file's workflow and reward receive: the row in verl's names."""
+
+    task_id: str
+    prompt: list[dict[str, str]]  # {role, content} messages
+    data_source: str | None       # names verl's scorer
+    ground_truth: Any             # whatever the file holds (a string, a number, a list, ...)
+    extra_info: dict[str, object]
+    answer: str | None
+
+
 @dataclass(frozen=True)
 class Row:
     """One training or held-out problem, normalised from either format."""
 
     file: str
     number: int                       # jsonl line number, or parquet row counted from 1
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, str]]
     ground_truth: Any
     data_source: str | None = None
-    extra_info: dict[str, Any] = field(default_factory=dict)
+    extra_info: dict[str, object] = field(default_factory=dict)
     answer: str | None = None         # a reference completion for a supervised warm-up, if the row has one
 
-    def task(self, task_id: str) -> dict[str, Any]:
+    def task(self, task_id: str) -> DataTask:
         """The task dict a workflow receives (the row's number is not part of it: two rows holding the
         same problem are the same task, which is what the held-out disjointness check compares)."""
         return {"task_id": task_id, "prompt": self.messages, "data_source": self.data_source,
@@ -85,8 +96,10 @@ def _jsonl(path: Path) -> list[tuple[int, Any]]:
             continue
         try:
             records.append((number, json.loads(line)))
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise DataError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # valid JSON Python will not read: an integer past its digit limit
+            raise DataError(path, number, f"not readable JSON ({exc})") from None
     return records
 
 

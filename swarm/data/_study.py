@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.data._reward import PROBE_ROWS, Reward, _user_function, as_reward, load_reward, probe
-from swarm.data._rows import DataError, Row, read_rows
+from swarm.data._rows import DataError, DataTask, Row, read_rows
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class DataStudy:
         self.EVAL_EVERY = options.eval_every
         self.name = Path(options.data).stem
 
-    def tasks(self, seed: int) -> Iterator[dict[str, Any]]:
+    def tasks(self, seed: int) -> Iterator[DataTask]:
         for epoch in range(self.options.epochs):
             order = list(range(len(self.train)))
             random.Random(f"{seed}:{epoch}").shuffle(order)
@@ -70,10 +70,10 @@ class DataStudy:
                 row = self.train[index]
                 yield row.task(f"{self.name}-{row.number}-e{epoch}")
 
-    def heldout(self) -> list[dict[str, Any]]:
+    def heldout(self) -> list[DataTask]:
         return [row.task(f"{self.name}-heldout-{Path(row.file).stem}-{row.number}") for row in self.held]
 
-    def workflow(self, ep: Any, task: dict[str, Any]) -> float | None:
+    def workflow(self, ep: Any, task: DataTask) -> float | None:
         if self.agent is not None:
             result = self.agent(ep, task)
             if result is None or ep.done:
@@ -100,7 +100,8 @@ class DataStudy:
 
 
 def _split(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
-    train, held = [], []
+    train: list[Row] = []
+    held: list[Row] = []
     for row in rows:
         (held if int(row.key()[:12], 16) / 16**12 < fraction else train).append(row)
     return train, held

@@ -100,11 +100,11 @@ class GeneratorPool(Generator):
         return self.local is not None and self.local.streams_weights
 
     @property
-    def start_timeout(self) -> float:  # type: ignore[override]
+    def start_timeout(self) -> float:  # type: ignore[override]  # read only: the local member's, which sets its own
         return self.local.start_timeout if self.local is not None else 0.0
 
     @property
-    def restarts_on_recover(self) -> bool:  # type: ignore[override]
+    def restarts_on_recover(self) -> bool:  # type: ignore[override]  # read only: the local member's
         return self.local is not None and self.local.restarts_on_recover
 
     @property
@@ -132,7 +132,7 @@ class GeneratorPool(Generator):
     def available(self) -> bool:
         return any(m.eligible(self._published, self.bound()) for m in self.members.values())
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The local generator's description (the engine and its health), plus the pool's size."""
         base = self.local.describe() if self.local is not None else {"engine": "pool", "alive": True,
                                                                       "policy_version": self._published}

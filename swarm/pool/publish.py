@@ -20,11 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from swarm.backends.base import Weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from swarm.pool.shards import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ class Publisher:
         self.chunk_bytes = chunk_bytes
         self.depot = Depot(keep=4)
         self.snapshots = Depot(keep=2)
-        self._base: tuple[int, dict[str, Any]] | None = None
+        self._base: tuple[int, Weights] | None = None
         self._since_full = 0
         self._lock = asyncio.Lock()  # encoding and the base copy
         self._relaying = asyncio.Lock()
@@ -101,7 +106,7 @@ class Publisher:
         async with self._lock:
             started = time.perf_counter()
             full = full or self._base is None
-            manifest, chunks, copy = await asyncio.to_thread(self._encode, version, weights, full)
+            manifest, chunks, copy = await asyncio.to_thread(self._encode_and_copy, version, weights, full)
             self.depot.put(manifest, chunks)
             if full:
                 self.snapshots.put(manifest, chunks)
@@ -137,20 +142,24 @@ class Publisher:
                 self._since_full = 0
             version, weights = self._base
             if version not in self.snapshots.versions():
-                manifest, chunks, _ = await asyncio.to_thread(self._encode, version, weights, True, False)
+                manifest, chunks = await asyncio.to_thread(self._encode, version, weights, True)
                 self.snapshots.put(manifest, chunks)
                 if version not in self.depot.versions():
                     self.depot.put(manifest, chunks)
             return version
 
-    def _encode(self, version: int, weights: Weights, full: bool, copy: bool = True) -> tuple[Any, list[bytes], Any]:
+    def _encode(self, version: int, weights: Weights, full: bool) -> tuple[Manifest, list[bytes]]:
         from swarm.pool.shards import encode
 
         base = None if full or self._base is None else self._base
-        manifest, chunks = encode(version, weights, base=base, chunk_bytes=self.chunk_bytes)
-        return manifest, chunks, (cpu_copy(weights) if copy else None)
+        return encode(version, weights, base=base, chunk_bytes=self.chunk_bytes)
+
+    def _encode_and_copy(self, version: int, weights: Weights,
+                         full: bool) -> tuple[Manifest, list[bytes], dict[str, torch.Tensor]]:
+        manifest, chunks = self._encode(version, weights, full)
+        return manifest, chunks, cpu_copy(weights)
 
 
-def cpu_copy(weights: Mapping[str, Any]) -> dict[str, Any]:
+def cpu_copy(weights: Weights) -> dict[str, torch.Tensor]:
     """A private CPU copy (the trainer's export may share storage with parameters it keeps training)."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}

@@ -220,7 +220,7 @@ class Inbox:
         log.error("version %d: no source had a good chunk %d; waiting for a re-push", version, index)
 
 
-def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request], None]) -> APIRouter:
+def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request], object]) -> APIRouter:
     """The ``/pool/v1`` routes of one node. ``inbox=None`` (the server): only the catch-up GETs."""
 
     async def _authorized(request: Request) -> None:  # async: FastAPI would run a plain def in a thread
@@ -233,10 +233,10 @@ def relay_router(depot: Depot, inbox: Inbox | None, authorize: Callable[[Request
         if held is not None:
             manifest, chunks = held
             return manifest, lambda i: chunks[i] if 0 <= i < len(chunks) else None
-        manifest = inbox.manifest(version) if inbox is not None else None
-        if manifest is None:
+        found = inbox.manifest(version) if inbox is not None else None
+        if inbox is None or found is None:
             raise HTTPException(404, f"version {version} is not held here")
-        return manifest, lambda i: inbox.chunk(version, i)  # type: ignore[union-attr]
+        return found, lambda i: inbox.chunk(version, i)
 
     @router.get("/versions")
     async def versions() -> dict[str, list[int]]:

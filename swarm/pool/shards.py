@@ -79,7 +79,7 @@ def encode(version: int, weights: Mapping[str, torch.Tensor],
     sections: list[torch.Tensor] = []  # flat uint8 tensors, in payload order
     for name, tensor in weights.items():
         flat = _flat_bits(tensor)
-        entry = {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+        entry: dict[str, object] = {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
         old = base_weights.get(name) if base_weights is not None else None
         if old is None or old.dtype != tensor.dtype or tuple(old.shape) != tuple(tensor.shape):
             entries.append({**entry, "mode": "dense"})

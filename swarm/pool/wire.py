@@ -53,6 +53,17 @@ class Beat(BaseModel):
     tokens_per_s: float = Field(0.0, ge=0)
 
 
+class WorkerHealth(BaseModel):
+    """``GET /pool/v1/health``: what a worker holds and does (for people and benchmarks)."""
+
+    worker_id: str | None = Field(description="None until the server has taken it in")
+    version: int | None = Field(description="the policy version it serves (None: still syncing)")
+    in_flight: int
+    produced_tokens: int = Field(description="tokens generated since it started")
+    leaving: bool
+    engine: str
+
+
 class BeatReply(BaseModel):
     """The newest version (a worker behind it catches up) and the worker's state as the server sees it."""
 

@@ -35,7 +35,7 @@ import httpx
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from swarm.backends.base import Generator, Sampled, SamplingParams, TopAlternatives
+from swarm.backends.base import Generator, Sampled, SamplingParams, TopAlternatives, Weights
 from swarm.pool.publish import SNAPSHOT_PREFIX
 from swarm.pool.relay import Depot, Inbox, fetch, relay_router
 from swarm.pool.shards import Manifest, decode
@@ -50,6 +50,7 @@ from swarm.pool.wire import (
     Join,
     Joined,
     StreamLine,
+    WorkerHealth,
 )
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class WorkerNode:
         self.server = options.server.rstrip("/")
         self.address: str | None = options.advertise
         self.version: int | None = None
-        self.weights: dict[str, Any] | None = None
+        self.weights: Weights | None = None
         self.worker_id: str | None = None
         self.in_flight = 0
         self.produced_total = 0  # tokens generated since start (health; benchmarks)
@@ -99,7 +100,9 @@ class WorkerNode:
         async with self._load_lock:
             if self.version is not None and manifest.version <= self.version:
                 return
-            base = (self.version, self.weights) if manifest.kind == "delta" and self.weights is not None else None
+            base: tuple[int, Weights] | None = None
+            if manifest.kind == "delta" and self.version is not None and self.weights is not None:
+                base = (self.version, self.weights)
             weights = await asyncio.to_thread(decode, manifest, chunks, base)
             await self.generator.load_weights(manifest.version, weights)
             self.weights, self.version = weights, manifest.version
@@ -268,10 +271,9 @@ def worker_app(node: WorkerNode) -> FastAPI:
     app.include_router(relay_router(node.depot, node.inbox, node.authorize))
 
     @app.get(HEALTH_PATH)
-    async def health() -> dict[str, Any]:
-        return {"worker_id": node.worker_id, "version": node.version, "in_flight": node.in_flight,
-                "produced_tokens": node.produced_total,
-                "leaving": node.leaving, "engine": node.options.engine}
+    async def health() -> WorkerHealth:
+        return WorkerHealth(worker_id=node.worker_id, version=node.version, in_flight=node.in_flight,
+                            produced_tokens=node.produced_total, leaving=node.leaving, engine=node.options.engine)
 
     @app.post(GENERATE_PATH, response_model=None)
     async def generate(body: GenerateRequest, request: Request) -> Any:

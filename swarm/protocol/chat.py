@@ -11,7 +11,7 @@ from swarm.protocol._base import _Wire, refused
 
 __all__ = ["PASS_THROUGH_FIELDS", "AssistantMessage", "ChatCompletion", "ChatCompletionRequest", "ChatMessage", "Choice",
            "ChoiceLogprobs", "FunctionCall", "ModelCard", "ModelList", "ReasoningEffort", "TokenLogprob", "ToolCall",
-           "ToolChoice", "Usage"]
+           "ToolChoice", "TopLogprob", "Usage"]
 
 class ChatMessage(BaseModel):
     """A chat message as OpenAI clients send it; extra keys (name, tool_call_id, …) are kept."""
@@ -139,11 +139,19 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+class TopLogprob(BaseModel):
+    """One of a sampled token's most likely alternatives (OpenAI's ``top_logprobs`` entry)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
 class TokenLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int] | None = None
-    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class ChoiceLogprobs(BaseModel):

@@ -81,6 +81,7 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     device_model: Any = backend if backend is not None else trainer
     worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
     if generator is None:
+        assert backend is not None  # checked on entry: without a generator there is a backend
         generator = LocalGenerator(backend, worker)
     pool = GeneratorPool(generator, text=generator.text, model_name=generator.model_name,
                          max_context=generator.max_context, eos_token_id=generator.eos_token_id,
@@ -141,7 +142,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
         app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize), responses=ERROR_RESPONSES)
         app.include_router(relay_router(ctx.roster.publisher.snapshots, None, authorize), prefix=SNAPSHOT_PREFIX,
                            responses=ERROR_RESPONSES)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI's documented hook for a custom schema
     return app
 
 

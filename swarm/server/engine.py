@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from swarm.server.store import EpisodeStore, store_safely
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[str, dict[str, Any]], None]
+Listener = Callable[[str, dict[str, Any]], object]  # what it returns is ignored
 
 
 class Engine:
@@ -286,7 +286,7 @@ class Engine:
 
     # ------------------------------------------------------------------ control
 
-    def patch_config(self, values: dict[str, Any]) -> ConfigView:
+    def patch_config(self, values: Mapping[str, object]) -> ConfigView:
         try:
             config = self.config.patched(values)
             self.trainer.check_config(config)

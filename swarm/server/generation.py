@@ -11,7 +11,6 @@ moves the version; when they are separate models, it copies the trainer's tensor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from swarm.backends.base import Generator, Sampled, Sampler, SamplingParams, TokenSink, Weights
 from swarm.server.device_worker import DeviceWorker
@@ -38,7 +37,7 @@ class LocalGenerator(Generator):
     def available(self) -> bool:
         return True
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"engine": "torch", "alive": True, "policy_version": self.policy_version,
                 "device": getattr(self.backend, "device", "cpu"), "dtype": getattr(self.backend, "dtype", "float32")}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
 from swarm.server.capacity import CapacityMeter
@@ -141,8 +142,8 @@ class Lifecycle:
             self._terminate(episode, EpisodeState.expired)
             if not episode.is_eval:
                 self.counts.expired += 1
-                store_safely("record expiry", lambda e=episode: self.store.record_closed(  # type: ignore[misc]
-                    e.episode_id, "expired", "no heartbeat within the lease"))
+                store_safely("record expiry", partial(self.store.record_closed, episode.episode_id, "expired",
+                                                      "no heartbeat within the lease"))
             self.episodes.bury(episode)
             self._view.emit("episode.expired", episode_id=episode.episode_id, client_id=episode.client_id)
         return len(stale)

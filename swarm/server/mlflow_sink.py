@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,9 @@ CURSOR_FILE = SERVER_CURSOR_FILE
 _CLOSE_TIMEOUT_S = 10.0  # a stop waits this long at most for MLflow; the rest goes out on the next start
 
 
-def server_params(settings: ServerSettings, config: dict[str, Any]) -> dict[str, Any]:
+def server_params(settings: ServerSettings, config: Mapping[str, object]) -> dict[str, object]:
     """The run's params: what the process was started with, then every live config key."""
-    params: dict[str, Any] = {"model": settings.model, "engine": settings.engine, "trainer": settings.trainer,
+    params: dict[str, object] = {"model": settings.model, "engine": settings.engine, "trainer": settings.trainer,
                               "seed": settings.seed, "device": settings.device, "dtype": settings.dtype}
     if settings.trainer == "verl":
         params["workers"] = settings.workers
@@ -56,7 +56,7 @@ class ServerRun:
     it starts at, the durable buffer's step rows (``steps(after, limit)``, JSON documents) and the
     kept checkpoints (``checkpoints()``, oldest first)."""
 
-    def __init__(self, settings: ServerSettings, *, config: dict[str, Any], step: int,
+    def __init__(self, settings: ServerSettings, *, config: Mapping[str, object], step: int,
                  steps: Callable[[int, int], list[str]], checkpoints: Callable[[], Iterable[Checkpoint]]) -> None:
         if not settings.mlflow_uri:
             raise ValueError("ServerRun needs settings.mlflow_uri")

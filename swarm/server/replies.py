@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from functools import cached_property
 from typing import Any
 
 from swarm.backends.parsers import ParsedReply
-from swarm.backends.text import Ending, prepare_messages
+from swarm.backends.text import Ending, Message, ToolSpec, prepare_messages
 from swarm.protocol import ChatCompletionRequest
 
 __all__ = ["Conversation", "ReplyBook", "Splice", "conversation_keys", "reply_message"]
@@ -48,7 +48,7 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def _call_arguments(function: dict[str, Any]) -> Any:
+def _call_arguments(function: Mapping[str, object]) -> object:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
@@ -58,12 +58,13 @@ def _call_arguments(function: dict[str, Any]) -> Any:
     return arguments if arguments is not None else {}
 
 
-def _canonical(message: dict[str, Any]) -> dict[str, Any]:
+def _canonical(message: Message) -> dict[str, object]:
     """What identifies a message for matching: an assistant message by its content and calls only
     (ids, reasoning and extra keys vary between clients); any other message by all its keys."""
     if message.get("role") == "assistant":
+        sent = message.get("tool_calls")
         calls = [(c.get("function", c).get("name"), _call_arguments(c.get("function", c)))
-                 for c in message.get("tool_calls") or []]
+                 for c in (sent if isinstance(sent, list) else [])]
         return {"role": "assistant", "content": _text(message.get("content")), "tool_calls": calls}
     return {**{k: v for k, v in message.items() if v is not None and k != "content"},
             "content": _text(message.get("content"))}
@@ -74,8 +75,8 @@ def _digest(previous: bytes, item: Any) -> bytes:
     return hashlib.blake2b(previous + body.encode(), digest_size=16).digest()
 
 
-def conversation_keys(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                      template_kwargs: dict[str, Any]) -> list[bytes]:
+def conversation_keys(messages: Sequence[Message], tools: Sequence[ToolSpec] | None,
+                      template_kwargs: Mapping[str, object]) -> list[bytes]:
     """``keys[i]`` identifies ``messages[:i + 1]`` rendered with these tools and template variables."""
     key = _digest(b"", {"tools": list(tools or []), "kwargs": template_kwargs})
     keys = []
@@ -85,7 +86,7 @@ def conversation_keys(messages: Sequence[dict[str, Any]], tools: Sequence[dict[s
     return keys
 
 
-def reply_message(reply: ParsedReply) -> dict[str, Any]:
+def reply_message(reply: ParsedReply) -> Message:
     """The assistant message a client re-sends for ``reply`` (OpenAI's shape)."""
     calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in reply.tool_calls]
@@ -125,7 +126,7 @@ class ReplyBook:
         while len(self._tokens) > self.capacity:
             del self._tokens[next(iter(self._tokens))]  # dicts keep insertion order: the oldest first
 
-    def longest(self, messages: Sequence[dict[str, Any]], keys: Sequence[bytes]) -> Splice | None:
+    def longest(self, messages: Sequence[Message], keys: Sequence[bytes]) -> Splice | None:
         """The last assistant message of ``messages`` that ends a known conversation, if any."""
         for index in range(len(messages) - 1, -1, -1):
             if messages[index].get("role") == "assistant" and keys[index] in self._tokens:
@@ -139,7 +140,7 @@ class Conversation:
     ``chat_template_kwargs``, as vLLM merges them), how the prompt ends, and the keys of its prefixes.
     ``ValueError`` for messages the template cannot take (tool-call arguments that are not JSON)."""
 
-    def __init__(self, request: ChatCompletionRequest, defaults: dict[str, Any]) -> None:
+    def __init__(self, request: ChatCompletionRequest, defaults: Mapping[str, object]) -> None:
         effort = {"reasoning_effort": request.reasoning_effort} if request.reasoning_effort is not None else {}
         self.tools = request.tools
         self.kwargs = {**defaults, **effort, **(request.chat_template_kwargs or {})}

@@ -7,13 +7,17 @@ keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm conf
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
 from swarm.backends.parsers import check_parser_names
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 # Real text averages about four characters a token, so at this many per context token the default
 # ``max_prompt_chars`` turns away only prompts that would not fit anyway, before paying to tokenise them.
@@ -91,7 +95,7 @@ class ServerConfig(TrainConfig):
                                                   "log-probs differ from the trainer's by more than this; unset: off")
 
     @classmethod
-    def training_fields(cls) -> dict[str, Any]:
+    def training_fields(cls) -> dict[str, FieldInfo]:
         """Only the inherited ``TrainConfig`` fields configure the update; the rest are the engine's."""
         return dict(TrainConfig.model_fields)
 
@@ -115,7 +119,7 @@ class ServerConfig(TrainConfig):
             raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
         return self
 
-    def patched(self, values: dict[str, Any]) -> ServerConfig:
+    def patched(self, values: Mapping[str, object]) -> ServerConfig:
         """A validated copy with ``values`` applied; raises ``ValueError`` naming bad keys."""
         unknown = sorted(set(values) - set(type(self).model_fields))
         if unknown:
@@ -151,7 +155,10 @@ def _read_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from None
-    return data.get("server", data)
+    server = data.get("server", data)
+    if not isinstance(server, dict):
+        raise ValueError(f"cannot read config {path}: [server] must be a table")
+    return server
 
 
 class ServerSettings(BaseModel):

@@ -8,6 +8,7 @@ completion's tokens and the end-of-turn token (mask 1), exactly what generation 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from swarm.backends.base import Generator, TrainConfig, Trainer, TrainSample
@@ -52,6 +53,6 @@ async def run_sft(generator: Generator, trainer: Trainer, run_blocking: Callable
         config = config.model_copy(update={"lr": request.lr})
     losses: list[float] = []
     for batch in minibatches(samples, request.batch_size, request.steps):
-        update = await run_blocking(lambda b=batch: trainer.supervised_step(b, config))
+        update = await run_blocking(partial(trainer.supervised_step, batch, config))
         losses.append(float(update["sft/loss"]))
     return losses

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from researcher import catalog, datatask, sandbox
+from researcher import catalog, datatask, flags, sandbox
 from researcher.planner.offline import OfflinePlanner
 from researcher.settings import StudyOptions
 
@@ -40,18 +40,40 @@ def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
         datatask.check_unchanged(moved)
 
 
-@pytest.mark.parametrize("model, lr, max_tokens, staleness", [
-    ("smollm2-135m", 1e-5, 96, 4),  # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens
-    ("tiny", 1e-3, 9, 1),  # byte-level: the longest answer ('#### 16') and 2
+def test_a_reward_file_named_from_the_users_directory_is_recorded_absolute(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs' clients start in their own folders: a relative ``--reward PATH.py:FUNC`` must not reach
+    them relative (it failed validation four times, then the study, before this)."""
+    monkeypatch.chdir(ROOT)
+    gsm = Path("studies/examples/gsm-format")
+    options = datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", f"{gsm}/reward.py:score", 0)
+    assert options["reward"] == f"{ROOT / gsm / 'reward.py'}:score"
+    assert datatask.options_for(gsm / "train.jsonl", None, "verl", 0)["reward"] == "verl"
+    with pytest.raises(ValueError, match=r"no reward file at studies/none\.py"):
+        datatask.options_for(gsm / "train.jsonl", None, "studies/none.py:score", 0)
+
+
+def test_a_study_on_a_real_model_waits_as_long_as_its_runs_take() -> None:
+    real = flags.study_options({"model": "smollm2-135m"}, None)
+    assert (real.smoke_timeout_s, real.stall_timeout_s) == (600.0, 900.0)
+    for options in (flags.study_options({"model": "tiny"}, None), flags.study_options({}, None)):
+        assert (options.smoke_timeout_s, options.stall_timeout_s) == (60.0, 120.0)
+
+
+@pytest.mark.parametrize("model, lr, max_tokens, staleness, micro_batch", [
+    # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens, nor a 14 GB micro-batch
+    ("smollm2-135m", 1e-5, 96, 4, 2048),
+    ("tiny", 1e-3, 9, 1, None),  # byte-level: the longest answer ('#### 16') and 2; TrainConfig's micro-batch
 ])
 def test_a_study_on_a_model_starts_from_defaults_scaled_to_it(model: str, lr: float, max_tokens: int, staleness: int,
-                                                             tmp_path: Path) -> None:
+                                                             micro_batch: int | None, tmp_path: Path) -> None:
     gsm = ROOT / "studies" / "examples" / "gsm-format"
     options = StudyOptions(**datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", "verl", 0), model=model)
     root = datatask.write_task(options, tmp_path / "study", ARITH / "config.toml", scale_to_model=True)
     found = catalog.examples(root)["data"]
     config = tomllib.loads(found.config.read_text())
     assert (config["lr"], config["max_tokens"], config["max_staleness"]) == (lr, max_tokens, staleness)
+    assert config.get("micro_batch_tokens") == micro_batch
     assert "EVAL_EVERY = 5" in found.client.read_text()
 
 

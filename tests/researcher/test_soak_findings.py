@@ -6,7 +6,9 @@
    round's step without its training metrics (its later eval-only line replaced the step's line);
 3. a study that ended while MLflow was away left its writes in the spool, where nothing delivered them;
 4. a researcher SIGKILLed during a smoke run left the smoke run's server running for good;
-5. a client restarted after a SIGKILL gave up on admission refusals before its predecessor's leases ran out.
+5. a client restarted after a SIGKILL gave up on admission refusals before its predecessor's leases ran
+   out: a live server's "retry later" now restarts the client's retry window
+   (tests/swarm/client/test_client_transport.py).
 """
 
 from __future__ import annotations
@@ -146,14 +148,3 @@ def test_a_smoke_server_left_by_a_killed_researcher_is_stopped_by_the_next_sessi
     finally:
         procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)
 
-
-def test_a_restarted_client_waits_out_its_dead_predecessors_leases(tmp_path: Path) -> None:
-    """5. A client restarted after a SIGKILL failed: admission refused its claims (429) while the dead
-    client's claims held their 60 s leases, and its 30 s retry window ran out first (a failure counted
-    toward max_client_restarts, four of which crash the run). Its window now outlasts a lease."""
-    record = _record(tmp_path)
-    argv = Launcher(["swarm"]).client_argv(record)
-    assert float(argv[argv.index("--retry-for") + 1]) > 60.0  # swarm's default lease
-    record.config = {"lease_s": 300.0}
-    argv = Launcher(["swarm"]).client_argv(record)
-    assert float(argv[argv.index("--retry-for") + 1]) > 300.0

@@ -12,7 +12,8 @@ its share of the whole batch, so the per-micro-batch losses sum to the single-ba
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -46,13 +47,13 @@ SUPPORTED_ESTIMATORS = (
 )
 
 
-def _core_algos():
+def _core_algos() -> ModuleType:
     from verl.trainer.ppo import core_algos
 
     return core_algos
 
 
-def actor_config(config: TrainConfig, global_batch_info: dict[str, Any]) -> Any:
+def actor_config(config: TrainConfig, global_batch_info: Mapping[str, float]) -> Any:
     """A verl ``ActorConfig`` carrying our hyper-parameters and the whole batch's sizes."""
     from verl.workers.config import ActorConfig
 
@@ -72,7 +73,7 @@ def actor_config(config: TrainConfig, global_batch_info: dict[str, Any]) -> Any:
     )
 
 
-def policy_loss_fn(name: str):
+def policy_loss_fn(name: str) -> Callable[..., Any]:
     """verl's policy loss called ``name``; ``ValueError`` listing the known names otherwise."""
     registry = _core_algos().POLICY_LOSS_REGISTRY
     if name not in registry:
@@ -80,7 +81,7 @@ def policy_loss_fn(name: str):
     return registry[name]
 
 
-def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, global_batch_info: dict[str, Any]) -> torch.Tensor:
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, global_batch_info: Mapping[str, float]) -> torch.Tensor:
     """verl's ``agg_loss`` with the whole batch's normalisers."""
     return _core_algos().agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=mode, **global_batch_info)
 

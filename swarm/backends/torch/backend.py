@@ -27,7 +27,7 @@ import torch
 from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
 from swarm.backends.folders import atomic_folder
 from swarm.backends.models import model_name, resolve_model_folder
-from swarm.backends.text import ChatText, load_tokenizer
+from swarm.backends.text import ChatText, Message, ToolSpec, load_tokenizer
 from swarm.backends.torch import algorithms, training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.slots import SlotPool, supports
@@ -160,7 +160,7 @@ class TorchBackend(InProcessModel):
 
     # -- chat and text ---------------------------------------------------------------------------
 
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None) -> list[int]:
         """Apply the chat template with the generation prompt and return prompt token ids."""
         return self.text.render(messages, tools)
 

@@ -16,6 +16,8 @@ base/head split take the full path.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["CHUNK_LOGITS", "token_logprobs"]
@@ -125,7 +127,8 @@ class _ChunkLogprobs(torch.autograd.Function):
     Saves only the inputs; the backward pass recomputes the chunk's log-probs."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temps, with_entropy):  # type: ignore[override]
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                temps: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         logp_all = _chunk_logp_all(hidden, weight, bias, temps)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp().mul_(logp_all)).sum(-1) if with_entropy else None
@@ -135,7 +138,7 @@ class _ChunkLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):  # type: ignore[override]
+    def backward(ctx: Any, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, temps = ctx.saved_tensors
         # d logp / d logits = onehot(target) - softmax, then through the division by T.
         grad = _chunk_logp_all(hidden, weight, bias, temps).exp_().mul_(-grad_logp.unsqueeze(-1))

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarm.backends import text
-from swarm.backends.base import Generation, RowFeed, SamplingParams, TokenSink
+from swarm.backends.base import FinishReason, Generation, RowFeed, SamplingParams, TokenSink
 from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
 from swarm.backends.torch.slots import SlotBatch, SlotPool
@@ -90,7 +90,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # with params.top_logprobs > 0
     emitted: int = 0
-    finish: str | None = None
+    finish: FinishReason | None = None
 
 
 def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], setup: SamplingSetup) -> None:
@@ -229,7 +229,7 @@ class _Loop:
                 if running is None:
                     running = joined
                 elif joined is not None:
-                    running.merge(joined)
+                    _merge(running, joined)
                 pending = self._admit(running)
                 if running is None and not pending:
                     break
@@ -313,6 +313,17 @@ class _Loop:
         if self.feed is not None:
             self.feed.finished(index, _generation(row))
         del self.rows[index]  # the loop's own copy; initial rows stay in ``run``'s results
+
+
+def _merge(running: _Batch, joined: _Batch) -> None:
+    """Append ``joined``'s rows to ``running``: both come from one ``_prefill``, so of one kind."""
+    if isinstance(running, SlotBatch) and isinstance(joined, SlotBatch):
+        running.merge(joined)
+        return
+    if isinstance(running, RunningBatch) and isinstance(joined, RunningBatch):
+        running.merge(joined)
+        return
+    raise TypeError(f"cannot merge a {type(joined).__name__} into a {type(running).__name__}")
 
 
 def _generation(row: _Row) -> Generation:

@@ -21,8 +21,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.backends.text import byte_level_alphabet
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +92,7 @@ CHAT_TEMPLATE = r"""
 """
 
 
-def _build_tokenizer():  # -> PreTrainedTokenizerFast
+def _build_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -114,12 +118,12 @@ def build_tiny(directory: str | Path, seed: int = 0) -> Path:
     Weights are drawn from ``seed`` without touching the global torch RNG, so the same seed always
     gives the same folder contents.
     """
-    marker = {"preset": "tiny", "format": TINY_FORMAT, "seed": seed, **TINY_SHAPE}
+    marker: dict[str, object] = {"preset": "tiny", "format": TINY_FORMAT, "seed": seed, **TINY_SHAPE}
     return write_qwen2_folder(directory, _build_tokenizer(), TINY_SHAPE, seed, "tiny.json", marker)
 
 
-def write_qwen2_folder(directory: str | Path, tokenizer, shape: dict, seed: int, marker_file: str,
-                       marker: dict) -> Path:
+def write_qwen2_folder(directory: str | Path, tokenizer: PreTrainedTokenizerFast, shape: dict[str, int], seed: int,
+                       marker_file: str, marker: dict[str, object]) -> Path:
     """A random Qwen2 model of ``shape`` (tied embeddings, ChatML ends of turn) with ``tokenizer``,
     saved as a Hugging Face folder; ``marker`` goes to ``marker_file`` last, so a folder with a marker
     is complete. Every preset is built this way."""

@@ -25,8 +25,13 @@ import base64
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.backends.torch.tiny import write_qwen2_folder
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "ADDED_TOKENS",
@@ -248,7 +253,7 @@ def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
     return pieces[0], pieces[1]
 
 
-def _qwen_bpe():  # -> tokenizers.Tokenizer
+def _qwen_bpe() -> Tokenizer:
     """Qwen's BPE as in its ``vocab.json`` + ``merges.txt``: one merge per multi-byte token, in rank
     order (151,387 merges), recovered from the ranks. ``TikTokenConverter`` would list every valid
     split instead (294k merges, a 19 MB tokenizer.json that loads twice as slowly)."""
@@ -268,7 +273,7 @@ def _qwen_bpe():  # -> tokenizers.Tokenizer
     return Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
 
 
-def _build_tokenizer(chat_template: str):  # -> PreTrainedTokenizerFast
+def _build_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -303,7 +308,7 @@ def build_tiny_bpe(directory: str | Path, preset: str = "tiny-bpe", seed: int = 
     """
     if preset not in _TEMPLATES:
         raise ValueError(f"unknown preset {preset!r}; expected one of {BPE_PRESETS}")
-    marker = {"preset": preset, "format": BPE_FORMAT, "seed": seed, **BPE_SHAPE}
+    marker: dict[str, object] = {"preset": preset, "format": BPE_FORMAT, "seed": seed, **BPE_SHAPE}
     return write_qwen2_folder(directory, _build_tokenizer(_TEMPLATES[preset]), BPE_SHAPE, seed, MARKER, marker)
 
 

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from swarm.backends.base import TrainSample, validate_samples
+
+if TYPE_CHECKING:
+    from verl import DataProto  # read as Any: verl is not type-checked through
 
 __all__ = ["PackedBatch", "pack_samples", "to_no_padding", "to_padded", "trainable_samples"]
 
@@ -36,7 +40,7 @@ def trainable_samples(samples: Sequence[TrainSample], vocab_size: int, max_conte
 class PackedBatch:
     """A ``DataProto`` in verl's left/right-padded layout plus what the trainer needs to read it."""
 
-    data: object  # verl.DataProto; its batch gains old_log_probs etc. before training
+    data: DataProto  # its batch gains old_log_probs etc. before training
     samples: int  # real rows (the first ``samples`` rows); the rest are filler
     response_mask: torch.Tensor  # (rows, R) float, zero on filler rows
     rollout: torch.Tensor  # (rows, R) recorded rollout log-probs
@@ -78,7 +82,7 @@ def pack_samples(samples: Sequence[TrainSample], pad_token_id: int, dp_size: int
     )
 
 
-def to_no_padding(data, **meta):
+def to_no_padding(data: DataProto, **meta: Any) -> Any:  # verl's TensorDict
     """verl's padding-free ``TensorDict`` of ``data`` with non-tensor ``meta`` attached."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -88,7 +92,7 @@ def to_no_padding(data, **meta):
     return td
 
 
-def to_padded(output, key: str, td) -> torch.Tensor:
+def to_padded(output: Any, key: str, td: Any) -> torch.Tensor:
     """A per-token output of ``infer_batch`` (nested, prompt + response) as ``(rows, R)`` floats."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding

@@ -10,6 +10,7 @@ trainer may skip its own estimator; ``uid`` carries the GRPO group id.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ def samples_to_data_proto(
     rewards: Sequence[float],
     group_ids: Sequence[str],
     pad_token_id: int,
-):
+) -> Any:  # verl's DataProto (verl is read as Any)
     """Build a verl ``DataProto`` with the keys verl's PPO trainer reads (shapes ``[batch, length]``)."""
     from verl import DataProto  # lazy: importing verl imports ray (~8 s)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -171,7 +172,7 @@ class _CpuPlatform:
         return "CUDA_VISIBLE_DEVICES"
 
     @contextlib.contextmanager
-    def nvtx_range(self, msg: str):
+    def nvtx_range(self, msg: str) -> Iterator[None]:
         yield
 
     def profiler_start(self) -> None:
@@ -183,7 +184,7 @@ class _CpuPlatform:
     def ray_resource_name(self) -> str:
         return "CPU"
 
-    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+    def ray_resource_options(self, num_gpus: float) -> dict[str, float]:
         return {}  # CPU actors are placed by their placement-group bundle alone
 
     def ray_noset_envvars(self) -> list[str]:

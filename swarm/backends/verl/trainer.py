@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
@@ -41,6 +41,9 @@ from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_ch
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
 from swarm.backends.verl.sender import VerlNcclSender
+
+if TYPE_CHECKING:
+    from verl import DataProto  # read as Any: verl is not type-checked through
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +100,7 @@ class VerlTrainer(Trainer):
         self._group: Any = None
         self._pool: Any = None
         self._has_reference = False
-        self._loss_key: tuple = ()
+        self._loss_key: tuple[str, ...] | tuple[str, str, int | None] = ()  # the loss the workers hold
         try:
             self._start(config, seed)
         except BaseException:
@@ -163,7 +166,7 @@ class VerlTrainer(Trainer):
         """Tokens per micro-batch: ``micro_batch_tokens``, raised to fit the longest sample alone."""
         return max(config.micro_batch_tokens, max(len(s.tokens) for s in samples))
 
-    def _infer(self, td_data, budget: int, key: str = "log_probs", reference: bool = False,
+    def _infer(self, td_data: DataProto, budget: int, key: str = "log_probs", reference: bool = False,
                entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         td = batching.to_no_padding(td_data, calculate_entropy=entropy, compute_loss=False,
                                     max_token_len_per_gpu=budget)
@@ -235,8 +238,8 @@ class VerlTrainer(Trainer):
         sums = dict.fromkeys(("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "kl_loss"), 0.0)
         for _ in range(config.ppo_epochs):
             out = _worker_metrics(self._group.train_batch(td).get())
-            for key in sums:
-                sums[key] += out.get(key, 0.0)
+            for name in sums:
+                sums[name] += out.get(name, 0.0)
         kl = sums.pop("kl_loss")
         metrics = {f"train/{k}": v / config.ppo_epochs for k, v in sums.items()}
         if config.kl_coef > 0:

@@ -8,6 +8,7 @@ A leaf both device paths build on: ``compat`` (the driver, GPU workers through `
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 __all__ = ["TRL_USERS", "hide_trl"]
 
@@ -25,6 +26,6 @@ def hide_trl() -> None:
 
     import_utils.is_trl_available = _trl_unavailable
     for name in TRL_USERS:
-        module = sys.modules.get(name)
+        module: Any = sys.modules.get(name)  # verl's own module, patched by name
         if module is not None and hasattr(module, "is_trl_available"):
             module.is_trl_available = _trl_unavailable

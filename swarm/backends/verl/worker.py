@@ -25,6 +25,8 @@ On CPU the worker first creates a plain gloo process group (``cpu_platform.init_
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import TensorDict
@@ -36,10 +38,14 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from swarm.backends.verl import cpu_platform
 
+if TYPE_CHECKING:
+    from swarm.backends.vllm.nccl import NcclLink
+
 __all__ = ["SwarmTrainingWorker", "sft_loss"]
 
 
-def sft_loss(model_output: dict, data: TensorDict, dp_group=None, config=None):
+def sft_loss(model_output: dict[str, torch.Tensor], data: TensorDict, dp_group: object = None,
+             config: object = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean NLL over ``response_mask`` tokens of the whole (global) batch.
 
     verl's own ``sft_loss`` expects a full-length ``loss_mask`` from its SFT dataset; our batches
@@ -61,7 +67,7 @@ class SwarmTrainingWorker(TrainingWorker):
         super().__init__(config)
         self._reference: list[torch.Tensor] | None = None
         self._vocab_hook = None
-        self._vllm = None  # the NCCL link into vLLM (swarm.backends.vllm.nccl.NcclLink)
+        self._vllm: NcclLink | None = None  # the NCCL link into vLLM
 
     def _params(self) -> list[torch.Tensor]:
         return [p for p in self.engine.module.parameters()]
@@ -207,7 +213,7 @@ class SwarmTrainingWorker(TrainingWorker):
             return self.infer_batch(data)
 
     @contextlib.contextmanager
-    def _swapped(self, shards: list[torch.Tensor]):
+    def _swapped(self, shards: list[torch.Tensor]) -> Iterator[None]:
         """Run with ``shards`` in place of this rank's parameter shards, then put them back."""
         params = self._params()
         with torch.no_grad():

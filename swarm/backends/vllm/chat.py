@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.backends.text import Message, ToolSpec, find_stop, load_tokenizer, render_chat, safe_prefix_chars
 from swarm.backends.text import decode as decode_ids
 from swarm.backends.text import encode as encode_text
-from swarm.backends.text import find_stop, load_tokenizer, render_chat, safe_prefix_chars
 
 __all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
 
@@ -67,7 +67,7 @@ class ChatTokenizer:
     def eos_token_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
 
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None) -> list[int]:
         return render_chat(self.tokenizer, messages, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:

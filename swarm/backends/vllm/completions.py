@@ -17,13 +17,13 @@ identical ids.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
-from swarm.backends.base import Generation, SamplingParams, TokenSink
+from swarm.backends.base import FinishReason, Generation, SamplingParams, TokenSink
 from swarm.backends.vllm.chat import cut_at_stop, releasable
 from swarm.backends.vllm.errors import GeneratorUnavailable
 
@@ -34,8 +34,8 @@ _TOKEN_PREFIX = "token_id:"
 
 
 def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, eos_ids: Sequence[int],
-                    padding_ids: range) -> dict[str, Any]:
-    body: dict[str, Any] = {
+                    padding_ids: range) -> dict[str, object]:
+    body: dict[str, object] = {
         "model": "policy",
         "prompt": [int(t) for t in prompt],
         "max_tokens": p.max_tokens,
@@ -65,7 +65,7 @@ _EXTENSION_DEFAULTS = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "pre
                        "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False}
 
 
-def _extensions(p: SamplingParams) -> dict[str, Any]:
+def _extensions(p: SamplingParams) -> dict[str, object]:
     """The extensions a row sets; none when it sets none, so a plain row's body is unchanged."""
     return {name: getattr(p, name) for name, off in _EXTENSION_DEFAULTS.items() if getattr(p, name) != off}
 
@@ -85,7 +85,7 @@ def raise_for_status(response: httpx.Response) -> None:
     raise GeneratorUnavailable(f"vLLM answered {response.status_code}: {message}", retry_after=5.0)
 
 
-async def sse_payloads(response: httpx.Response):
+async def sse_payloads(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream, up to ``[DONE]``; an error event raises."""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
@@ -99,6 +99,24 @@ async def sse_payloads(response: httpx.Response):
         yield payload
 
 
+class ChoiceLogprobs(TypedDict, total=False):
+    """A choice's ``logprobs`` as vLLM sends them (tokens named ``token_id:<id>``)."""
+
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class CompletionChoice(TypedDict, total=False):
+    """One choice of vLLM's ``/v1/completions`` answer, or of one stream chunk (the fields read here)."""
+
+    token_ids: list[int] | None
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+
+
+_FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
+
+
 @dataclass
 class RowState:
     """One row's tokens as they arrive, before the stop-string cut."""
@@ -110,7 +128,7 @@ class RowState:
     emitted: int = 0
     finish: str | None = None
 
-    def absorb(self, choice: dict[str, Any]) -> None:
+    def absorb(self, choice: CompletionChoice) -> None:
         """Append one answer (or one stream chunk) of ids and log-probs."""
         ids = [int(t) for t in choice.get("token_ids") or []]
         logprobs = choice.get("logprobs") or {}
@@ -141,17 +159,17 @@ class RowState:
 
     def generation(self, decode: Callable[[Sequence[int]], str]) -> Generation:
         """The final row: ids cut before a stop string, finish reason mapped to stop/length."""
-        if self.finish not in ("stop", "length"):
+        finish = _FINISH.get(self.finish)
+        if finish is None:
             # "abort" (vLLM paused in abort mode, or shut down) or a stream that ended early
             raise GeneratorUnavailable(f"vLLM ended the request with finish_reason={self.finish!r}", retry_after=5.0)
-        finish = self.finish
         keep = cut_at_stop(self.ids, self.params.stop, decode, self.params.min_tokens)
         if keep is not None:
             del self.ids[keep:], self.logprobs[keep:], self.top[keep:]
             finish = "stop"
         self.emitted = min(self.emitted, len(self.ids))
         return Generation(
-            token_ids=self.ids, logprobs=self.logprobs, finish_reason=finish,  # type: ignore[arg-type]
+            token_ids=self.ids, logprobs=self.logprobs, finish_reason=finish,
             top_logprobs=self.top if self.params.top_logprobs > 0 else None,
         )
 
@@ -162,7 +180,7 @@ def _token_id(key: str) -> int:
     return int(key[len(_TOKEN_PREFIX):])
 
 
-async def request_row(client: httpx.AsyncClient, url: str, body: dict[str, Any], p: SamplingParams,
+async def request_row(client: httpx.AsyncClient, url: str, body: dict[str, object], p: SamplingParams,
                       decode: Callable[[Sequence[int]], str], index: int, sink: TokenSink | None) -> Generation:
     """One row through vLLM's ``/v1/completions``: whole, or streamed into ``sink`` token by token
     (tokens that a stop string may still cut are held back until the row ends)."""

@@ -191,7 +191,7 @@ class VllmGenerator(WeightPublishing, Generator):
         """True while a weight swap or a restart holds new requests back."""
         return not self._open.is_set()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"engine": "vllm", **asdict(self.status())}
 
     async def start(self) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -50,7 +49,7 @@ def write_weights_folder(weights: Weights, base_model_dir: Path, root: Path, ver
         for item in base_model_dir.iterdir():
             if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in _WEIGHT_INDEXES:
                 shutil.copy2(item, staging / item.name)
-        tensors: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
         for name, tensor in weights.items():
             tensor = tensor.detach()

@@ -4,13 +4,13 @@ log-prob entries (with each token's bytes and top alternatives), tool calls and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from swarm.backends.base import Generation, TopAlternatives
 from swarm.backends.parsers import ParsedReply
 from swarm.backends.parsers import ToolCall as ParsedToolCall
 from swarm.backends.text import ChatText
-from swarm.protocol import FunctionCall, TokenLogprob, ToolCall
+from swarm.protocol import FunctionCall, TokenLogprob, ToolCall, TopLogprob
 
 __all__ = ["finish_reason", "token_logprobs", "wire_tool_call"]
 
@@ -33,5 +33,5 @@ def token_logprobs(text: ChatText, ids: Sequence[int], logprobs: Sequence[float]
             for i, (t, lp) in enumerate(zip(ids, logprobs, strict=True))]
 
 
-def _alternatives(text: ChatText, top: TopAlternatives | None) -> list[dict[str, Any]]:
-    return [{"token": text.decode([a]), "logprob": alp, "bytes": text.token_bytes(a)} for a, alp in (top or ())]
+def _alternatives(text: ChatText, top: TopAlternatives | None) -> list[TopLogprob]:
+    return [TopLogprob(token=text.decode([a]), logprob=alp, bytes=text.token_bytes(a)) for a, alp in (top or ())]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     """The chat completion this request stands for (a 400 naming what cannot be translated)."""
     effort = body.reasoning.effort if body.reasoning is not None else None
     logprobs = _LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "messages": input_messages(body.input, body.instructions), "tools": _chat_tools(body.tools),
         "tool_choice": body.tool_choice, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "logprobs": logprobs,
@@ -60,16 +61,16 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if body.parallel_tool_calls is not None:
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     try:
-        return ChatCompletionRequest(**fields)
+        return ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadRequest(f"input cannot be served as a chat: {where}: {first['msg']}") from None
 
 
-def input_messages(items: str | list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+def input_messages(items: str | Sequence[Mapping[str, object]], instructions: str | None) -> list[dict[str, object]]:
     """Chat messages of a Responses ``input`` (text, or items) after ``instructions``."""
-    messages: list[dict[str, Any]] = [] if instructions is None else [{"role": "system", "content": instructions}]
+    messages: list[dict[str, object]] = [] if instructions is None else [{"role": "system", "content": instructions}]
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
     for i, item in enumerate(items):
@@ -94,19 +95,20 @@ def input_messages(items: str | list[dict[str, Any]], instructions: str | None) 
     return messages
 
 
-def _add_call(messages: list[dict[str, Any]], index: int, item: dict[str, Any]) -> None:
+def _add_call(messages: list[dict[str, object]], index: int, item: Mapping[str, object]) -> None:
     """A ``function_call`` joins the assistant turn before it (its text and earlier calls), as the
     chat message the server returned held them together."""
     call = {"id": _string(index, item, "call_id"), "type": "function",
             "function": {"name": _string(index, item, "name"), "arguments": _string(index, item, "arguments")}}
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
-        last["tool_calls"] = [*(last.get("tool_calls") or []), call]
+        earlier = last.get("tool_calls")
+        last["tool_calls"] = [*(earlier if isinstance(earlier, list) else []), call]
     else:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
-def _string(index: int, item: dict[str, Any], key: str) -> str:
+def _string(index: int, item: Mapping[str, object], key: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
         raise BadRequest(f"input[{index}].{key} must be a string")
@@ -132,16 +134,16 @@ def _text(index: int, content: Any) -> str:
     return "".join(texts)
 
 
-def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def _chat_tools(tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
     """Responses function tools as chat tools (``strict`` is not enforced: sampling is never constrained)."""
     if not tools:
         return None
-    converted = []
+    converted: list[dict[str, object]] = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise BadRequest(f"tools[{i}]: type {tool.get('type')!r} is not served: only function tools with a "
                              "name (the model's calls are parsed from its text; no built-in tool runs here)")
-        function = {"name": tool["name"]}  # chat's key order, so the template renders the same tool text
+        function: dict[str, object] = {"name": tool["name"]}  # chat's key order, so the template renders the same tool text
         if tool.get("description"):
             function["description"] = tool["description"]
         function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}

@@ -131,8 +131,9 @@ async def _answered_before_disconnect(request: Request, result: asyncio.Future[A
     """Wait for ``result``; if the client disconnects first (or this request is cancelled), cancel
     it so its rows stop, and say so."""
     gone = asyncio.ensure_future(_disconnected(request))
+    either: set[asyncio.Future[Any]] = {result, gone}
     try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         answered = result.done()

@@ -20,9 +20,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from swarm.backends.base import Generation, TopAlternatives
 from swarm.backends.parsers import ParsedReply, ReplyStream
@@ -110,8 +109,8 @@ class Delta:
     start: int
     end: int
 
-    def fields(self) -> dict[str, Any]:
-        delta: dict[str, Any] = {}
+    def fields(self) -> dict[str, str]:
+        delta: dict[str, str] = {}
         if self.reasoning:
             delta["reasoning_content"] = self.reasoning
         if self.content:
@@ -126,7 +125,7 @@ class Delta:
                      start=earlier.start, end=self.end)
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
+def sse(data: Mapping[str, object] | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()
 
@@ -143,9 +142,9 @@ class ChunkWriter:
     episode_id: str | None = None  # the episode the call is recorded into (each chunk names it)
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def chunk(self, index: int, delta: dict[str, Any], *, finish: str | None = None,
-              row: RowStream | None = None, span: Delta | None = None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+    def chunk(self, index: int, delta: Mapping[str, object], *, finish: str | None = None,
+              row: RowStream | None = None, span: Delta | None = None) -> dict[str, object]:
+        choice: dict[str, object] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
         if row is not None and span is not None and span.end > span.start:
             ids = row.ids[span.start:span.end]
             choice["token_ids"] = ids

@@ -59,6 +59,17 @@ def test_broken_line_57_names_file_line_and_reason(tmp_path: Path) -> None:
     assert f"{data}: line 57: not valid JSON" in str(caught.value)
 
 
+def test_line_with_an_integer_past_pythons_digit_limit_is_refused_by_line(tmp_path: Path) -> None:
+    """``json.loads`` raises a plain ``ValueError`` (not ``JSONDecodeError``, which has ``msg`` and
+    ``colno``) for an integer of more than 4300 digits: it is still a ``DataError`` naming the line."""
+    data = write_jsonl(tmp_path / "huge.jsonl", plain_rows(3))
+    data.write_text(data.read_text() + '{"prompt": "p", "answer": ' + "1" * 5000 + "}\n")
+    with pytest.raises(DataError) as caught:
+        build_study(DataOptions(data=data, reward="exact"))
+    assert (caught.value.file, caught.value.row) == (str(data), 4)
+    assert "digit" in str(caught.value)
+
+
 def test_parquet_without_prompt_column_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "noprompt.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "1+1", "answer": "2"}]), data)
