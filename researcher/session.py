@@ -19,12 +19,15 @@ from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
+from researcher.runs import smoke
 from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.study import files as studyfiles
 from researcher.study.store import StudyNotFound, checkpointer, config_for, read_state, study_lock
 
 log = logging.getLogger(__name__)
+ENDED_PHASES = ("done", "failed", "stopped")
+SPOOL_WAIT_S = 60.0  # how long an ended study's session waits for MLflow to take its spooled writes
 
 
 def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:
@@ -56,6 +59,8 @@ def resume(ctx: StudyContext) -> StudyState:
         raise StudyNotFound(f"no study {layout.study_id!r} under {layout.artifacts_root}")
     with study_lock(layout):
         layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
+        if smoke.stop_leftovers(layout.artifacts_dir / "smoke"):
+            log.warning("stopped a smoke-run server left by a killed session of %s", layout.study_id)
         ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
         state = read_state(layout)
         if state is not None:
@@ -80,9 +85,29 @@ def _invoke(ctx: StudyContext, state: StudyState | None) -> StudyState:
         if state is None:
             snap = graph.get_state(config)
             if not snap.next and not snap.tasks:
-                return cast(StudyState, snap.values)  # already complete: nothing to resume
+                deliver_spool(ctx)  # already complete: only MLflow writes that waited for the store are left
+                return cast(StudyState, snap.values)
         started = time.monotonic()
         result = graph.invoke(state, config, durability="sync")
         log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
+        if result.get("phase") in ENDED_PHASES:
+            deliver_spool(ctx)
         return cast(StudyState, result)  # the compiled graph's output is its state (langgraph types it as a dict)
+
+
+def deliver_spool(ctx: StudyContext, wait_s: float = SPOOL_WAIT_S, every_s: float = 5.0) -> bool:
+    """Deliver the MLflow writes an ended study spooled while the store was away: nothing later would
+    (a study's next session replays them, and an ended study has none). Retried for ``wait_s``; what
+    is left after that is named in LOG.md with the command that delivers it. True when none is left."""
+    deadline = time.monotonic() + wait_s
+    while not ctx.tracker.flush(force=True):
+        if time.monotonic() >= deadline:
+            folder = ctx.tracker.spool.folder if ctx.tracker.spool else ""
+            note = (f"MLflow did not answer at the end of the session: its writes wait in {folder}; "
+                    f"`researcher resume {ctx.layout.study_id}` delivers them once it does.")
+            log.warning(note)
+            studyfiles.log(ctx.layout, note)
+            return False
+        time.sleep(every_s)
+    return True
 

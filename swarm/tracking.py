@@ -42,7 +42,7 @@ from swarm.protocol import StepMetrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MlflowRunWriter", "StepSource"]
+__all__ = ["SERVER_CURSOR_FILE", "MlflowRunWriter", "StepSource", "delivered_step"]
 
 StepSource = Callable[[int, int], Sequence[StepMetrics]]
 """``source(after_step, limit)``: up to ``limit`` steps after ``after_step``, in step order."""
@@ -56,6 +56,19 @@ _MAX_VALUE_CHARS = 6000  # MLflow caps param values at 6,000 characters and tag 
 # Error codes of a store that answered and refused the request: retrying cannot help.
 _REFUSALS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
              "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+
+
+SERVER_CURSOR_FILE = "mlflow.json"  # a server's cursor, in its state dir
+
+
+def delivered_step(cursor_path: Path, run_id: str | None = None) -> int:
+    """The last step a writer's cursor says MLflow acknowledged: 0 without a cursor, or when it is
+    another run's. A server stopped while its store was away leaves the steps after it undelivered
+    (``close`` gives up in bounded time): whoever ends the run for good delivers them (the researcher)."""
+    cursor = _Cursor.load(cursor_path)
+    if cursor is None or (run_id is not None and cursor.run_id != run_id):
+        return 0
+    return cursor.delivered_step
 
 
 class _GiveUp(Exception):

@@ -3,8 +3,8 @@
 One call polls until some run ends (so ``launch_runs`` can fill the slot) or all have ended:
 - a run reaching its step budget (its server trains no step past it) is stopped (control stop) and
   marked finished, once the held-out round of that step is logged (if its cadence has one there);
-- a dead server is a crash; a client that ran all its episodes is topped up, a failed one restarted
-  (bounded: ``max_client_restarts``);
+- a dead server is restarted from its last checkpoint (``revive``, bounded), else a crash; a client
+  that ran all its episodes is topped up, a failed one restarted (bounded: ``max_client_restarts``);
 - no new step for ``stall_timeout_s`` is a stall; non-finite metrics are a divergence;
 - the deadline (minus the report reserve) cuts every run; a stop request stops them;
 - no finished episode for ``client_stuck_s`` while the server waits for episodes: the client is
@@ -38,6 +38,7 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
 from researcher.study import files as studyfiles
+from swarm import tracking
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
 
@@ -186,8 +187,8 @@ def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord
         return launcher.stop(run_dir, record, *ending)
     poll.server_alive = launcher.server_alive(record)
     if not poll.server_alive and launcher.revive(run_dir, record):
-        studyfiles.log(ctx.layout, f"Run {record.key}: its server's node went away at step {record.last_step}; "
-                                   f"resubmitted, resuming from its checkpoint (resume {record.resumes}).")
+        studyfiles.log(ctx.layout, f"Run {record.key}: its server went away at step {record.last_step}; "
+                                   f"restarted, resuming from its checkpoint (resume {record.resumes}).")
         ctx.say("revived", key=record.key, step=record.last_step)
         return record
     if launcher.awaiting_client(record):
@@ -314,10 +315,25 @@ def _start_client_when_ready(ctx: StudyContext, run_dir: Path, record: RunRecord
     return record
 
 
+def _deliver_left_steps(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
+    """A server stopped while MLflow was away keeps its undelivered steps in its buffer for a next start
+    that never comes once the run has ended: send the ones its cursor lacks from metrics.jsonl (the
+    tracker spools them if MLflow is still away; a step sent twice is stored once)."""
+    delivered = tracking.delivered_step(Path(record.state_dir) / tracking.SERVER_CURSOR_FILE,
+                                        record.mlflow_run_id) if record.state_dir else 0
+    left = runs.read_steps(run_dir, after=delivered)
+    if left and record.mlflow_run_id:
+        log.info("run %s: its server delivered MLflow steps through %d; sending %d more", record.key, delivered,
+                 len(left))
+        ctx.tracker.log_steps(record.mlflow_run_id, left)
+
+
 def _close(ctx: StudyContext, run_dir: Path, record: RunRecord) -> None:
     """Attach code, config and logs to the MLflow child run and close it with the matching status."""
     if not record.mlflow_run_id:
         return
+    if record.server_logs_mlflow:
+        _deliver_left_steps(ctx, run_dir, record)
     folder = Path(record.client).parent
     ctx.tracker.log_files(record.mlflow_run_id,
                           [folder / "client.py", folder / "config.toml", *ctx.launcher.log_files(run_dir)], "run")

@@ -31,6 +31,7 @@ from researcher.runs.status import RunStatus
 from swarm.client import SwarmError
 
 log = logging.getLogger(__name__)
+MAX_REVIVES = 3  # server restarts after its process died, before one must have trained a step to earn another
 
 
 class Launcher(RunProcesses):
@@ -126,9 +127,28 @@ class Launcher(RunProcesses):
         procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
 
     def revive(self, run_dir: Path, record: RunRecord) -> bool:
-        """Restart a run whose server died with its node (from its last checkpoint); True if it did.
-        A local server that died is a crash: nothing else took it down."""
-        return False
+        """Restart a run whose server died (SIGKILLed, OOM-killed) on its state dir, from its last
+        checkpoint, on a fresh port; the monitor starts its client once it answers. True if it did.
+
+        Bounded: after ``MAX_REVIVES`` restarts, a server that trained no step since its last restart is
+        not restarted again (one that dies as it starts is a crash, not bad luck)."""
+        if record.external or record.ending is not None:
+            return False
+        if record.revives >= MAX_REVIVES and record.last_step <= record.revived_at_step:
+            return False
+        self.stop_client(record)
+        record.client_pid = record.client_started = None
+        record.port = procs.free_port()
+        record.url = f"http://127.0.0.1:{record.port}"
+        record.revives += 1
+        record.resumes += 1
+        record.revived_at_step = record.last_step
+        record.resumed_at = record.last_progress_at = record.finished_seen_at = time.time()
+        runs.save(run_dir, record)  # before spawning (see start_server)
+        record.server_pid, record.server_started = self._spawn_server(run_dir, Path(record.client).parent / "config.toml",
+                                                                      record)
+        runs.save(run_dir, record)
+        return True
 
     # ------------------------------------------------------------------ logs
 

@@ -54,7 +54,9 @@ class RunRecord(BaseModel):
     client_started: float | None = None
     base_step: int = 0                    # external servers: step when the run began
     launches: int = 0                     # server launches; > 1 would mean a run launched twice
-    resumes: int = 0                      # server restarts after a park (from the run's checkpoint)
+    resumes: int = 0                      # server restarts from the run's checkpoint (after a park or a revive)
+    revives: int = 0                      # of those, restarts after the server's process died (launcher.revive)
+    revived_at_step: int = -1             # last_step when it was last revived
     client_starts: int = 0                # client processes started: the first, top-ups and restarts
     client_restarts: int = 0              # of those, restarts after a client failed (a top-up is not one)
     client_log_offset: int = 0            # client.log's size when the current client started
@@ -176,3 +178,26 @@ def read_curve(run_dir: Path, metric: str, horizon: int | None = None) -> tuple[
             by_step[int(item["step"])] = float(value)
     steps = sorted(by_step)
     return steps, [by_step[s] for s in steps]
+
+
+def read_steps(run_dir: Path, after: int = 0) -> list[Any]:
+    """The run's per-step metrics after step ``after`` as ``StepMetrics``, in step order. A step with
+    several lines (its held-out round logged after it, a crash between writes, a step retrained after
+    a restart) is one: its metrics merged, the later line's value winning per key."""
+    from swarm.protocol import StepMetrics
+
+    file = run_dir / METRICS_FILE
+    if not file.is_file():
+        return []
+    by_step: dict[int, Any] = {}
+    for line in file.read_text().splitlines():
+        try:
+            item = StepMetrics.model_validate_json(line)
+        except ValueError:  # blank, or cut short by a crash
+            continue
+        if item.step > after:
+            earlier = by_step.get(item.step)
+            if earlier is not None:
+                item = item.model_copy(update={"metrics": {**earlier.metrics, **item.metrics}})
+            by_step[item.step] = item
+    return [by_step[s] for s in sorted(by_step)]

@@ -33,6 +33,7 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
             record.port = procs.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             record.server_pid, record.server_started = launcher._spawn_server(work_dir, config_path, record)
+            runs.save(work_dir, record)  # a researcher killed from here on leaves it: the next session stops it
         try:
             launcher.wait_ready(work_dir, record)
         except LaunchError as exc:
@@ -64,3 +65,14 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
     finally:
         if server_url is None:
             procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+
+
+def stop_leftovers(smoke_root: Path) -> int:
+    """Stop the smoke servers a SIGKILLed session left running (its ``finally`` never ran); each smoke
+    run's record names its server. Returns how many were still alive."""
+    stopped = 0
+    for record in runs.all_records(smoke_root):
+        if not record.external and procs.alive(record.server_pid, record.server_started):
+            procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+            stopped += 1
+    return stopped

@@ -212,6 +212,9 @@ def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, ite
                     type(exc).__name__, exc, exc_info=first)
         return
     reward_value = handle.reward if handle.reward is not None else float("nan")
+    # The client's own record of what the server acknowledged (one line per training episode): what a
+    # soak or an audit checks the server's store against (tests/soak).
+    log.info("finished episode %s (task %s, reward %s)", handle.episode_id, task["task_id"], reward_value)
     with state.lock:
         state.finished += 1
         if math.isfinite(reward_value):

@@ -31,11 +31,11 @@ from typing import Any
 from swarm.protocol import StepMetrics
 from swarm.server.checkpoints import Checkpoint
 from swarm.server.settings import ServerSettings
-from swarm.tracking import MlflowRunWriter
+from swarm.tracking import SERVER_CURSOR_FILE, MlflowRunWriter
 
 __all__ = ["CURSOR_FILE", "ServerRun", "server_params"]
 
-CURSOR_FILE = "mlflow.json"
+CURSOR_FILE = SERVER_CURSOR_FILE
 _CLOSE_TIMEOUT_S = 10.0  # a stop waits this long at most for MLflow; the rest goes out on the next start
 
 

@@ -151,5 +151,5 @@ def test_node_death_and_researcher_sigkill_on_ray(cli, cluster: Cluster, tmp_pat
     assert sum(1 for j in victim.jobs if "-server-" in j) == 2
     victim_dir = runs_dir / f"{victim.iteration:02d}-{victim.trial:02d}"
     assert "restored checkpoint step" in (victim_dir / "server.log").read_text()  # not retrained from step 0
-    assert "resubmitted, resuming from its checkpoint" in log_md.read_text()
+    assert "restarted, resuming from its checkpoint" in log_md.read_text()
     assert "## Answer" in (cli.studies / sid / "report.md").read_text()
