@@ -22,7 +22,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from researcher import catalog, datatask, events, flags, overview, review_view, scheduler, terminal
+from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.evidence import run_table
@@ -36,7 +36,8 @@ from researcher.settings import StudyOptions
 from researcher.state import StudyState
 from researcher.study import store
 from researcher.study.layout import StudyLayout, check_study_id
-from researcher.tracking import Tracker
+from researcher.tracking import review_view
+from researcher.tracking.tracker import Tracker
 from swarm import stopping
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -384,7 +385,7 @@ def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to thi
 
     The link opens MLflow's model-training view: without it MLflow 3.17 opens every experiment on its
     GenAI traces overview, where a study's runs and curves are not. A study's link opens its runs
-    grouped by arm with the verdict's metric charted first (``researcher.review_view``)."""
+    grouped by arm with the verdict's metric charted first (``researcher.tracking.review_view``)."""
     settings = build_settings(Path("studies"), artifacts_dir)
     uri = settings.mlflow_uri()
     page = review_view.experiment_page(None, with_view=False)

@@ -28,7 +28,7 @@ from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 Emit = Callable[[str, Mapping[str, object]], None]
 _REPO = Path(__file__).resolve().parents[1]

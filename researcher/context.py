@@ -3,7 +3,7 @@
 Built once by the composition root (``researcher.cli`` through ``researcher.session``) and bound to
 the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher. Building it
 also wires the planner to the tracker: every LLM planner call becomes an MLflow trace on the
-study's iteration run (``researcher.llm_traces``).
+study's iteration run (``researcher.tracking.llm_traces``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from researcher.planner.schema import Planner
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 
 def _quiet(event: str, data: Mapping[str, object]) -> None:
@@ -41,9 +42,12 @@ class StudyContext:
         # Only the LLM planner makes calls worth tracing; it reports each one to its listeners.
         add_listener = getattr(self.planner, "add_listener", None)
         if add_listener is not None:
-            from researcher.llm_traces import PlannerTraces
+            from researcher.study.store import read_state
+            from researcher.tracking.llm_traces import PlannerTraces
 
-            add_listener(PlannerTraces(self.tracker, self.layout).record)
+            traces = PlannerTraces(self.tracker, self.layout.study_id, self.layout.llm_calls_dir,
+                                   partial(read_state, self.layout))
+            add_listener(traces.record)
 
     def stop_requested(self) -> bool:
         return self.layout.stop_file.exists()

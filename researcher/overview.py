@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher import scheduler
-from researcher import verdict_rules as rules
+from researcher.findings import verdict_rules as rules
 from researcher.runs import record as runs
 from researcher.state import StudyState
 from researcher.study import files as studyfiles

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
+from researcher.findings.records import IterationSummary
 from researcher.planner.usage import LLMUsage
-from researcher.records import IterationSummary
 from researcher.runs.status import RunStatus, check
 
 if TYPE_CHECKING:

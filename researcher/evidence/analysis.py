@@ -22,12 +22,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from researcher import verdict_rules as rules
-from researcher.axes import AXES, EVAL_METRIC, TRAIN_METRIC, primary_axis
-from researcher.axes import AXIS_TEXT as AXIS_TEXT  # re-exported for plots and reports
-from researcher.axes import AXIS_UNIT as AXIS_UNIT
 from researcher.evidence import stats, window
-from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, JsonObject, Noise, PlannedExperiment
+from researcher.findings import verdict_rules as rules
+from researcher.findings.axes import AXES, EVAL_METRIC, TRAIN_METRIC, primary_axis
+from researcher.findings.axes import AXIS_TEXT as AXIS_TEXT  # re-exported for plots and reports
+from researcher.findings.axes import AXIS_UNIT as AXIS_UNIT
+from researcher.findings.records import (
+    Arm,
+    Cell,
+    Comparison,
+    Evidence,
+    IterationSummary,
+    JsonObject,
+    Noise,
+    PlannedExperiment,
+)
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
 

@@ -28,9 +28,9 @@ from typing import Any
 from researcher import catalog
 from researcher.evidence import stats
 from researcher.evidence.analysis import AXIS_TEXT
+from researcher.findings.records import Effect, Evidence, JsonObject
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.planner.topic import same_value
-from researcher.records import Effect, Evidence, JsonObject
 
 __all__ = ["arm_settings", "design_complaint", "effects", "effects_section", "mlflow_values"]
 

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from researcher.evidence import analysis
-from researcher.records import Evidence, IterationSummary
+from researcher.findings.records import Evidence, IterationSummary
 
 DPI = 100
 PAGE_PX = 640  # fits MLflow's description box in a 1400 px window with its chat panel open

@@ -22,11 +22,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from researcher.evidence import analysis, stats
-from researcher.records import IterationPlan, IterationSummary
+from researcher.findings.records import IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker, unreachable
+from researcher.tracking.tracker import Tracker, unreachable
 
 log = logging.getLogger(__name__)
 COLUMNS = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "steps", "final_reward",

@@ -1,7 +1,7 @@
 """The study's answer in words, from the evidence ``researcher.evidence.analysis`` computes: the one place
 numbers become a verdict's words ("Yes", "No", "No meaningful difference", "A difference below the minimum
 of interest", "Inconclusive", a sweep's best value, a factorial's effects). The class itself is always
-``researcher.verdict_rules.classify``'s, so the report, ``researcher status`` and the offline planner agree.
+``researcher.findings.verdict_rules.classify``'s, so the report, ``researcher status`` and the offline planner agree.
 An Answer opens with why its metric or axis is not the registered one, when it is not.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from researcher.evidence.analysis import AXIS_TEXT, AXIS_UNIT, OK_STATUSES, arm_key, primary_axis
-from researcher.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
-from researcher.verdict_rules import Verdict, classify, resolved
+from researcher.findings.records import Arm, Cell, Comparison, Evidence, IterationSummary, Noise
+from researcher.findings.verdict_rules import Verdict, classify, resolved
 
 
 def _est(cell: Cell | None) -> str:

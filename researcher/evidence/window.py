@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from researcher.axes import AXIS_TEXT, AXIS_UNIT
-from researcher.records import Arm
+from researcher.findings.axes import AXIS_TEXT, AXIS_UNIT
+from researcher.findings.records import Arm
 
 MIN_ROUNDS = 4  # points of the metric every arm needs inside the window a verdict compares (never two points)
 JUDGED_AXES = ("step", "episode")  # wall-clock is never judged: runs share the CPU cores

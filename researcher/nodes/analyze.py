@@ -10,11 +10,11 @@ import json
 import shutil
 from pathlib import Path
 
-from researcher import verdict_rules as rules
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, plots
+from researcher.findings import verdict_rules as rules
+from researcher.findings.records import Cell, Evidence, IterationSummary
 from researcher.planner.schema import Framing
-from researcher.records import Cell, Evidence, IterationSummary
 from researcher.runs import record as runs
 from researcher.state import StudyState, summaries
 from researcher.study import files as studyfiles

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from researcher import budget, review_view
+from researcher import budget
 from researcher.context import StudyContext
 from researcher.runs import record as runs
 from researcher.runs import resources
@@ -23,6 +23,7 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.state import StudyState, Trial, advance_trial, sync_trial
 from researcher.study import files as studyfiles
+from researcher.tracking import review_view
 
 log = logging.getLogger(__name__)
 # Episodes per client start: a little over what the step budget consumes, so a run left alone (the

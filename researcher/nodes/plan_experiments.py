@@ -22,10 +22,10 @@ from typing import Any
 from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import factorial
+from researcher.findings.records import IterationPlan, IterationSummary, JsonObject
 from researcher.planner import topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner, PlannerContext
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
-from researcher.records import IterationPlan, IterationSummary, JsonObject
 from researcher.state import StudyState, Trial, summaries
 from researcher.study import files as studyfiles
 from researcher.study.layout import run_key

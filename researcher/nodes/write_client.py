@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from researcher import budget, catalog, preflight
 from researcher.context import StudyContext
+from researcher.findings.records import IterationPlan, JsonObject, PlanFile
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
-from researcher.records import IterationPlan, JsonObject, PlanFile
 from researcher.state import StudyState, Validation
 from researcher.study import files as studyfiles
 

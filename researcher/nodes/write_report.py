@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from researcher import verdict_rules as rules
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, run_table, verdicts, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
+from researcher.findings import verdict_rules as rules
+from researcher.findings.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
-from researcher.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.state import Phase, StudyState, summaries
 from researcher.study import files as studyfiles

@@ -6,7 +6,7 @@ ignores the schema, it falls back to the JSON schema in the prompt plus pydantic
 one repair round that shows the model its validation error. Only transient errors (connection,
 timeouts, 429, 5xx) are retried, by the SDK's own backoff. Every call is reported as one record to
 ``on_call`` (the composition root writes it as JSON under ``llm_calls/``) and to every listener added
-with ``add_listener`` (the study context adds ``researcher.llm_traces``, which makes it an MLflow
+with ``add_listener`` (the study context adds ``researcher.tracking.llm_traces``, which makes it an MLflow
 trace); its tokens and cost are returned with the answer.
 """
 
@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import openai
 from pydantic import BaseModel, ValidationError
 
+from researcher.findings.records import JsonObject
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import (
     ClientCode,
@@ -35,7 +36,6 @@ from researcher.planner.schema import (
     ReportText,
 )
 from researcher.planner.usage import LLMCall, LLMUsage, add_usage, new_usage
-from researcher.records import JsonObject
 from researcher.settings import LLMSettings
 from researcher.watchdogs import is_quota_error, is_transient
 

@@ -11,8 +11,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from researcher.findings.records import JsonObject
 from researcher.planner.usage import LLMUsage, new_usage
-from researcher.records import JsonObject
 from researcher.watchdogs import ParkStudy
 
 T = TypeVar("T", bound=BaseModel)

@@ -23,7 +23,7 @@ from researcher import procs, sandbox
 from researcher.runs import record as runs
 from researcher.runs.logs import SERVER_LOG, tail
 from researcher.runs.record import RunRecord
-from researcher.spool import LOCAL_PREFIX
+from researcher.tracking.spool import LOCAL_PREFIX
 from swarm.client import SwarmClient
 
 log = logging.getLogger(__name__)

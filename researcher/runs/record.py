@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from researcher.records import JsonObject
+from researcher.findings.records import JsonObject
 from researcher.runs.status import ENDED, RunStatus
 
 RUN_FILE = "run.json"

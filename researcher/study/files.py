@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from researcher.records import IterationPlan, JsonObject, PlanFile
+from researcher.findings.records import IterationPlan, JsonObject, PlanFile
 from researcher.study.layout import StudyLayout
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from researcher.evidence import analysis
-from researcher.records import Evidence, IterationSummary, PlannedExperiment
+from researcher.findings.records import Evidence, IterationSummary, PlannedExperiment
 
 
 def trial_runs(trials: Iterable[Mapping[str, object]]) -> list[analysis.TrialRun]:

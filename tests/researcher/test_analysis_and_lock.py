@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from evidence_inputs import summarize
 
-from researcher import verdict_rules as rules
 from researcher.cli import parse_duration
 from researcher.evidence import verdicts
+from researcher.findings import verdict_rules as rules
 from researcher.runs import record as runs
 from researcher.study import store
 from researcher.study.layout import StudyLayout

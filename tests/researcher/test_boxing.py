@@ -22,16 +22,16 @@ from support import wait_for
 
 from researcher import catalog, procs, sandbox
 from researcher.context import StudyContext
+from researcher.findings.records import IterationPlan
 from researcher.nodes import validate, write_client
 from researcher.planner.offline import OfflinePlanner
-from researcher.records import IterationPlan
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.sandbox import Limits, check_client
 from researcher.settings import ResearcherSettings
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout, check_study_id
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "studies" / "examples" / "letters"

@@ -20,8 +20,8 @@ import pytest
 from support import free_port, wait_for
 from support.stops import terminate
 
-from researcher import review_view
 from researcher.runs import record as runs
+from researcher.tracking import review_view
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 

@@ -12,20 +12,21 @@ from pathlib import Path
 import pytest
 from evidence_inputs import evidence, summarize
 
-from researcher import budget, catalog, review_view
-from researcher import verdict_rules as rules
+from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots, verdicts
+from researcher.findings import verdict_rules as rules
+from researcher.findings.records import Evidence, IterationPlan, IterationSummary
 from researcher.nodes import analyze, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
-from researcher.records import Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings, StudyOptions
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking import review_view
+from researcher.tracking.tracker import Tracker
 from swarm.protocol import StepMetrics
 
 STEPS = 10

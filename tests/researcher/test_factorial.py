@@ -13,8 +13,8 @@ from evidence_inputs import evidence
 
 from researcher import catalog
 from researcher.evidence import factorial, stats, verdicts
+from researcher.findings.records import Arm, Evidence, IterationSummary, PlannedExperiment
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
-from researcher.records import Arm, Evidence, IterationSummary, PlannedExperiment
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from swarm.protocol import StepMetrics

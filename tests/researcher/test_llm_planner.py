@@ -18,14 +18,13 @@ from scripted_llm import ScriptedLLM
 from support import free_port
 
 from researcher.events import read_events
-from researcher.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing, PlannerError
 from researcher.runs import record as runs
 from researcher.settings import LLMSettings
-from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.llm_traces import RUN_LINK_TAG, PlannerTraces
+from researcher.tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = (REPO / "studies" / "examples" / "letters" / "client.py").read_text()
@@ -84,8 +83,8 @@ def test_an_unreachable_mlflow_never_fails_a_planner_call(structured: tuple[Scri
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as the researcher CLI bounds it, but tighter
     dead = Tracker(f"http://127.0.0.1:{free_port()}", tmp_path / "mlartifacts")  # nothing listens on that port
     planner = LLMPlanner(LLMSettings(base_url=url, model="scripted"), PromptLibrary(REPO / "prompts"))
-    planner.add_listener(PlannerTraces(dead, StudyLayout("s", tmp_path / "studies", tmp_path / "artifacts")).record)
-    with caplog.at_level("WARNING", logger="researcher.llm_traces"):
+    planner.add_listener(PlannerTraces(dead, "s", tmp_path / "llm_calls", lambda: None).record)
+    with caplog.at_level("WARNING", logger="researcher.tracking.llm_traces"):
         reply = planner.frame("group size on letters?", "catalog")
     assert reply.value == Framing(**FRAMING) and len(script.requests) == 1
     assert "could not write the planner call frame_topic as an MLflow trace" in caplog.text

@@ -15,10 +15,10 @@ import httpx
 from support import free_port, wait_for
 from support.stops import terminate
 
-from researcher import review_view
 from researcher.nodes import write_report
 from researcher.nodes.launch_runs import _arm_letter
-from researcher.tracking import Tracker
+from researcher.tracking import review_view
+from researcher.tracking.tracker import Tracker
 from swarm.protocol import StepMetrics
 
 
@@ -147,7 +147,7 @@ def test_the_ui_link_opens_the_runs_grouped_by_arm_with_the_verdict_metric_chart
         assert "Answer (done): Best group_size=8 (resolved against the runner-up)" in text
 
         # The run links on that page: the description's (ours) opens the run in the training view; the runs
-        # table's are MLflow's, which 3.17 writes without the view parameter (researcher.review_view).
+        # table's are MLflow's, which 3.17 writes without the view parameter (researcher.tracking.review_view).
         ours = re.search(rf'href="(#/experiments/{experiment.experiment_id}/runs/{parent}/[^"]*)"', dom)
         assert ours and review_view.TRAINING_VIEW in ours[1], dom[:2000]
         _, run_text = open_page(f"{root}/{html.unescape(ours[1])}")

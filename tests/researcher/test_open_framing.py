@@ -20,6 +20,7 @@ from scripted_llm import ScriptedLLM
 
 from researcher import budget, catalog
 from researcher.context import StudyContext
+from researcher.findings.records import IterationPlan
 from researcher.nodes import frame_topic, plan_experiments, write_client
 from researcher.planner import topic
 from researcher.planner.llm import LLMPlanner
@@ -27,12 +28,11 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing
 from researcher.planner.usage import new_usage
-from researcher.records import IterationPlan
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 from swarm.client import load_study
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,14 +16,14 @@ import pytest
 
 from researcher import preflight
 from researcher.context import StudyContext
+from researcher.findings.records import IterationPlan
 from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
-from researcher.records import IterationPlan
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 from swarm.client import RewardRecord
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from researcher.runs import smoke
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 from swarm import tracking
 from swarm.protocol import StepMetrics
 

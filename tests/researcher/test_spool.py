@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from researcher.spool import Spool
+from researcher.tracking.spool import Spool
 
 
 def test_bad_lines_move_to_spool_bad_and_later_writes_replay(tmp_path: Path) -> None:

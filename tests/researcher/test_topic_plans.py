@@ -30,7 +30,7 @@ from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "studies" / "examples"

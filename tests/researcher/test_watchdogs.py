@@ -22,7 +22,7 @@ from researcher.planner.llm import LLMPlanner, is_transient
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import QuotaExhausted
 from researcher.settings import LLMSettings, StudyOptions
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"

@@ -51,9 +51,9 @@ import soak_chaos as chaos  # noqa: E402
 
 from researcher import procs  # noqa: E402
 from researcher.flags import parse_duration  # noqa: E402
-from researcher.spool import Spool  # noqa: E402
 from researcher.study import store  # noqa: E402
 from researcher.study.layout import StudyLayout  # noqa: E402
+from researcher.tracking.spool import Spool  # noqa: E402
 
 TOPIC = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
 ENDED = ("done", "failed", "stopped")

@@ -24,15 +24,12 @@ import base64
 import json
 import logging
 import uuid
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from researcher.planner.usage import LLMCall
-from researcher.state import StudyState
-from researcher.study.layout import StudyLayout
-from researcher.study.store import read_state
-from researcher.tracking import Tracker
+from researcher.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 __all__ = ["PENDING", "RUN_LINK_TAG", "PlannerTraces"]
@@ -47,11 +44,15 @@ _LINK_BATCH = 100  # MLflow's limit per link_traces_to_run request
 class PlannerTraces:
     """Writes planner call records of one study as MLflow traces; ``record`` is the planner listener."""
 
-    def __init__(self, tracker: Tracker, layout: StudyLayout,
-                 current_state: Callable[[], StudyState | None] | None = None) -> None:
+    def __init__(self, tracker: Tracker, study_id: str, calls_dir: Path,
+                 current_state: Callable[[], Mapping[str, Any] | None]) -> None:
+        """``current_state`` reads the study's checkpointed state (``study.store.read_state``; the context
+        passes it, so tracking knows nothing of the study's files or graph); ``calls_dir`` holds the calls'
+        JSON copies, named when a trace cannot be written."""
         self.tracker = tracker
-        self.layout = layout
-        self._current_state = current_state or partial(read_state, layout)
+        self.study_id = study_id
+        self.calls_dir = calls_dir
+        self._current_state = current_state
         self._experiment: str | None = None
         self._writer: Any = None
         self._maybe_pending = True  # unknown after a restart: look once
@@ -62,7 +63,7 @@ class PlannerTraces:
             return self._record(call)
         except Exception as exc:  # best effort by contract: the JSON copy is the fallback
             log.warning("could not write the planner call %s as an MLflow trace (%s: %s); its JSON copy stays "
-                        "in %s", call.get("step"), type(exc).__name__, exc, self.layout.llm_calls_dir)
+                        "in %s", call.get("step"), type(exc).__name__, exc, self.calls_dir)
             return None
 
     def _record(self, call: LLMCall) -> str:
@@ -82,7 +83,7 @@ class PlannerTraces:
 
     def _experiment_id(self) -> str:
         if self._experiment is None:
-            self._experiment = self.tracker.experiment_id(self.layout.study_id)
+            self._experiment = self.tracker.experiment_id(self.study_id)
         return self._experiment
 
     def _write(self, experiment: str, call: LLMCall, iteration: int, run_id: str | None) -> str:
@@ -96,7 +97,7 @@ class PlannerTraces:
         end_ns = int(float(call["time"]) * 1e9)
         start_ns = end_ns - int(float(call["seconds"]) * 1e9)
         failed = call.get("error") is not None
-        tags = {"mlflow.traceName": str(call["step"]), "researcher.study_id": self.layout.study_id,
+        tags = {"mlflow.traceName": str(call["step"]), "researcher.study_id": self.study_id,
                 "researcher.step": str(call["step"]), "researcher.mode": str(call.get("mode")),
                 "researcher.iteration": str(iteration)}
         if run_id is None:

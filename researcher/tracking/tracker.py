@@ -7,7 +7,7 @@ RUNNING by a crash with ``set_terminated(run_id, "KILLED")``. Metrics go in ``lo
 (one SQLite transaction per poll instead of one per value).
 
 With a spool folder, a write that fails because the store is unreachable is spooled to disk
-(``researcher.spool``) and replayed later, instead of failing the study; a store error caused by
+(``researcher.tracking.spool``) and replayed later, instead of failing the study; a store error caused by
 the write itself (an invalid value) is logged and dropped.
 
 Nothing secret is uploaded: run.json holds no token (``researcher.runs.record``), and a server's credential
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from researcher import review_view
-from researcher.spool import Spool
+from researcher.tracking import review_view
+from researcher.tracking.spool import Spool
 from swarm.protocol import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class Tracker:
         self._deliver("describe", {"study_id": study_id, "text": text})
 
     def save_review_view(self, study_id: str, metric: str) -> None:
-        """The experiment's saved view in MLflow's UI (``researcher.review_view``): its runs grouped by
+        """The experiment's saved view in MLflow's UI (``researcher.tracking.review_view``): its runs grouped by
         arm, ``metric`` (the verdict's) charted first; saved again when the verdict's metric is known."""
         self._deliver("view", {"study_id": study_id, "metric": metric, "at_ms": int(time.time() * 1000)})
 
