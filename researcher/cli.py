@@ -1,5 +1,5 @@
 """``researcher …``: the command-line verbs, one function each. Settings and a study's wiring are
-``researcher.composition``'s, terminal output ``researcher.terminal``'s.
+``researcher.composition``'s, terminal output ``researcher.operations.terminal``'s.
 
 Environment read here: RESEARCHER_RAY_ADDRESS (place runs on a Ray cluster, like --ray-address); the
 rest is listed in ``researcher.composition``.
@@ -22,20 +22,21 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from researcher import catalog, datatask, events, flags, overview, scheduler, terminal
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.evidence import run_table
-from researcher.flags import parse_duration
+from researcher.operations import overview, scheduler, terminal
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.runs.ray_launcher import RayLauncher
 from researcher.settings import StudyOptions
-from researcher.state import StudyState
-from researcher.study import store
+from researcher.study import datatask, events, flags, store
+from researcher.study.flags import parse_duration
 from researcher.study.layout import StudyLayout, check_study_id
+from researcher.study.state import StudyState
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from swarm import stopping
@@ -325,7 +326,7 @@ def daemon(studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDi
 
     Also serves each study's events as Server-Sent Events on loopback: GET /studies/STUDY/events with
     the bearer token in ARTIFACTS/daemon.token."""
-    from researcher.daemon import run_daemon
+    from researcher.operations.daemon import run_daemon
 
     _setup_logging(verbose)
     out.print(f"researcher daemon: store {scheduler.store_url(artifacts_dir)}; studies {studies_dir.resolve()}")
@@ -343,7 +344,7 @@ def watch(study_id: Annotated[str | None, typer.Argument(help=(
 
     Reads the study's event log only (a study run by another process, across restarts). Into a pipe:
     one line per event as it comes."""
-    from researcher import watch as watching
+    from researcher.operations import watch as watching
 
     studies_root, artifacts_root = studies_dir.resolve(), artifacts_dir.resolve()
     if study_id is None:

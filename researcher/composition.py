@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from researcher import catalog, events
 from researcher.context import StudyContext
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
@@ -27,6 +27,7 @@ from researcher.planner.usage import LLMCall
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study import events
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
 

@@ -19,7 +19,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
 from researcher.context import StudyContext
-from researcher.events import NODE_DOING
 from researcher.nodes import (
     analyze,
     decide,
@@ -32,7 +31,8 @@ from researcher.nodes import (
     write_client,
     write_report,
 )
-from researcher.state import StudyState
+from researcher.study.events import NODE_DOING
+from researcher.study.state import StudyState
 from researcher.watchdogs import ParkStudy, is_transient
 
 

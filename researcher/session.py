@@ -14,15 +14,15 @@ import os
 import time
 from typing import cast
 
-from researcher import budget
 from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.runs import smoke
 from researcher.settings import StudyOptions
-from researcher.state import StudyState
+from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState
 from researcher.study.store import StudyNotFound, checkpointer, config_for, read_state, study_lock
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from researcher import catalog
 from researcher.evidence import stats
 from researcher.evidence.analysis import AXIS_TEXT
 from researcher.findings.records import Effect, Evidence, JsonObject
+from researcher.planner import catalog
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.planner.topic import same_value
 

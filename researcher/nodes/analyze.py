@@ -16,9 +16,9 @@ from researcher.findings import verdict_rules as rules
 from researcher.findings.records import Cell, Evidence, IterationSummary
 from researcher.planner.schema import Framing
 from researcher.runs import record as runs
-from researcher.state import StudyState, summaries
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState, summaries
 
 
 def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRun]:

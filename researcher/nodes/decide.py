@@ -7,12 +7,12 @@ tell an unresolved difference (re-run those arms on fresh seeds) from a resolved
 
 from __future__ import annotations
 
-from researcher import budget
 from researcher.context import StudyContext
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
-from researcher.state import DecisionRecord, StudyState, summaries
+from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.state import DecisionRecord, StudyState, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import itertools
 
-from researcher import catalog
 from researcher.context import StudyContext
 from researcher.evidence import verdicts
-from researcher.planner import topic
+from researcher.planner import catalog, topic
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.planner.usage import add_usage, new_usage
-from researcher.state import StudyState
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -14,15 +14,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from researcher import budget
 from researcher.context import StudyContext
 from researcher.runs import record as runs
 from researcher.runs import resources
 from researcher.runs.processes import LaunchError
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
-from researcher.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState, Trial, advance_trial, sync_trial
 from researcher.tracking import review_view
 
 log = logging.getLogger(__name__)

@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from researcher import budget, watchdogs
+from researcher import watchdogs
 from researcher.context import StudyContext
 from researcher.evidence import analysis
 from researcher.runs import record as runs
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
-from researcher.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState, Trial, advance_trial, sync_trial
 from swarm import tracking
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics

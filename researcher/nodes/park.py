@@ -13,8 +13,8 @@ from pathlib import Path
 from researcher.context import StudyContext
 from researcher.runs import record as runs
 from researcher.runs.status import RunStatus
-from researcher.state import StudyState, Trial, sync_trial
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState, Trial, sync_trial
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -19,16 +19,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import factorial
 from researcher.findings.records import IterationPlan, IterationSummary, JsonObject
-from researcher.planner import topic
+from researcher.planner import catalog, topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner, PlannerContext
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
-from researcher.state import StudyState, Trial, summaries
+from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import run_key
+from researcher.study.state import StudyState, Trial, summaries
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 

@@ -1,7 +1,7 @@
 """validate: check the client before any training run: compile → import check → static contract →
-data probe → smoke run on a real swarm server → reward checks (``researcher.preflight``).
+data probe → smoke run on a real swarm server → reward checks (``researcher.runs.preflight``).
 
-The import check (``researcher.sandbox.check_client``) runs before any of the code does: a client
+The import check (``researcher.runs.sandbox.check_client``) runs before any of the code does: a client
 importing ``subprocess`` never reaches the probe or the smoke run; the static contract is read from
 the source too. Everything that executes study code (the probe, the smoke run) runs boxed. A failure
 records its error, whose first line is the precise verdict and the rest the evidence (violations, the
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from researcher import preflight
 from researcher.context import StudyContext
-from researcher.preflight import Failure
-from researcher.state import StudyState, Validation
+from researcher.runs import preflight
+from researcher.runs.preflight import Failure
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState, Validation
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

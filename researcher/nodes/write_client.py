@@ -14,13 +14,15 @@ written or any planner call is made (validate passes a failed study on to the re
 
 from __future__ import annotations
 
-from researcher import budget, catalog, preflight
 from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan, JsonObject, PlanFile
+from researcher.planner import catalog
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
-from researcher.state import StudyState, Validation
+from researcher.runs import preflight
+from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.state import StudyState, Validation
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

@@ -13,8 +13,8 @@ from researcher.findings.records import Cell, Comparison, Evidence, IterationPla
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.runs import record as runs
-from researcher.state import Phase, StudyState, summaries
 from researcher.study import files as studyfiles
+from researcher.study.state import Phase, StudyState, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:

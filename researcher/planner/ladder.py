@@ -9,7 +9,7 @@ import itertools
 import math
 from typing import Any
 
-from researcher import catalog
+from researcher.planner import catalog
 from researcher.planner.topic import MIN_SWEEP, same_value
 
 __all__ = ["around", "mid", "rounded", "spread", "untested_neighbour"]

@@ -19,11 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, NamedTuple
 
-from researcher import catalog
 from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
 from researcher.findings.records import Comparison, JsonObject
 from researcher.findings.verdict_rules import Verdict, classify, settled
-from researcher.planner import ladder
+from researcher.planner import catalog, ladder
 from researcher.planner.schema import (
     ClientCode,
     Decision,

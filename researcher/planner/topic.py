@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from researcher import catalog
+from researcher.planner import catalog
 
 Shape = Literal["comparison", "sweep"]
 MIN_SWEEP = 4  # a dose-response curve needs at least this many values of the knob

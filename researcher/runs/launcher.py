@@ -20,9 +20,8 @@ import socket
 import time
 from pathlib import Path
 
-from researcher import procs, sandbox
+from researcher.runs import detached, resources, sandbox, smoke
 from researcher.runs import record as runs
-from researcher.runs import resources, smoke
 from researcher.runs import status as run_status
 from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, log_size, tail
 from researcher.runs.processes import STATE_DIR, RunProcesses
@@ -114,17 +113,17 @@ class Launcher(RunProcesses):
     # ------------------------------------------------------------------ liveness
 
     def server_alive(self, record: RunRecord) -> bool:
-        return record.external or procs.alive(record.server_pid, record.server_started)
+        return record.external or detached.alive(record.server_pid, record.server_started)
 
     def client_alive(self, record: RunRecord) -> bool:
-        return procs.alive(record.client_pid, record.client_started)
+        return detached.alive(record.client_pid, record.client_started)
 
     def awaiting_client(self, record: RunRecord) -> bool:
         """The run's server was (re)started and its client is not yet: the monitor starts it once the server answers."""
         return record.client_pid is None
 
     def stop_client(self, record: RunRecord) -> None:
-        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        detached.stop_group(record.client_pid, record.client_started, grace_s=3.0)
 
     def revive(self, run_dir: Path, record: RunRecord) -> bool:
         """Restart a run whose server died (SIGKILLed, OOM-killed) on its state dir, from its last
@@ -138,7 +137,7 @@ class Launcher(RunProcesses):
             return False
         self.stop_client(record)
         record.client_pid = record.client_started = None
-        record.port = procs.free_port()
+        record.port = detached.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
         record.revives += 1
         record.resumes += 1
@@ -183,7 +182,7 @@ class Launcher(RunProcesses):
                     run_status.move(record, RunStatus.RUNNING)
                     runs.save(run_dir, record)
                     return record
-        record.port = procs.free_port()
+        record.port = detached.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
         record.state_dir = str(run_dir / STATE_DIR)
         run_status.move(record, RunStatus.RUNNING)
@@ -201,12 +200,12 @@ class Launcher(RunProcesses):
     def start_client(self, run_dir: Path, record: RunRecord) -> RunRecord:
         """Start the run's study client boxed: clean environment with the client token, resource
         limits, its own process group (what a previous client left in its group is stopped first)."""
-        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        detached.stop_group(record.client_pid, record.client_started, grace_s=3.0)
         argv = self.client_argv(record)
         env = sandbox.study_env(run_dir, client_token=self.client_token(record), threads=self.threads)
         limits = sandbox.Limits.for_episodes(record.episodes)
         record.client_log_offset = log_size(run_dir / CLIENT_LOG)
-        pid, started = procs.spawn(argv, log_path=run_dir / CLIENT_LOG, env=env, cwd=run_dir, preexec=limits.apply)
+        pid, started = detached.spawn(argv, log_path=run_dir / CLIENT_LOG, env=env, cwd=run_dir, preexec=limits.apply)
         record.client_pid, record.client_started = pid, started
         record.client_starts += 1
         runs.save(run_dir, record)
@@ -233,15 +232,15 @@ class Launcher(RunProcesses):
         completes the same ending, instead of judging the server it stopped itself as crashed."""
         record.ending, record.reason = run_status.check(record.status, status), reason
         runs.save(run_dir, record)
-        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
-        if not record.external and procs.alive(record.server_pid, record.server_started):
+        detached.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        if not record.external and detached.alive(record.server_pid, record.server_started):
             try:
                 with self.client_for(record, timeout=15.0) as client:
                     client.control("stop")
             except SwarmError as exc:
                 log.info("control stop of %s failed (%s); terminating it", record.key, exc)
-            if not procs.wait_exit(record.server_pid, record.server_started, 20.0):
-                procs.stop_group(record.server_pid, record.server_started)
+            if not detached.wait_exit(record.server_pid, record.server_started, 20.0):
+                detached.stop_group(record.server_pid, record.server_started)
         run_status.move(record, status)
         record.ending, record.ended_at = None, time.time()
         runs.save(run_dir, record)
@@ -261,8 +260,8 @@ class Launcher(RunProcesses):
 
     def park(self, run_dir: Path, record: RunRecord, reason: str) -> RunRecord:
         """Checkpoint the run and stop its processes, leaving it resumable (status ``parked``)."""
-        procs.stop_group(record.client_pid, record.client_started, grace_s=3.0)
-        server_alive = record.external or procs.alive(record.server_pid, record.server_started)
+        detached.stop_group(record.client_pid, record.client_started, grace_s=3.0)
+        server_alive = record.external or detached.alive(record.server_pid, record.server_started)
         asked_stop = False
         if server_alive:
             try:
@@ -275,9 +274,9 @@ class Launcher(RunProcesses):
                             asked_stop = True
             except SwarmError as exc:
                 log.warning("checkpointing %s before parking failed: %s", record.key, exc)
-            if not record.external and not (asked_stop and procs.wait_exit(record.server_pid, record.server_started,
+            if not record.external and not (asked_stop and detached.wait_exit(record.server_pid, record.server_started,
                                                                            30.0)):
-                procs.stop_group(record.server_pid, record.server_started)
+                detached.stop_group(record.server_pid, record.server_started)
         run_status.move(record, RunStatus.PARKED, reason)
         record.parked_at = time.time()
         self.release(record)
@@ -303,7 +302,7 @@ class Launcher(RunProcesses):
         starts the client once the server answers."""
         self._mark_unparked(record)
         if not record.external:
-            record.port = procs.free_port()
+            record.port = detached.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             runs.save(run_dir, record)  # before spawning (see start_server)
             record.server_pid, record.server_started = self._spawn_server(run_dir, config_path, record)

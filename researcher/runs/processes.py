@@ -7,7 +7,7 @@ token and client token and keeps them in its state dir (``<run dir>/server/token
 ``client_token``, 0600), reusing them when it restarts on that dir (a park, a crash). The launcher
 reads them from there when it needs them: the files are the one copy, they survive a researcher
 restart, and no token is ever on a command line or in run.json. The server's environment is ours
-minus tokens and the MLflow URI; study code (`swarm run`) runs boxed (``researcher.sandbox``) with
+minus tokens and the MLflow URI; study code (`swarm run`) runs boxed (``researcher.runs.sandbox``) with
 only the client token, by environment. External servers get the configured token the same way.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from researcher import procs, sandbox
+from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
 from researcher.runs.logs import SERVER_LOG, tail
 from researcher.runs.record import RunRecord
@@ -96,7 +96,7 @@ class RunProcesses:
         if record.server_logs_mlflow:
             env["MLFLOW_TRACKING_URI"] = str(self.mlflow_uri)
             argv += ["--mlflow-run-id", str(run_id)]
-        return procs.spawn(argv, log_path=run_dir / SERVER_LOG, env=env, cwd=run_dir)
+        return detached.spawn(argv, log_path=run_dir / SERVER_LOG, env=env, cwd=run_dir)
 
     def control_token(self, record: RunRecord) -> str | None:
         """The run's control token: the configured one for an external server, else the one our
@@ -128,7 +128,7 @@ class RunProcesses:
             while time.monotonic() < deadline:
                 if client.health():
                     return
-                if not record.external and not procs.alive(record.server_pid, record.server_started):
+                if not record.external and not detached.alive(record.server_pid, record.server_started):
                     break
                 time.sleep(0.3)
         raise LaunchError(f"server of {record.key} did not become ready:\n{tail(run_dir / SERVER_LOG)}")

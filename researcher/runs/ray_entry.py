@@ -7,7 +7,7 @@ The server makes (or reuses) its control and client tokens in its state dir, 060
 locally; nothing secret is on a command line or in the job's metadata.
 
 ``client RUN_DIR THREADS EPISODES -- SWARM_RUN_ARGV…``: reads the client token from the server's state
-dir and becomes the boxed study client (``researcher.sandbox``: clean environment with only that
+dir and becomes the boxed study client (``researcher.runs.sandbox``: clean environment with only that
 token, resource limits), as the local launcher starts it.
 
 The node address comes from ``RESEARCHER_BIND_HOST`` if set, else Ray's own idea of this node's IP
@@ -87,7 +87,7 @@ def serve(run_dir: Path, argv: list[str]) -> None:
 
 
 def client(run_dir: Path, threads: int, episodes: int, state_dir: Path, argv: list[str]) -> None:
-    from researcher import sandbox
+    from researcher.runs import sandbox
 
     token_file = state_dir / "client_token"
     if not token_file.is_file():

@@ -1,12 +1,12 @@
 """The smoke run: a few episodes of a new client against a fresh server (or a given one), before the
-client trains (``Launcher.smoke``, called by the validate node for ``researcher.preflight``'s checks).
+client trains (``Launcher.smoke``, called by the validate node for ``researcher.runs.preflight``'s checks).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from researcher import procs, sandbox
+from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
 from researcher.runs.logs import ABORTED, CLIENT_LOG, SUMMARY, last_line
 from researcher.runs.processes import STATE_DIR, LaunchError, RunProcesses
@@ -19,10 +19,10 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
     """Run ``episodes`` episodes of a client against a fresh server; None if it worked, else the error
     (its first line the verdict, the client's log tail below).
 
-    The client runs boxed like a training run's (``researcher.sandbox``); on timeout its whole
+    The client runs boxed like a training run's (``researcher.runs.sandbox``); on timeout its whole
     process group is killed. Episodes are claimed a group at a time (concurrency = ``group_size``);
     with ``rewards_out`` every episode's reward is recorded there (``swarm run --rewards-out``), for
-    the checks of ``researcher.preflight``."""
+    the checks of ``researcher.runs.preflight``."""
     runs.private_dir(work_dir)
     record = RunRecord(key="smoke", study_id="smoke", iteration=0, trial=0, experiment="smoke", seed=0,
                        config={}, client=str(client_path), target_step=0, episodes=episodes,
@@ -30,7 +30,7 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
                        state_dir="" if server_url else str(work_dir / STATE_DIR))
     try:
         if server_url is None:
-            record.port = procs.free_port()
+            record.port = detached.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             record.server_pid, record.server_started = launcher._spawn_server(work_dir, config_path, record)
             runs.save(work_dir, record)  # a researcher killed from here on leaves it: the next session stops it
@@ -64,7 +64,7 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
         return None
     finally:
         if server_url is None:
-            procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+            detached.stop_group(record.server_pid, record.server_started, grace_s=5.0)
 
 
 def stop_leftovers(smoke_root: Path) -> int:
@@ -72,7 +72,7 @@ def stop_leftovers(smoke_root: Path) -> int:
     run's record names its server. Returns how many were still alive."""
     stopped = 0
     for record in runs.all_records(smoke_root):
-        if not record.external and procs.alive(record.server_pid, record.server_started):
-            procs.stop_group(record.server_pid, record.server_started, grace_s=5.0)
+        if not record.external and detached.alive(record.server_pid, record.server_started):
+            detached.stop_group(record.server_pid, record.server_started, grace_s=5.0)
             stopped += 1
     return stopped

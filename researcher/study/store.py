@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, cast
 from filelock import FileLock, Timeout
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from researcher.state import StudyState
 from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig

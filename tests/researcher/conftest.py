@@ -55,13 +55,13 @@ def cli(tmp_path: Path) -> Cli:
 @pytest.fixture
 def no_leftover_servers() -> Callable[[Path], None]:
     """A check that every server and client a study started has exited."""
-    from researcher import procs
+    from researcher.runs import detached
     from researcher.runs import record as runs
 
     def check(runs_dir: Path) -> None:
         for record in runs.all_records(runs_dir):
-            assert not procs.alive(record.server_pid, record.server_started), record.key
-            assert not procs.alive(record.client_pid, record.client_started), record.key
+            assert not detached.alive(record.server_pid, record.server_started), record.key
+            assert not detached.alive(record.client_pid, record.client_started), record.key
 
     return check
 

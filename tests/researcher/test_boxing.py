@@ -20,14 +20,15 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import catalog, procs, sandbox
 from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
 from researcher.nodes import validate, write_client
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
+from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
-from researcher.sandbox import Limits, check_client
+from researcher.runs.sandbox import Limits, check_client
 from researcher.settings import ResearcherSettings
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout, check_study_id
@@ -119,7 +120,7 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
                          "--steps-per-run", "1000", "--seeds", "1", "--max-runs", "2", "--parallel", "1", *cli.dirs,
                          log=tmp_path / "start.log")
         try:
-            wait_for(lambda: any(procs.alive(r.client_pid) for r in runs.all_records(runs_dir)), 240,
+            wait_for(lambda: any(detached.alive(r.client_pid) for r in runs.all_records(runs_dir)), 240,
                      what="a run to start its client", log=tmp_path / "start.log", interval=0.2)
             record = next(r for r in runs.all_records(runs_dir) if r.client_pid)
             run_dir = runs_dir / f"{record.iteration:02d}-{record.trial:02d}"
@@ -154,13 +155,13 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
                 proc.kill()
                 proc.wait()
                 for left in runs.all_records(runs_dir):
-                    procs.stop_group(left.client_pid, left.client_started, grace_s=1.0)
-                    procs.stop_group(left.server_pid, left.server_started, grace_s=1.0)
+                    detached.stop_group(left.client_pid, left.client_started, grace_s=1.0)
+                    detached.stop_group(left.server_pid, left.server_started, grace_s=1.0)
 
     # The hanging smoke ended at its timeout with its whole process group, grandchild included.
     assert "did not finish within 8 s" in (smoke.get("error") or ""), smoke
     sleeper = int((smoke_dir / "sleep.pid").read_text())
-    wait_for(lambda: not procs.alive(sleeper), 10, what=f"grandchild sleep {sleeper} to end with the smoke timeout",
+    wait_for(lambda: not detached.alive(sleeper), 10, what=f"grandchild sleep {sleeper} to end with the smoke timeout",
              interval=0.2)
     _assert_boxed_env(json.loads((smoke_dir / "environ.json").read_text()), smoke_dir, control)
     _assert_limits((smoke_dir / "limits.txt").read_text(), Limits.for_episodes(4))

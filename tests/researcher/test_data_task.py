@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import catalog, datatask, flags, sandbox
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
+from researcher.runs import sandbox
 from researcher.settings import StudyOptions
+from researcher.study import datatask, flags
 
 ROOT = Path(__file__).resolve().parents[2]
 ARITH = ROOT / "studies" / "examples" / "arith"

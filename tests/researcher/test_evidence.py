@@ -12,17 +12,18 @@ from pathlib import Path
 import pytest
 from evidence_inputs import evidence, summarize
 
-from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots, verdicts
 from researcher.findings import verdict_rules as rules
 from researcher.findings.records import Evidence, IterationPlan, IterationSummary
 from researcher.nodes import analyze, write_report
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking import review_view

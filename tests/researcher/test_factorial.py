@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from evidence_inputs import evidence
 
-from researcher import catalog
 from researcher.evidence import factorial, stats, verdicts
 from researcher.findings.records import Arm, Evidence, IterationSummary, PlannedExperiment
+from researcher.planner import catalog
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_status_and_scheduler_load_no_graph() -> None:
     """`researcher status`, `list` and the daemon read a phase without importing LangGraph's graph."""
-    code = ("import sys, researcher.cli, researcher.scheduler, researcher.daemon; "
+    code = ("import sys, researcher.cli, researcher.operations.scheduler, researcher.operations.daemon; "
             "print(','.join(m for m in ('langgraph.graph', 'researcher.graph', 'researcher.session') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from support import wait_for
 
-from researcher.events import EventLog, Follower, llm_call_listener, read_events, recorder
 from researcher.runs import record as runs
+from researcher.study.events import EventLog, Follower, llm_call_listener, read_events, recorder
 from researcher.study.layout import StudyLayout
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
@@ -30,7 +30,7 @@ _WRITER = """
 import sys
 from pathlib import Path
 
-from researcher.events import EventLog
+from researcher.study.events import EventLog
 log = EventLog(Path(sys.argv[1]))
 for i in range(int(sys.argv[3])):
     log.append("tick", writer=sys.argv[2], n=i, pad="x" * 3000)
@@ -79,7 +79,7 @@ def test_llm_calls_become_short_events(tmp_path: Path) -> None:
 def test_the_view_folds_events_into_node_decisions_runs_and_recent() -> None:
     from rich.console import Console
 
-    from researcher.watch import WatchState, render, sparkline
+    from researcher.operations.watch import WatchState, render, sparkline
 
     state = WatchState("s")
     for n, (kind, fields) in enumerate([
@@ -229,8 +229,8 @@ def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
 def test_at_80_columns_arms_stay_apart_and_curves_share_one_step_axis() -> None:
     from rich.console import Console
 
-    from researcher.terminal import distinct, fit
-    from researcher.watch import WatchState, render
+    from researcher.operations.terminal import distinct, fit
+    from researcher.operations.watch import WatchState, render
 
     study = "does-a-larger-grpo-group-size-make-the-letters-task-learn-faster-20261127-0934"
     state = WatchState(study)
@@ -256,7 +256,7 @@ def test_at_80_columns_arms_stay_apart_and_curves_share_one_step_axis() -> None:
 
 
 def test_step_curves_align_runs_by_step() -> None:
-    from researcher.watch import RunView, step_curves
+    from researcher.operations.watch import RunView, step_curves
 
     ahead = RunView(key="a", points=[(s, s / 10) for s in range(1, 11)])
     behind = RunView(key="b", points=[(s, s / 10) for s in range(1, 6)])

@@ -17,12 +17,12 @@ import pytest
 from scripted_llm import ScriptedLLM
 from support import free_port
 
-from researcher.events import read_events
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Framing, PlannerError
 from researcher.runs import record as runs
 from researcher.settings import LLMSettings
+from researcher.study.events import read_events
 from researcher.tracking.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.tracking.tracker import Tracker
 

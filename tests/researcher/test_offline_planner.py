@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from researcher import catalog
 from researcher.cli import app
+from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 
@@ -108,8 +108,7 @@ def test_cli_rejects_bad_options_without_writing(tmp_path: Path, args: list[str]
 def test_a_sweep_between_two_neighbouring_values_fills_in_midpoints() -> None:
     """Two ladder neighbours leave fewer than MIN_SWEEP points: midpoints fill the widest gaps until
     none is new (a local named like the ``mid`` helper once made this raise UnboundLocalError)."""
-    from researcher import catalog
-    from researcher.planner import ladder
+    from researcher.planner import catalog, ladder
 
     knob = catalog.KNOBS[0]
     points = ladder.spread(knob, knob.ladder[0], knob.ladder[1])

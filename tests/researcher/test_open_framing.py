@@ -18,11 +18,10 @@ from typing import Any
 
 from scripted_llm import ScriptedLLM
 
-from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
 from researcher.nodes import frame_topic, plan_experiments, write_client
-from researcher.planner import topic
+from researcher.planner import catalog, topic
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
@@ -30,6 +29,7 @@ from researcher.planner.schema import Framing
 from researcher.planner.usage import new_usage
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import procs
+from researcher.runs import detached
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
@@ -43,7 +43,7 @@ def test_parked_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         record = launcher.park(run_dir, record, "the session window ended")
         parked_step = max(_checkpoint_steps(run_dir))
         assert parked_step >= 3
-        assert not procs.alive(server_pid, server_started) and not procs.alive(client_pid, client_started)
+        assert not detached.alive(server_pid, server_started) and not detached.alive(client_pid, client_started)
         assert runs.load(run_dir).status == "parked" and not record.ended
 
         record = launcher.unpark(run_dir, record, EXAMPLE / "config.toml")
@@ -54,7 +54,7 @@ def test_parked_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
             assert client.config().values["max_steps"] == 1000
     finally:
         launcher.stop(run_dir, record, "stopped", "test over")
-    assert not procs.alive(record.server_pid, record.server_started)
+    assert not detached.alive(record.server_pid, record.server_started)
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from researcher import preflight
 from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
 from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
+from researcher.runs import preflight
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
 from researcher.study import files as studyfiles

@@ -27,7 +27,7 @@ def test_stop_saves_the_decision_first_and_resume_completes_it(tmp_path: Path, m
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr("researcher.runs.launcher.procs.stop_group", killed)
+        patch.setattr("researcher.runs.launcher.detached.stop_group", killed)
         with pytest.raises(KeyboardInterrupt):
             launcher.stop(tmp_path, record, "finished", "reached step 8")
     saved = runs.load(tmp_path)

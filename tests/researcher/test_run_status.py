@@ -9,7 +9,7 @@ import pytest
 from researcher.runs import record as runs
 from researcher.runs import status as run_status
 from researcher.runs.status import ENDED, LIVE, TRANSITIONS, IllegalTransition, RunStatus
-from researcher.state import Trial, advance_trial, sync_trial
+from researcher.study.state import Trial, advance_trial, sync_trial
 
 
 def _record(status: str = "pending") -> runs.RunRecord:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher import scheduler
-from researcher.scheduler import ScheduleSpec
+from researcher.operations import scheduler
+from researcher.operations.scheduler import ScheduleSpec
 from researcher.study.layout import StudyLayout
 
 
@@ -148,7 +148,7 @@ def test_at_a_date_time_schedules_one_resume_at_that_time(cli) -> None:
     assert not (studies / "late").exists() and scheduler.next_wakeups(artifacts) == {"once": expected}
 
     # A spent one-shot left in a schedule file (it fired; the daemon's store dropped it) is never re-added.
-    from researcher.daemon import sync_jobs
+    from researcher.operations.daemon import sync_jobs
     from researcher.study.layout import StudyLayout
 
     scheduler.write_schedule(StudyLayout("spent", studies, artifacts), ScheduleSpec(window_s=60, at=past))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from researcher.sandbox import check_client
+from researcher.runs.sandbox import check_client
 from researcher.study import files as studyfiles
 from swarm.client import load_study, probe_study
 

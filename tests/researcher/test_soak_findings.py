@@ -23,11 +23,11 @@ from types import SimpleNamespace
 
 from support import free_port, wait_for
 
-from researcher import procs, session
+from researcher import session
 from researcher.nodes import monitor
+from researcher.runs import detached, smoke
 from researcher.runs import launcher as launching
 from researcher.runs import record as runs
-from researcher.runs import smoke
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
 from researcher.study.layout import StudyLayout
@@ -54,7 +54,7 @@ def test_a_sigkilled_local_server_is_restarted_from_its_state_dir_not_ended_as_a
     first = (record.server_pid, record.server_started, record.port)
     try:
         launcher.stop_client(record)
-        procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)  # SIGKILLed, as by the OOM killer
+        detached.stop_group(record.server_pid, record.server_started, grace_s=0.1)  # SIGKILLed, as by the OOM killer
         assert not launcher.server_alive(record)
 
         assert launcher.revive(tmp_path, record)
@@ -66,7 +66,7 @@ def test_a_sigkilled_local_server_is_restarted_from_its_state_dir_not_ended_as_a
         argv = Path(f"/proc/{saved.server_pid}/cmdline").read_bytes().split(b"\0")
         assert str(record.state_dir).encode() in argv  # the same state dir: it resumes from its checkpoint
     finally:
-        procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)
+        detached.stop_group(record.server_pid, record.server_started, grace_s=0.1)
 
     # Bounded: after MAX_REVIVES restarts without a step trained since the last, it is a crash.
     record.revives, record.revived_at_step = launching.MAX_REVIVES, record.last_step
@@ -75,7 +75,7 @@ def test_a_sigkilled_local_server_is_restarted_from_its_state_dir_not_ended_as_a
     try:
         assert launcher.revive(tmp_path, record)
     finally:
-        procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)
+        detached.stop_group(record.server_pid, record.server_started, grace_s=0.1)
 
 
 def test_closing_a_run_sends_the_steps_its_server_left_undelivered(tmp_path: Path) -> None:
@@ -141,10 +141,10 @@ def test_a_smoke_server_left_by_a_killed_researcher_is_stopped_by_the_next_sessi
         researcher.kill()  # ... is SIGKILLed: its `finally` never stops the server
         researcher.wait()
     try:
-        assert procs.alive(record.server_pid, record.server_started)
+        assert detached.alive(record.server_pid, record.server_started)
         assert smoke.stop_leftovers(tmp_path / "smoke") == 1  # what `researcher resume` does first
-        assert not procs.alive(record.server_pid, record.server_started)
+        assert not detached.alive(record.server_pid, record.server_started)
         assert smoke.stop_leftovers(tmp_path / "smoke") == 0
     finally:
-        procs.stop_group(record.server_pid, record.server_started, grace_s=0.1)
+        detached.stop_group(record.server_pid, record.server_started, grace_s=0.1)
 

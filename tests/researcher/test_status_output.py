@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from researcher.overview import describe_runs, standing
+from researcher.operations.overview import describe_runs, standing
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
 

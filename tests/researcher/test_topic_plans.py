@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from scripted_llm import ScriptedLLM
 
-from researcher import budget, catalog
 from researcher.context import StudyContext
 from researcher.nodes import plan_experiments
-from researcher.planner import topic
+from researcher.planner import catalog, topic
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
@@ -28,6 +27,7 @@ from researcher.planner.schema import Framing, Plan, Reply
 from researcher.planner.usage import new_usage
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker

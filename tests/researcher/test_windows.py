@@ -31,7 +31,7 @@ import httpx
 import pytest
 from support import free_port, wait_for
 
-from researcher import scheduler
+from researcher.operations import scheduler
 from researcher.runs import record as runs
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"

@@ -49,9 +49,9 @@ sys.path[:0] = [str(REPO), str(HERE)]
 import soak_audit as audit_  # noqa: E402
 import soak_chaos as chaos  # noqa: E402
 
-from researcher import procs  # noqa: E402
-from researcher.flags import parse_duration  # noqa: E402
+from researcher.runs import detached  # noqa: E402
 from researcher.study import store  # noqa: E402
+from researcher.study.flags import parse_duration  # noqa: E402
 from researcher.study.layout import StudyLayout  # noqa: E402
 from researcher.tracking.spool import Spool  # noqa: E402
 
@@ -71,7 +71,7 @@ class Soak:
         self.studies, self.artifacts = root / "studies", root / "artifacts"
         self.logs = root / "logs"
         self.logs.mkdir(parents=True)
-        self.mlflow_port = procs.free_port()
+        self.mlflow_port = detached.free_port()
         self.mlflow_uri = f"http://127.0.0.1:{self.mlflow_port}"
         self.mlflow: subprocess.Popen | None = None
         self.daemon: subprocess.Popen | None = None
@@ -240,7 +240,7 @@ class Soak:
         live = set()
         for study_id in self.study_ids:
             for record in runs.all_records(self.layout(study_id).runs_dir):
-                if record.status != "running" or not procs.alive(record.server_pid, record.server_started):
+                if record.status != "running" or not detached.alive(record.server_pid, record.server_started):
                     continue
                 token_file = Path(record.state_dir) / "worker_token"
                 if not token_file.is_file():

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from researcher import procs
+from researcher.runs import detached
 from researcher.runs import record as runs
 
 MARKER_ENV = "SOAK_MARKER"
@@ -53,8 +53,8 @@ def researchers(study_ids: set[str]) -> list[Target]:
     for pid in _pids():
         argv = _cmdline(pid)
         if any(a.endswith("researcher.cli") or a.endswith("/researcher") for a in argv) \
-                and ("start" in argv or "resume" in argv) and study_ids & set(argv) and procs.alive(pid):
-            found.append(Target("researcher", pid, procs.start_time(pid), what=" ".join(argv[2:5])))
+                and ("start" in argv or "resume" in argv) and study_ids & set(argv) and detached.alive(pid):
+            found.append(Target("researcher", pid, detached.start_time(pid), what=" ".join(argv[2:5])))
     return found
 
 
@@ -65,10 +65,10 @@ def run_processes(runs_dirs: list[Path]) -> tuple[list[Target], list[Target]]:
         for record in runs.all_records(runs_dir):
             if record.status != "running" or record.external:
                 continue
-            if procs.alive(record.client_pid, record.client_started):
+            if detached.alive(record.client_pid, record.client_started):
                 clients.append(Target("client", record.client_pid, record.client_started,  # type: ignore[arg-type]
                                       what=record.key))
-            if procs.alive(record.server_pid, record.server_started):
+            if detached.alive(record.server_pid, record.server_started):
                 servers.append(Target("server", record.server_pid, record.server_started,  # type: ignore[arg-type]
                                       what=record.key))
     return clients, servers
@@ -77,12 +77,12 @@ def run_processes(runs_dirs: list[Path]) -> tuple[list[Target], list[Target]]:
 def of_popen(kind: str, proc: subprocess.Popen | None, group: bool = False) -> list[Target]:
     if proc is None or proc.poll() is not None:
         return []
-    return [Target(kind, proc.pid, procs.start_time(proc.pid), group=group)]
+    return [Target(kind, proc.pid, detached.start_time(proc.pid), group=group)]
 
 
 def kill(target: Target) -> bool:
     """SIGKILL the target (its group when ``group``); False if it was gone (or its pid reused) already."""
-    if not procs.alive(target.pid, target.started):
+    if not detached.alive(target.pid, target.started):
         return False
     with contextlib.suppress(ProcessLookupError):
         if target.group:
@@ -135,7 +135,7 @@ class MemoryLog:
             for pid in members:
                 value = rss_mb(pid)
                 if value is not None:
-                    self.samples.setdefault((target.kind, pid, procs.start_time(pid)), []).append((now, value))
+                    self.samples.setdefault((target.kind, pid, detached.start_time(pid)), []).append((now, value))
 
     def growth_mb(self, min_span_s: float = 60.0) -> float:
         """The largest growth of one process after its warm-up (its first ``warmup_s`` seen): the mean of
@@ -160,7 +160,7 @@ def leftovers(root: Path, marker: str) -> dict[int, str]:
     found: dict[int, str] = {}
     needle = f"{MARKER_ENV}={marker}".encode()
     for pid in _pids():
-        if pid == me or not procs.alive(pid):
+        if pid == me or not detached.alive(pid):
             continue
         argv = " ".join(_cmdline(pid))
         try:

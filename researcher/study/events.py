@@ -11,7 +11,7 @@ lines that end in a newline, so they never see it; the next writer ends it with 
 which readers skip it as unparseable, and its id goes to the next event: no reader sees a gap or a
 repeat. What writes the events: every ``StudyContext.say`` of a session (``recorder``), plus the
 graph's node entries and exits and the LLM planner's calls (``llm_call_listener``). Who reads them:
-``researcher watch`` (``researcher.watch``) and the daemon's SSE endpoint (``researcher.events_http``).
+``researcher watch`` (``researcher.operations.watch``) and the daemon's SSE endpoint (``researcher.operations.events_http``).
 
 Event kinds (fields besides id, ts, kind):
 - ``session``: a researcher process took the study (action start | resume, pid).

@@ -1,7 +1,7 @@
 """The daemon's HTTP face: a study's event log as Server-Sent Events, for tools other than a terminal.
 
 ``GET /studies/{study_id}/events`` streams ``text/event-stream``: every event of the study's log
-(``researcher.events``) as one SSE message whose ``id:`` is the event id and whose ``data:`` is the
+(``researcher.study.events``) as one SSE message whose ``id:`` is the event id and whose ``data:`` is the
 event's JSON (its ``kind`` inside; no ``event:`` field, so a browser's ``onmessage`` sees them all),
 then new events as they are appended, with a ``: ping`` comment every ``ping_s`` of silence. A
 client that reconnects with ``Last-Event-ID: N`` gets exactly the events after N: the log's ids
@@ -30,7 +30,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from researcher.events import Follower, events_path
+from researcher.study.events import Follower, events_path
 from researcher.study.layout import StudyLayout, check_study_id
 
 log = logging.getLogger(__name__)

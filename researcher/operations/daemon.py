@@ -8,7 +8,7 @@ makes the daemon notice jobs that ``researcher schedule`` added from another pro
 
 Beside the scheduler, on a thread, the daemon serves every study's event log as Server-Sent Events
 on loopback (``GET /studies/{id}/events``, bearer token in ``<artifacts>/daemon.token``; see
-``researcher.events_http``), unless ``port`` is None.
+``researcher.operations.events_http``), unless ``port`` is None.
 
 SIGTERM or Ctrl-C stops the scheduler, then the study sessions it runs (each ends as on its own
 Ctrl-C; their runs train on for the next session), then the events server, within
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from researcher import scheduler as sched
+from researcher.operations import scheduler as sched
 from swarm import stopping
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, p
                       args=[scheduler, studies_root, artifacts_root], misfire_grace_time=None, coalesce=True)
     server = None
     if port is not None:
-        from researcher.events_http import EventServer
+        from researcher.operations.events_http import EventServer
 
         server = EventServer(studies_root, artifacts_root, port)
         server.start()

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from researcher import sandbox
 from researcher.runs import record as runs
+from researcher.runs import sandbox
 from swarm.client import ProbeReport, RewardRecord
 
 REQUIRED = ("tasks", "workflow", "heldout")

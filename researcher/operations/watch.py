@@ -1,6 +1,6 @@
 """``researcher watch [STUDY]``: a live terminal view of a study, built from its event log only.
 
-The view is a fold of the study's events (``researcher.events``): ``WatchState.apply`` takes one event
+The view is a fold of the study's events (``researcher.study.events``): ``WatchState.apply`` takes one event
 at a time, ``render`` draws the state with rich — the current node and what it is doing, the
 planner's last decisions and their reasons, the live runs with step, reward and a sparkline of the
 reward, and the recent events (launches, repairs, watchdogs, parks). It reads files only, so it
@@ -26,11 +26,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from researcher import overview
-from researcher.events import Event, Follower, events_path
+from researcher.operations import overview
+from researcher.operations.terminal import distinct
+from researcher.study.events import Event, Follower, events_path
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked
-from researcher.terminal import distinct
 
 __all__ = ["WatchState", "format_line", "pick_study", "render", "sparkline", "watch"]
 

@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from researcher import overview
-from researcher.state import StudyState
+from researcher.operations import overview
 from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState
 
 PIPE_WIDTH = 100  # tables fit this many columns in a pipe or file; text lines are never wrapped there
 

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from researcher import scheduler
 from researcher.findings import verdict_rules as rules
+from researcher.operations import scheduler
 from researcher.runs import record as runs
-from researcher.state import StudyState
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState
 from researcher.study.store import is_locked, read_state
 
 

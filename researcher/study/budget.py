@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from researcher.state import Budget, StudyState
+from researcher.study.state import Budget, StudyState
 
 DEFAULT_RUN_S = 90.0     # assumed wall time of a run before one has been measured
 VALIDATE_S = 30.0        # a smoke run: server start + a few episodes

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from researcher import procs
+from researcher.runs import detached
 
 # ---------------------------------------------------------------------------- static check
 
@@ -209,7 +209,7 @@ def run_boxed(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, limits:
     ended); after a normal end, whatever the run left behind in its group is killed too."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             cwd=cwd, env=dict(env), start_new_session=True, preexec_fn=limits.apply)
-    started = procs.start_time(proc.pid)
+    started = detached.start_time(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         returncode: int | None = proc.returncode
@@ -220,7 +220,7 @@ def run_boxed(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, limits:
             out, _ = proc.communicate(timeout=10.0)
         except subprocess.TimeoutExpired:  # a process that left the group still holds the pipe
             out = b""
-    procs.stop_group(proc.pid, started, grace_s=0.0)  # leftovers of a run that ended on its own
+    detached.stop_group(proc.pid, started, grace_s=0.0)  # leftovers of a run that ended on its own
     return Finished(returncode, out.decode(errors="replace"))
 
 

@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from researcher import catalog
+from researcher.planner import catalog
 from researcher.settings import StudyOptions
 from researcher.study.files import dumps_toml, write_atomic
 
