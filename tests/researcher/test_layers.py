@@ -21,14 +21,15 @@ def test_status_and_scheduler_load_no_graph() -> None:
 
 
 def test_only_the_launcher_writes_run_records() -> None:
-    """run.json has one writer: the launcher (its Ray placement is a subclass of the local one)."""
+    """run.json has one writer: the launcher (its Ray placement is a subclass of the local one; its smoke
+    run, ``Launcher.smoke``, records the smoke server it spawned, so a killed session's successor stops it)."""
     writers = set()
     for path in (REPO / "researcher").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save" \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "runs":
                 writers.add(path.relative_to(REPO).as_posix())
-    assert writers == {"researcher/runs/launcher.py", "researcher/runs/ray_launcher.py"}
+    assert writers == {"researcher/runs/launcher.py", "researcher/runs/ray_launcher.py", "researcher/runs/smoke.py"}
 
 
 def test_offline_planner_frames_a_topic_once() -> None:
