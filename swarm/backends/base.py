@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
     from pydantic.fields import FieldInfo
 
-    from swarm.backends.text import ChatText
+    from swarm.text.templates import ChatText
 
 # A sampled token's most likely alternatives, most likely first: (token id, log-prob) pairs.
 TopAlternatives = list[tuple[int, float]]

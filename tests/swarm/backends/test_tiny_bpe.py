@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
-from swarm.backends.text import load_tokenizer
 from swarm.backends.torch import PRESETS, TorchBackend, is_preset, resolve_model_folder
 from swarm.backends.torch.tiny_bpe import ADDED_TOKENS, is_current_tiny_bpe
+from swarm.text.templates import load_tokenizer
 
 TOOLS = [{
     "type": "function",
