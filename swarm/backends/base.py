@@ -327,7 +327,7 @@ class Trainer(Protocol):
 @runtime_checkable
 class Sampler(Protocol):
     """Synchronous generation on the server's device thread (the torch model): the server adapts it
-    to the ``Generator`` role (``swarm.server.generation.LocalGenerator``). Called from one thread."""
+    to the ``Generator`` role (``swarm.local.generator.LocalGenerator``). Called from one thread."""
 
     policy_version: int
     model_name: str

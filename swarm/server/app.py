@@ -24,6 +24,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Generator, InProcessModel, Trainer
+from swarm.config import ServerSettings
+from swarm.local.device_worker import DeviceWorker
+from swarm.local.generator import LocalGenerator
 from swarm.pool.pool import GeneratorPool
 from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 from swarm.pool.roster import Roster
@@ -37,11 +40,9 @@ from swarm.server.auth import (
     resolve_worker_token,
 )
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
-from swarm.server.generation import LocalGenerator
 from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router
 from swarm.server.http.routes_episodes import router as episodes_router
@@ -50,7 +51,6 @@ from swarm.server.http.routes_workers import router as workers_router
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
-from swarm.server.settings import ServerSettings
 from swarm.server.step_loop import TrainerThread
 from swarm.server.store import EpisodeStore
 

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
+from swarm.config import PROMPT_CHARS_PER_TOKEN
+from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
-from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
 from swarm.server.throttle import InFlight
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation

@@ -21,9 +21,9 @@ import pytest
 from support import ROOT, WorkerProcess, study_run, wait_for
 
 from swarm.backends import load_backend
+from swarm.local.device_worker import DeviceWorker
+from swarm.local.generator import LocalGenerator
 from swarm.server import ServerConfig
-from swarm.server.device_worker import DeviceWorker
-from swarm.server.generation import LocalGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_harness import RunningServer, launch
