@@ -37,7 +37,7 @@ __all__ = [
 
 def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch", device: str = "cpu",
                  dtype: str = "float32", decode_cache: str = "auto") -> InProcessModel:
-    """Build the backend ``kind`` for ``model`` (any name ``swarm.backends.models`` resolves) on ``device``
+    """Build the backend ``kind`` for ``model`` (any name ``swarm.models.resolve`` resolves) on ``device``
     (``cpu``, ``cuda:N``) in ``dtype`` (``float32``, ``bfloat16``)."""
     if kind == "torch":
         from swarm.backends.torch import TorchBackend

@@ -194,7 +194,7 @@ def _serve(flags: ServeFlags, path: Path | None) -> None:
         private_dir(flags.state_dir)  # holds the secret and the tokens: owner only
     except OSError as exc:
         fail(f"cannot create the state dir {flags.state_dir}: {exc}", 2)
-    from swarm.backends.torch.presets import is_preset
+    from swarm.models.presets import is_preset
 
     threads = flags.threads
     if threads is None and is_preset(settings.model):

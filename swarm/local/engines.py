@@ -3,7 +3,7 @@
 The in-process torch model when either role is torch (it plays every torch role), the vLLM
 generator (a child process it owns, or ``--vllm-url``) and the verl trainer, each imported only
 when named (``--engine torch|vllm``, ``--trainer torch|verl``). GPUs are split between them first
-(``swarm.backends.devices``); the vLLM generator's weight transfer follows the trainer it gets
+(``swarm.devices``); the vLLM generator's weight transfer follows the trainer it gets
 (``swarm.backends.vllm.wiring``).
 """
 
@@ -15,8 +15,8 @@ from swarm.backends import load_backend
 from swarm.backends.base import Generator, InProcessModel, Trainer
 
 if TYPE_CHECKING:
-    from swarm.backends.devices import GpuSplit
     from swarm.config import ServerSettings
+    from swarm.devices import GpuSplit
 
 __all__ = ["load_engines"]
 
@@ -24,7 +24,7 @@ __all__ = ["load_engines"]
 def load_engines(settings: ServerSettings) -> tuple[InProcessModel | None, Generator | None, Trainer | None]:
     """``(backend, generator, trainer)`` for ``create_app``: the in-process torch model when either
     role is torch (it plays every torch role), plus the other engines the settings name."""
-    from swarm.backends.devices import split_gpus, torch_device, torch_dtype, visible_cuda
+    from swarm.devices import split_gpus, torch_device, torch_dtype, visible_cuda
 
     # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers, and
     # the in-process torch engine takes none of either (``--device auto``).
@@ -58,9 +58,9 @@ def load_engines(settings: ServerSettings) -> tuple[InProcessModel | None, Gener
 def _vllm_generator(settings: ServerSettings, trainer: Any, split: GpuSplit) -> Generator:
     """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``; its GPUs
     and its weight transfer (``swarm.backends.vllm.wiring``) follow the settings."""
-    from swarm.backends.models import model_name, resolve_model_folder
     from swarm.backends.vllm import VllmGenerator
     from swarm.backends.vllm.wiring import transfer_options
+    from swarm.models.resolve import model_name, resolve_model_folder
 
     folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
     options = {"model_name": model_name(settings.model, folder), "mode": settings.config.mode,

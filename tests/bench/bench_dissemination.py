@@ -249,7 +249,7 @@ def _letters_deltas(steps: int, lr: float | None, chunk_bytes: int) -> dict[str,
     import torch
 
     from swarm.backends import SamplingParams, load_backend
-    from swarm.backends.torch import build_tiny
+    from swarm.models.tiny import build_tiny
     from swarm.pool.shards import decode, encode
     from swarm.server import ServerConfig
     from swarm.server.timeline import EpisodeTrace

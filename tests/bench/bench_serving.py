@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from swarm.backends import SamplingParams, load_backend
-from swarm.backends.torch import build_tiny
+from swarm.models.tiny import build_tiny
 from swarm.server import ServerConfig
 
 

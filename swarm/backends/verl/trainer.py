@@ -78,7 +78,7 @@ class VerlTrainer(Trainer):
     def __init__(self, model: str, config: TrainConfig, *, workers: int = 1, ray_address: str | None = None,
                  device: str | None = None, seed: int = 0, num_cpus: int | None = None,
                  gpus: Sequence[str] | None = None) -> None:
-        from swarm.backends.models import model_name, resolve_model_folder
+        from swarm.models.resolve import model_name, resolve_model_folder
 
         check_supported(config)
         if workers < 1:

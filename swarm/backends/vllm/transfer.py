@@ -34,9 +34,9 @@ from typing import Any, Literal, Protocol, TypeVar
 import httpx
 
 from swarm.backends.base import Weights
-from swarm.backends.devices import GpuSplit
 from swarm.backends.vllm.sender_probe import VLLM_SERIES, SenderProbe
 from swarm.backends.vllm.weights import reload_from_folder, write_weights_folder
+from swarm.devices import GpuSplit
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from swarm.backends.base import Weights
-from swarm.backends.folders import atomic_folder
+from swarm.models.folders import atomic_folder
 
 logger = logging.getLogger(__name__)
 

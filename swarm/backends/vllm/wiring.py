@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from swarm.backends.devices import GpuSplit
 from swarm.backends.vllm.transfer import (
     LocalNcclSender,
     NcclTransfer,
@@ -20,6 +19,7 @@ from swarm.backends.vllm.transfer import (
     WeightSender,
     choose_transfer,
 )
+from swarm.devices import GpuSplit
 
 logger = logging.getLogger(__name__)
 

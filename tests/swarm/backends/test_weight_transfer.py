@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.backends.devices import GpuSplit, split_gpus
 from swarm.backends.vllm.nccl import ParamStream, probe_here
 from swarm.backends.vllm.transfer import SenderProbe, choose_transfer
+from swarm.devices import GpuSplit, split_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

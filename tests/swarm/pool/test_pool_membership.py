@@ -24,7 +24,7 @@ JOIN = {"engine": "torch", "address": "http://127.0.0.1:9", "capacity": 4}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     torch.set_num_threads(1)
     model = build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)

@@ -64,7 +64,7 @@ class StreamedTorch(LocalGenerator):
 def streamed_server(tmp_path: Path) -> Iterator[tuple[RunningServer, StreamedTorch, list[int]]]:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     torch.set_num_threads(1)
     model = build_tiny(tmp_path / "model", seed=0)
