@@ -4,7 +4,7 @@ The in-process torch model when either role is torch (it plays every torch role)
 generator (a child process it owns, or ``--vllm-url``) and the verl trainer, each imported only
 when named (``--engine torch|vllm``, ``--trainer torch|verl``). GPUs are split between them first
 (``swarm.devices``); the vLLM generator's weight transfer follows the trainer it gets
-(``swarm.backends.vllm.wiring``).
+(``swarm.weights.wiring``).
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def load_engines(settings: ServerSettings) -> tuple[InProcessModel | None, Gener
 
 def _vllm_generator(settings: ServerSettings, trainer: Any, split: GpuSplit) -> Generator:
     """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``; its GPUs
-    and its weight transfer (``swarm.backends.vllm.wiring``) follow the settings."""
+    and its weight transfer (``swarm.weights.wiring``) follow the settings."""
     from swarm.backends.vllm import VllmGenerator
-    from swarm.backends.vllm.wiring import transfer_options
     from swarm.models.resolve import model_name, resolve_model_folder
+    from swarm.weights.wiring import transfer_options
 
     folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
     options = {"model_name": model_name(settings.model, folder), "mode": settings.config.mode,

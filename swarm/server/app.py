@@ -28,7 +28,6 @@ from swarm.config import ServerSettings
 from swarm.local.device_worker import DeviceWorker
 from swarm.local.generator import LocalGenerator
 from swarm.pool.pool import GeneratorPool
-from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 from swarm.pool.roster import Roster
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import (
@@ -53,6 +52,7 @@ from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
 from swarm.server.step_loop import TrainerThread
 from swarm.server.store import EpisodeStore
+from swarm.weights.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
                        responses=ERROR_RESPONSES)
     app.include_router(workers_router, responses=ERROR_RESPONSES)
     if ctx.roster is not None:
-        from swarm.pool.relay import relay_router  # torch (shards): only when the app is built
+        from swarm.weights.relay import relay_router  # torch (shards): only when the app is built
 
         authorize = ctx.keys.worker
         app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize), responses=ERROR_RESPONSES)

@@ -40,7 +40,7 @@ from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
-from swarm.backends.verl.sender import VerlNcclSender
+from swarm.weights.verl_sender import VerlNcclSender
 
 if TYPE_CHECKING:
     from verl import DataProto  # read as Any: verl is not type-checked through

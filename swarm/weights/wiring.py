@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from swarm.backends.vllm.transfer import (
+from swarm.devices import GpuSplit
+from swarm.weights.transfer import (
     LocalNcclSender,
     NcclTransfer,
     SenderProbe,
@@ -19,7 +20,6 @@ from swarm.backends.vllm.transfer import (
     WeightSender,
     choose_transfer,
 )
-from swarm.devices import GpuSplit
 
 logger = logging.getLogger(__name__)
 
