@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from swarm.named_models import model_facts
+from swarm.models.named import model_facts
 
 __all__ = ["training_defaults"]
 

@@ -21,7 +21,7 @@ os.environ.setdefault("SWARM_MODEL_CACHE", str(Path(__file__).resolve().parents[
 @pytest.fixture(scope="session")
 def bpe_model(tmp_path_factory: pytest.TempPathFactory):
     """The ``tiny-bpe`` preset (Qwen's real BPE on a tiny random model), built once per session."""
-    from swarm.backends.torch import resolve_model_folder
+    from swarm.models.resolve import resolve_model_folder
 
     return resolve_model_folder("tiny-bpe", seed=0, cache_dir=tmp_path_factory.mktemp("models") / "tiny-bpe-0")
 

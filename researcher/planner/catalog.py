@@ -97,7 +97,7 @@ KNOBS: tuple[Knob, ...] = (
 )
 
 # Every key a run's config.toml may set: ``ServerConfig``'s fields and the engine keys (``ENGINE_KEYS`` of
-# swarm.server.settings), each with its kind. The researcher may not import the server, so this list is kept
+# swarm.config), each with its kind. The researcher may not import the server, so this list is kept
 # in sync by a test; the server itself validates values (``swarm serve --check``) before any run starts.
 CONFIG_KEYS: dict[str, str] = {
     "lr": "float (0, 1], AdamW learning rate", "weight_decay": "float >= 0", "grad_clip": "float > 0",

@@ -10,7 +10,7 @@ from typing import Any
 
 from researcher.settings import StudyOptions
 from researcher.study.layout import check_study_id, slugify
-from swarm.named_models import model_facts
+from swarm.models.named import model_facts
 
 # A pretrained model's runs are minutes where the tiny presets' are seconds: on 2 CPU cores SmolLM2-135M's
 # smoke run of 8 episodes took over 60 s (the study failed its validation four times) and a training step

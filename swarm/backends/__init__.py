@@ -1,11 +1,11 @@
 """Backends own the model: generation with exact tokens and log-probs, training steps, checkpoints.
 
-Heavy libraries (torch, transformers, verl, ray) are imported only inside ``swarm.backends.*``.
-``load_engines`` is the one entry point the server uses: it builds the generator and trainer a
-server's settings name (``--engine torch|vllm``, ``--trainer torch|verl``), importing each lazily.
+The engine contracts (``base``: ``Generator``, ``Trainer``, ``Sampler``, ``TrainConfig``) and their
+adapters: the in-process torch model (``torch``), the vLLM generator (``vllm``) and the verl trainer
+(``verl``). Heavy libraries (torch, transformers, verl, ray) are imported only inside them.
+``load_backend`` builds the in-process model; which engines a process runs, from its settings, is
+``swarm.local.engines.load_engines``.
 """
-
-from typing import TYPE_CHECKING, Any
 
 from swarm.backends.base import (
     Generation,
@@ -20,10 +20,6 @@ from swarm.backends.base import (
     TrainSample,
 )
 
-if TYPE_CHECKING:
-    from swarm.backends.devices import GpuSplit
-    from swarm.server.settings import ServerSettings
-
 __all__ = [
     "Generation",
     "Generator",
@@ -36,69 +32,15 @@ __all__ = [
     "TrainSample",
     "Trainer",
     "load_backend",
-    "load_engines",
 ]
 
 
 def load_backend(model: str, config: TrainConfig, *, seed: int = 0, kind: str = "torch", device: str = "cpu",
                  dtype: str = "float32", decode_cache: str = "auto") -> InProcessModel:
-    """Build the backend ``kind`` for ``model`` (any name ``swarm.backends.models`` resolves) on ``device``
+    """Build the backend ``kind`` for ``model`` (any name ``swarm.models.resolve`` resolves) on ``device``
     (``cpu``, ``cuda:N``) in ``dtype`` (``float32``, ``bfloat16``)."""
     if kind == "torch":
         from swarm.backends.torch import TorchBackend
 
         return TorchBackend.from_model(model, config, seed=seed, device=device, dtype=dtype, decode_cache=decode_cache)
     raise ValueError(f"unknown backend {kind!r}; available: torch")
-
-
-def load_engines(settings: "ServerSettings") -> tuple[InProcessModel | None, Generator | None, Trainer | None]:
-    """``(backend, generator, trainer)`` for ``create_app``: the in-process torch model when either
-    role is torch (it plays every torch role), plus the other engines the settings name."""
-    from swarm.backends.devices import split_gpus, torch_device, torch_dtype, visible_cuda
-
-    # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers, and
-    # the in-process torch engine takes none of either (``--device auto``).
-    vllm_child, verl = settings.engine == "vllm" and not settings.vllm_url, settings.trainer == "verl"
-    visible, bf16 = visible_cuda()
-    split = split_gpus(visible, generator=settings.generator_gpus, trainer=settings.trainer_gpus, vllm=vllm_child,
-                       verl=verl)
-    backend = None
-    if settings.engine == "torch" or settings.trainer == "torch":
-        device = torch_device(settings.device, visible=visible, split=split, vllm_child=vllm_child, verl=verl)
-        backend = load_backend(settings.model, settings.config, seed=settings.seed, device=device,
-                               dtype=torch_dtype(settings.dtype, device, bf16_supported=bf16),
-                               decode_cache=settings.decode_cache)
-    trainer = None
-    if settings.trainer == "verl":
-        from swarm.backends.verl import VerlTrainer
-
-        trainer = VerlTrainer(settings.model, settings.config, workers=settings.workers,
-                              ray_address=settings.ray_address, seed=settings.seed, gpus=split.trainer or None)
-    generator = None
-    if settings.engine == "vllm":  # after the trainer: the weight transfer depends on where it runs
-        try:
-            generator = _vllm_generator(settings, trainer or backend, split)
-        except BaseException:
-            if trainer is not None:  # e.g. an explicit --weight-transfer nccl that cannot work
-                trainer.close()
-            raise
-    return backend, generator, trainer
-
-
-def _vllm_generator(settings: "ServerSettings", trainer: Any, split: "GpuSplit") -> Generator:
-    """A vLLM generator on the model's folder: a child process it owns, or ``--vllm-url``; its GPUs
-    and its weight transfer (``swarm.backends.vllm.wiring``) follow the settings."""
-    from swarm.backends.models import model_name, resolve_model_folder
-    from swarm.backends.vllm import VllmGenerator
-    from swarm.backends.vllm.wiring import transfer_options
-
-    folder = resolve_model_folder(settings.model, seed=settings.seed).resolve()
-    options = {"model_name": model_name(settings.model, folder), "mode": settings.config.mode,
-               "max_context": settings.max_context,
-               **transfer_options(settings.weight_transfer, trainer, split, attached=bool(settings.vllm_url))}
-    if settings.vllm_url:
-        return VllmGenerator.attach(settings.vllm_url, folder, settings.state_dir, **options)
-    return VllmGenerator.launch(folder, settings.state_dir, python=settings.vllm_python,
-                                max_model_len=settings.max_context, gpus=split.generator,
-                                gpu_memory_utilization=split.gpu_memory_utilization(settings.gpu_memory_utilization),
-                                **options)

@@ -23,19 +23,19 @@ the server can import it without torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from swarm.backends.sampling_params import SamplingParams
+from swarm.weights.base import Weights  # what Trainer.weights and Generator.load_weights move
 
 if TYPE_CHECKING:
-    import torch
     from pydantic.fields import FieldInfo
 
-    from swarm.backends.text import ChatText
+    from swarm.text.templates import ChatText
 
 # A sampled token's most likely alternatives, most likely first: (token id, log-prob) pairs.
 TopAlternatives = list[tuple[int, float]]
@@ -43,9 +43,6 @@ TopAlternatives = list[tuple[int, float]]
 # row asked for none). The torch sampler calls it on the generation thread; a streamed request's sink
 # is called with the same arguments on the event loop (row = choice index).
 TokenSink = Callable[[int, int, float, "TopAlternatives | None"], None]
-# A full state dict on the CPU, Hugging Face parameter names -> torch tensors (torch is imported for
-# the checker only: the server imports this module without it).
-Weights = Mapping[str, "torch.Tensor"]
 FinishReason = Literal["stop", "length"]  # a stop token or string / ``max_tokens`` or the context's end
 
 
@@ -327,7 +324,7 @@ class Trainer(Protocol):
 @runtime_checkable
 class Sampler(Protocol):
     """Synchronous generation on the server's device thread (the torch model): the server adapts it
-    to the ``Generator`` role (``swarm.server.generation.LocalGenerator``). Called from one thread."""
+    to the ``Generator`` role (``swarm.local.generator.LocalGenerator``). Called from one thread."""
 
     policy_version: int
     model_name: str

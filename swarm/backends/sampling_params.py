@@ -1,7 +1,7 @@
 """What one prompt row asks of a generator (``SamplingParams``) and the checks every engine runs on a
 request before anything is generated (``validate_requests``), with vLLM's ranges for its sampling
-extensions. A leaf: the engine contract (``swarm.backends.base``) and the shared text rules
-(``swarm.backends.text``) both build on it, and it imports neither.
+extensions. A leaf: the engine contract (``swarm.backends.base``) and every engine build on it, and
+it imports neither them nor the text rules (``swarm.text``).
 """
 
 from __future__ import annotations

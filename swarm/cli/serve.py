@@ -17,7 +17,7 @@ from swarm import stopping
 from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, out
 
 if TYPE_CHECKING:
-    from swarm.server.settings import ServerSettings
+    from swarm.config import ServerSettings
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _check_or_serve(flags: ServeFlags) -> None:
 
 def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
     """The server's settings: the config file (if any), then the flags over it."""
-    from swarm.server.settings import ServerConfig, ServerSettings, engine_choice
+    from swarm.config import ServerConfig, ServerSettings, engine_choice
 
     server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
     parsers = {"tool_call_parser": flags.tool_call_parser, "reasoning_parser": flags.reasoning_parser,
@@ -194,7 +194,7 @@ def _serve(flags: ServeFlags, path: Path | None) -> None:
         private_dir(flags.state_dir)  # holds the secret and the tokens: owner only
     except OSError as exc:
         fail(f"cannot create the state dir {flags.state_dir}: {exc}", 2)
-    from swarm.backends.torch.presets import is_preset
+    from swarm.models.presets import is_preset
 
     threads = flags.threads
     if threads is None and is_preset(settings.model):

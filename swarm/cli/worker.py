@@ -51,7 +51,7 @@ def worker(
     if not secret:
         fail("no worker token: pass $SWARM_WORKER_TOKEN (the server's <state-dir>/worker_token)", 2)
     stopping.interrupt_on_sigterm()  # a stop while the engine loads; once serving, the worker's own shutdown
-    from swarm.backends.torch.presets import is_preset
+    from swarm.models.presets import is_preset
 
     if threads is not None or is_preset(model):
         import torch

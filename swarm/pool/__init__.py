@@ -1,3 +1,3 @@
-"""The inference pool: rollout workers behind one server, and how each new policy version reaches them
-(``shards``: versioned, chunked, SHA-256-checked payloads; ``bucket``: upload shaping; ``relay``: the
-pipelined relay chain over HTTP and catch-up fetches)."""
+"""The inference pool: rollout workers behind one server (``pool``, ``members``, ``roster``), the
+worker process (``worker``, ``process``) and their wire contract (``wire``). How each new policy
+version reaches the workers (shards, the relay chain, the ``Publisher``) is ``swarm.weights``."""

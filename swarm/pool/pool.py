@@ -37,11 +37,11 @@ from swarm.backends.base import (
     TokenSink,
     Weights,
 )
-from swarm.backends.text import ChatText
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
 from swarm.protocol import WorkerStatus
+from swarm.text.templates import ChatText
 
 log = logging.getLogger(__name__)
 

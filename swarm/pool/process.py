@@ -1,6 +1,6 @@
 """``run_worker``: a ``swarm worker`` process — build the engine, serve, leave cleanly on SIGTERM.
 
-The engine comes from the same factory ``swarm serve`` uses (``swarm.backends.load_engines``): torch
+The engine comes from the same factory ``swarm serve`` uses (``swarm.local.engines.load_engines``): torch
 is the in-process sampler on a ``DeviceWorker`` thread behind a ``LocalGenerator``; vllm is the vLLM
 generator (a child process fed token ids; weights reach it from disk). The weights it starts with do
 not matter: nothing is served before the server's current version is loaded.
@@ -21,12 +21,12 @@ from types import FrameType
 import uvicorn
 
 from swarm import stopping
-from swarm.backends import load_engines
 from swarm.backends.base import Generator
+from swarm.config import ServerConfig, ServerSettings
+from swarm.local.device_worker import DeviceWorker
+from swarm.local.engines import load_engines
+from swarm.local.generator import LocalGenerator
 from swarm.pool.worker import WorkerNode, WorkerOptions, worker_app
-from swarm.server.device_worker import DeviceWorker
-from swarm.server.generation import LocalGenerator
-from swarm.server.settings import ServerConfig, ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from typing import Protocol
 from swarm.backends.base import Weights
 from swarm.pool.members import Bound, Member
 from swarm.pool.pool import GeneratorPool
-from swarm.pool.publish import SNAPSHOT_PREFIX, Encoded, Publisher
 from swarm.pool.remote import RemoteWorker
 from swarm.pool.wire import Beat, BeatReply, Join, Joined
+from swarm.weights.publish import SNAPSHOT_PREFIX, Encoded, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Roster:
         config = self.config()
         active = [m for m in self.pool.remote_members() if m.phase == "active"]
         if not active:
-            self.publisher.forget()
+            self.publisher.reset()
             self.pool.last_publication = self._counts(config)
             return
         full = self.publisher.full_next(version, config.full_sync_every)
@@ -147,7 +147,7 @@ class Roster:
         try:
             if weights is None:
                 weights = await self._exported(version)
-            encoded = await self.publisher.encode(version, weights, full)
+            encoded = await self.publisher.stage(version, weights, full)
         except Exception:  # the members catch up from the snapshot; training goes on
             log.exception("preparing version %d for the workers failed; they catch up by heartbeat", version)
             self.pool.last_publication = {**self._counts(config), _FAILED: 1.0}

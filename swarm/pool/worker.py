@@ -36,9 +36,6 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from swarm.backends.base import Generator, Sampled, SamplingParams, TopAlternatives, Weights
-from swarm.pool.publish import SNAPSHOT_PREFIX
-from swarm.pool.relay import Depot, Inbox, fetch, relay_router
-from swarm.pool.shards import Manifest, decode
 from swarm.pool.wire import (
     GENERATE_PATH,
     HEALTH_PATH,
@@ -52,6 +49,9 @@ from swarm.pool.wire import (
     StreamLine,
     WorkerHealth,
 )
+from swarm.weights.publish import SNAPSHOT_PREFIX
+from swarm.weights.relay import Depot, Inbox, fetch, relay_router
+from swarm.weights.shards import Manifest, decode
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@
 ``serve(settings)`` builds the backend from settings and runs uvicorn until stopped.
 """
 
+from swarm.config import ServerConfig, ServerSettings
 from swarm.server.app import create_app
 from swarm.server.serve import serve
-from swarm.server.settings import ServerConfig, ServerSettings
 
 __all__ = ["ServerConfig", "ServerSettings", "create_app", "serve"]

@@ -24,8 +24,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Generator, InProcessModel, Trainer
+from swarm.config import ServerSettings
+from swarm.local.device_worker import DeviceWorker
+from swarm.local.generator import LocalGenerator
 from swarm.pool.pool import GeneratorPool
-from swarm.pool.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 from swarm.pool.roster import Roster
 from swarm.protocol import ChatCompletion
 from swarm.server.auth import (
@@ -37,11 +39,9 @@ from swarm.server.auth import (
     resolve_worker_token,
 )
 from swarm.server.checkpoints import CheckpointManager
-from swarm.server.device_worker import DeviceWorker
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
-from swarm.server.generation import LocalGenerator
 from swarm.server.http.context import AppContext
 from swarm.server.http.routes_control import router as control_router
 from swarm.server.http.routes_episodes import router as episodes_router
@@ -50,9 +50,9 @@ from swarm.server.http.routes_workers import router as workers_router
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
-from swarm.server.settings import ServerSettings
 from swarm.server.step_loop import TrainerThread
 from swarm.server.store import EpisodeStore
+from swarm.weights.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
                        responses=ERROR_RESPONSES)
     app.include_router(workers_router, responses=ERROR_RESPONSES)
     if ctx.roster is not None:
-        from swarm.pool.relay import relay_router  # torch (shards): only when the app is built
+        from swarm.weights.relay import relay_router  # torch (shards): only when the app is built
 
         authorize = ctx.keys.worker
         app.include_router(relay_router(ctx.roster.publisher.depot, None, authorize), responses=ERROR_RESPONSES)

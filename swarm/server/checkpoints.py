@@ -10,7 +10,7 @@ the newest ``keep``; leftovers of killed writes are removed when the manager is 
 
 A checkpoint is what a restart resumes from, so it is also made durable against an OS crash or a
 power loss: every file and folder of the temporary directory is fsynced before the rename and the
-root after it (``swarm.backends.folders.fsync_tree``; published weights, by contrast, are not).
+root after it (``swarm.models.folders.fsync_tree``; published weights, by contrast, are not).
 
 A checkpoint that has its name but does not load (a disk that lost or truncated a file, a hand
 edit) is set aside by ``quarantine`` as ``.bad-step-<N>`` in the same root, never deleted: a restart
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.folders import fsync_dir, fsync_tree
+from swarm.models.folders import fsync_dir, fsync_tree
 
 log = logging.getLogger(__name__)
 

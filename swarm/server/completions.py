@@ -23,9 +23,9 @@ the episode, so an eval is reproducible for a given policy (up to the batch's fl
 
 Rendering follows vLLM's chat route (string tool-call arguments parsed to dicts, ``chat_template_kwargs``
 from the server's defaults and the request) and, inside an episode, drift repair: a conversation that
-re-sends replies this server produced continues the ids it sampled for them (``swarm.server.replies``).
+re-sends replies this server produced continues the ids it sampled for them (``swarm.text.drift``).
 Every reply is parsed once, as vLLM's ``--tool-call-parser``/``--reasoning-parser`` would
-(``swarm.backends.parsers``), into the ``Answer`` both the JSON and the streaming routes shape.
+(``swarm.text.parsers``), into the ``Answer`` both the JSON and the streaming routes shape.
 """
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
-from swarm.backends.parsers import ParsedReply, parse_reply, resolve_tool_parser
+from swarm.config import PROMPT_CHARS_PER_TOKEN
+from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
-from swarm.server.device_worker import QueueFull
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.replies import Conversation
-from swarm.server.settings import PROMPT_CHARS_PER_TOKEN
 from swarm.server.throttle import InFlight
 from swarm.server.view import ServerView
+from swarm.text.drift import Conversation
+from swarm.text.parsers import ParsedReply, parse_reply, resolve_tool_parser
 
 
 @dataclass(frozen=True)

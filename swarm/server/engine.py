@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm.backends.base import Trainer
+from swarm.config import ServerConfig
+from swarm.local.device_worker import DeviceWorker
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import (
     AbortRequest,
@@ -48,7 +50,6 @@ from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
 from swarm.server.completions import Completions
-from swarm.server.device_worker import DeviceWorker
 from swarm.server.episodes import EpisodeRecord, GroupBook
 from swarm.server.errors import BadRequest, RetryLater
 from swarm.server.evaluation import Evaluation
@@ -56,7 +57,6 @@ from swarm.server.lifecycle import Lifecycle
 from swarm.server.recovery import CONFIG_KEY, Restored
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.runs import RunEpisodes
-from swarm.server.settings import ServerConfig
 from swarm.server.step_loop import RunBlocking, StepLoop
 from swarm.server.store import EpisodeStore, store_safely
 

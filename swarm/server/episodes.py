@@ -19,8 +19,8 @@ from typing import Literal
 
 from swarm.backends.base import TrainSample
 from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest, Purpose
-from swarm.server.replies import ReplyBook
 from swarm.server.timeline import EpisodeTrace
+from swarm.text.drift import ReplyBook
 
 _STALE = "older than max_staleness"
 

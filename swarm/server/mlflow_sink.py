@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from swarm.config import ServerSettings
 from swarm.protocol import StepMetrics
 from swarm.server.checkpoints import Checkpoint
-from swarm.server.settings import ServerSettings
 from swarm.tracking import SERVER_CURSOR_FILE, MlflowRunWriter
 
 __all__ = ["CURSOR_FILE", "ServerRun", "server_params"]

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.backends.base import Trainer
+from swarm.config import ServerConfig
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
 from swarm.server.checkpoints import Checkpoint, CheckpointManager
 from swarm.server.episodes import EpisodeRecord, Group, is_stale
 from swarm.server.records import FinishedEpisode
-from swarm.server.settings import ServerConfig
 from swarm.server.store import EpisodeStore
 
 log = logging.getLogger(__name__)

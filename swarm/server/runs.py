@@ -9,7 +9,7 @@ key --run NAME``). ``RunEpisodes.target`` maps each of its chat calls to an epis
   reward may be posted by the session id with the run key. Sessions settle what prefixes cannot: two
   rollouts whose first replies were the same;
 - without one, a call that re-sends a reply an open episode of the run sampled continues that
-  episode. This is drift repair's look-up (``replies.Conversation.splice``), so the call's prompt is
+  episode. This is drift repair's look-up (``swarm.text.drift.Conversation.splice``), so the call's prompt is
   that episode's own tokens plus the new messages and it merges into the episode's timeline token for
   token: the same machinery as a claimed episode's multi-turn merge, no second matcher. Where several
   open episodes sampled the same reply (members of one GRPO group can), the one whose conversation
@@ -37,8 +37,8 @@ from swarm.server.auth import Principal
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, NotFound
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.replies import Conversation, Splice
 from swarm.server.view import ServerView
+from swarm.text.drift import Conversation, Splice
 
 __all__ = ["RESPONSE_PREFIXES", "SESSION_HEADER", "RunEpisodes"]
 

@@ -27,10 +27,10 @@ from types import FrameType
 import uvicorn
 
 from swarm import stopping
-from swarm.backends import load_engines
+from swarm.config import ServerSettings
+from swarm.local.engines import load_engines
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
-from swarm.server.settings import ServerSettings
 from swarm.server.store import EpisodeStore
 
 log = logging.getLogger(__name__)

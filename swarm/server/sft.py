@@ -12,8 +12,8 @@ from functools import partial
 from typing import Any
 
 from swarm.backends.base import Generator, TrainConfig, Trainer, TrainSample
-from swarm.backends.text import prepare_messages
 from swarm.protocol import SftExample, SftRequest
+from swarm.text.templates import prepare_messages
 
 
 def sft_samples(generator: Generator, examples: Sequence[SftExample]) -> list[TrainSample]:

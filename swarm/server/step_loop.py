@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swarm.backends.base import Trainer, TrainSample
+from swarm.config import ServerConfig
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
 from swarm.server.capacity import CapacityMeter
@@ -52,7 +53,6 @@ from swarm.server.episodes import EpisodeRecord, Group, GroupBook, stale_reason
 from swarm.server.errors import BadRequest
 from swarm.server.recovery import MAX_VERSION_KEY
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.settings import ServerConfig
 from swarm.server.sft import run_sft
 from swarm.server.stepstats import step_metrics
 from swarm.server.store import EpisodeStore, store_safely

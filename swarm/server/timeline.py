@@ -7,7 +7,7 @@ log-probs exactly as sampled. A call whose prompt starts with a timeline's token
 timeline (new prompt tokens get loss mask 0, the completion mask 1); a call that extends none
 (history rewritten, memory summarised, a template that drops earlier reasoning) forks a new
 timeline and is counted as drift (``drift_forks``). Replies re-sent as text are first mapped back to
-the ids that were sampled for them (``swarm.server.replies``), so re-tokenisation alone never forks;
+the ids that were sampled for them (``swarm.text.drift``), so re-tokenisation alone never forks;
 ``drift_repaired`` counts the calls where that made a difference. With ``merge=False`` every completion is its own sample, which
 is what merging is measured against.
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from swarm.backends.base import TrainSample
-from swarm.backends.parsers import ParsedReply
+from swarm.text.parsers import ParsedReply
 
 
 @dataclass

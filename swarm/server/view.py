@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from swarm.server.settings import ServerConfig
+from swarm.config import ServerConfig
 
 __all__ = ["ServerView"]
 

@@ -57,7 +57,7 @@ def _serve_node(port: int, rate: float | None) -> None:
     import uvicorn
     from fastapi import FastAPI, HTTPException, Request
 
-    from swarm.pool.relay import Depot, Inbox, relay_router
+    from swarm.weights.relay import Depot, Inbox, relay_router
 
     token = os.environ[TOKEN_ENV]
 
@@ -119,15 +119,15 @@ def _model(megabytes: float, seed: int):
 
 
 async def _chain(depot, version: int, workers: list[str], token: str, rate: float | None):
-    from swarm.pool.relay import disseminate
+    from swarm.weights.relay import disseminate
 
     return await disseminate(depot, version, workers, token=token, rate_bytes_per_s=rate, timeout_s=600)
 
 
 async def _star(depot, version: int, workers: list[str], token: str, rate: float | None):
     """The server pushes to each worker itself, all K pushes drawing on its one bucket."""
-    from swarm.pool.bucket import TokenBucket
-    from swarm.pool.relay import disseminate
+    from swarm.weights.bucket import TokenBucket
+    from swarm.weights.relay import disseminate
 
     bucket = TokenBucket(rate)
     began = time.monotonic()
@@ -138,8 +138,8 @@ async def _star(depot, version: int, workers: list[str], token: str, rate: float
 
 def _relay_runs(args, token: str, logs: Path) -> tuple[float, float, float, int]:
     """(chain s, star s, unshaped chain s, payload bytes)."""
-    from swarm.pool.relay import Depot
-    from swarm.pool.shards import encode
+    from swarm.weights.relay import Depot
+    from swarm.weights.shards import encode
 
     rate = args.rate_mb * MB
     depot = Depot(keep=64)
@@ -249,10 +249,10 @@ def _letters_deltas(steps: int, lr: float | None, chunk_bytes: int) -> dict[str,
     import torch
 
     from swarm.backends import SamplingParams, load_backend
-    from swarm.backends.torch import build_tiny
-    from swarm.pool.shards import decode, encode
+    from swarm.models.tiny import build_tiny
     from swarm.server import ServerConfig
     from swarm.server.timeline import EpisodeTrace
+    from swarm.weights.shards import decode, encode
 
     spec = importlib.util.spec_from_file_location("letters_client", LETTERS / "client.py")
     letters = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

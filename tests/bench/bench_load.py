@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=40.0, help="seconds before the baseline RSS sample")
     args = parser.parse_args()
 
-    from swarm.backends.torch import build_tiny
+    from swarm.models.tiny import build_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny(Path(tmp) / "model", seed=0)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from swarm.backends import SamplingParams, TrainSample, load_backend
-from swarm.backends.torch import build_tiny
+from swarm.models.tiny import build_tiny
 from swarm.protocol import SftExample
 from swarm.server import ServerConfig
 from swarm.server.sft import minibatches, sft_samples

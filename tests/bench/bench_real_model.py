@@ -40,8 +40,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import httpx
 import torch
 
-from swarm.backends.models import resolve_model_folder
-from swarm.backends.text import load_tokenizer, render_chat
+from swarm.models.resolve import resolve_model_folder
+from swarm.text.templates import load_tokenizer, render_chat
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, NEW_TOKENS = 32, 64

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from swarm.backends import SamplingParams, load_backend
-from swarm.backends.torch import build_tiny
+from swarm.models.tiny import build_tiny
 from swarm.server import ServerConfig
 
 
@@ -44,7 +44,7 @@ def _start_server(model: Path, state: Path, window_ms: float, threads: int) -> t
                 "config": {"batch_window_ms": window_ms, "max_batch_rows": 64}}
     code = ("import json, logging; from swarm.server import serve, ServerSettings; "
             "logging.basicConfig(format='%(relativeCreated)d %(message)s'); "
-            "logging.getLogger('swarm.server.device_worker').setLevel(logging.DEBUG); "
+            "logging.getLogger('swarm.local.device_worker').setLevel(logging.DEBUG); "
             f"serve(ServerSettings.model_validate(json.loads({json.dumps(settings)!r})))")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log = open(state.parent / "server.log", "w")  # noqa: SIM115 - closed with the process

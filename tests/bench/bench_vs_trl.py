@@ -32,7 +32,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
-from swarm.backends.torch import TorchBackend, build_tiny
+from swarm.backends.torch import TorchBackend
+from swarm.models.tiny import build_tiny
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

@@ -99,7 +99,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device visible; bench_vs_trl_gpu.py compares GPU training and needs a GPU")
         return 0
-    from swarm.backends.torch import build_tiny
+    from swarm.models.tiny import build_tiny
 
     with tempfile.TemporaryDirectory(prefix="bench-trl-gpu-") as tmp:
         ours = swarm_side(args.warmup + args.iterations + 1, Path(tmp))[args.warmup:]

@@ -85,7 +85,7 @@ def guarded(name: str, fn: Callable[[], Any]) -> Any:
 def tokenizer_folder(name: str) -> Path:
     """The named model's tokenizer: ``$GPU_TOKENIZERS/<name>`` if given (a 98 MB registry package cannot
     travel to a lent GPU, its 3 MB tokenizer can), else the project's own model resolution."""
-    from swarm.backends.models import resolve_model_folder
+    from swarm.models.resolve import resolve_model_folder
 
     carried = Path(os.environ.get("GPU_TOKENIZERS", ".gpu/tokenizers")) / name
     return carried if carried.is_dir() else resolve_model_folder(name, seed=0)

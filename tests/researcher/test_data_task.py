@@ -83,7 +83,7 @@ def test_a_study_on_a_model_starts_from_defaults_scaled_to_it(model: str, lr: fl
 def test_researcher_studies_the_users_model_and_data(tmp_path: Path) -> None:
     """Acceptance: a saved model folder as --model, the arith data as --data; the study ends with a
     report about the data task and study.toml holds the data's hash (about 2.5 minutes on 2 cores)."""
-    from swarm.backends.torch.presets import build_preset
+    from swarm.models.presets import build_preset
 
     model = build_preset("tiny", tmp_path / "my-model")
     argv = [sys.executable, "-c", "from researcher.cli import main; main()", "start", "--topic", TOPIC,

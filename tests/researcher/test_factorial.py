@@ -17,8 +17,8 @@ from researcher.planner import catalog
 from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
+from swarm.config import ENGINE_KEYS, ServerConfig
 from swarm.protocol import StepMetrics
-from swarm.server.settings import ENGINE_KEYS, ServerConfig
 
 CLIENT = '''"""A client with factors."""
 GREETING = "héllo"  # non-ASCII before the assignment: offsets are bytes

@@ -23,7 +23,7 @@ def test_the_three_examples_exist() -> None:
 def test_study_is_complete_and_imports_only_the_client(name: str) -> None:
     folder = EXAMPLES / name
     assert (folder / "README.md").is_file() and (folder / "config.toml").is_file()
-    from swarm.server.settings import ServerConfig
+    from swarm.config import ServerConfig
 
     ServerConfig.from_toml(folder / "config.toml")  # the config a user passes to `swarm serve`
     tree = ast.parse((folder / "client.py").read_text())

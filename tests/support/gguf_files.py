@@ -13,9 +13,9 @@ TINY_LLAMA = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, 
 
 
 def smollm2_gguf() -> Path:
-    """The registry package's GGUF file (``swarm.backends.models.locate``)."""
-    from swarm.backends.models import locate
-    from swarm.named_models import REGISTRY_MODELS
+    """The registry package's GGUF file (``swarm.models.resolve.locate``)."""
+    from swarm.models.named import REGISTRY_MODELS
+    from swarm.models.resolve import locate
 
     return locate(REGISTRY_MODELS["smollm2-135m"])
 

@@ -182,8 +182,8 @@ def test_a_server_that_cannot_start_ends_its_run_failed_with_the_reason(tmp_path
     from mlflow.tracking import MlflowClient
 
     from swarm.backends import load_backend
-    from swarm.backends.torch import resolve_model_folder
     from swarm.backends.vllm import VllmGenerator, VllmStartError
+    from swarm.models.resolve import resolve_model_folder
     from swarm.server import ServerSettings, create_app
 
     db = tmp_path / "mlflow.db"

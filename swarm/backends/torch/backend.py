@@ -24,17 +24,18 @@ from typing import Any
 
 import torch
 
+from swarm import algorithms
 from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
-from swarm.backends.folders import atomic_folder
-from swarm.backends.models import model_name, resolve_model_folder
-from swarm.backends.text import ChatText, Message, ToolSpec, load_tokenizer
-from swarm.backends.torch import algorithms, training
+from swarm.backends.torch import training
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.slots import SlotPool, supports
+from swarm.models.folders import atomic_folder
+from swarm.models.resolve import model_name, resolve_model_folder
+from swarm.text.templates import ChatText, Message, ToolSpec, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TorchBackend", "resolve_model_folder"]
+__all__ = ["TorchBackend"]
 
 _STATE_FILE = "backend_state.json"
 _OPTIMIZER_FILE = "optimizer.pt"

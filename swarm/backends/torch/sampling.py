@@ -54,11 +54,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarm.backends import text
+from swarm.backends import sampling_params
 from swarm.backends.base import FinishReason, Generation, RowFeed, SamplingParams, TokenSink
 from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
 from swarm.backends.torch.slots import SlotBatch, SlotPool
+from swarm.text import templates
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class _Row:
 
 def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], setup: SamplingSetup) -> None:
     """Raise ``ValueError`` for anything the loop cannot serve; nothing is generated then."""
-    text.validate_requests(prompts, params, max_context=setup.max_context, vocab_size=setup.vocab_size)
+    sampling_params.validate_requests(prompts, params, max_context=setup.max_context, vocab_size=setup.vocab_size)
 
 
 @dataclass
@@ -157,7 +158,7 @@ class _StopWatcher:
         if len(row.ids) <= floor:
             return False
         after = len(self.decode(row.ids[:floor])) if floor else 0
-        start = text.find_stop(self.decode(row.ids), row.params.stop, after=after)
+        start = templates.find_stop(self.decode(row.ids), row.params.stop, after=after)
         if start < 0:
             return False
         keep = len(row.ids) - 1
@@ -171,7 +172,7 @@ class _StopWatcher:
 
     def releasable(self, row: _Row) -> int:
         """How many of the row's tokens can be streamed without risk of being cut later."""
-        safe = text.safe_prefix_chars(self.decode(row.ids), row.params.stop)
+        safe = templates.safe_prefix_chars(self.decode(row.ids), row.params.stop)
         count = row.emitted
         while count < len(row.ids) and len(self.decode(row.ids[: count + 1])) <= safe:
             count += 1

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swarm import algorithms
 from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample, validate_samples, worst_by_source
-from swarm.backends.torch import algorithms
 from swarm.backends.torch.logprobs import token_logprobs
 
 logger = logging.getLogger(__name__)

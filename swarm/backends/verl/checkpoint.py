@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from swarm.backends.folders import atomic_folder
+from swarm.models.folders import atomic_folder
 
 __all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint"]
 

@@ -50,7 +50,7 @@ def check_supported(config: TrainConfig) -> None:
     for name, field in type(config).training_fields().items():
         if name not in HONOURED and getattr(config, name) != field.get_default(call_default_factory=True):
             raise ValueError(f"TrainConfig.{name} is not supported by the verl trainer (leave it at its default)")
-    from swarm.backends.torch.algorithms import check_estimator
+    from swarm.algorithms import check_estimator
 
     check_estimator(config.adv_estimator)
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY

@@ -12,7 +12,7 @@ batches, the way verl's own ``RayPPOTrainer`` does:
    ``TrainConfig`` (the policy loss is picked by name from verl's registry).
 
 Advantages come from the same verl estimators as the torch trainer
-(``swarm.backends.torch.algorithms.compute_advantages``). Every normaliser is the global batch's,
+(``swarm.algorithms.compute_advantages``). Every normaliser is the global batch's,
 so 1 and N workers, and this trainer and the torch trainer, compute the same loss.
 
 Checkpoints (``save``/``load``) are full, worker-count-independent folders; their layout is
@@ -40,7 +40,7 @@ from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
-from swarm.backends.verl.sender import VerlNcclSender
+from swarm.weights.verl_sender import VerlNcclSender
 
 if TYPE_CHECKING:
     from verl import DataProto  # read as Any: verl is not type-checked through
@@ -78,7 +78,7 @@ class VerlTrainer(Trainer):
     def __init__(self, model: str, config: TrainConfig, *, workers: int = 1, ray_address: str | None = None,
                  device: str | None = None, seed: int = 0, num_cpus: int | None = None,
                  gpus: Sequence[str] | None = None) -> None:
-        from swarm.backends.models import model_name, resolve_model_folder
+        from swarm.models.resolve import model_name, resolve_model_folder
 
         check_supported(config)
         if workers < 1:
@@ -157,7 +157,7 @@ class VerlTrainer(Trainer):
 
     def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
         """Episode-level advantages from verl's ``config.adv_estimator`` (as the torch trainer)."""
-        from swarm.backends.torch import algorithms
+        from swarm import algorithms
 
         return algorithms.compute_advantages(rewards, group_ids, config)
 
@@ -210,7 +210,7 @@ class VerlTrainer(Trainer):
         """Rollout importance weights and the KL reference's log-probs, when the config asks for them."""
         batch, mask, metrics = packed.data.batch, packed.response_mask, {}
         if config.rollout_is != "off":
-            from swarm.backends.torch import algorithms
+            from swarm import algorithms
 
             weights, truncated = algorithms.rollout_is_weights(batch["old_log_probs"] - packed.rollout, mask,
                                                                config.rollout_is, config.rollout_is_threshold)

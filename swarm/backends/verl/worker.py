@@ -15,7 +15,7 @@ verl's ``TrainingWorker`` offers is used as is (``reset``, ``set_loss_fn``, ``in
 - ``export_weights``: the weights for a generator, gathered one parameter at a time and cast on the
   device (bf16 on GPU), collected on the CPU by rank 0 only;
 - ``probe_weight_sender`` / ``connect_vllm`` / ``send_to_vllm`` / ``abort_vllm``: streaming the
-  parameters into vLLM over NCCL from here (``swarm.backends.vllm.nccl``; GPU only, not run on this
+  parameters into vLLM over NCCL from here (``swarm.weights.nccl``; GPU only, not run on this
   project's CPU machines). On GPU the actor runs two calls at a time, so ``abort_vllm`` can tear
   down a group whose ``send_to_vllm`` is stuck.
 
@@ -39,7 +39,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 from swarm.backends.verl import cpu_platform
 
 if TYPE_CHECKING:
-    from swarm.backends.vllm.nccl import NcclLink
+    from swarm.weights.nccl import NcclLink
 
 __all__ = ["SwarmTrainingWorker", "sft_loss"]
 
@@ -136,7 +136,7 @@ class SwarmTrainingWorker(TrainingWorker):
     def export_weights(self, dtype: str) -> dict | None:
         """Full weights (HF names) cast to ``dtype`` on the device, on rank 0's CPU; one parameter is
         gathered at a time (a collective: every rank takes part), never a whole state dict."""
-        from swarm.backends.vllm.nccl import ParamStream
+        from swarm.weights.nccl import ParamStream
 
         out: dict[str, torch.Tensor] = {}
         for name, tensor in ParamStream(self.engine.module.named_parameters, dtype=getattr(torch, dtype)):
@@ -149,14 +149,14 @@ class SwarmTrainingWorker(TrainingWorker):
         """Whether this worker can stream into vLLM: CUDA, and vLLM's NCCL engine importable here."""
         from dataclasses import asdict
 
-        from swarm.backends.vllm.nccl import probe_here
+        from swarm.weights.nccl import probe_here
 
         return asdict(probe_here("the verl workers"))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def connect_vllm(self, url: str, timeout: float) -> None:
         """Join vLLM's weight-transfer group (rank 0 opens it; the other ranks only gather)."""
-        from swarm.backends.vllm.nccl import NcclLink, ParamStream
+        from swarm.weights.nccl import NcclLink, ParamStream
 
         self.abort_vllm()
         link = NcclLink(url, ParamStream(self.engine.module.named_parameters), rank=self.rank, timeout=timeout)

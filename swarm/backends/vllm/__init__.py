@@ -3,7 +3,8 @@
 ``VllmGenerator.launch(model_dir, state_dir)`` owns a vLLM child process (found through
 ``--vllm-python``, ``$SWARM_VLLM_PYTHON`` or ``<project>/.venv-vllm``; ``bash .ci/setup-vllm``
 builds that on CPU); ``VllmGenerator.attach(url, model_dir, state_dir)`` uses a running server.
-How weights reach it (a folder, or NCCL from where they are) is ``transfer``, chosen by ``wiring``.
+How weights reach it (a folder, or NCCL from where they are) is ``swarm.weights.transfer``, chosen
+by ``swarm.weights.wiring``; the generator's own half of a publication is ``publishing``.
 Importing this package imports neither torch nor vLLM.
 """
 

@@ -2,7 +2,7 @@
 
 The server renders prompts with the model folder's own tokenizer and chat template and sends vLLM
 token ids only, so vLLM's tokenizer never decides what a prompt is. Loading, rendering and stop
-strings follow ``swarm.backends.text``, the rules the torch engine uses too. vLLM stops generating
+strings follow ``swarm.text.templates``, the rules the torch engine uses too. vLLM stops generating
 at the stop string; where the ids end is decided here.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.text import Message, ToolSpec, find_stop, load_tokenizer, render_chat, safe_prefix_chars
-from swarm.backends.text import decode as decode_ids
-from swarm.backends.text import encode as encode_text
+from swarm.text.templates import Message, ToolSpec, find_stop, load_tokenizer, render_chat, safe_prefix_chars
+from swarm.text.templates import decode as decode_ids
+from swarm.text.templates import encode as encode_text
 
 __all__ = ["ChatTokenizer", "cut_at_stop", "releasable"]
 

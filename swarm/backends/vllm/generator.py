@@ -40,14 +40,15 @@ from typing import Any, Literal
 import httpx
 
 from swarm.backends.base import Generation, Generator, Sampled, SamplingParams, TokenSink
-from swarm.backends.text import ChatText, validate_requests
+from swarm.backends.sampling_params import validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
 from swarm.backends.vllm.completions import completion_body, request_row
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
 from swarm.backends.vllm.publishing import WeightPublishing
-from swarm.backends.vllm.transfer import DiskTransfer, WeightTransfer
-from swarm.backends.vllm.weights import reload_from_folder
+from swarm.text.templates import ChatText
+from swarm.weights.folder import reload_from_folder
+from swarm.weights.transfer import DiskTransfer, WeightTransfer
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from swarm.backends.base import Weights
 from swarm.backends.vllm.completions import raise_for_status
 from swarm.backends.vllm.errors import GeneratorUnavailable, WeightSyncError
 from swarm.backends.vllm.process import AttachedVllm, VllmProcess
-from swarm.backends.vllm.transfer import WeightTransfer
-from swarm.backends.vllm.weights import prune_weight_folders, write_weights_folder
+from swarm.weights.folder import prune_weight_folders, write_weights_folder
+from swarm.weights.transfer import WeightTransfer
 
 logger = logging.getLogger(__name__)
 

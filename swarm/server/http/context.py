@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from swarm.config import ServerSettings
 from swarm.pool.roster import Roster
 from swarm.server.auth import KeyRing
 from swarm.server.completions import Completions
 from swarm.server.engine import Engine
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.runs import RunEpisodes
-from swarm.server.settings import ServerSettings
 
 
 @dataclass

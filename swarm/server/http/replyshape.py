@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from swarm.backends.base import Generation, TopAlternatives
-from swarm.backends.parsers import ParsedReply
-from swarm.backends.parsers import ToolCall as ParsedToolCall
-from swarm.backends.text import ChatText
 from swarm.protocol import FunctionCall, TokenLogprob, ToolCall, TopLogprob
+from swarm.text.parsers import ParsedReply
+from swarm.text.parsers import ToolCall as ParsedToolCall
+from swarm.text.templates import ChatText
 
 __all__ = ["finish_reason", "token_logprobs", "wire_tool_call"]
 

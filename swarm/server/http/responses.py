@@ -23,8 +23,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from swarm.backends.base import Generation
-from swarm.backends.parsers import ParsedReply
-from swarm.backends.text import ChatText
 from swarm.protocol import ChatCompletionRequest, TokenLogprob
 from swarm.protocol.responses import (
     FunctionCallItem,
@@ -40,6 +38,8 @@ from swarm.protocol.responses import (
 from swarm.server.completions import Answer
 from swarm.server.errors import BadRequest
 from swarm.server.http.replyshape import token_logprobs
+from swarm.text.parsers import ParsedReply
+from swarm.text.templates import ChatText
 
 __all__ = ["ResponseShape", "chat_request", "input_messages"]
 

@@ -27,8 +27,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from swarm.backends.base import Generation, TokenSink, TopAlternatives
-from swarm.backends.parsers import ParsedReply, ReplyStream
-from swarm.backends.text import ChatText
 from swarm.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -47,6 +45,8 @@ from swarm.server.http.responses import ResponseShape, chat_request
 from swarm.server.http.responses_stream import stream_response
 from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
 from swarm.server.runs import SESSION_HEADER
+from swarm.text.parsers import ParsedReply, ReplyStream
+from swarm.text.templates import ChatText
 
 router = APIRouter()
 

@@ -24,12 +24,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from swarm.backends.base import Generation, TopAlternatives
-from swarm.backends.parsers import ParsedReply, ReplyStream
-from swarm.backends.text import ChatText
 from swarm.protocol import ErrorCode
 from swarm.server.completions import Answer
 from swarm.server.errors import ApiError, dumps_error
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
+from swarm.text.parsers import ParsedReply, ReplyStream
+from swarm.text.templates import ChatText
 
 log = logging.getLogger(__name__)
 

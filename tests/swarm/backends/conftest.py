@@ -11,7 +11,7 @@ from swarm.backends.base import TrainConfig
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from swarm.backends.torch import build_tiny
+    from swarm.models.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-0", seed=0)
 

@@ -1,5 +1,5 @@
-"""The text rules every generator shares (``swarm.backends.text.ChatText``) and the reply book drift
-repair is built on (``swarm.server.replies``), on the real tiny and tiny-bpe tokenizers."""
+"""The text rules every generator shares (``swarm.text.templates.ChatText``) and the reply book drift
+repair is built on (``swarm.text.drift``), on the real tiny and tiny-bpe tokenizers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm.backends.parsers import ParsedReply, ToolCall
-from swarm.backends.text import ChatText, load_tokenizer, prepare_messages
-from swarm.server.replies import ReplyBook, conversation_keys, reply_message
+from swarm.text.drift import ReplyBook, conversation_keys, reply_message
+from swarm.text.parsers import ParsedReply, ToolCall
+from swarm.text.templates import ChatText, load_tokenizer, prepare_messages
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 

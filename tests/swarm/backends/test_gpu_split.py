@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.backends.devices import GpuSplit, split_gpus, visible_gpus
+from swarm.devices import GpuSplit, split_gpus, visible_gpus
 
 FOUR = ["0", "1", "2", "3"]
 

@@ -1,4 +1,4 @@
-"""The model resolver (``swarm.backends.models``): registry models and GGUF files become one cached
+"""The model resolver (``swarm.models.resolve``): registry models and GGUF files become one cached
 Hugging Face folder, converted once even when two processes start together; a file that is not a
 convertible causal LM is refused with the reason before anything is cached or served."""
 
@@ -14,8 +14,8 @@ import pytest
 from support import ROOT, free_port
 from support.gguf_files import smollm2_gguf, write_tiny_llama, write_truncated
 
-from swarm.backends.models import locate, model_name, resolve_model_folder
-from swarm.named_models import RegistryModel
+from swarm.models.named import RegistryModel
+from swarm.models.resolve import locate, model_name, resolve_model_folder
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -38,7 +38,7 @@ def test_registry_name_and_its_file_share_one_conversion() -> None:
 def test_two_processes_converting_at_once_convert_once(tmp_path: Path) -> None:
     gguf, cache = write_tiny_llama(tmp_path / "tiny-llama.gguf"), tmp_path / "cache"
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO);"
-            "from swarm.backends.models import resolve_model_folder;"
+            "from swarm.models.resolve import resolve_model_folder;"
             "print(resolve_model_folder(sys.argv[1], cache_dir=sys.argv[2]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(gguf), str(cache)], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]

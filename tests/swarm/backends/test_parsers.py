@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from swarm.backends.parsers import (
+from swarm.text.parsers import (
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     ParsedReply,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from swarm.backends.base import TrainConfig
-from swarm.backends.torch import TorchBackend, build_tiny
+from swarm.backends.torch import TorchBackend
+from swarm.models.tiny import build_tiny
 
 TOOLS = [
     {

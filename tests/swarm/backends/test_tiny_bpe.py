@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
-from swarm.backends.text import load_tokenizer
-from swarm.backends.torch import PRESETS, TorchBackend, is_preset, resolve_model_folder
-from swarm.backends.torch.tiny_bpe import ADDED_TOKENS, is_current_tiny_bpe
+from swarm.backends.torch import TorchBackend
+from swarm.models.presets import PRESETS, is_preset
+from swarm.models.resolve import resolve_model_folder
+from swarm.models.tiny_bpe import ADDED_TOKENS, is_current_tiny_bpe
+from swarm.text.templates import load_tokenizer
 
 TOOLS = [{
     "type": "function",

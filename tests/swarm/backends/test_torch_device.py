@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from swarm.backends.base import SamplingParams, TrainConfig, TrainSample
-from swarm.backends.devices import split_gpus, torch_device, torch_dtype
 from swarm.backends.torch import TorchBackend
+from swarm.devices import split_gpus, torch_device, torch_dtype
 
 FOUR = ["0", "1", "2", "3"]
 

@@ -27,7 +27,7 @@ from swarm.backends.vllm import (
     WeightSyncError,
     find_vllm_python,
 )
-from swarm.backends.vllm.transfer import DiskTransfer
+from swarm.weights.transfer import DiskTransfer
 
 pytestmark = pytest.mark.timeout(600)
 

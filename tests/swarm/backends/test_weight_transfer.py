@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.backends.devices import GpuSplit, split_gpus
-from swarm.backends.vllm.nccl import ParamStream, probe_here
-from swarm.backends.vllm.transfer import SenderProbe, choose_transfer
+from swarm.devices import GpuSplit, split_gpus
+from swarm.weights.nccl import ParamStream, probe_here
+from swarm.weights.transfer import SenderProbe, choose_transfer
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -52,12 +52,12 @@ def test_auto_picks_nccl_only_when_everything_holds() -> None:
 
 def test_the_choice_is_logged_and_shown_in_the_generator_status(tiny_dir: Path, tmp_path: Path, caplog) -> None:
     from swarm.backends.vllm import VllmGenerator
-    from swarm.backends.vllm.wiring import transfer_options
+    from swarm.weights.wiring import transfer_options
 
     class NoCudaTrainer:  # a trainer without a sender of its own: the server process would send
         pass
 
-    with caplog.at_level(logging.INFO, logger="swarm.backends.vllm.wiring"):
+    with caplog.at_level(logging.INFO, logger="swarm.weights.wiring"):
         options = transfer_options("auto", NoCudaTrainer(), GpuSplit())
     assert "transfer" not in options  # the default: disk
     assert "weight transfer into vLLM: disk (auto: no CUDA in the server process)" in caplog.text
@@ -96,7 +96,7 @@ def test_param_stream_yields_one_gathered_bf16_parameter_at_a_time() -> None:
 def test_disk_path_writes_bf16_when_asked(tiny_dir: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from swarm.backends.vllm.weights import write_weights_folder
+    from swarm.weights.folder import write_weights_folder
 
     weights = {n: p.detach() for n, p in _model().named_parameters()}
     folder = write_weights_folder(weights, tiny_dir, tmp_path, 3, dtype="bfloat16")
@@ -111,7 +111,7 @@ _VLLM_SIDE = """
 import json, math, sys, torch
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine, NCCLWeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
-from swarm.backends.vllm.nccl import ParamStream
+from swarm.weights.nccl import ParamStream
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 300))

@@ -72,7 +72,7 @@ def test_arith_data_trains_with_heldout_evaluation(server: ServeProcess) -> None
 
 
 def test_a_saved_model_folder_serves_as_model_path(tmp_path: Path) -> None:
-    from swarm.backends.torch.presets import build_preset
+    from swarm.models.presets import build_preset
 
     folder = build_preset("tiny", tmp_path / "my-model")
     proc = ServeProcess(port=free_port(), state_dir=tmp_path / "state", model=str(folder)).start()

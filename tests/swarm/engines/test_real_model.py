@@ -40,7 +40,7 @@ BOUND = 1e-3  # the engines' token-exactness bound (test_vllm_server, test_learn
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from swarm.backends.models import resolve_model_folder
+    from swarm.models.resolve import resolve_model_folder
 
     return resolve_model_folder("smollm2-135m")  # converted once, before any server's clock starts
 

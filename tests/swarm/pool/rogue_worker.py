@@ -11,9 +11,9 @@ import logging
 from pathlib import Path
 
 from swarm.backends.base import Weights
+from swarm.local.generator import LocalGenerator
 from swarm.pool.process import build_generator, run_worker
 from swarm.pool.worker import WorkerOptions
-from swarm.server.generation import LocalGenerator
 
 
 class RogueGenerator(LocalGenerator):

@@ -24,7 +24,7 @@ JOIN = {"engine": "torch", "address": "http://127.0.0.1:9", "capacity": 4}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     torch.set_num_threads(1)
     model = build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
@@ -66,8 +66,8 @@ def _local(http) -> dict:
 
 
 def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: RunningServer) -> None:
-    from swarm.pool.shards import decode
     from swarm.pool.wire import Joined
+    from swarm.weights.shards import decode
 
     with server.client(_worker_token(server)) as http:
         joined = Joined.model_validate(http.post("/api/v1/workers", json=JOIN).json())
@@ -76,7 +76,7 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
         assert manifest["base_version"] is None  # a full snapshot: what a joiner loads
         chunks = [http.get(f"{joined.snapshot_source}/pool/v1/versions/0/chunks/{c['index']}").content
                   for c in manifest["chunks"]]
-        from swarm.pool.shards import Manifest
+        from swarm.weights.shards import Manifest
 
         weights = decode(Manifest.model_validate(manifest), chunks)
         trained = server.engine.trainer.export_weights()

@@ -21,9 +21,9 @@ import pytest
 from support import ROOT, WorkerProcess, study_run, wait_for
 
 from swarm.backends import load_backend
+from swarm.local.device_worker import DeviceWorker
+from swarm.local.generator import LocalGenerator
 from swarm.server import ServerConfig
-from swarm.server.device_worker import DeviceWorker
-from swarm.server.generation import LocalGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_harness import RunningServer, launch
@@ -64,7 +64,7 @@ class StreamedTorch(LocalGenerator):
 def streamed_server(tmp_path: Path) -> Iterator[tuple[RunningServer, StreamedTorch, list[int]]]:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     torch.set_num_threads(1)
     model = build_tiny(tmp_path / "model", seed=0)

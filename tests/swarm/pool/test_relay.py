@@ -22,9 +22,9 @@ import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
 
-from swarm.pool.bucket import TokenBucket
-from swarm.pool.relay import Depot, Inbox, disseminate, fetch, relay_router
-from swarm.pool.shards import Manifest, ShardError, decode, encode
+from swarm.weights.bucket import TokenBucket
+from swarm.weights.relay import Depot, Inbox, disseminate, fetch, relay_router
+from swarm.weights.shards import Manifest, ShardError, decode, encode
 
 TOKEN = "worker-token"
 TESTS = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarm.pool.shards import ChunkInfo, Manifest, ShardError, decode, encode, verify_chunk
+from swarm.weights.shards import ChunkInfo, Manifest, ShardError, decode, encode, verify_chunk
 
 
 def _bits(tensor: torch.Tensor) -> bytes:

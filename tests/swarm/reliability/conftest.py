@@ -13,7 +13,7 @@ from support import ServeProcess
 def rel_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     torch.set_num_threads(1)
     return build_tiny(tmp_path_factory.mktemp("rel-tiny") / "model", seed=0)

@@ -12,8 +12,8 @@ import torch
 import uvicorn
 
 from swarm.backends.torch import TorchBackend
+from swarm.config import ServerConfig
 from swarm.server import ServerSettings, create_app
-from swarm.server.settings import ServerConfig
 
 
 class StallAfterUpdate(TorchBackend):

@@ -119,9 +119,9 @@ def test_no_loadable_checkpoint_refuses_to_start(rel_model: Path, tmp_path: Path
     """With checkpoints but none that loads, restore refuses (the trainer may hold part of a failed
     load) and names what it quarantined; a start after that begins from the base weights."""
     from swarm.backends import load_backend
+    from swarm.config import ServerConfig
     from swarm.server.checkpoints import CheckpointManager
     from swarm.server.recovery import RecoveryError, restore
-    from swarm.server.settings import ServerConfig
 
     config = ServerConfig()
     backend = load_backend(str(rel_model), config, seed=0)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
-    from swarm.backends.torch.tiny import build_tiny
+    from swarm.models.tiny import build_tiny
 
     # One intra-op thread: the tiny model gains nothing from two, and on a shared 2-core machine
     # two spinning threads made each training step 20x slower (measured: 1.7 s vs 0.08 s).

@@ -16,8 +16,8 @@ from support import wait_for
 
 from swarm.backends import SamplingParams, load_backend
 from swarm.backends.base import Sampled
+from swarm.local.device_worker import DeviceWorker
 from swarm.server import ServerConfig
-from swarm.server.device_worker import DeviceWorker
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 

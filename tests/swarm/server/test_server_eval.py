@@ -199,7 +199,7 @@ def test_async_rounds_fall_on_exact_multiples_and_training_ends_at_max_steps(sta
 
 
 def test_max_steps_is_a_checked_config_key_and_eval_every_goes_with_eval_claims() -> None:
-    from swarm.server.settings import ServerConfig
+    from swarm.config import ServerConfig
 
     assert ServerConfig().patched({"max_steps": 30}).max_steps == 30
     with pytest.raises(ValueError, match="max_steps"):

@@ -14,7 +14,7 @@ import pytest
 from server_harness import RunningServer
 from taught_tools import ADD, CALL_MESSAGE, QUESTION, RESULT
 
-from swarm.backends.text import prepare_messages
+from swarm.text.templates import prepare_messages
 
 pytestmark = pytest.mark.slow
 

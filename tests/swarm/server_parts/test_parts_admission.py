@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from swarm.config import ServerConfig
 from swarm.server.admission import FULL, LONG, Admission, Backlog, outlasts, over_capacity, retry_after
 from swarm.server.capacity import CapacityMeter
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import RetryLater
-from swarm.server.settings import ServerConfig
 from swarm.server.timeline import EpisodeTrace
 
 

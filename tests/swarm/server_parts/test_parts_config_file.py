@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.server.settings import ServerConfig, engine_choice
+from swarm.config import ServerConfig, engine_choice
 
 
 def test_a_server_key_that_is_not_a_table_is_refused_by_name(tmp_path: Path) -> None:

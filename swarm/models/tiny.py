@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarm.backends.text import byte_level_alphabet
+from swarm.text.templates import byte_level_alphabet
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -1,7 +1,7 @@
 """The models swarm knows by name, and the facts about a model that training defaults scale with.
 
 Torch-free, so the researcher (which may not import ``swarm.backends``) and the data client read the
-same table as the resolver (``swarm.backends.models``) that turns a name into a folder:
+same table as the resolver (``swarm.models.resolve``) that turns a name into a folder:
 
 - tiny presets (``tiny``, ``tiny-bpe``, ``tiny-bpe-think``): random weights built in code, a few
   hundred thousand parameters;

@@ -6,21 +6,21 @@
 
 A preset is built once into ``artifacts/models/<preset>-<seed>`` (or a given folder) and loaded from
 there like any other folder; a marker file with a format number makes stale builds rebuild. The
-builders import torch and transformers only when a build runs (importing the ``swarm.backends.torch``
-package itself does import torch).
+builders import torch and transformers only when a build runs, so resolving a model name imports
+neither (and no engine: the engines import this package, not the other way round).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from swarm.backends.folders import build_once
-from swarm.backends.torch import tiny, tiny_bpe
-from swarm.named_models import TINY_PRESETS
+from swarm.models import tiny, tiny_bpe
+from swarm.models.folders import build_once
+from swarm.models.named import TINY_PRESETS
 
 __all__ = ["PRESETS", "build_preset", "build_preset_once", "is_current_preset", "is_preset"]
 
-PRESETS: tuple[str, ...] = TINY_PRESETS  # listed in swarm.named_models, which the researcher reads without torch
+PRESETS: tuple[str, ...] = TINY_PRESETS  # listed in swarm.models.named, which the researcher reads without torch
 
 
 def is_preset(name: str) -> bool:
@@ -45,6 +45,6 @@ def is_current_preset(name: str, directory: str | Path, seed: int) -> bool:
 
 
 def build_preset_once(name: str, folder: Path, seed: int) -> Path:
-    """``folder`` holding a current build of preset ``name`` (``swarm.backends.folders.build_once``)."""
+    """``folder`` holding a current build of preset ``name`` (``swarm.models.folders.build_once``)."""
     return build_once(folder, lambda built: is_current_preset(name, built, seed),
                       lambda staging: build_preset(name, staging, seed))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
-from swarm.backends.parsers import check_parser_names
+from swarm.text.parsers import check_parser_names
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from swarm.backends.vllm.sender_probe import VLLM_SERIES, SenderProbe
+from swarm.weights.probe import VLLM_SERIES, SenderProbe
 
 __all__ = ["NcclLink", "ParamMeta", "ParamStream", "probe_here", "reachable_address"]
 

@@ -1,6 +1,7 @@
-"""Text handling every engine shares: loading a model folder's tokenizer, rendering chat prompts,
-stop strings and request checks. Torch-free, so the vLLM engine (whose model lives in another
-process) and the torch engine use the very same rules and cannot drift apart.
+"""Text handling every engine shares: loading a model folder's tokenizer, rendering chat prompts and
+stop strings (the request checks are ``swarm.backends.sampling_params``'s). Torch-free, so the vLLM
+engine (whose model lives in another process) and the torch engine use the very same rules and
+cannot drift apart.
 
 Stop strings act on ids through the tokenizer's decode: ids are cut before the token in which the
 stop string begins, so the returned ids decode to exactly the returned text.
@@ -14,11 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarm.backends.sampling_params import MAX_TOP_LOGPROBS, validate_requests
-
-# MAX_TOP_LOGPROBS and validate_requests live with SamplingParams; still importable from here.
-__all__ = ["MAX_TOP_LOGPROBS", "ChatText", "Ending", "Message", "ToolSpec", "decode", "encode", "find_stop", "load_tokenizer",
-           "prepare_messages", "render_chat", "safe_prefix_chars", "validate_requests"]
+__all__ = ["ChatText", "Ending", "Message", "ToolSpec", "decode", "encode", "find_stop", "load_tokenizer",
+           "prepare_messages", "render_chat", "safe_prefix_chars"]
 
 # A chat message and a tool definition as OpenAI's JSON spells them (role, content, tool_calls, ...;
 # type, function): read here, never changed, and handed to the chat template as they are.

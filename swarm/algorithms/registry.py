@@ -14,15 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from swarm.backends.base import TrainConfig
-
 __all__ = [
     "SUPPORTED_ESTIMATORS",
+    "AdvantageSettings",
+    "LossSettings",
     "actor_config",
     "aggregate",
     "check_estimator",
@@ -47,13 +47,38 @@ SUPPORTED_ESTIMATORS = (
 )
 
 
+class AdvantageSettings(Protocol):
+    """What ``compute_advantages`` reads of a training configuration (``TrainConfig`` has it)."""
+
+    @property
+    def adv_estimator(self) -> str: ...
+    @property
+    def norm_adv_by_std(self) -> bool: ...
+
+
+class LossSettings(Protocol):
+    """What ``actor_config`` reads of a training configuration (``TrainConfig`` has it). Named by
+    shape rather than imported, so the trainers' contracts (``swarm.backends``) sit above this package."""
+
+    @property
+    def clip_ratio(self) -> float: ...
+    @property
+    def loss_agg_mode(self) -> str: ...
+    @property
+    def ppo_epochs(self) -> int: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def kl_penalty(self) -> str: ...
+
+
 def _core_algos() -> ModuleType:
     from verl.trainer.ppo import core_algos
 
     return core_algos
 
 
-def actor_config(config: TrainConfig, global_batch_info: Mapping[str, float]) -> Any:
+def actor_config(config: LossSettings, global_batch_info: Mapping[str, float]) -> Any:
     """A verl ``ActorConfig`` carrying our hyper-parameters and the whole batch's sizes."""
     from verl.workers.config import ActorConfig
 
@@ -97,7 +122,7 @@ def check_estimator(name: str) -> None:
         raise ValueError(f"unknown or unsupported adv_estimator {name!r}; known: {list(SUPPORTED_ESTIMATORS)}")
 
 
-def compute_advantages(rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
+def compute_advantages(rewards: Sequence[float], group_ids: Sequence[str], config: AdvantageSettings) -> list[float]:
     """One advantage per episode from verl's estimator ``config.adv_estimator``.
 
     Each episode is a length-1 "response" holding its reward, which is how verl treats outcome

@@ -31,9 +31,9 @@ from dataclasses import astuple, dataclass
 from functools import cached_property
 from typing import Any
 
-from swarm.backends.parsers import ParsedReply
-from swarm.backends.text import Ending, Message, ToolSpec, prepare_messages
 from swarm.protocol import ChatCompletionRequest
+from swarm.text.parsers import ParsedReply
+from swarm.text.templates import Ending, Message, ToolSpec, prepare_messages
 
 __all__ = ["Conversation", "ReplyBook", "Splice", "conversation_keys", "reply_message"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from swarm.backends.devices import GpuSplit
-from swarm.backends.vllm.transfer import (
+from swarm.devices import GpuSplit
+from swarm.weights.transfer import (
     LocalNcclSender,
     NcclTransfer,
     SenderProbe,

@@ -1,4 +1,4 @@
-"""One hop of the relay chain (``swarm.pool.relay``): the wire models of a push, the versions a node
+"""One hop of the relay chain (``swarm.weights.relay``): the wire models of a push, the versions a node
 holds (``Depot``), a version as it arrives (``Holding``), and ``Forward``, which sends a version down
 the rest of the chain while it is still arriving, skipping members that fail.
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import httpx
 from pydantic import BaseModel, Field
 
-from swarm.pool.bucket import TokenBucket
-from swarm.pool.shards import Manifest, verify_chunk
+from swarm.weights.bucket import TokenBucket
+from swarm.weights.shards import Manifest, verify_chunk
 
 log = logging.getLogger(__name__)
 

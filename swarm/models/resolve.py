@@ -3,7 +3,7 @@
 A model is named one of four ways:
 
 - a tiny preset (``tiny``, ``tiny-bpe``, ``tiny-bpe-think``): random weights built in code from a
-  seed into ``artifacts/models/<preset>-<seed>`` beside the run (seconds; ``swarm.backends.torch.presets``);
+  seed into ``artifacts/models/<preset>-<seed>`` beside the run (seconds; ``swarm.models.presets``);
 - a registry model (``smollm2-135m``): a GGUF file shipped inside an installed package, found with
   ``importlib.util.find_spec`` (the package is never imported) and converted once into the model cache;
 - a path to a ``.gguf`` file: converted once into the model cache, keyed by the file's SHA-256 (a
@@ -26,9 +26,10 @@ import logging
 import os
 from pathlib import Path
 
-from swarm.backends.folders import build_once
-from swarm.backends.gguf import GGUF_FORMAT, convert_gguf, file_sha256
-from swarm.named_models import REGISTRY_MODELS, TINY_PRESETS, RegistryModel, is_tiny_preset
+from swarm.models.folders import build_once
+from swarm.models.gguf import GGUF_FORMAT, convert_gguf, file_sha256
+from swarm.models.named import REGISTRY_MODELS, TINY_PRESETS, RegistryModel, is_tiny_preset
+from swarm.models.presets import build_preset_once
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None
     the cache root (default ``default_model_cache()``). ``ValueError`` with the fix for a name that
     is none of the four, a missing package or a file that cannot be converted."""
     if is_tiny_preset(model):
-        from swarm.backends.torch.presets import build_preset_once
-
         folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"{model}-{seed}"
         return build_preset_once(model, folder, seed)
     root = Path(cache_dir) if cache_dir is not None else default_model_cache()

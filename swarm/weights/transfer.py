@@ -1,21 +1,21 @@
 """How each published policy version reaches vLLM: the transfer, chosen safely, and its two kinds.
 
-``disk`` (``DiskTransfer``): the weights are written as a loadable folder (``weights``), then every
+``disk`` (``DiskTransfer``): the weights are written as a loadable folder (``folder``), then every
 vLLM worker reloads them in place. It works wherever the server and vLLM share a filesystem and is
 the path tested here (CPU). On GPU the folder is written in bf16.
 
 ``nccl`` (``NcclTransfer``): a ``WeightSender`` running where the weights are streams them into
 vLLM's own NCCL weight-transfer engine, per parameter and packed into buckets, with no CPU state
 dict and no folder per step. Two senders exist: ``LocalNcclSender`` (the in-process torch trainer)
-and the verl trainer's (``swarm.backends.verl.sender``: its FSDP workers gather each parameter on
+and the verl trainer's (``swarm.weights.verl_sender``: its FSDP workers gather each parameter on
 the GPU and rank 0 broadcasts). Both need vLLM 0.32 importable *where the sender runs*, CUDA there,
 and a vLLM on other GPUs (NCCL refuses two ranks on one device).
 
 ``choose_transfer`` applies exactly those conditions: ``auto`` picks ``nccl`` only when all hold,
 else ``disk``, and says why; an explicit ``nccl`` that cannot work is refused at start. The
-generator (``generator``) runs a transfer's ``apply`` while new requests are held back; the step
-loop (``swarm.server.step_loop``) turns any failure or timeout into an ``error`` event and has the
-generator restart on the latest weights (``VllmGenerator.recover``).
+generator (``swarm.backends.vllm.generator``) runs a transfer's ``apply`` while new requests are
+held back; the step loop (``swarm.server.step_loop``) turns any failure or timeout into an
+``error`` event and has the generator restart on the latest weights (``VllmGenerator.recover``).
 
 Blocking sender calls run on daemon threads (``in_daemon_thread``): a send stuck inside NCCL can
 then be abandoned after a timeout without holding the server's shutdown hostage.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,10 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
-from swarm.backends.base import Weights
-from swarm.backends.devices import GpuSplit
-from swarm.backends.vllm.sender_probe import VLLM_SERIES, SenderProbe
-from swarm.backends.vllm.weights import reload_from_folder, write_weights_folder
+from swarm.devices import GpuSplit
+from swarm.weights.base import Weights, WeightTransport
+from swarm.weights.folder import reload_from_folder, write_weights_folder
+from swarm.weights.probe import VLLM_SERIES, SenderProbe
 
 logger = logging.getLogger(__name__)
 
@@ -148,24 +149,20 @@ class WeightSender(Protocol):
         ...
 
 
-class WeightTransfer(Protocol):
-    """What the generator calls to publish weights (``stage`` while requests still run, ``apply`` while
-    they are held back), and ``reset`` after vLLM restarted or a publication failed."""
+class WeightTransfer(WeightTransport[Path | None]):
+    """A ``WeightTransport`` into one vLLM server, as the generator calls it: ``stage`` while requests
+    still run, ``apply`` (the delivery) while they are held back, and ``reset`` after vLLM restarted or
+    a publication failed."""
 
     kind: TransferKind
-    streams: bool
+    streams: bool  # True: ``stage``/``apply`` take no weights, the trainer streams its own
 
-    async def stage(self, version: int, weights: Weights | None) -> Path | None:
-        ...
-
+    @abstractmethod
     async def apply(self, url: str, client: httpx.AsyncClient, staged: Path | None, weights: Weights | None) -> None:
-        ...
-
-    def reset(self) -> None:
-        ...
+        """Make the vLLM server at ``url`` serve the staged version."""
 
 
-class DiskTransfer:
+class DiskTransfer(WeightTransfer):
     """A folder per version (``root/v<version>``), reloaded in place by every vLLM worker."""
 
     kind: TransferKind = "disk"
@@ -191,18 +188,15 @@ class DiskTransfer:
         """Nothing is kept between versions."""
 
 
-class NcclTransfer:
+class NcclTransfer(WeightTransfer):
     """Weights streamed by a ``WeightSender`` into vLLM's NCCL engine; no folder per version."""
 
     kind: TransferKind = "nccl"
 
     def __init__(self, sender: WeightSender) -> None:
         self.sender = sender
+        self.streams = sender.streams
         self._connected: str | None = None  # the vLLM url the sender's NCCL group reaches
-
-    @property
-    def streams(self) -> bool:
-        return self.sender.streams
 
     async def stage(self, version: int, weights: Weights | None) -> None:
         return None
@@ -241,12 +235,12 @@ class LocalNcclSender:
         self._weights: Weights = {}
 
     def probe(self) -> SenderProbe:
-        from swarm.backends.vllm.nccl import probe_here  # nccl imports torch: only when this sender is used
+        from swarm.weights.nccl import probe_here  # nccl imports torch: only when this sender is used
 
         return probe_here(self.where)
 
     def connect(self, url: str) -> None:
-        from swarm.backends.vllm.nccl import NcclLink, ParamStream
+        from swarm.weights.nccl import NcclLink, ParamStream
 
         stream = ParamStream(lambda: self._weights.items(), device="cuda")  # NCCL sends from the GPU
         self._link = NcclLink(url, stream, rank=0, timeout=self.request_timeout)

@@ -1,10 +1,10 @@
 """``Publisher``: the server's side of weight dissemination to its pool workers.
 
-After each step the new version is encoded (``swarm.pool.shards``: versioned, chunked, SHA-256
+After each step the new version is encoded (``swarm.weights.shards``: versioned, chunked, SHA-256
 checked) as a delta over the previous version, or a full snapshot every ``full_sync_every``
 publications (and whenever there is no previous version to diff against), put in the server's
-``depot`` (``encode``) and pushed once along a relay chain of the workers (``relay``, through
-``swarm.pool.relay.disseminate``: each forwards chunks to the next while receiving the rest, so the
+``depot`` (``stage``) and pushed once along a relay chain of the workers (``relay``, through
+``swarm.weights.relay.disseminate``: each forwards chunks to the next while receiving the rest, so the
 server uploads about one copy whatever the pool size). The two are separate calls so that in async
 mode the push can overlap the next step (``swarm.pool.roster``). Workers that join, or fall behind a
 delta's base, load a full snapshot of the newest version from ``snapshots``, served under
@@ -24,12 +24,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from swarm.backends.base import Weights
+from swarm.weights.base import Weights, WeightTransport
 
 if TYPE_CHECKING:
     import torch
 
-    from swarm.pool.shards import Manifest
+    from swarm.weights.shards import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,15 @@ class Sent:
     failed: list[str]
 
 
-class Publisher:
-    """Encodes versions into the depots and relays them to the workers (module docstring)."""
+class Publisher(WeightTransport[Encoded]):
+    """Encodes versions into the depots (``stage``) and relays them to the workers (``relay``, its
+    delivery): the pool's ``WeightTransport`` (module docstring)."""
+
+    kind = "relay"
 
     def __init__(self, token: str, *, export: Export | None = None, rate_bytes_per_s: float | None = None,
                  chunk_bytes: int = 1 << 20) -> None:
-        from swarm.pool.relay import Depot
+        from swarm.weights.relay import Depot
 
         self.token = token
         self.export = export
@@ -83,8 +86,9 @@ class Publisher:
     def base_version(self) -> int | None:
         return self._base[0] if self._base is not None else None
 
-    def forget(self) -> None:
-        """No remote member left: drop the CPU copy (the next joiner's snapshot comes from ``export``)."""
+    def reset(self) -> None:
+        """No remote member left: drop the CPU copy (the next joiner's snapshot comes from ``export``,
+        the next version goes out in full)."""
         self._base = None
 
     def can_follow(self, held: int | None, newest: int) -> bool:
@@ -100,9 +104,11 @@ class Publisher:
         """Whether ``version`` goes out as a full snapshot (else a delta over ``base_version``)."""
         return self._base is None or self._since_full + 1 >= full_sync_every or self._base[0] >= version
 
-    async def encode(self, version: int, weights: Weights, full: bool) -> Encoded:
+    async def stage(self, version: int, weights: Weights | None, full: bool = False) -> Encoded:
         """Put ``version`` in the depots (full, or a delta over ``base_version``) and keep a private
         copy as the next base: once this returns, the trainer may change ``weights``."""
+        if weights is None:
+            raise ValueError("the relay encodes the weights it is given (export a streamed version first)")
         async with self._lock:
             started = time.perf_counter()
             full = full or self._base is None
@@ -117,7 +123,7 @@ class Publisher:
 
     async def relay(self, encoded: Encoded, chain: list[str], timeout_s: float = 120.0) -> Sent:
         """Push an encoded version along ``chain`` (one push at a time: they share the upload)."""
-        from swarm.pool.relay import disseminate
+        from swarm.weights.relay import disseminate
 
         async with self._relaying:
             reached: list[str] = []
@@ -149,7 +155,7 @@ class Publisher:
             return version
 
     def _encode(self, version: int, weights: Weights, full: bool) -> tuple[Manifest, list[bytes]]:
-        from swarm.pool.shards import encode
+        from swarm.weights.shards import encode
 
         base = None if full or self._base is None else self._base
         return encode(version, weights, base=base, chunk_bytes=self.chunk_bytes)

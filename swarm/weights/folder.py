@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from swarm.backends.base import Weights
-from swarm.backends.folders import atomic_folder
+from swarm.models.folders import atomic_folder
+from swarm.weights.base import Weights
 
 logger = logging.getLogger(__name__)
 

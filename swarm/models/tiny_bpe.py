@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarm.backends.torch.tiny import write_qwen2_folder
+from swarm.models.tiny import write_qwen2_folder
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -2,9 +2,9 @@
 
 Every worker gathers each parameter from its shards on its GPU, one at a time; rank 0 casts it to
 bf16 and broadcasts it, packed into buckets, into vLLM's NCCL weight-transfer group
-(``swarm.backends.vllm.nccl``). Nothing passes through the server process, the Ray object store
+(``swarm.weights.nccl``). Nothing passes through the server process, the Ray object store
 or a folder. It needs CUDA and vLLM 0.32 importable in the workers' Python (``probe``); the
-generator's transfer choice (``swarm.backends.vllm.transfer.choose_transfer``) falls back to the
+generator's transfer choice (``swarm.weights.transfer.choose_transfer``) falls back to the
 disk path when they are missing. Not run on this project's CPU machines.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from swarm.backends.base import Weights
-from swarm.backends.vllm.transfer import SenderProbe
+from swarm.weights.base import Weights
+from swarm.weights.transfer import SenderProbe
 
 __all__ = ["VerlNcclSender", "WorkerGroup"]
 

@@ -45,8 +45,8 @@ import httpx
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import BaseModel
 
-from swarm.pool.bucket import TokenBucket
-from swarm.pool.chain import (
+from swarm.weights.bucket import TokenBucket
+from swarm.weights.chain import (
     PREFIX,
     REQUEST_TIMEOUT_S,
     Depot,
@@ -59,7 +59,7 @@ from swarm.pool.chain import (
     cancel_holding,
     get_chunk,
 )
-from swarm.pool.shards import ChunkInfo, Manifest, ShardError, verify_chunk
+from swarm.weights.shards import ChunkInfo, Manifest, ShardError, verify_chunk
 
 __all__ = ["Depot", "Inbox", "RelayReport", "disseminate", "fetch", "relay_router"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from swarm.backends.base import Generator, Sampled, Sampler, SamplingParams, TokenSink, Weights
-from swarm.server.device_worker import DeviceWorker
+from swarm.local.device_worker import DeviceWorker
 
 
 class LocalGenerator(Generator):
