@@ -1,13 +1,16 @@
 """Server settings: fixed process settings and the live, patchable training configuration.
 
 ``ServerConfig`` extends the backend's ``TrainConfig`` with the engine's knobs, so one flat set of
-keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm config URL k=v`` use.
+keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm config URL k=v`` use;
+``SECTIONS`` groups them by concern for people (help, ``swarm config``, tables in a config file).
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,17 +38,19 @@ class ServerConfig(TrainConfig):
         "groups", description="count groups, episodes, or only groups whose rewards differ"
     )
     # Staleness: sync drains in-flight episodes before an update; async drops samples too old.
-    mode: Literal["sync", "async"] = "async"
+    mode: Literal["sync", "async"] = Field("async", description="sync: drain in-flight episodes before each "
+                                           "update; async: keep serving, drop samples older than max_staleness")
     max_staleness: int = Field(1, ge=0, le=64, description="async: oldest policy lag a sample may have")
     admission: bool = Field(True, description="refuse (429 + Retry-After) claims and first chat calls that could "
                             "not finish within max_staleness instead of dropping them at the step "
                             "(swarm.server.admission); false: admit all, drop what is stale")
     # Generation defaults (used when a request leaves them unset).
-    temperature: float = Field(1.0, ge=0.0, le=4.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=4.0, description="sampling temperature of calls that set none")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of calls that set none")
     max_tokens: int = Field(64, ge=1, description="default completion length")
     # Context tracking.
-    merge_timelines: bool = True
+    merge_timelines: bool = Field(True, description="merge a multi-turn episode's calls into one sample "
+                                  "where each call extends the last (else one sample a call)")
     # The agent protocol (vLLM's parser names): how replies become tool_calls and reasoning_content.
     tool_call_parser: str = Field("auto", description="hermes, llama3_json, none, or auto (by the chat template)")
     reasoning_parser: str | None = Field(None, description="qwen3 or deepseek_r1: <think> text to "
@@ -55,11 +60,13 @@ class ServerConfig(TrainConfig):
     # Async serving trains on samples up to ``max_staleness`` versions old: correct for that by default.
     rollout_is: RolloutIS = Field("token", description=ROLLOUT_IS_HELP)
     # Episodes.
-    lease_s: float = Field(60.0, gt=0, le=3600)
+    lease_s: float = Field(60.0, gt=0, le=3600, description="seconds a claimed episode is held for its "
+                           "client; heartbeats extend it, an expired one is claimable again")
     category_ratios: dict[str, float] = Field(default_factory=dict, description="target batch mix")
     # Throughput: how long the batcher waits to collect concurrent requests into one forward pass.
-    batch_window_ms: float = Field(5.0, ge=0, le=1000)
-    max_batch_rows: int = Field(64, ge=1, le=4096)
+    batch_window_ms: float = Field(5.0, ge=0, le=1000, description="how long the batcher waits to gather "
+                                   "concurrent requests into one forward pass")
+    max_batch_rows: int = Field(64, ge=1, le=4096, description="generation rows decoded together")
     # Bounds: what one request, one credential or one episode may cost (a 4xx beyond each, never a hang).
     max_prompt_chars: int | None = Field(
         None, ge=1, description="characters of message and tool text one chat call may send, checked before "
@@ -131,10 +138,10 @@ class ServerConfig(TrainConfig):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ServerConfig:
-        """Load a flat TOML file of config keys (an optional ``[server]`` table is also accepted).
-        The engine keys (``ENGINE_KEYS``) a file may also hold are read by ``engine_choice``."""
-        data = {k: v for k, v in _read_toml(path).items() if k not in ENGINE_KEYS}
-        return cls().patched(data) if data else cls()
+        """Load a config file's ``ServerConfig`` keys (``read_config_file``); the engine keys it may
+        also hold are the file's ``engine`` part."""
+        values = read_config_file(path).values
+        return cls().patched(values) if values else cls()
 
 
 # Keys a config file may set that choose engines for the process's life (not live-patchable):
@@ -144,10 +151,57 @@ ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_t
                "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache")
 
 
+# The keys by concern: how ``swarm serve --help`` and ``swarm config`` list them, and the tables a
+# config file may group them in. The model stays flat: PATCH /api/v1/config, status and the MLflow
+# params name each key alone (a test keeps every field in exactly one section).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "optimiser": ("lr", "weight_decay", "grad_clip", "ppo_epochs", "micro_batch_tokens"),
+    "loss": ("adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode", "clip_ratio", "kl_coef",
+             "kl_penalty", "rollout_is", "rollout_is_threshold"),
+    "batching": ("group_size", "batch_groups", "min_group_size", "batch_mode", "mode", "max_staleness",
+                 "admission", "category_ratios", "lease_s", "batch_window_ms", "max_batch_rows"),
+    "generation": ("temperature", "top_p", "max_tokens", "merge_timelines", "tool_call_parser",
+                   "reasoning_parser", "chat_template_kwargs"),
+    "limits": ("max_prompt_chars", "max_queued_rows", "max_inflight_per_key", "max_episode_tokens",
+               "max_event_subscribers"),
+    "schedule": ("max_steps", "checkpoint_every", "eval_hold_s", "publish_timeout_s"),
+    "pool": ("full_sync_every", "worker_lease_s", "disseminate_timeout_s", "max_worker_logprob_diff"),
+    "engines": ENGINE_KEYS,
+}
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """What one config file sets: the engines (fixed for the process) and the live config's keys."""
+
+    engine: dict[str, Any]
+    values: dict[str, Any]
+
+
+def read_config_file(path: str | Path) -> ConfigFile:
+    """The one reader of a ``--config`` TOML file. Keys sit at the top level (or under ``[server]``),
+    flat, or grouped in tables named by ``SECTIONS`` (``[batching] group_size = 8``); a key in the wrong
+    table, or set twice, is an error naming it. Values are validated by their users (``patched``,
+    ``ServerSettings``); an unknown flat key is refused there."""
+    table = _read_toml(path)
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        section = SECTIONS.get(key)
+        items = value.items() if section is not None and isinstance(value, dict) else [(key, value)]
+        for name, item in items:
+            if section is not None and name not in section:
+                raise ValueError(f"cannot read config {path}: [{key}] holds no {name!r}; its keys: {list(section)}")
+            if name in flat:
+                raise ValueError(f"cannot read config {path}: {name!r} is set twice")
+            flat[name] = item
+    engine = {k: flat.pop(k) for k in ENGINE_KEYS if k in flat}
+    return ConfigFile(engine=engine, values=flat)
+
+
 def engine_choice(path: str | Path) -> dict[str, Any]:
     """The ``ENGINE_KEYS`` a config file sets (command-line flags override them: ``--model`` given >
     the file's ``model`` > ``ServerSettings``' default, ``tiny``)."""
-    return {k: v for k, v in _read_toml(path).items() if k in ENGINE_KEYS}
+    return read_config_file(path).engine
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:
@@ -159,6 +213,26 @@ def _read_toml(path: str | Path) -> dict[str, Any]:
     if not isinstance(server, dict):
         raise ValueError(f"cannot read config {path}: [server] must be a table")
     return server
+
+
+def key_help(key: str) -> tuple[str, Any, str]:
+    """A config key's section, default and meaning (its field's description)."""
+    field = ServerConfig.model_fields.get(key) or ServerSettings.model_fields[key]
+    section = next(name for name, keys in SECTIONS.items() if key in keys)
+    default = field.get_default(call_default_factory=True)
+    return section, default, field.description or ""
+
+
+def describe_keys() -> str:
+    """Every config key by section, with its default and meaning: ``swarm serve --help``'s epilog and
+    ``swarm config --keys``."""
+    lines = []
+    for section, keys in SECTIONS.items():
+        lines.append(f"[{section}]")
+        for key in keys:
+            _, default, meaning = key_help(key)
+            lines.append(f"  {key} = {json.dumps(default, default=str)}  {meaning}")
+    return "\n".join(lines)
 
 
 class ServerSettings(BaseModel):

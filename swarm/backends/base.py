@@ -148,16 +148,17 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
     adv_estimator: str = Field("grpo", description="verl core_algos advantage estimator name")
     norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group's std")
     policy_loss: str = Field("vanilla", description="verl core_algos policy loss name")
     loss_agg_mode: str = Field("token-mean", description="verl agg_loss mode")
-    clip_ratio: float = Field(0.2, gt=0, lt=1)
+    clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO clip range: ratios beyond 1 +- this stop "
+                              "contributing gradient")
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference penalty; 0 disables the reference")
     kl_penalty: str = Field("low_var_kl", description="verl kl_penalty kind")
-    ppo_epochs: int = Field(1, ge=1, le=16)
+    ppo_epochs: int = Field(1, ge=1, le=16, description="passes over each batch per step")
     micro_batch_tokens: int = Field(8192, ge=64, description="token budget per forward pass")
     # Off-policy correction (verl's rollout_correction): weight each token's loss by the truncated
     # ratio pi_train / pi_rollout of the policy now to the one that sampled it. It matters for async

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from swarm import stopping
 from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, out
+from swarm.config import describe_keys
 
 if TYPE_CHECKING:
     from swarm.config import ServerSettings
@@ -57,7 +59,8 @@ class ServeFlags:
     check: bool
 
 
-@app.command()
+@app.command(epilog="Config keys (--config FILE: flat, or in these tables; live: swarm config URL KEY=VALUE):\n\n"
+                     + escape(describe_keys()))  # escaped: rich reads "[batching]" as markup
 def serve(
     model: Annotated[str | None, typer.Option(help=(
         "a preset built offline (tiny, tiny-bpe, tiny-bpe-think), a registry model (smollm2-135m), a .gguf file "
@@ -67,7 +70,7 @@ def serve(
     port: int = 8000,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     config: Annotated[list[Path] | None, typer.Option(
-        help="TOML file of flat ServerConfig keys (repeatable with --check only)")] = None,
+        help="TOML file of config keys, flat or in tables by section (listed below; repeatable with --check only)")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="SWARM_TOKEN", show_envvar=True,
         help="control token (else <state-dir>/token, else generated there on loopback); "
@@ -138,14 +141,15 @@ def _check_or_serve(flags: ServeFlags) -> None:
 
 def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
     """The server's settings: the config file (if any), then the flags over it."""
-    from swarm.config import ServerConfig, ServerSettings, engine_choice
+    from swarm.config import ServerConfig, ServerSettings, read_config_file
 
-    server_config = ServerConfig.from_toml(path) if path is not None else ServerConfig()
+    file = read_config_file(path) if path is not None else None
+    server_config = ServerConfig().patched(file.values) if file is not None and file.values else ServerConfig()
     parsers = {"tool_call_parser": flags.tool_call_parser, "reasoning_parser": flags.reasoning_parser,
                "max_steps": flags.max_steps}
     if any(v is not None for v in parsers.values()):  # flags override the file
         server_config = server_config.patched({k: v for k, v in parsers.items() if v is not None})
-    chosen = engine_choice(path) if path is not None else {}  # flags override the file
+    chosen = dict(file.engine) if file is not None else {}  # flags override the file
     if flags.backend is not None:
         chosen.update(engine=flags.backend, trainer=flags.backend)
     named = {"engine": flags.engine, "trainer": flags.trainer, "workers": flags.workers,

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
 from swarm.client import SwarmError
+from swarm.config import SECTIONS, key_help
 
 
 @app.command()
@@ -31,11 +32,12 @@ def config(url: Url = None,
         print_json(view)
         return
     table = Table(title=f"config version {view.version}")
-    table.add_column("key", style="bold")
-    table.add_column("value")
-    for key, value in sorted(view.values.items()):
-        style = "green" if key in values else None
-        table.add_row(key, json.dumps(value), style=style)
+    for column in ("section", "key", "value", "meaning"):
+        table.add_column(column, style="bold" if column == "key" else None)
+    order = [key for keys in SECTIONS.values() for key in keys]
+    for key in sorted(view.values, key=lambda k: (order.index(k) if k in order else len(order), k)):
+        section, _default, meaning = key_help(key) if key in order else ("", None, "")  # a newer server's key
+        table.add_row(section, key, json.dumps(view.values[key]), meaning, style="green" if key in values else None)
     out.print(table)
 
 

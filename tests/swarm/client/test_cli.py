@@ -52,6 +52,10 @@ def test_config_show_patch_and_reject(server: ServeProcess) -> None:
     assert malformed.returncode == 2 and "KEY=VALUE" in malformed.stderr
     after = ConfigView.model_validate_json(swarm("config", server.url, "--json", *state).stdout)
     assert after.version == view.version and after.values["temperature"] == 0.7  # bad input changed nothing
+    table = swarm("config", server.url, *state).stdout
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.splitlines() if "│" in line]
+    section, _key, _value, meaning = next(row for row in rows if row[1] == "max_staleness")
+    assert section == "batching" and meaning.startswith("async: oldest policy lag")  # each key's section, meaning
 
 
 def test_key_mints_a_run_key_whose_calls_name_their_episode(server: ServeProcess) -> None:
