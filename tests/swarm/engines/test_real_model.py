@@ -1,12 +1,13 @@
 """SmolLM2-135M-Instruct (``--model smollm2-135m``, pretrained weights from a registry package) on every
-engine pair: the torch engine, vLLM with the torch trainer, and the torch engine with verl's trainer on
-two FSDP2 workers. Each answers a sum greedily where it can and trains three on-policy steps whose
-recorded sampled log-probs equal the trainer's recomputation (``rollout/logprob_diff_mean``).
+engine pair: the torch engine, vLLM with the torch trainer, the torch engine with verl's trainer on
+two FSDP2 workers, and a pool worker (``swarm worker``) serving every call for a server without its own.
+Each answers a sum greedily where it can and trains three on-policy steps whose recorded sampled
+log-probs equal the trainer's recomputation (``rollout/logprob_diff_mean``).
 
 The model is converted once per machine into the model cache (``SWARM_MODEL_CACHE``, set by
 tests/conftest.py; ~35 s); each server then loads the converted folder in seconds. The torch pair runs
-in the default test run; the vLLM and verl pairs (a vLLM child or a Ray cluster with two FSDP2 workers
-of a 135M model: minutes each on 2 cores) run with ``-m study``.
+in the default test run; the vLLM, verl and pool pairs (a vLLM child, a Ray cluster with two FSDP2
+workers or a second process holding the 135M model: minutes each on 2 cores) run with ``-m study``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support import ServeProcess, free_port, wait_for
+from support import ServeProcess, WorkerProcess, free_port, wait_for
 
 from swarm.client import SwarmClient
 
@@ -107,3 +108,15 @@ def test_vllm_engine_answers_and_trains_token_exact(smollm2: Path, tmp_path: Pat
 def test_verl_trainer_on_two_workers_trains_token_exact(smollm2: Path, tmp_path: Path) -> None:
     for server in _serve(tmp_path, "--trainer", "verl", "--workers", "2", timeout_s=420):
         _assert_token_exact(_train_three_steps(server))
+
+
+@pytest.mark.study
+def test_a_pool_worker_answers_and_trains_token_exact(smollm2: Path, tmp_path: Path) -> None:
+    for server in _serve(tmp_path, "--no-local-generator", timeout_s=180):
+        worker = WorkerProcess(server, "w0", ("--model", "smollm2-135m")).start()
+        try:
+            worker.wait_ready(300)  # it joins, then takes the server's weights
+            assert "12" in _greedy(server)
+            _assert_token_exact(_train_three_steps(server))
+        finally:
+            worker.stop()
