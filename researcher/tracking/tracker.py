@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _BATCH = 1000  # MLflow's per-request metric limit
 _REPLAY_EVERY_S = 30.0
 DESCRIPTION = "mlflow.note.content"  # the tag MLflow's UI shows as a run's or experiment's description
+CREATE_ID_TAG = "researcher.create_id"  # the id a run was first asked for under: its creation happens once
 CREDENTIAL_FILES = frozenset({"token", "client_token", "secret"})  # what `swarm serve` keeps in its state dir
 _CALLER_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
                   "INVALID_STATE"}
@@ -102,17 +103,7 @@ class Tracker:
         from mlflow.entities import Metric, Param
 
         if op == "create_run":
-            local = args.get("local_id")
-            if local and self.spool and self.spool.real_id(local):
-                return self.spool.real_id(local)  # replayed before (a crash after create): not twice
-            tags = dict(args["tags"])
-            if tags.get("mlflow.parentRunId"):
-                tags["mlflow.parentRunId"] = self._run(tags["mlflow.parentRunId"])
-            run_id = self.client.create_run(self.experiment_id(args["study_id"]), run_name=args["name"],
-                                            tags=tags).info.run_id
-            if local and self.spool:
-                self.spool.map_id(local, run_id)
-            return run_id
+            return self._create_once(args)
         if op == "describe":
             self.client.set_experiment_tag(self.experiment_id(args["study_id"]), DESCRIPTION, args["text"][:5000])
             return None
@@ -150,6 +141,28 @@ class Tracker:
         else:
             raise ValueError(f"unknown tracker op {op!r}")
         return None
+
+    def _create_once(self, args: Mapping[str, Any]) -> str:
+        """Create a run once, however often the write is retried. A run created with a local id carries
+        it as a tag, so a retry whose earlier try reached the store but lost its answer (the store
+        killed mid-request) finds that run instead of making a second one (the soak's duplicate_runs)."""
+        local = args.get("local_id")
+        if local and self.spool and self.spool.real_id(local):
+            return str(self.spool.real_id(local))  # replayed before (a crash after create): not twice
+        experiment = self.experiment_id(args["study_id"])
+        tags = dict(args["tags"])
+        if tags.get("mlflow.parentRunId"):
+            tags["mlflow.parentRunId"] = self._run(tags["mlflow.parentRunId"])
+        found = self.client.search_runs([experiment], filter_string=f"tags.`{CREATE_ID_TAG}` = '{local}'",
+                                        max_results=1) if local else []
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            tags |= {CREATE_ID_TAG: local} if local else {}
+            run_id = self.client.create_run(experiment, run_name=args["name"], tags=tags).info.run_id
+        if local and self.spool:
+            self.spool.map_id(local, run_id)
+        return str(run_id)
 
     def _log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
         if not any(f.name in CREDENTIAL_FILES for f in folder.rglob("*")):

@@ -148,3 +148,26 @@ def test_a_smoke_server_left_by_a_killed_researcher_is_stopped_by_the_next_sessi
     finally:
         detached.stop_group(record.server_pid, record.server_started, grace_s=0.1)
 
+
+
+def test_a_create_whose_answer_was_lost_is_not_made_twice_by_its_retry(tmp_path: Path) -> None:
+    """The store took a create_run and was killed before answering: the write is spooled and replayed,
+    and the replay finds the run the lost answer named instead of creating a second (the 60-minute soaks'
+    duplicate_runs=1 each: a KILLED empty twin beside the run that trained)."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "mlruns", tmp_path / "spool")
+    real_create = tracker.client.create_run
+
+    def create_then_lose_the_answer(*args, **kwargs):
+        real_create(*args, **kwargs)
+        raise ConnectionResetError("the store went away before it answered")
+
+    tracker.client.create_run = create_then_lose_the_answer
+    local_id = tracker.start_child("s", None, "run", {"lr": 0.1}, {"researcher.run_key": "s/1/0"})
+    assert local_id.startswith("local-") and tracker.spool.pending()
+
+    tracker.client.create_run = real_create  # the store answers again
+    assert tracker.flush(force=True)
+    experiment = tracker.client.get_experiment_by_name("s")
+    created = tracker.client.search_runs([experiment.experiment_id])
+    assert [r.info.run_id for r in created] == [tracker.real_id(local_id)]  # one run, and the local id names it
+    assert created[0].data.params == {"lr": "0.1"}
