@@ -427,6 +427,7 @@ def check(soak: Soak, reference: str | None) -> dict:
     for note in audit.notes:
         _say(f"FOUND {note}")
     _say(f"episodes acknowledged by clients {audit.acknowledged}, trained {audit.trained}")
+    _say("largest memory growth: {1}".format(*soak.memory.worst()))
     return {"kills": sum(soak.kills.values()), "lost": audit.lost, "twice": audit.twice,
             "duplicate_runs": audit.duplicate_runs, "mlflow_gaps": audit.mlflow_gaps,
             "rss_growth_mb": soak.memory.growth_mb(),

@@ -141,16 +141,23 @@ class MemoryLog:
         """The largest growth of one process after its warm-up (its first ``warmup_s`` seen): the mean of
         its last quarter of samples minus that of its first quarter. Processes with less than
         ``min_span_s`` of samples after their warm-up are not judged."""
-        worst = 0.0
-        for series in self.samples.values():
+        return self.worst(min_span_s)[0]
+
+    def worst(self, min_span_s: float = 60.0) -> tuple[float, str]:
+        """``growth_mb`` and which process grew that much (kind, pid, seconds sampled after warm-up)."""
+        worst, who = 0.0, "none"
+        for (kind, pid, _started), series in self.samples.items():
             settled = [(t, v) for t, v in series if t - series[0][0] >= self.warmup_s]
             if len(settled) < 8 or settled[-1][0] - settled[0][0] < min_span_s:
                 continue
             n = len(settled)
             early = [v for _, v in settled[: n // 4]]
             late = [v for _, v in settled[3 * n // 4:]]
-            worst = max(worst, sum(late) / len(late) - sum(early) / len(early))
-        return round(worst, 1)
+            growth = sum(late) / len(late) - sum(early) / len(early)
+            if growth > worst:
+                span = settled[-1][0] - settled[0][0]
+                worst, who = growth, f"{kind} pid {pid} ({early[0]:.0f} -> {late[-1]:.0f} MB over {span:.0f} s)"
+        return round(worst, 1), who
 
 
 def leftovers(root: Path, marker: str) -> dict[int, str]:
