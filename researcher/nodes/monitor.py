@@ -242,7 +242,9 @@ def _fetch(poll: Poll) -> None:
         poll.bad = [k for m in poll.new for k, v in m.metrics.items() if not math.isfinite(v)]
     if poll.bad:
         return  # a diverged run ends on this poll; its progress stays where it was
-    step = poll.status.step - record.base_step
+    # The metrics are read after the status: a step committed between the two reads is in metrics.jsonl
+    # already, so it counts (run.json's last_step must cover every step the run's record logged).
+    step = max(poll.status.step, record.logged_step) - record.base_step
     if step > record.last_step:
         record.last_step, record.last_progress_at = step, poll.now
         reward = poll.new[-1].metrics.get(poll.state["framing"]["metric"]) if poll.new else None

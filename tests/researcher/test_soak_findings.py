@@ -171,3 +171,36 @@ def test_a_create_whose_answer_was_lost_is_not_made_twice_by_its_retry(tmp_path:
     created = tracker.client.search_runs([experiment.experiment_id])
     assert [r.info.run_id for r in created] == [tracker.real_id(local_id)]  # one run, and the local id names it
     assert created[0].data.params == {"lr": "0.1"}
+
+
+def test_a_step_committed_between_the_status_and_the_metrics_read_counts_as_reached(tmp_path: Path) -> None:
+    """The monitor reads the server's status, then its metrics; a step committed between the two was
+    logged (metrics.jsonl, MLflow) but run.json's last_step stayed one behind, and a run that crashed
+    right after kept it so (the seed-3 soak's mlflow_gaps=1: MLflow held step 7, run.json said 6).
+    A client that answers the two reads as the server did then stands in for it."""
+    run_dir = tmp_path / "run"
+    record = _record(run_dir).model_copy(update={"last_step": 5, "logged_step": 5})
+
+    def row(step: int) -> StepMetrics:
+        return StepMetrics(step=step, policy_version=step, time=1000.0 + step, metrics={"train/reward_mean": 0.1})
+
+    class CommittedBetweenReads:
+        def __enter__(self) -> CommittedBetweenReads:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def status(self) -> SimpleNamespace:
+            return SimpleNamespace(step=6)  # read first
+
+        def metrics(self, since_step: int) -> list[StepMetrics]:
+            return [row(s) for s in (5, 6, 7) if s >= since_step]  # read after step 7 committed
+
+    ctx = SimpleNamespace(launcher=SimpleNamespace(client_for=lambda record, timeout: CommittedBetweenReads()),
+                          say=lambda *a, **k: None)
+    poll = monitor.Poll(ctx, {"framing": {"metric": "train/reward_mean"}}, run_dir, record, now=2000.0,
+                        server_alive=True)
+    monitor._fetch(poll)
+    assert [m.step for m in runs.read_steps(run_dir)] == [6, 7]
+    assert record.logged_step == 7 and record.last_step == 7
