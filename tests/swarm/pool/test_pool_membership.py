@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from support import wait_for
 
@@ -87,18 +89,33 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
         assert http.post(beat, json={"version": 0, "in_flight": 0}).json()["state"] == "ready"
         member = _member(server, joined.worker_id)
         assert member["state"] == "ready" and member["version"] == 0 and member["address"] == JOIN["address"]
-        shown = subprocess.run([sys.executable, "-m", "swarm.cli", "status", server.url, "--token",
-                                server.token], capture_output=True, text=True, timeout=120, env={
-                                    **os.environ, "COLUMNS": "200"})
-        assert shown.returncode == 0, shown.stderr  # `swarm status` lists the pool, one line per member
-        assert f"worker {joined.worker_id}" in shown.stdout and "ready  torch  v0  0/4 in flight" in shown.stdout, \
-            shown.stdout
+        returncode, out, err = _status_while_beating(server, http, beat)
+        assert returncode == 0, err  # `swarm status` lists the pool, one line per member
+        assert f"worker {joined.worker_id}" in out and "ready  torch  v0  0/4 in flight" in out, out
         assert http.delete(f"/api/v1/workers/{joined.worker_id}").json() == {"ok": True}
         assert _member(server, joined.worker_id)["state"] == "draining"
         # its lease (1 s) runs out: the sweeper drops it
         wait_for(lambda: _member(server, joined.worker_id)["state"] == "dropped", 20, interval=0.1)
         gone = http.post(beat, json={"version": 0})
         assert gone.status_code == 404 and "join again" in gone.json()["error"]["message"]
+
+
+def _status_while_beating(server: RunningServer, http: httpx.Client, beat: str) -> tuple[int, str, str]:
+    """``swarm status`` as a user runs it, while the worker keeps beating: starting a Python process
+    takes seconds on a busy machine, longer than the 1 s lease that would otherwise drop the worker."""
+    proc = subprocess.Popen([sys.executable, "-m", "swarm.cli", "status", server.url, "--token", server.token],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    deadline = time.monotonic() + 120
+    while True:
+        assert http.post(beat, json={"version": 0, "in_flight": 0}).json()["state"] == "ready"
+        try:
+            out, err = proc.communicate(timeout=0.3)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
 
 
 def _member(server: RunningServer, worker_id: str) -> dict:

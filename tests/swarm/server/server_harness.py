@@ -31,7 +31,9 @@ class RunningServer:
     thread: threading.Thread
 
     def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60.0,
+        # 300 s: a synchronous call such as a 160-step ``control/sft`` takes minutes on a shared machine
+        # (the tests run two at a time), and a slow answer is not what these tests check.
+        return httpx.Client(base_url=self.url, timeout=300.0,
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
     def status(self) -> dict[str, Any]:
