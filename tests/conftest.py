@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support import parallel
 from support.ray_logs import dead_worker_pids, oom_kills, worker_post_mortem
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -38,39 +39,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.sections.append(("OOM killer", f"processes killed by the kernel's OOM killer since boot: {oom_kills()}"))
 
 
-# Parallel runs (README's test command: ``pytest -n 2 --dist loadgroup``). Each module goes to one worker
-# whole, so its module-scoped fixtures (servers, model builds, the vLLM child) are built once. The
-# modules that start a local Ray cluster share one group: they then run one after another on one
-# worker, as two Ray heads on one machine would compete for its cores and ports. Groups are handed out
-# longest first (Ray's group, then the studies the researcher runs end to end, then the rest) so both
-# workers finish together rather than one waiting on a late long module.
-RAY_MODULES = {
-    "tests/swarm/backends/test_verl_trainer.py",
-    "tests/swarm/engines/test_verl_server.py",
-    "tests/swarm/engines/test_real_model.py",
-    "tests/researcher/test_ray_placement.py",
-    "tests/researcher/test_engines.py",
-    "tests/studies/test_letters.py",
-}
-LONG_FIRST = ("ray", "tests/researcher/", "tests/studies/", "tests/soak/")
-
-
-def _group(item: pytest.Item) -> str:
-    module = item.nodeid.split("::", 1)[0]
-    return "ray" if module in RAY_MODULES else module
-
-
-def _rank(item: pytest.Item) -> int:
-    group = _group(item)
-    return next((i for i, prefix in enumerate(LONG_FIRST) if group.startswith(prefix)), len(LONG_FIRST))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``-n``: mark each test with its group and put the long groups first (a stable sort, so
-    every worker collects the same order, which xdist requires)."""
+    """Under ``-n``: each test's xdist group, the long groups first (``support.parallel``). The sort is
+    stable, so every worker collects the same order, as xdist requires."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=_rank)
+        item.add_marker(pytest.mark.xdist_group(parallel.group(item.nodeid)))
+    items.sort(key=lambda item: parallel.rank(item.nodeid))

@@ -1,4 +1,5 @@
-"""The shared test helpers (tests/support): what a failed wait says, a free port, and the process harness."""
+"""The shared test helpers (tests/support): what a failed wait says, a free port, the process harness, and
+how a parallel run groups the tests."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ManagedProcess, ServeProcess, free_port, wait_for
+from support import ManagedProcess, ServeProcess, free_port, parallel, wait_for
 
 
 def test_wait_for_returns_the_first_truthy_value() -> None:
@@ -88,3 +89,11 @@ def test_a_dead_ray_worker_is_reported_with_its_stderr_and_raylet_lines(tmp_path
     report = worker_post_mortem(21096, root=tmp_path)
     assert "gloo::IoException" in report and "signal 6" in report and "pid=7" not in report
     assert worker_post_mortem(999, root=tmp_path) == ""
+
+
+def test_the_parallel_groups_name_modules_that_exist_and_put_the_long_ones_first() -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / module).is_file() for module in parallel.RAY_MODULES), "a renamed Ray module left its group"
+    ids = ["tests/swarm/test_plan.py::t", "tests/researcher/test_stop.py::t", "tests/swarm/engines/test_verl_server.py::t"]
+    assert [parallel.group(i) for i in ids] == ["tests/swarm/test_plan.py", "tests/researcher/test_stop.py", "ray"]
+    assert sorted(ids, key=parallel.rank) == [ids[2], ids[1], ids[0]]
