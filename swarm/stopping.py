@@ -5,7 +5,9 @@ A supervisor (systemd, Kubernetes, docker, a test, the researcher stopping a run
 SIGKILLs after its own grace period (docker: 10 s); a person sends SIGINT. Both take one path here:
 
 - ``interrupt_on_sigterm()``: SIGTERM raises ``KeyboardInterrupt`` in the main thread, so the code's
-  Ctrl-C path (finish or abort the work in flight, close files, stop children) runs for both.
+  Ctrl-C path (finish or abort the work in flight, close files, stop children) runs for both. The
+  main thread waits with ``wait_interruptibly``: a signal another thread caught reaches it only when
+  it wakes.
 - ``arm_deadline()``: the first stop signal starts a clock. A process still alive when it runs out
   (a peer that does not answer, user code that hangs, a non-daemon thread that never returns) kills
   the children it started with ``start_child`` and exits at once, with status 128 + the signal; a
@@ -30,13 +32,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 __all__ = ["DEADLINE_S", "arm_deadline", "exit_now", "group_alive", "interrupt_on_sigterm", "on_stop_signal",
-           "run_child", "start_child", "stop_child", "stop_children", "stop_group"]
+           "run_child", "start_child", "stop_child", "stop_children", "stop_group", "wait_interruptibly"]
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +49,72 @@ CHILD_GRACE_S = 3.0  # a child's SIGTERM-to-SIGKILL grace within that deadline
 _lock = threading.Lock()
 _children: set[subprocess.Popen[Any]] = set()
 _armed_at: float | None = None
+_handled = 0  # stop signals the main thread's handler has run for
+_watching = False  # the wakeup-fd watcher has started
 
 
 def interrupt_on_sigterm(deadline_s: float = DEADLINE_S) -> None:
     """From now on SIGTERM and SIGINT raise ``KeyboardInterrupt`` in the main thread (the first one)
-    and arm the deadline; a second one exits at once. Call it from the main thread."""
+    and arm the deadline; a second one exits at once. Call it from the main thread.
+
+    The kernel may hand a process's signal to any of its threads; then Python only marks its handler
+    due, and a main thread blocked in an untimed wait (``Future.result()``, a lock, a join) does not
+    run it until that wait ends, maybe never. So a watcher thread reads the signal wakeup fd and arms
+    the deadline (exits on a second signal) whichever thread caught it; the main thread's own waits
+    should still be timed (``wait_interruptibly``) so that the clean path runs too."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        on_stop_signal(signum, deadline_s)
+        global _handled
+        _handled += 1
+        if _handled > 1:
+            exit_now(signum, "a second stop signal")
+        arm_deadline(deadline_s, signum)  # False when the watcher armed it first: this is still the first signal
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    _watch_stop_signals(deadline_s)
+
+
+def wait_interruptibly(futures: Sequence[Future[Any]], poll_s: float = 0.25) -> None:
+    """``future.result()`` for each of ``futures`` (the first failure raises), waking every ``poll_s``
+    so that a stop signal caught by another thread reaches the main thread within that time."""
+    pending: Iterable[Future[Any]] = futures
+    while pending:
+        done, pending = wait(pending, timeout=poll_s, return_when=FIRST_EXCEPTION)
+        for future in done:
+            future.result()
+
+
+def _watch_stop_signals(deadline_s: float) -> None:
+    """Start the wakeup-fd watcher once per process (see ``interrupt_on_sigterm``). Not where the wakeup
+    fd is someone else's (an asyncio loop's). A forked child drops it: its signals are its own."""
+    global _watching
+    if _watching:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:  # taken: give it back
+        signal.set_wakeup_fd(-1)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    _watching = True
+    os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
+
+    def watch() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # never the thread they land on
+        seen = 0
+        while chunk := os.read(read_fd, 64):
+            for signum in chunk:
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    seen += 1
+                    if seen == 1:
+                        arm_deadline(deadline_s, signum)
+                    else:
+                        exit_now(signum, "a second stop signal")
+
+    threading.Thread(target=watch, name="stop-signal-watcher", daemon=True).start()
 
 
 def on_stop_signal(signum: int, deadline_s: float = DEADLINE_S) -> None:

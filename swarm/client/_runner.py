@@ -37,6 +37,7 @@ from typing import Protocol
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from swarm import stopping
 from swarm.client._episode import EpisodeHandle, OpenAIPool
 from swarm.client._errors import SwarmError, SwarmHTTPError
 from swarm.client._run_state import RECENT, EvalRound, RunState, Task, check_heldout, episode_items
@@ -117,8 +118,7 @@ def run_workflow(client: EpisodeSource, tasks: Iterable[Task], workflow: Workflo
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="swarm-run") as pool:
             futures = [pool.submit(worker) for _ in range(concurrency)]
             try:
-                for future in futures:
-                    future.result()
+                stopping.wait_interruptibly(futures)  # untimed, a stop signal another thread caught would wait
             except KeyboardInterrupt:
                 _interrupted(client, state, futures)
                 raise
@@ -147,8 +147,7 @@ def _interrupted(client: EpisodeSource, state: RunState, futures: list[Future[No
         log.warning("aborting the %d episodes still in flight after %.0f s", len(playing), _FINISH_GRACE_S)
         for handle in playing:
             handle.abort("the run was interrupted")
-    for future in futures:
-        future.result()
+    stopping.wait_interruptibly(futures)
 
 
 def _play(state: RunState, handle: EpisodeHandle, workflow: Workflow, task: Task) -> None:

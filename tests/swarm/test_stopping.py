@@ -63,3 +63,26 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     assert proc.stdout.readline().strip() == "cleaning up"
     took, code, _ = terminate(proc, within_s=3.0)
     assert code == 128 + 15 and took < 2.0, (code, took)
+
+
+# A worker thread takes the SIGTERM itself (the kernel may hand a process's signal to any thread): Python
+# then only marks the handler due, and a main thread blocked in an untimed wait would not run it.
+_CAUGHT_BY_A_WORKER = ("import signal, threading\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                       "stopping.interrupt_on_sigterm(deadline_s=1.5)\nforever = threading.Event()\n"
+                       "def worker():\n    time.sleep(0.5)  # the main thread is waiting by then\n"
+                       "    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)\n    forever.wait()\n"
+                       "futures = [ThreadPoolExecutor(1).submit(worker)]\n")
+
+
+def test_a_signal_another_thread_caught_still_stops_the_process(tmp_path: Path) -> None:
+    """Before, the main thread in ``Future.result()`` never saw it and the run never stopped (CI's
+    ``swarm run``). A timed wait (``wait_interruptibly``) takes the clean Ctrl-C path; an untimed one
+    is cut at the deadline, which the wakeup-fd watcher armed."""
+    timed = _script(tmp_path, _CAUGHT_BY_A_WORKER + "try:\n    stopping.wait_interruptibly(futures)\n"
+                                                    "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
+                                                    "    stopping.exit_now(15, 'cleaned up')\n")
+    assert timed.wait(timeout=30) == 128 + 15
+    assert "interrupted" in timed.stdout.read()
+    untimed = _script(tmp_path, _CAUGHT_BY_A_WORKER + "futures[0].result()\n")
+    assert untimed.wait(timeout=30) == 128 + 15
+    assert "still stopping after 1.5 s: exiting now" in untimed.stdout.read()

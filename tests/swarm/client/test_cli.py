@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from pydantic import TypeAdapter
 from support import ROOT, SWARM, ServeProcess, wait_for
 
@@ -113,7 +114,12 @@ def test_a_study_runs_as_a_plain_python_script(server: ServeProcess) -> None:
     assert "finished=8 aborted=0" in result.stdout
 
 
-SLOW_STUDY = '''"""Letters whose every episode takes a second (an agent waiting on a tool), with its held-out set."""
+SLOW_STUDY = '''"""Letters whose every episode takes a second (an agent waiting on a tool), with its held-out set.
+Once {stop_file!r} exists, the first episode to see it sends SIGTERM to its own thread: the kernel may
+hand a process's signal to any thread, and the run must stop as it does when the main thread takes it."""
+import os
+import signal
+import threading
 import time
 
 from swarm.client import load_study
@@ -121,15 +127,22 @@ from swarm.client import load_study
 letters = load_study({letters!r})
 GROUP_SIZE, CONCURRENCY, EVAL_EVERY = 4, 8, 5
 tasks, heldout = letters.tasks, letters.heldout
+signalled = threading.Lock()
 
 
 def workflow(ep, task):
     time.sleep(1.0)
+    if os.path.exists({stop_file!r}) and signalled.acquire(blocking=False):
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
     return letters.workflow(ep, task)
 '''
 
 
-def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(new_server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["sent to the process", "caught by a worker thread"])
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(new_server, tmp_path: Path,
+                                                                         how: str) -> None:
     """A terminated `swarm run` releases its claims at once: the held-out episodes it queued are aborted
     and the ones in flight finished. Before, they stayed claimed until their 60 s leases expired, and
     the live held-out round held the server's next training step that long: the next client on the
@@ -143,7 +156,9 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(new_ser
 
     server = new_server()
     client_py = tmp_path / "slow.py"
-    client_py.write_text(SLOW_STUDY.format(letters=str(ROOT / "studies/examples/letters/client.py")))
+    stop_file = tmp_path / "stop"
+    client_py.write_text(SLOW_STUDY.format(letters=str(ROOT / "studies/examples/letters/client.py"),
+                                           stop_file=str(stop_file)))
     env = {k: v for k, v in os.environ.items() if k != "SWARM_TOKEN"}
     with SwarmClient(server.url, token=server.token) as client:
         before = client.status()
@@ -154,7 +169,10 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_held_out_round(new_ser
             # The first claim (at step 0) claims the held-out round too, before its own episode runs.
             wait_for(lambda: client.status().episodes.claimed >= before.episodes.claimed + 8, 60,
                      what="the run's first claims with their held-out round", proc=run, interval=0.1)
-            run.send_signal(signal.SIGTERM)
+            if how == "sent to the process":
+                run.send_signal(signal.SIGTERM)
+            else:
+                stop_file.touch()
             output, _ = run.communicate(timeout=30)
         finally:
             if run.poll() is None:
