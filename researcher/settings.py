@@ -60,7 +60,8 @@ class StudyOptions(BaseModel):
     smoke_timeout_s: float = Field(60.0, gt=0)
     stall_timeout_s: float = Field(120.0, gt=0, description="no new training step for this long = stalled")
     poll_interval_s: float = Field(1.0, gt=0)
-    max_client_restarts: int = Field(3, ge=0)
+    max_client_restarts: int = Field(3, ge=0, description="restart a failed client this many times in a row "
+                                     "(a training step between failures starts the count again); then the run crashed")
     client_stuck_s: float = Field(600.0, gt=0, description="no finished episode for this long while the server "
                                   "waits = a hung client (restarted)")
     min_free_disk_mb: float = Field(500.0, ge=0, description="park the study when the artifacts disk has less free")

@@ -4,7 +4,8 @@ One call polls until some run ends (so ``launch_runs`` can fill the slot) or all
 - a run reaching its step budget (its server trains no step past it) is stopped (control stop) and
   marked finished, once the held-out round of that step is logged (if its cadence has one there);
 - a dead server is restarted from its last checkpoint (``revive``, bounded), else a crash; a client
-  that ran all its episodes is topped up, a failed one restarted (bounded: ``max_client_restarts``);
+  that ran all its episodes is topped up, a failed one restarted (bounded: ``max_client_restarts`` in a
+  row, with no training step between them);
 - no new step for ``stall_timeout_s`` is a stall; non-finite metrics are a divergence;
 - the deadline (minus the report reserve) cuts every run; a stop request stops them;
 - no finished episode for ``client_stuck_s`` while the server waits for episodes: the client is
@@ -160,13 +161,28 @@ def _server_exited(poll: Poll) -> Ending | None:
 
 
 def _client_gave_up(poll: Poll) -> Ending | None:
-    """The client failed again after as many restarts as the run allows (a client that used up its
-    episodes is topped up, which is no failure)."""
+    """The client failed again after as many restarts in a row as the run allows, with no training step
+    between them (a client that used up its episodes is topped up, which is no failure). Counted in a
+    row, not in all: a run of days whose client is killed now and then (the OOM killer, a node drained)
+    and trains between the kills is not crashed for it."""
     record, launcher = poll.record, poll.ctx.launcher
     if launcher.client_alive(record) or launcher.client_used_up(poll.run_dir, record) \
-            or record.client_restarts < poll.state["options"]["max_client_restarts"]:
+            or _failures_in_a_row(record) < poll.state["options"]["max_client_restarts"]:
         return None
-    return "crashed", (f"client failed {record.client_restarts + 1} times:\n{launcher.client_log(poll.run_dir)}")
+    return "crashed", (f"client failed {_failures_in_a_row(record) + 1} times in a row at step {record.last_step}:\n"
+                       f"{launcher.client_log(poll.run_dir)}")
+
+
+def _failures_in_a_row(record: RunRecord) -> int:
+    """Client failures since the run last trained (0 when a step came after the latest failure)."""
+    return record.client_failures_in_a_row if record.last_step == record.client_failed_at_step else 0
+
+
+def _count_client_failure(record: RunRecord) -> None:
+    """A failed client is about to be restarted: count it in all (the report) and in a row."""
+    record.client_restarts += 1
+    record.client_failures_in_a_row = _failures_in_a_row(record) + 1
+    record.client_failed_at_step = record.last_step
 
 
 # In order; the first ending found ends the run. Between the groups the poll acts on the run:
@@ -206,7 +222,7 @@ def _poll(ctx: StudyContext, state: StudyState, run_dir: Path, record: RunRecord
             studyfiles.log(ctx.layout, f"Run {record.key}: the client ran all its episodes at step {record.last_step}; "
                                        "topping it up with another client.")
         else:
-            record.client_restarts += 1
+            _count_client_failure(record)
             studyfiles.log(ctx.layout, f"Run {record.key}: the client failed at step {record.last_step}; restarting "
                                        f"it (restart {record.client_restarts}).")
             ctx.say("client_restart", key=record.key, step=record.last_step)

@@ -59,6 +59,8 @@ class RunRecord(BaseModel):
     revived_at_step: int = -1             # last_step when it was last revived
     client_starts: int = 0                # client processes started: the first, top-ups and restarts
     client_restarts: int = 0              # of those, restarts after a client failed (a top-up is not one)
+    client_failures_in_a_row: int = 0     # client failures with no training step between them
+    client_failed_at_step: int = -1       # last_step at the latest client failure
     client_log_offset: int = 0            # client.log's size when the current client started
     status: RunStatus = RunStatus.PENDING  # moved only by run_status.move (its table of allowed moves)
     reason: str = ""

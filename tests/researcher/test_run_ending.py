@@ -55,9 +55,34 @@ def test_a_client_that_ran_all_its_episodes_is_topped_up_not_counted_as_a_failur
     ctx = SimpleNamespace(launcher=launcher)
     poll = monitor.Poll(ctx, {"options": {"max_client_restarts": 1}}, tmp_path, record, 0.0, server_alive=True)
     assert monitor._client_gave_up(poll) is None  # no restart yet: one is allowed
-    record.client_restarts = 1
+    record.client_restarts, record.client_failures_in_a_row, record.client_failed_at_step = 1, 1, record.last_step
     status, reason = monitor._client_gave_up(poll)
-    assert status == "crashed" and reason.startswith("client failed 2 times")
+    assert status == "crashed" and reason.startswith("client failed 2 times in a row")
+
+
+def test_client_failures_count_in_a_row_a_training_step_starts_the_count_again(tmp_path: Path) -> None:
+    """A run of days whose client is killed now and then, training between the kills, is not crashed for
+    it (the soak's SIGKILLed clients once used up ``max_client_restarts`` over a run's life); a client
+    that fails again and again with no step between is. Real client processes, killed with SIGKILL."""
+    import subprocess
+
+    launcher, record = Launcher(["swarm"]), _record()
+    (tmp_path / "client.log").write_text("")
+    poll = monitor.Poll(SimpleNamespace(launcher=launcher), {"options": {"max_client_restarts": 2}}, tmp_path, record,
+                        0.0, server_alive=True)
+    restarts = []
+    for step in (3, 3, 9, 9, 9):  # the step the run is at when its client dies
+        client = subprocess.Popen(["sleep", "60"])
+        record.client_pid, record.last_step = client.pid, step
+        client.kill()
+        client.wait()
+        ending = monitor._client_gave_up(poll)
+        restarts.append(ending is None)
+        if ending is None:  # _poll counts the failure, then starts the next client
+            monitor._count_client_failure(record)
+    # step 3: two restarts; step 9 (a step since): the count starts again, two more, the third in a row crashes
+    assert restarts == [True, True, True, True, False], restarts
+    assert record.client_restarts == 4
 
 
 def test_a_run_at_its_target_waits_for_the_target_step_s_round(tmp_path: Path) -> None:
