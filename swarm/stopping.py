@@ -49,7 +49,7 @@ CHILD_GRACE_S = 3.0  # a child's SIGTERM-to-SIGKILL grace within that deadline
 _lock = threading.Lock()
 _children: set[subprocess.Popen[Any]] = set()
 _armed_at: float | None = None
-_handled = 0  # stop signals the main thread's handler has run for
+_handled = 0  # stop signals the handlers have run for (on_stop_signal)
 _watching = False  # the wakeup-fd watcher has started
 
 
@@ -64,11 +64,7 @@ def interrupt_on_sigterm(deadline_s: float = DEADLINE_S) -> None:
     should still be timed (``wait_interruptibly``) so that the clean path runs too."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        global _handled
-        _handled += 1
-        if _handled > 1:
-            exit_now(signum, "a second stop signal")
-        arm_deadline(deadline_s, signum)  # False when the watcher armed it first: this is still the first signal
+        on_stop_signal(signum, deadline_s)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
@@ -119,9 +115,15 @@ def _watch_stop_signals(deadline_s: float) -> None:
 
 def on_stop_signal(signum: int, deadline_s: float = DEADLINE_S) -> None:
     """What every stop signal does before the process's own shutdown starts: the first arms the
-    deadline, a second exits at once. For handlers of their own (uvicorn's ``handle_exit``)."""
-    if not arm_deadline(deadline_s, signum):
+    deadline, a second exits at once. For handlers of their own (uvicorn's ``handle_exit``). It counts
+    the signals the handlers ran for, not whether the deadline is armed: the wakeup-fd watcher may have
+    armed it for this same signal. Python runs handlers in the main thread only: no lock (one taken
+    here could be the one the interrupted code holds)."""
+    global _handled
+    _handled += 1
+    if _handled > 1:
         exit_now(signum, "a second stop signal")
+    arm_deadline(deadline_s, signum)
 
 
 def arm_deadline(deadline_s: float = DEADLINE_S, signum: int = signal.SIGTERM) -> bool:

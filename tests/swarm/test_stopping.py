@@ -86,3 +86,18 @@ def test_a_signal_another_thread_caught_still_stops_the_process(tmp_path: Path) 
     untimed = _script(tmp_path, _CAUGHT_BY_A_WORKER + "futures[0].result()\n")
     assert untimed.wait(timeout=30) == 128 + 15
     assert "still stopping after 1.5 s: exiting now" in untimed.stdout.read()
+
+
+def test_a_handler_of_its_own_still_gets_the_first_signal_after_the_watcher_saw_it(tmp_path: Path) -> None:
+    """``swarm serve`` arms the watcher while its model loads, then uvicorn's handler takes the signals
+    and calls ``on_stop_signal``. The watcher arms the deadline for the same signal first (here: the
+    handler waits to be sure); that is no second signal, so the graceful shutdown (a checkpoint) runs."""
+    proc = _script(tmp_path, "import signal\nstopping.interrupt_on_sigterm(deadline_s=60)\nstopping_now = []\n"
+                             "def handle_exit(signum, frame):\n    time.sleep(0.5)\n"
+                             "    stopping.on_stop_signal(signum)\n    stopping_now.append(signum)\n"
+                             "signal.signal(signal.SIGTERM, handle_exit)\nprint('up', flush=True)\n"
+                             "while not stopping_now:\n    time.sleep(0.05)\nprint('shut down gracefully', flush=True)\n")
+    assert proc.stdout.readline().strip() == "up"
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert "shut down gracefully" in proc.stdout.read()
