@@ -9,19 +9,12 @@ stops its whole process group, including processes its leader left behind after 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from swarm import stopping
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spawn(argv: Sequence[str], *, log_path: Path, cwd: Path | None = None, env: Mapping[str, str] | None = None,

@@ -27,6 +27,7 @@ from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, log_size, tail
 from researcher.runs.processes import STATE_DIR, RunProcesses
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
+from swarm import ports
 from swarm.client import SwarmError
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Launcher(RunProcesses):
             return False
         self.stop_client(record)
         record.client_pid = record.client_started = None
-        record.port = detached.free_port()
+        record.port = ports.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
         record.revives += 1
         record.resumes += 1
@@ -182,7 +183,7 @@ class Launcher(RunProcesses):
                     run_status.move(record, RunStatus.RUNNING)
                     runs.save(run_dir, record)
                     return record
-        record.port = detached.free_port()
+        record.port = ports.free_port()
         record.url = f"http://127.0.0.1:{record.port}"
         record.state_dir = str(run_dir / STATE_DIR)
         run_status.move(record, RunStatus.RUNNING)
@@ -302,7 +303,7 @@ class Launcher(RunProcesses):
         starts the client once the server answers."""
         self._mark_unparked(record)
         if not record.external:
-            record.port = detached.free_port()
+            record.port = ports.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             runs.save(run_dir, record)  # before spawning (see start_server)
             record.server_pid, record.server_started = self._spawn_server(run_dir, config_path, record)

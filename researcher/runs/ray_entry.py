@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
+
+from swarm import ports
 
 ADDRESS_FILE = "address.json"
 
@@ -43,12 +44,6 @@ def _node_host() -> str:
     from ray.util import get_node_ip_address
 
     return get_node_ip_address()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _ensure_token(host: str, argv: list[str]) -> None:
@@ -74,7 +69,7 @@ def _ensure_token(host: str, argv: list[str]) -> None:
 def serve(run_dir: Path, argv: list[str]) -> None:
     host = _node_host()
     _ensure_token(host, argv)
-    port = _free_port(host)
+    port = ports.free_port(host)
     submission = os.environ.get("RESEARCHER_SUBMISSION_ID", "")
     tmp = run_dir / f".{ADDRESS_FILE}.tmp"
     tmp.write_text(json.dumps({"submission_id": submission, "host": host, "port": port,

@@ -11,6 +11,7 @@ from researcher.runs import record as runs
 from researcher.runs.logs import ABORTED, CLIENT_LOG, SUMMARY, last_line
 from researcher.runs.processes import STATE_DIR, LaunchError, RunProcesses
 from researcher.runs.record import RunRecord
+from swarm import ports
 
 
 def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: Path, *, episodes: int,
@@ -30,7 +31,7 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
                        state_dir="" if server_url else str(work_dir / STATE_DIR))
     try:
         if server_url is None:
-            record.port = detached.free_port()
+            record.port = ports.free_port()
             record.url = f"http://127.0.0.1:{record.port}"
             record.server_pid, record.server_started = launcher._spawn_server(work_dir, config_path, record)
             runs.save(work_dir, record)  # a researcher killed from here on leaves it: the next session stops it

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from swarm import ports
 from swarm.weights.probe import VLLM_SERIES, SenderProbe
 
 __all__ = ["NcclLink", "ParamMeta", "ParamStream", "probe_here", "reachable_address"]
@@ -120,12 +121,6 @@ def reachable_address(peer_host: str) -> str:
         return str(sock.getsockname()[0])
 
 
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 def vllm_world_size(url: str, timeout: float = 30.0) -> int:
     """vLLM's worker count across tensor, pipeline and data parallelism (its NCCL ranks 1..N)."""
     import httpx
@@ -158,7 +153,7 @@ class NcclLink:
         address, port, world = "unused", 0, 1
         if self.rank == 0:
             address = reachable_address(urlsplit(self.url).hostname or "127.0.0.1")
-            port = _free_port(address)
+            port = ports.free_port(address)
             world = 1 + vllm_world_size(self.url)
         extra = {"packed_buffer_size_bytes": self.bucket_bytes} if self.bucket_bytes else {}
         info = NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world, rank=self.rank,

@@ -54,6 +54,7 @@ from researcher.study import store  # noqa: E402
 from researcher.study.flags import parse_duration  # noqa: E402
 from researcher.study.layout import StudyLayout  # noqa: E402
 from researcher.tracking.spool import Spool  # noqa: E402
+from swarm import ports  # noqa: E402
 
 TOPIC = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
 ENDED = ("done", "failed", "stopped")
@@ -71,7 +72,7 @@ class Soak:
         self.studies, self.artifacts = root / "studies", root / "artifacts"
         self.logs = root / "logs"
         self.logs.mkdir(parents=True)
-        self.mlflow_port = detached.free_port()
+        self.mlflow_port = ports.free_port()
         self.mlflow_uri = f"http://127.0.0.1:{self.mlflow_port}"
         self.mlflow: subprocess.Popen | None = None
         self.daemon: subprocess.Popen | None = None

@@ -7,8 +7,8 @@ inserts ``tests/`` itself. Not ``tests.support``: verl installs a top-level ``te
 would shadow ours.
 """
 
-from support.ports import free_port
 from support.serve import ROOT, SWARM, ManagedProcess, ServeProcess, WorkerProcess, study_run
 from support.waiting import wait_for
+from swarm.ports import free_port
 
 __all__ = ["ROOT", "SWARM", "ManagedProcess", "ServeProcess", "WorkerProcess", "free_port", "study_run", "wait_for"]

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from support.ports import free_port
 from support.waiting import wait_for
+from swarm.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SWARM = [sys.executable, "-m", "swarm.cli"]

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from swarm import ports
 from swarm.backends.vllm.errors import INSTALL_HINT, VllmStartError
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,13 @@ PYTHON_ENV_VAR = "SWARM_VLLM_PYTHON"
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 _LOG_TAIL_LINES = 40
 _STOP_GRACE_S = 10.0
+# What vLLM's /health never answers (it has no auth on it): another server holds the port, one that bound
+# it while vLLM was starting (vLLM binds with SO_REUSEADDR before it listens, so both can hold it).
+_NOT_VLLM = (401, 403, 404)
+
+
+class _PortTaken(VllmStartError):
+    """Another server answers on the port chosen for vLLM: start again on a new one."""
 # Runs first in the child: ask Linux to SIGTERM it when the process that started it dies (even by
 # SIGKILL, when no cleanup code runs), then become vLLM's server. The setting survives the exec.
 _PARENT_DEATH_SHIM = (
@@ -72,12 +79,6 @@ def find_vllm_python(explicit: str | Path | None = None, environ: Mapping[str, s
     if not (candidate.is_file() and os.access(candidate, os.X_OK)):
         raise VllmStartError(f"no vLLM Python at {candidate} ({source}); {INSTALL_HINT}")
     return candidate
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def vllm_command(
@@ -243,9 +244,9 @@ class VllmProcess:
             try:
                 await self._wait_healthy(started + timeout, timeout)
                 break
-            except VllmStartError:
+            except VllmStartError as exc:
                 await self.stop()
-                port_taken = "address already in use" in self._log_since(offset).lower()
+                port_taken = isinstance(exc, _PortTaken) or "address already in use" in self._log_since(offset).lower()
                 if attempt == 0 and port_taken:
                     logger.warning("vLLM port %s was taken; retrying on another port", self.port)
                     continue
@@ -254,7 +255,7 @@ class VllmProcess:
         logger.info("vLLM up at %s in %.1f s (pid %s)", self.url, self.start_time_s, self.pid)
 
     def _launch(self) -> int:
-        self.port = _free_port(self.host)
+        self.port = ports.free_port(self.host)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
         argv = cmd
@@ -290,10 +291,13 @@ class VllmProcess:
                         f"Last lines of {self.log_file}:\n{_tail(self.log_file)}\n{INSTALL_HINT}"
                     )
                 try:
-                    if (await client.get(f"{self.url}/health")).status_code == 200:
-                        return
+                    answer = (await client.get(f"{self.url}/health")).status_code
                 except httpx.TransportError:
-                    pass
+                    answer = None
+                if answer == 200:
+                    return
+                if answer in _NOT_VLLM:
+                    raise _PortTaken(f"another server answers on vLLM's port {self.port} (HTTP {answer} for /health)")
                 if time.monotonic() > deadline:
                     raise VllmStartError(
                         f"vLLM did not become healthy within {timeout:.0f} s.\n"
