@@ -85,10 +85,12 @@ def test_plan_advice_raises_learner_busy_to_target(new_server: Callable[..., Ser
         start = client.status().step
         fast_log = tmp_path / "fast.log"
         with study_run(client_py, server, fast_log, ("--concurrency", str(concurrency), "--group-size", "4")) as fast:
-            wait_for(lambda: client.status().step >= start + 10, 180, what=f"step {start + 10}", proc=fast,
+            wait_for(lambda: client.status().step >= start + 14, 240, what=f"step {start + 14}", proc=fast,
                      log=fast_log, interval=0.3)
-        busy = _busy(client, start + 5)[:5]  # past the ramp-up, while the advised client ran
-        typical = statistics.median(busy)  # one step slowed by the shared machine (0.59 once in CI) is not the advice
+        busy = _busy(client, start + 5)[:9]  # past the ramp-up, while the advised client ran
+        # The median of nine: steps slowed by the other test worker's bursts (two of five once, 0.41 and
+        # 0.60, in a parallel CI run) are the shared machine, not the advice.
+        typical = statistics.median(busy)
         print(f"learner busy {sum(idle) / len(idle):.2f} at concurrency 1 -> {typical:.2f} (median of {busy}) at the "
               f"advised {concurrency}")
         assert typical >= 0.9, (concurrency, busy)
