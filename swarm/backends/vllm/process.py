@@ -49,10 +49,6 @@ _STOP_GRACE_S = 10.0
 # What vLLM's /health never answers (it has no auth on it): another server holds the port, one that bound
 # it while vLLM was starting (vLLM binds with SO_REUSEADDR before it listens, so both can hold it).
 _NOT_VLLM = (401, 403, 404)
-
-
-class _PortTaken(VllmStartError):
-    """Another server answers on the port chosen for vLLM: start again on a new one."""
 # Runs first in the child: ask Linux to SIGTERM it when the process that started it dies (even by
 # SIGKILL, when no cleanup code runs), then become vLLM's server. The setting survives the exec.
 _PARENT_DEATH_SHIM = (
@@ -62,6 +58,10 @@ _PARENT_DEATH_SHIM = (
     "    sys.exit('the server that started vLLM is gone')\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
 )
+
+
+class _PortTaken(VllmStartError):
+    """Another server answers on the port chosen for vLLM: start again on a new one."""
 
 
 def find_vllm_python(explicit: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
