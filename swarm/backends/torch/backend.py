@@ -27,6 +27,7 @@ import torch
 from swarm import algorithms
 from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
 from swarm.backends.torch import training
+from swarm.backends.torch.attention import use_grouped_decode
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.slots import SlotPool, supports
 from swarm.models.folders import atomic_folder
@@ -80,6 +81,7 @@ class TorchBackend(InProcessModel):
         decode_cache: str = "auto",
     ) -> None:
         self.model = model
+        use_grouped_decode(model)  # decode steps attend without copying the KV cache (``attention``)
         self.device = str(next(model.parameters()).device)
         self.dtype = dtype
         self._autocast = torch.bfloat16 if dtype == "bfloat16" else None

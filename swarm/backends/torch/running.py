@@ -22,6 +22,8 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 import torch
 
+from swarm.backends.torch.attention import reads_sdpa_mask
+
 __all__ = ["RowTable", "RunningBatch"]
 
 
@@ -103,7 +105,7 @@ class RunningBatch(Generic[P]):
     def forward(self, model: torch.nn.Module, vocab_size: int) -> torch.Tensor:
         """Run the pending inputs through the model; return next-token logits ``(B, vocab_size)``."""
         device = next(model.parameters()).device
-        sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        sdpa = reads_sdpa_mask(model.config)
         out = model(
             input_ids=self.inputs.to(device),
             attention_mask=_attention_mask(self.mask, self.inputs.shape[-1], sdpa).to(device),

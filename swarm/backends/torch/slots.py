@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from swarm.backends.torch.attention import reads_sdpa_mask
 from swarm.backends.torch.running import RowTable, RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,8 @@ def supports(model: torch.nn.Module) -> bool:
     """True for models whose every layer is full attention reading keys through the cache object."""
     config = model.config
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    attention = getattr(config, "_attn_implementation", None)
-    return kinds == {"full_attention"} and attention in ("sdpa", "eager") and hasattr(config, "num_hidden_layers")
+    sdpa_or_eager = reads_sdpa_mask(config) or getattr(config, "_attn_implementation", None) == "eager"
+    return kinds == {"full_attention"} and sdpa_or_eager and hasattr(config, "num_hidden_layers")
 
 
 def _next_power(n: int) -> int:
@@ -75,7 +76,7 @@ class SlotPool:
         # Columns are storage, not positions (rotary uses each row's position id): a join left-pads its
         # rows to the widest prompt, so a row may need more columns than the context has positions.
         self.max_length = 2 * int(getattr(config, "max_position_embeddings", 2048))
-        self.sdpa = getattr(config, "_attn_implementation", None) == "sdpa"
+        self.sdpa = reads_sdpa_mask(config)
         self.top = 0  # slots 0..top-1 may hold live rows
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -92,8 +93,12 @@ class SlotPool:
 
     # -- storage ---------------------------------------------------------------------------------
 
+    @torch.inference_mode(False)
     def _allocate(self, slots: int, length: int) -> None:
-        """(Re)allocate for ``slots`` x ``length``, keeping what the live slots hold."""
+        """(Re)allocate for ``slots`` x ``length``, keeping what the live slots hold.
+
+        Always as normal tensors, also when a join grows the pool inside the sampler's inference mode:
+        an inference tensor is a different input to a compiled step, which would compile it again."""
         shape = (slots, self.kv_heads, length, self.head_dim)
         old = list(zip(self.keys, self.values))
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]

@@ -83,6 +83,26 @@ def test_the_slot_cache_grows_past_its_first_size_and_matches_the_growing_cache(
     assert pool.slots == 16 and pool.length == 512 and pool.top == 0  # grown, and every slot given back
 
 
+def test_compiled_decoding_compiles_once_as_the_pool_grows_and_matches_the_growing_cache(tiny_dir: Path) -> None:
+    """``--decode-cache compiled``: one compile serves every bucket, also after a join grew the pool
+    inside the sampler's inference mode (its new buffers once became a second compile)."""
+    from torch._dynamo.utils import counters
+
+    compiled = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0, decode_cache="compiled")
+    dynamic = TorchBackend.from_model(str(tiny_dir), TrainConfig(), seed=0, decode_cache="dynamic")
+    pool = compiled._setup.slots
+    assert pool is not None
+    graphs_before = counters["stats"]["unique_graphs"]
+    for rows in (3, 12, 5):  # buckets of 4, 16 and 8 rows; the first call already outgrows 256 columns
+        prompts = [compiled.encode("a prompt " * (1 + i % 5) + str(i)) for i in range(rows)]
+        params = [SamplingParams(max_tokens=150 if i == 0 else 20, seed=i) for i in range(rows)]
+        for a, b in zip(compiled.generate(prompts, params), dynamic.generate(prompts, params)):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert (pool.slots, pool.length) == (16, 512)  # grown twice
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+
+
 def test_the_gpu_check_skips_on_a_cpu(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "tests/gpu/torch_engine.sh", str(tmp_path)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}, timeout=120)
