@@ -339,7 +339,9 @@ def test_the_bucket_holds_its_rate_and_the_depot_its_size() -> None:
 
     assert asyncio.run(send(TokenBucket(None), 1 << 30, 1 << 20)) < 0.5
     seconds = asyncio.run(send(TokenBucket(4 << 20, burst_bytes=64 << 10), 2 << 20, 256 << 10))
-    assert 0.4 < seconds < 0.8  # 2 MB at 4 MB/s, less the first burst
+    # 2 MB at 4 MB/s, less the first burst: ~0.48 s. The bucket holds the rate (the lower bound); the upper
+    # one only says it does not throttle far below it (a loaded machine oversleeps its waits a little).
+    assert 0.4 < seconds < 1.2
     depot = Depot(keep=2)
     for version in range(5):
         _, manifest, chunks = _payload(version, 0.01, chunk_bytes=1024)

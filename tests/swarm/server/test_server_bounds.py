@@ -114,21 +114,22 @@ def _prompt_bounds(server: RunningServer, http: httpx.Client, probe: HealthProbe
     wait_for(lambda: probe.count(since) >= 3)
     worst = probe.worst(since)
     print(f"\n4 MB prompt refused in {took * 1000:.0f} ms; slowest /healthz meanwhile {worst * 1000:.0f} ms")
-    assert took < 0.5 and worst < 0.5
+    # Refused before rendering (rendering 4 MB takes ~6 s here); 1 s leaves room for a loaded machine.
+    assert took < 1.0 and worst < 1.0
 
-    # Allowed text is tokenised in a thread: a prompt that takes a while to render stalls nobody.
-    _patch(http, max_prompt_chars=600_000)
+    # Allowed text is tokenised in a thread: a prompt that takes a while to render (~2 s) stalls nobody.
+    _patch(http, max_prompt_chars=1_100_000)
     since = time.perf_counter()
-    large = {"messages": [{"role": "user", "content": "y" * 500_000}], "max_tokens": 4}
+    large = {"messages": [{"role": "user", "content": "y" * 1_000_000}], "max_tokens": 4}
     response = http.post(CHAT, json=large, headers={"Authorization": f"Bearer {key}"})
     took = time.perf_counter() - since
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
-    assert "500019 tokens" in response.json()["error"]["message"]  # it was rendered, then refused
+    assert "1000019 tokens" in response.json()["error"]["message"]  # it was rendered, then refused
     wait_for(lambda: probe.count(since) >= 3)
     worst = probe.worst(since)
-    print(f"500k-char prompt rendered and refused in {took * 1000:.0f} ms "
+    print(f"1M-char prompt rendered and refused in {took * 1000:.0f} ms "
           f"({probe.count(since)} /healthz answers meanwhile, slowest {worst * 1000:.0f} ms)")
-    assert worst < 0.5
+    assert worst < took / 2  # rendered in the event loop, the slowest answer would wait out the render
     _patch(http, max_prompt_chars=None)
 
 
