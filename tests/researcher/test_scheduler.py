@@ -91,30 +91,31 @@ def test_daemon_sigkill_restart_keeps_jobs_and_runs_missed_time_once(cli, tmp_pa
         daemon.wait()
     first = _executions(artifacts)
     assert first[0]["outcome"] == "refused" and first[0]["exit_code"] == 2  # `researcher resume ghost`: no study
-    killed_at = dt.datetime.now().astimezone()
 
     time.sleep(8)  # at least two scheduled times pass while no daemon runs
-    assert scheduler.next_wakeups(artifacts)["ghost"] < dt.datetime.now().astimezone()  # the job survived, overdue
+    overdue = scheduler.next_wakeups(artifacts)["ghost"]
+    assert overdue is not None and overdue < dt.datetime.now().astimezone()  # the job survived, overdue
+    # Every time from ``overdue`` to ``last_missed`` (the latest before the relaunch) is missed. Relaunching
+    # just after a scheduled time gives the new daemon most of a period to start before the next one.
+    period = dt.timedelta(seconds=3)
+    last_missed = overdue + period * -(-(dt.datetime.now().astimezone() - overdue) // period)  # the next time from now
+    time.sleep(max(0.0, (last_missed - dt.datetime.now().astimezone()).total_seconds() + 0.2))
 
     log2 = tmp_path / "daemon2.log"
     daemon = cli.popen("daemon", "--poll", "1", *cli.dirs, log=log2)
     try:
-        wait_for(lambda: len(_executions(artifacts)) >= len(first) + 1, 40, what="the missed session",
-                 proc=daemon, log=log2, interval=0.2)
-        restarted_at = dt.datetime.now().astimezone()
-        # A regular tick after the catch-up has run: missed times run once each (not coalesced) would
-        # have run before it, so their rows are in the history by now.
-        wait_for(lambda: any(dt.datetime.fromisoformat(row["scheduled_for"]) >= restarted_at
-                             for row in _executions(artifacts)[len(first):]), 40,
-                 what="a regular tick after the catch-up", proc=daemon, log=log2, interval=0.2)
+        # The catch-up and a regular tick after it: missed times run once each (not coalesced) would all
+        # have run before that tick.
+        wait_for(lambda: len(_executions(artifacts)) >= len(first) + 2, 40,
+                 what="the catch-up and a regular tick after it", proc=daemon, log=log2, interval=0.2)
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=30) == 0, log2.read_text()[-2000:]
-    after = _executions(artifacts)[len(first):]
-    missed = [row for row in after if dt.datetime.fromisoformat(row["scheduled_for"]) < restarted_at - dt.timedelta(seconds=2)]
-    # Several times were missed while the daemon was dead: they ran once, coalesced, not once each.
-    assert len(missed) == 1, after
-    assert dt.datetime.fromisoformat(missed[0]["scheduled_for"]) >= killed_at - dt.timedelta(seconds=3)
+    after = [dt.datetime.fromisoformat(row["scheduled_for"]) for row in _executions(artifacts)[len(first):]]
+    # Several times were missed while the daemon was dead: they ran once, coalesced into the latest of them
+    # (``last_missed``, or a later one if the daemon took over a period to start), not once each.
+    assert overdue < last_missed - period, (overdue, last_missed)
+    assert after[0] >= last_missed and after == sorted(set(after)), (last_missed, after)
     assert not [r for r in scheduler.read_history(artifacts) if r["event"] == "missed"]
     assert "ghost" in scheduler.next_wakeups(artifacts)  # still scheduled after a clean shutdown
 
