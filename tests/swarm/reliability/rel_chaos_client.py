@@ -4,6 +4,8 @@ Loops claim → one chat call through the openai SDK → finish until ``--stop-f
 says when it has seen enough) or, as a backstop, ``--seconds`` pass, and appends one JSON line per
 outcome to ``--log`` (flushed, so a SIGKILL loses nothing already written):
 ``{"finished": id}`` only after ``finish`` returned, ``{"failed": kind, "error": text}`` otherwise.
+Once ``--hold-file`` exists, the client stays inside its current episode after the chat call (it logs
+``{"holding": id}`` and never finishes it): a test that wants it killed mid-episode kills it then.
 Uses the real ``SwarmClient`` (retries and reconnects across a server restart).
 """
 
@@ -28,6 +30,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--pause", type=float, default=0.0, help="sleep inside each episode (to be killed there)")
+    parser.add_argument("--hold-file", type=Path, default=None,
+                        help="once it exists, stay inside the current episode until killed")
     args = parser.parse_args()
     deadline = time.monotonic() + args.seconds
     n = 0
@@ -45,6 +49,10 @@ def main() -> None:
                         model="tiny", messages=[{"role": "user", "content": f"say a {n}"}], max_tokens=8)
                     if args.pause:
                         time.sleep(args.pause)
+                    if args.hold_file and args.hold_file.exists():
+                        log.write(json.dumps({"holding": ep.episode_id, "t": time.time()}) + "\n")
+                        while True:  # until the test's SIGKILL
+                            time.sleep(1)
                     text = reply.choices[0].message.content or ""
                     ep.finish(reward=text.count("a") / 8.0)
                 log.write(json.dumps({"finished": ep.episode_id, "t": time.time()}) + "\n")

@@ -33,9 +33,11 @@ CONFIG = {"group_size": 2, "min_group_size": 1, "batch_groups": 2, "lease_s": 2.
 
 def _client(url: str, token: str, log: Path, name: str, stop: Path) -> subprocess.Popen[bytes]:
     """A client that runs until ``stop`` exists: it outlasts the server's crash and restart however
-    long they take (``--seconds`` is only a backstop against an orphaned process)."""
+    long they take (``--seconds`` is only a backstop against an orphaned process). It stays inside its
+    episode once ``<log>.hold`` exists (``_kill_mid_episode``)."""
     return subprocess.Popen([sys.executable, str(CLIENT), "--url", url, "--token", token, "--log", str(log),
-                             "--client-id", name, "--stop-file", str(stop), "--seconds", "900", "--pause", "0.2"],
+                             "--client-id", name, "--stop-file", str(stop), "--seconds", "900", "--pause", "0.2",
+                             "--hold-file", str(log.with_suffix(".hold"))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -65,16 +67,15 @@ class _Poller(threading.Thread):
 
 
 def _kill_mid_episode(proc: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> str:
-    """SIGKILL a client while its last logged step is a claim (inside an episode); its episode id."""
-
-    def inside() -> list[dict]:
-        lines = _lines(log)
-        return lines if lines and "claimed" in lines[-1] else []
-
-    lines = wait_for(inside, timeout, what=f"the client inside an episode ({log})", interval=0.01)
+    """SIGKILL a client inside an episode; its episode id. The client is told to hold its next episode
+    open and is killed once it says it does: killed on a glance at its log instead, it could finish the
+    episode between the glance and the kill on a loaded machine."""
+    log.with_suffix(".hold").touch()
+    held = wait_for(lambda: [r["holding"] for r in _lines(log) if "holding" in r], timeout,
+                    what=f"the client to hold an episode open ({log})", interval=0.05)
     proc.kill()
     proc.wait()
-    return str(lines[-1]["claimed"])
+    return str(held[0])
 
 
 def _finished_after(logs: list[Path], t: float) -> bool:
