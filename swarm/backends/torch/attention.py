@@ -32,10 +32,10 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
                              scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``query`` ``(B, H, Q, D)``, ``key``/``value`` ``(B, KV, W, D)``;
     returns ``(B, Q, H, D)``. One query token per row with grouped heads attends in place; all else is SDPA."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = int(getattr(module, "num_key_value_groups", 1))
     if query.shape[2] != 1 or groups == 1 or dropout:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     rows, heads, _, dim = query.shape
