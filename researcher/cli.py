@@ -100,7 +100,10 @@ def start(
     seed_base: Annotated[int | None, typer.Option(
         min=0, help="added to every run's seed: rerun a study on fresh seeds")] = None,
     parallel: Annotated[int | None, typer.Option(min=1, help="runs alive at once (default 2)")] = None,
-    max_iterations: Annotated[int | None, typer.Option(min=1)] = None,
+    max_iterations: Annotated[int | None, typer.Option(min=1, help="looks at the data: the pilot, then each added "
+                                                                   "batch of seeds (default 3)")] = None,
+    min_effect: Annotated[float | None, typer.Option(min=0, help=(
+        "the smallest difference in reward AUC that matters (default 0.02): sizes the study"))] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
     max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
     model: Annotated[str | None, typer.Option(help=(
@@ -142,7 +145,7 @@ def start(
         settings = build_settings(studies_dir, artifacts_dir, server)
         options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
                                        "seed_base": seed_base,
-                                       "parallel_runs": parallel, "max_iterations": max_iterations,
+                                       "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
                                        "model": str(Path(model).resolve()) if model and Path(model).exists() else model,
                                        "gpus_per_run": gpus_per_run,

@@ -37,7 +37,8 @@ class StudyOptions(BaseModel):
     seed_base: int = Field(0, ge=0, le=1_000_000, description="added to every run's seed (iteration i, seed k: "
                            "seed_base + i*1000 + k): a rerun of a study on fresh seeds")
     max_runs: int = Field(16, ge=1, description="training runs the whole study may launch")
-    max_iterations: int = Field(3, ge=1, le=50)
+    max_iterations: int = Field(3, ge=1, le=50, description="looks at the data, registered before the first run: "
+                                "the pilot, then each added batch of seeds")
     max_repairs: int = Field(3, ge=0, le=20, description="validate/repair rounds before giving up")
     max_llm_tokens: int = Field(2_000_000, ge=0)
     max_llm_cost_usd: float = Field(5.0, ge=0)
@@ -67,7 +68,8 @@ class StudyOptions(BaseModel):
     min_free_disk_mb: float = Field(500.0, ge=0, description="park the study when the artifacts disk has less free")
     model: str | None = Field(None, description="what `swarm serve --model` loads for every run; None: each "
                               "experiment's config.toml decides (its `model` key, else the server's default, tiny)")
-    min_effect: float = Field(0.02, ge=0, description="AUC gain below this counts as a plateau")
+    min_effect: float = Field(0.02, ge=0, description="the smallest AUC difference that matters: smaller resolved "
+                              "differences are no Yes/No, and the pilot sizes the study to resolve ±min_effect")
     # The user's data task (`researcher start --data`): studied instead of the example tasks.
     data: str | None = Field(None, description="absolute path of the training data file (jsonl or parquet)")
     data_sha256: str | None = Field(None, description="sha256 of the data file's content when the study started")

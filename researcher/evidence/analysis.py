@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from researcher.evidence import stats, window
+from researcher.evidence.looks import Look
 from researcher.findings import verdict_rules as rules
 from researcher.findings.axes import AXES, EVAL_METRIC, TRAIN_METRIC, primary_axis
 from researcher.findings.axes import AXIS_TEXT as AXIS_TEXT  # re-exported for plots and reports
@@ -138,6 +139,7 @@ class Judging:
     horizon: int
     min_effect: float
     shape: str | None = None
+    look: Look | None = None  # the registered look this analysis is (None: a plain 95% interval)
 
 
 @dataclass(frozen=True)
@@ -170,14 +172,16 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
     if usable:
         # Runs cut by the deadline are compared with the others over the steps they all reached.
         horizon = min(horizon, min(c.steps[-1] for c in usable))
-    kept = [_cut(c, horizon) for c in usable]
+    # Each axis has its own window: the budget every usable run reached on it. Arms matched on episodes
+    # train different steps (``planner.arm_budgets``), so the episode window is not cut at a step count.
     budgets = {"step": float(horizon),
-               "episode": min((c.episodes[-1] for c in kept if c.steps), default=0.0),
-               "second": min((c.seconds[-1] for c in kept if c.steps), default=0.0)}
+               "episode": min((c.episodes[-1] for c in usable), default=0.0),
+               "second": min((c.seconds[-1] for c in usable), default=0.0)}
     rows = []
     for group in groups:
         row = Arm(name=group.name, value=group.value, overrides=group.overrides, statuses=[], aucs=[], finals=[],
-                  runs=[], scores={a: [] for a in AXES}, iterations=sorted({t.iteration for t in group.trials}),
+                  runs=[], scores={a: [] for a in AXES}, seeds=[],
+                  iterations=sorted({t.iteration for t in group.trials}),
                   rounds={}, reach={})  # set here, filled below: ``dump`` keeps only fields set
         for trial in group.trials:
             row.statuses.append(trial.status)
@@ -187,13 +191,13 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
             for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
                 inside = window.points_inside(c.axis(axis), budgets[axis])
                 row.rounds[axis] = min(row.rounds.get(axis, inside), inside)
-            c = _cut(c, horizon)
-            for axis in (a for a in AXES if a == "step" or budgets[a] > 0):
                 reached = row.reach.get(axis, 0.0) * len(row.aucs) + c.axis(axis)[-1]
                 row.reach[axis] = reached / (len(row.aucs) + 1)  # the mean over its runs
-            row.aucs.append(stats.auc(c.steps, c.values, horizon))
-            row.finals.append(stats.final_level(c.values))
+            cut = _cut(c, horizon)
+            row.aucs.append(stats.auc(cut.steps, cut.values, horizon))
+            row.finals.append(stats.final_level(c.values))  # where the run's own budget took it
             row.runs.append(trial.run_dir)
+            row.seeds.append(trial.seed)
             row.scores["step"].append(row.aucs[-1])
             for axis in (a for a in AXES if a != "step" and budgets[a] > 0):
                 row.scores[axis].append(stats.auc_until(c.axis(axis), c.values, budgets[axis]))
@@ -218,22 +222,39 @@ def _cut(c: Curve, horizon: int) -> Curve:
     return cut
 
 
-def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: float | None) -> Comparison:
-    """better − worse on one axis: the 95% CI, whether it excludes 0 (``clear``), whether it lies within
-    ±min_effect (``equivalent``), and the seeds per arm estimated to settle it (``rules.settled``)."""
-    d = stats.diff_ci(better.scores[axis], worse.scores[axis])
-    hw = _finite(d.half_width)
-    seeds = min(len(better.scores[axis]), len(worse.scores[axis]))
+def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: float | None,
+            look: Look | None = None) -> Comparison:
+    """better − worse on one axis: the paired interval over the seeds both ran (Welch's where fewer than
+    two are shared), widened to ``look``'s group-sequential boundary (None: a plain 95% interval), whether
+    it excludes 0 (``clear``) or lies within ±min_effect (``equivalent``), and the seeds per arm estimated
+    to settle it (``rules.settled``)."""
+    a, b = _by_seed(better, axis), _by_seed(worse, axis)
+    d = stats.compare_arms(a, b) if a is not None and b is not None else \
+        stats.diff_ci(better.scores[axis], worse.scores[axis])
+    hw95 = _finite(d.half_width)
+    hw = _finite(look.half_width(d)) if look is not None else hw95
+    seeds = d.n if d.paired else min(len(better.scores[axis]), len(worse.scores[axis]))
     verdict = rules.classify(d.mean, hw, min_effect)
-    needed = stats.seeds_needed(d.mean, noise_sd, min_effect)
+    sd = d.se * math.sqrt(d.n) if d.paired and math.isfinite(d.se) else noise_sd
+    needed = stats.seeds_needed(d.mean, sd, min_effect, paired=d.paired,
+                                nominal=look.final_nominal if look is not None else 0.05)
     if needed is not None and not rules.settled(verdict):
         # Unresolved with ``seeds`` seeds: more are needed, even where the pooled sd (which averages the
         # arms' spreads) says fewer would do.
         needed = max(needed, seeds + 1)
     return Comparison(better=better.name, worse=worse.name, better_value=better.value, worse_value=worse.value,
                       better_label=better.label, worse_label=worse.label, axis=axis, diff=d.mean, hw=hw,
-                      clear=d.low > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE, seeds=seeds,
-                      seeds_needed=needed)
+                      clear=hw is not None and d.mean - hw > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE,
+                      seeds=seeds, seeds_needed=needed, paired=d.paired, sd=sd,
+                      **(look.fields() if look is not None else {}), **({"hw95": hw95} if look is not None else {}))
+
+
+def _by_seed(arm: Arm, axis: str) -> dict[int, float] | None:
+    """An arm's scores on ``axis`` by seed; None (unpairable: Welch's) where a seed repeats within the arm."""
+    scores = arm.scores[axis]
+    if len(set(arm.seeds)) != len(arm.seeds) or len(arm.seeds) != len(scores):
+        return None
+    return dict(zip(arm.seeds, scores, strict=True))
 
 
 def _arms(judging: Judging, trials: Sequence[TrialRun]) -> list[_Group]:
@@ -281,8 +302,9 @@ def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = ""
     if scored:
         out.best, out.best_value = scored[0].name, scored[0].value
     if len(scored) > 1:
-        out.comparison = compare(scored[0], scored[1], axis, min_effect, noise[axis].sd)
-        out.axes_compared = {a: compare(scored[0], scored[1], a, min_effect, noise[a].sd) for a in measured}
+        out.comparison = compare(scored[0], scored[1], axis, min_effect, noise[axis].sd, judging.look)
+        out.axes_compared = {a: compare(scored[0], scored[1], a, min_effect, noise[a].sd, judging.look)
+                             for a in measured}
     return out
 
 
@@ -320,7 +342,8 @@ def summarize(judging: Judging, runs_: IterationRuns) -> IterationSummary:
         study = evidence(replace(judging, metric=metric), pooled, note, switch)
     study.registered_metric = judging.metric
     judging = replace(judging, metric=metric)
-    here = evidence(judging, mine, note, switch) if runs_.earlier else study
+    # This iteration alone is no registered look: its comparison is a plain 95% interval.
+    here = evidence(replace(judging, look=None), mine, note, switch) if runs_.earlier else study
     order = {e.name: i for i, e in enumerate(runs_.experiments)}
     rows = sorted(here.arms, key=lambda r: order.get(r.name, len(order)))
     for name, settings in overrides.items():  # an experiment with no trial at all still shows (as a negative result)

@@ -1,32 +1,34 @@
 """Statistics of reward curves: area under the curve, final level, mean ± 95% CI over seeds.
 
 Curves are compared on any increasing axis (training steps, episodes consumed, wall seconds) by their
-mean height up to a budget every run reached. Also the noise floor (pooled within-configuration sd)
-and the seeds a comparison needs. The t quantiles are tabulated to keep scipy out.
+mean height up to a budget every run reached. Two arms that ran the same seeds compare by the paired
+t interval of their per-seed differences (the seed's task order and held-out set cancel out); arms
+without shared seeds by Welch's interval. Also the noise floor (pooled within-configuration sd) and the
+seeds a comparison needs. Quantiles come from ``scipy.stats``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Two-sided 95% Student t quantiles, t_{0.975, df}, df = 1..30; beyond that the normal 1.96.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
+from scipy import stats as _scipy
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(df: float, level: float = 0.975) -> float:
+    """Student t quantile t_{level, df}; inf below one degree of freedom (no interval)."""
+    if df < 1 or not math.isfinite(df):
+        return math.inf if df < 1 else float(_scipy.norm.ppf(level))
+    return float(_scipy.t.ppf(level, df))
 
 
 def t975(df: float) -> float:
-    if df < 1:
-        return math.inf
-    if df >= len(_T975):
-        return 1.96 if df > len(_T975) + 10 else _T975[-1]
-    # Welch's df is fractional: interpolate linearly between the tabulated integers.
-    low = math.floor(df)
-    frac = df - low
-    return _T975[low - 1] if frac == 0 else _T975[low - 1] * (1 - frac) + _T975[low] * frac
+    """The two-sided 95% Student t quantile t_{0.975, df} (Welch's fractional df included)."""
+    return t_quantile(df)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class Estimate:
     mean: float
     half_width: float  # 95% CI half width; inf with a single sample
     n: int
+    se: float = math.inf  # standard error of ``mean``: a boundary other than 95% scales this
+    df: float = 0.0  # degrees of freedom of the t interval
+    paired: bool = False  # a difference read from per-seed pairs
 
     @property
     def low(self) -> float:
@@ -58,7 +63,8 @@ def mean_ci(values: Sequence[float]) -> Estimate:
     if n == 1:
         return Estimate(mean, math.inf, 1)
     var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return Estimate(mean, t975(n - 1) * math.sqrt(var / n), n)
+    se = math.sqrt(var / n)
+    return Estimate(mean, t975(n - 1) * se, n, se, n - 1)
 
 
 def diff_ci(a: Sequence[float], b: Sequence[float]) -> Estimate:
@@ -70,9 +76,28 @@ def diff_ci(a: Sequence[float], b: Sequence[float]) -> Estimate:
     vb = sum((v - eb.mean) ** 2 for v in b) / (eb.n - 1) / eb.n
     se = math.sqrt(va + vb)
     if se == 0:
-        return Estimate(ea.mean - eb.mean, 0.0, min(ea.n, eb.n))
+        return Estimate(ea.mean - eb.mean, 0.0, min(ea.n, eb.n), 0.0, ea.n + eb.n - 2)
     df = (va + vb) ** 2 / ((va ** 2) / (ea.n - 1) + (vb ** 2) / (eb.n - 1))
-    return Estimate(ea.mean - eb.mean, t975(df) * se, min(ea.n, eb.n))
+    return Estimate(ea.mean - eb.mean, t975(df) * se, min(ea.n, eb.n), se, df)
+
+
+def paired_ci(a: Mapping[int, float], b: Mapping[int, float]) -> Estimate:
+    """Paired 95% t interval for mean(a - b) over the seeds both hold (``{seed: score}``): each seed's
+    difference is one sample, so what a seed does to both arms alike (its task order) cancels."""
+    shared = sorted(set(a) & set(b))
+    diffs = [a[s] - b[s] for s in shared]
+    if not diffs:
+        raise ValueError("paired_ci needs at least one seed both arms ran")
+    e = mean_ci(diffs)
+    return Estimate(e.mean, e.half_width, e.n, e.se, e.df, paired=True)
+
+
+def compare_arms(a: Mapping[int, float], b: Mapping[int, float]) -> Estimate:
+    """mean(a) - mean(b) by the paired interval where at least 2 seeds are shared (runs without a partner
+    are left out), else by Welch's interval over all runs."""
+    if len(set(a) & set(b)) >= 2:
+        return paired_ci(a, b)
+    return diff_ci(list(a.values()), list(b.values()))
 
 
 def auc(steps: Sequence[int], values: Sequence[float], horizon: int | None = None) -> float:
@@ -138,23 +163,33 @@ _Z_POWER = 0.84  # one-sided z quantile of 80% power
 _MAX_SEEDS = 10_000
 
 
-def seeds_needed(diff: float, sd: float | None, min_effect: float) -> int | None:
-    """Seeds per arm for a comparison to resolve, for two equal arms with common standard deviation
-    ``sd`` (the noise floor): the smallest n >= 2 with, using t_{0.975, 2n-2} and se = sd * sqrt(2/n),
+def seeds_needed(diff: float, sd: float | None, min_effect: float, *, paired: bool = False,
+                 nominal: float = 0.05) -> int | None:
+    """Seeds per arm for a comparison to resolve: the smallest n >= 2 with, at the two-sided ``nominal``
+    level (0.05; a sequential design's last look has a smaller one) and its t quantile ``t``,
 
     - when |diff| >= min_effect: (t + z_0.8) se <= |diff|, i.e. 80% power to exclude 0 if the true
       difference is the observed one;
     - otherwise: t se <= min_effect - |diff|, a CI narrow enough to fit inside ±min_effect around the
       observed difference (a "no meaningful difference" verdict).
 
-    None when sd is unknown or more than 10,000 seeds would be needed.
+    Unpaired, ``sd`` is the noise floor of one arm: se = sd sqrt(2/n) on 2n - 2 df; ``paired``, ``sd`` is
+    the spread of the per-seed differences: se = sd / sqrt(n) on n - 1 df. None when sd is unknown or
+    more than 10,000 seeds would be needed.
     """
     if sd is None or not math.isfinite(sd):
         return None
     detect = abs(diff) >= min_effect and diff != 0
     target = abs(diff) if detect else min_effect - abs(diff)
-    for n in range(2, _MAX_SEEDS + 1):
-        se = sd * math.sqrt(2 / n)
-        if (t975(2 * n - 2) + (_Z_POWER if detect else 0.0)) * se <= target:
-            return n
-    return None
+
+    def enough(n: int) -> bool:  # monotone in n: se and the t quantile both shrink
+        se, df = (sd / math.sqrt(n), n - 1) if paired else (sd * math.sqrt(2 / n), 2 * n - 2)
+        return (t_quantile(df, 1 - nominal / 2) + (_Z_POWER if detect else 0.0)) * se <= target
+
+    if target <= 0 or not enough(_MAX_SEEDS):
+        return None
+    low, high = 1, _MAX_SEEDS  # enough(high) holds, enough(low) is not known to
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return max(high, 2)

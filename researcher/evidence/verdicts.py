@@ -22,8 +22,12 @@ def _est(cell: Cell | None) -> str:
 
 def _ci(c: Comparison, diff: float | None = None) -> str:
     d = c.diff if diff is None else diff
+    if c.hw is None and c.look is not None and c.fraction is None and c.hw95 is not None:
+        return f"{d:+.3f} (the pilot decides nothing; its plain 95% CI {d - c.hw95:+.3f} to {d + c.hw95:+.3f})"
     if c.hw is None:
         return f"{d:+.3f} (one seed on a side: no interval)"
+    if c.look is not None:
+        return f"{d:+.3f} (95% CI at look {c.look}'s sequential boundary {d - c.hw:+.3f} to {d + c.hw:+.3f})"
     return f"{d:+.3f} (95% CI {d - c.hw:+.3f} to {d + c.hw:+.3f})"
 
 

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, plots
+from researcher.evidence import analysis, factorial, looks, plots
 from researcher.findings import verdict_rules as rules
 from researcher.findings.records import Cell, Evidence, IterationSummary
 from researcher.planner.schema import Framing
@@ -38,7 +38,11 @@ def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRu
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     iteration, framing = state["iteration"], Framing.model_validate(state["framing"])
-    plan = studyfiles.read_plan(ctx.layout).iteration(iteration)
+    plan_file = studyfiles.read_plan(ctx.layout)
+    plan = plan_file.iteration(iteration)
+    # The registered look this analysis is, after those before it (plan.json holds each before its runs).
+    look = looks.current(plan_file.design, [lk for i in range(1, iteration + 1)
+                                            if (lk := plan_file.iteration(i).look) is not None])
     history = [s for s in summaries(state) if s.iteration != iteration]
     previous = history[-1].best_value if history and history[-1].best is not None else None
     # The verdict's metric is the one the hypotheses registered before running: the held-out reward or the
@@ -46,7 +50,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     registered = next((h.metric for h in plan.hypotheses if h.metric in (analysis.EVAL_METRIC, framing.metric)),
                       framing.metric)
     judging = analysis.Judging(framing.knob, registered, plan.steps_per_run, state["options"]["min_effect"],
-                               plan.shape)
+                               plan.shape, look)
     trials = [analysis.TrialRun(experiment=t["experiment"], run_dir=t["run_dir"], status=t["status"], seed=t["seed"])
               for t in state["trials"]]
     summary = analysis.summarize(judging, analysis.IterationRuns(iteration, plan.experiments, trials, previous,
@@ -70,7 +74,8 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     parent = state.get("mlflow_parent_run")
     if parent:
         _log_parent(ctx, parent, summary, analysis_file)
-    ctx.tracker.save_review_view(state["study_id"], study.metric)  # the metric judged, registered or switched to
+    # The metric judged (registered or switched to), charted on the axis judged.
+    ctx.tracker.save_review_view(state["study_id"], study.metric, study.axis)
     ctx.say("analyzed", iteration=iteration, best=summary.best, lines=lines)
     return {"iterations": [s.dump() for s in [*history, summary]], "phase": "deciding"}
 

@@ -8,6 +8,7 @@ tell an unresolved difference (re-run those arms on fresh seeds) from a resolved
 from __future__ import annotations
 
 from researcher.context import StudyContext
+from researcher.evidence import sizing
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
 from researcher.study import budget
@@ -18,9 +19,9 @@ from researcher.study.state import DecisionRecord, StudyState, summaries
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options, history = state["options"], summaries(state)
     last = history[-1]
-    n_next = 2 * options["seeds"]
     left = budget.time_left(state, ctx.clock())
-    need = budget.iteration_estimate_s(state, n_next, options["parallel_runs"])
+    # The next look needs at least one more seed of a pair of arms within the time and runs left.
+    room = sizing.Room(left, budget.run_estimate_s(state), options["parallel_runs"], budget.runs_left(state), 2)
     hard = None
     if ctx.stop_requested():
         hard = "a stop was requested"
@@ -28,10 +29,9 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         hard = "this iteration produced no usable run; nothing to refine"
     elif state["iteration"] >= state["budget"]["max_iterations"]:
         hard = f"reached the iteration limit ({state['budget']['max_iterations']})"
-    elif budget.runs_left(state) < n_next:
-        hard = f"only {budget.runs_left(state)} runs left in the budget; an iteration needs {n_next}"
-    elif left < need:
-        hard = f"{left:.0f} s left before the report reserve; another iteration needs about {need:.0f} s"
+    elif room.seeds_per_look(1) < 1:
+        hard = (f"the budget runs no further look: {budget.runs_left(state)} runs and {left:.0f} s left before the "
+                f"report reserve, a run takes about {room.run_s:.0f} s")
     elif budget.llm_exhausted(state):
         hard = budget.llm_exhausted(state)
     usage = state.get("llm") or new_usage()

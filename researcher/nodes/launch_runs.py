@@ -144,7 +144,10 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     folder = ctx.layout.experiment_dir(trial["experiment"])
     config = tomllib.loads((folder / "config.toml").read_text())
     group_size = int(config.get("group_size", 8))
-    steps = state["options"]["steps_per_run"]
+    planned = studyfiles.read_plan(ctx.layout).iteration(state["iteration"]).experiment(trial["experiment"])
+    # The arm's own step target where arms are matched on episodes consumed (``planner.arm_budgets``).
+    steps = planned.steps if planned and planned.steps else state["options"]["steps_per_run"]
+    eval_every = planned.eval_every if planned else None
     batch = int(config.get("batch_groups", 4)) * group_size
     episodes = int(steps * batch * EPISODE_SLACK) + batch
     external = bool(ctx.settings.servers)
@@ -162,6 +165,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     record = RunRecord(key=trial["key"], study_id=state["study_id"], iteration=state["iteration"], trial=trial["trial"],
                        experiment=trial["experiment"], seed=trial["seed"], config=config,
                        client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,
+                       eval_every=eval_every,
                        concurrency=batch, threads=ctx.launcher.threads,
                        external=external, url=url, mlflow_run_id=child,
                        resources={} if external else resources.request_for(state["options"], config,

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from researcher.context import StudyContext
-from researcher.evidence import factorial
-from researcher.findings.records import IterationPlan, IterationSummary, JsonObject
-from researcher.planner import catalog, topic
+from researcher.evidence import factorial, sizing
+from researcher.findings.records import IterationPlan, IterationSummary, JsonObject, LookPlan, SequentialDesign
+from researcher.planner import arm_budgets, catalog, topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner, PlannerContext
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.study import budget
@@ -120,21 +120,34 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         error = (f"The {ctx.planner.name} planner's plan was refused, even after a repair round: "
                  f"{checked.complaints[-1]}")
         return {"phase": "failed", "error": error, "llm": usage}
-    seeds = options["seeds"]
-    experiments, notes = _runnable(plan, {e.name for s in history for e in s.experiments},
-                                   budget.runs_left(state), seeds)
+    used = {e.name for s in history for e in s.experiments}
+    design, look = _this_look(state, ctx, history, len(_runnable(plan, used, budget.runs_left(state), 1)[0]))
+    if look is None:
+        studyfiles.log(ctx.layout, f"Iteration {iteration}: the budget runs no further seed; concluding.")
+        return {"phase": "reporting", "llm": usage,
+                "decision": {"action": "conclude", "reason": "the budget runs no further look"}}
+    previous = studyfiles.read_plan(ctx.layout).iteration(iteration - 1).look
+    seeds = look.seeds - (previous.seeds if previous else 0) if design else options["seeds"]
+    experiments, notes = _runnable(plan, used, budget.runs_left(state), seeds)
     if len(experiments) < min(2, len(plan.experiments)):
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
                                    f"({len(experiments)} configuration(s)); concluding.")
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
+    arm_plans, matched = _arm_budgets(experiments, options["steps_per_run"], example)
+    if matched:
+        notes.append("arms consume different episodes per training step, so each trains to the same episodes: "
+                     + ", ".join(f"{name} {b['steps']} steps ({b['episodes']} episodes, held-out every "
+                                 f"{b['eval_every']} steps)" for name, b in arm_plans.items()))
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
     written = IterationPlan.model_validate({
         "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
         "code_change": plan.code_change,
         "question": {k: v for k, v in question.summary().items() if k != "assumptions"},
-        "hypotheses": [h.model_dump() for h in plan.hypotheses], "experiments": [e.model_dump() for e in experiments],
-        "seeds": [_seed(options, iteration, k) for k in range(seeds)], "steps_per_run": options["steps_per_run"]})
-    studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump())
+        "hypotheses": [h.model_dump() for h in plan.hypotheses],
+        "experiments": [{**e.model_dump(), **arm_plans[e.name]} for e in experiments],
+        "seeds": [_seed(options, iteration, k) for k in range(seeds)], "steps_per_run": options["steps_per_run"],
+        **({"look": look.dump()} if design else {})})
+    studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump(), design)
     trials: list[Trial] = []
     # Seed-major order: every configuration gets its first seed before any gets its second.
     for k in range(seeds):
@@ -143,10 +156,46 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
             trials.append({"trial": index, "key": run_key(state["study_id"], iteration, index),
                            "experiment": exp.name, "seed": _seed(options, iteration, k),
                            "run_dir": str(ctx.layout.run_dir(iteration, index)), "status": "pending"})
-    parent = _record_plan(state, ctx, framing, plan, experiments, assumptions)
+    parent = _record_plan(state, ctx, framing, plan, experiments, assumptions, seeds)
     return {"iteration": iteration, "experiments": [e.name for e in experiments], "trials": trials,
             "validation": {"attempts": 0, "ok": False, "error": None}, "mlflow_parent_run": parent,
             "phase": "writing", "llm": usage}
+
+
+def _arm_budgets(experiments: list[Experiment], steps: int,
+                 example: catalog.ExampleStudy | None) -> tuple[dict[str, JsonObject], bool]:
+    """Each experiment's steps, episodes and held-out cadence (``arm_budgets.matched``), and whether they
+    differ between arms (matched on episodes consumed)."""
+    if example is None:
+        return {e.name: {} for e in experiments}, False
+    configs = {e.name: studyfiles.server_config(example.config, e.overrides) for e in experiments}
+    budgets = arm_budgets.matched(configs, steps, arm_budgets.client_eval_every(example.client))
+    matched = len({b.steps for b in budgets.values()}) > 1
+    return {name: {k: v for k, v in asdict(b).items() if v is not None} for name, b in budgets.items()}, matched
+
+
+def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSummary],
+               arms: int) -> tuple[SequentialDesign | None, LookPlan | None]:
+    """The study's decision rule and this iteration's look, registered before its runs: the design and the
+    pilot on the first iteration; after the pilot, the study sized from it (said at once when the budget
+    cannot decide); then each look's seeds within the budget (None: no seed fits)."""
+    options = state["options"]
+    plan_file = studyfiles.read_plan(ctx.layout)
+    design = plan_file.design
+    if not history:
+        design = sizing.register(state["budget"]["max_iterations"], options["seeds"])
+        return design, sizing.pilot_look(design)
+    previous = plan_file.iteration(state.get("iteration", 0)).look
+    if design is None or previous is None:  # a study registered before sequential looks: fixed seeds
+        return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"])
+    room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state), options["parallel_runs"],
+                       budget.runs_left(state), max(arms, 1))
+    if design.max_seeds is None:
+        design = sizing.size(design, history[-1].comparison, room, options["min_effect"])
+        studyfiles.log(ctx.layout, design.sizing)
+        ctx.say("sized", text=design.sizing, reachable=design.reachable, needed=design.needed_seeds,
+                max_seeds=design.max_seeds)
+    return design, sizing.next_look(design, previous, room)
 
 
 def _seed(options: Mapping[str, Any], iteration: int, k: int) -> int:
@@ -197,10 +246,9 @@ def _runnable(plan: Plan, used_names: set[str], runs_left: int, seeds: int) -> t
 
 
 def _record_plan(state: StudyState, ctx: StudyContext, framing: Framing, plan: Plan, experiments: list[Experiment],
-                 assumptions: list[str]) -> str:
+                 assumptions: list[str], seeds: int) -> str:
     """The plan in LOG.md and on a new MLflow parent run of the iteration (returned), with plan.json."""
     options, iteration = state["options"], state.get("iteration", 0) + 1
-    seeds = options["seeds"]
     hypotheses = "; ".join(f"{h.id}: {h.statement} Expected: {h.expected_effect}" for h in plan.hypotheses)
     studyfiles.log(ctx.layout, f"Iteration {iteration} planned ({plan.shape}, {plan.stage}; {plan.rationale}) "
                                f"Hypotheses, written before running: {hypotheses} Experiments: "

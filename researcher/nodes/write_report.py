@@ -9,7 +9,7 @@ from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, run_table, verdicts, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.findings import verdict_rules as rules
-from researcher.findings.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary
+from researcher.findings.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary, SequentialDesign
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.runs import record as runs
@@ -44,6 +44,8 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                 caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
         # Whoever worded it: the first sentence names both axes when the question states another.
         answer = verdicts.answer_naming_axes(framing.question, history[-1].study if history else None, answer)
+        answer = _with_design(answer, history, studyfiles.read_plan(ctx.layout).design,
+                              state["budget"]["deadline"] - ctx.clock())
     text = _render(state, history, ctx, answer, caveats, usage, final_phase)
     studyfiles.write_atomic(ctx.layout.report_md, text)
     studyfiles.log(ctx.layout, f"Report written ({final_phase}): {answer}")
@@ -66,6 +68,44 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                                                               report or f"Report: {ctx.layout.report_md}"))
     ctx.say("report", path=str(ctx.layout.report_md), answer=answer, phase=final_phase)
     return {"phase": final_phase, "llm": usage}
+
+
+def _with_design(answer: str, history: list[IterationSummary], design: SequentialDesign | None, left_s: float) -> str:
+    """``answer`` followed by what the study's size says of it: the pilot's sizing where it said the budget
+    cannot decide and the study has not settled (the Answer repeats what the study said as soon as it knew),
+    or that a settled question ended the study before its budget."""
+    c = history[-1].comparison if history else None
+    if design is None or c is None or c.look is None:
+        return answer
+    settled = rules.settled(rules.classify(c.diff, c.hw, history[-1].study.min_effect if history[-1].study else 0.0))
+    if settled and left_s > 60:
+        return (f"{answer} Settled at look {c.look} of {design.looks}: the study ended early, with about "
+                f"{left_s / 60:.0f} minutes of its budget left.")
+    if design.reachable is False and not settled and design.sizing not in answer:
+        return f"{answer} {design.sizing}"
+    return answer
+
+
+def looks_section(history: list[IterationSummary], design: SequentialDesign | None) -> list[str]:
+    """Every look at the data: its seeds, boundary, adjusted and plain intervals and what it decided."""
+    rows = [(s.iteration, s.comparison) for s in history if s.comparison is not None and s.comparison.look]
+    if design is None or not rows:
+        return []
+    out = ["## Looks", "",
+           f"Registered before the first run: up to {design.looks} looks, {design.spending} alpha spending of "
+           f"{design.alpha:g} for a false-positive rate at or below {design.target:g}; the pilot "
+           f"({design.pilot_seeds} seeds an arm) spends none and sizes the study. {design.sizing}", "",
+           "| look | iteration | pairs | information | boundary z | interval (adjusted) | plain 95% | decided |",
+           "|---|---|---|---|---|---|---|---|"]
+    min_effect = history[-1].study.min_effect if history[-1].study else 0.0
+    for iteration, c in rows:
+        adjusted = f"{c.diff:+.3f} ± {c.hw:.3f}" if c.hw is not None else f"{c.diff:+.3f} (pilot: no decision)"
+        plain = f"± {c.hw95:.3f}" if c.hw95 is not None else "n/a"
+        fraction = f"{c.fraction:.2f}" if c.fraction is not None else "pilot"
+        z = f"{c.boundary_z:.3f}" if c.boundary_z is not None and c.fraction is not None else "∞"
+        out.append(f"| {c.look} | {iteration} | {c.seeds} | {fraction} | {z} | {adjusted} | {plain} | "
+                   f"{rules.classify(c.diff, c.hw, min_effect)} |")
+    return [*out, ""]
 
 
 HEADLINE_CHARS = 100  # one line of MLflow's collapsed description box (a 1400 px wide window, the chat open)
@@ -101,6 +141,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     last = history[-1].study if history else None
     if last:
         out += evidence_section(last) + factorial.effects_section(last)
+    out += looks_section(history, plan.design)
     for summary in history:
         out += _iteration_section(summary, plan.iteration(summary.iteration))
     out += ["## Discussion", "", caveats, "", "## Runs", "",
@@ -128,6 +169,12 @@ def _iteration_section(summary: IterationSummary, planned: IterationPlan) -> lis
     for hyp in planned.hypotheses:
         out.append(f"- Hypothesis {hyp.id} (written before running): {hyp.statement} "
                    f"Metric `{hyp.metric}`; expected: {hyp.expected_effect}")
+    budgets = [e for e in planned.experiments if e.steps]
+    if budgets:
+        out.append("- Planned budgets: " + "; ".join(
+            f"{e.name} {e.steps} steps, {e.episodes} episodes"
+            + (f", held-out every {e.eval_every} steps" if e.eval_every else "") for e in budgets)
+            + (f" ({len(planned.seeds)} seeds each, look {planned.look.look})" if planned.look else ""))
     out += ["", f"This iteration alone: area under the `{summary.metric}` curve (mean height over "
                 f"{summary.horizon} training steps; per episode and per second over the budgets every run of the "
                 "iteration reached) and final reward (mean of the last 5 points), mean ± 95% CI over seeds:", "",

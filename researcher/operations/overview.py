@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.findings import verdict_rules as rules
+from researcher.findings.records import LookPlan, SequentialDesign
 from researcher.operations import scheduler
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
@@ -41,6 +42,8 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         lines = layout.report_md.read_text().split("## Answer", 1)
         if len(lines) == 2:
             answer = lines[1].strip().split("\n\n", 1)[0][:400]
+    plan = studyfiles.read_plan(layout)
+    current = plan.iteration(state.get("iteration", 0))
     return {
         "study_id": layout.study_id,
         "topic": state.get("topic") or meta.get("topic"),
@@ -57,7 +60,20 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         "answer": answer,
         "report": str(layout.report_md) if layout.report_md.is_file() else None,
         "placements": placements(records, time.time()),
+        # This iteration's arms with the steps and episodes each trains (matched on episodes where they differ).
+        "arms": [{"name": e.name, "steps": e.steps, "episodes": e.episodes, "eval_every": e.eval_every}
+                 for e in current.experiments if e.steps],
+        "looks": describe_looks(plan.design, current.look),
     }
+
+
+def describe_looks(design: SequentialDesign | None, look: LookPlan | None) -> str | None:
+    """Where the study stands among its registered looks, and its sizing from the pilot."""
+    if design is None or look is None:
+        return None
+    kind = "the pilot" if look.fraction is None else ("the last" if look.fraction >= 1 else "an interim look")
+    return f"look {look.look} of up to {design.looks} ({kind}, {look.seeds} seeds an arm)" + (
+        f"; {design.sizing}" if design.sizing else "")
 
 
 def standing(summary: dict[str, Any], min_effect: float) -> str:
@@ -102,8 +118,8 @@ def add_wakeups(rows: list[dict[str, Any]], artifacts_root: Path) -> list[dict[s
 
 # The lifecycle order a run's statuses are listed in (see ``runs.RunRecord.status``).
 _STATUS_ORDER = ("finished", "running", "parked", "pending", "crashed", "stalled", "diverged", "cut", "stopped")
-_SHOWN = ("topic", "state", "parked", "active", "iteration", "runs", "deadline", "next_wakeup", "decision",
-          "answer", "error")
+_SHOWN = ("topic", "state", "parked", "active", "iteration", "arms", "looks", "runs", "deadline", "next_wakeup",
+          "decision", "answer", "error")
 
 
 def describe_runs(runs: dict[str, Any]) -> str:
@@ -130,6 +146,8 @@ def readable(row: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if key == "runs":
             text = describe_runs(value)
+        elif key == "arms":
+            text = "; ".join(f"{a['name']}: {a['steps']} steps, {a['episodes']} episodes" for a in value)
         elif key == "decision" and isinstance(value, dict):
             text = describe_decision(value)
         elif isinstance(value, bool):

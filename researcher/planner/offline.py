@@ -165,6 +165,10 @@ class OfflinePlanner:
             if verdict is Verdict.NO_DIFFERENCE:
                 return free(Decision(action="conclude", reason=f"no meaningful difference: {c.better} − {c.worse} "
                                                                f"= {spread}, inside ±{min_effect}"))
+            if c.look == 1 and c.fraction is None:
+                return free(Decision(action="continue", reason=(
+                    f"the pilot ({c.better} − {c.worse} = {c.diff:+.3f} over {c.seeds} seeds) decides nothing: it "
+                    "sizes the study; the next look re-runs these two arms on fresh seeds")))
             if not settled(verdict):
                 why = ("includes 0" if verdict is Verdict.INCONCLUSIVE else
                        f"excludes 0 but the estimate is within ±{min_effect} and the CI reaches beyond it")

@@ -83,7 +83,8 @@ class RunProcesses:
         """The run's `swarm run` command wherever it is placed."""
         return [*self.swarm_command, "run", record.client, "--server", record.url, "--episodes", str(record.episodes),
                 "--group-size", str(record.group_size), "--seed", str(record.seed),
-                "--concurrency", str(record.concurrency), "--retry-for", "30"]
+                "--concurrency", str(record.concurrency), "--retry-for", "30",
+                *(["--eval-every", str(record.eval_every)] if record.eval_every else [])]
 
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
         """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics

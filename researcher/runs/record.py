@@ -42,6 +42,7 @@ class RunRecord(BaseModel):
     target_step: int                      # the run ends once the server reaches this step
     episodes: int                         # episodes per client start
     group_size: int
+    eval_every: int | None = None         # held-out cadence in steps (None: the client's own EVAL_EVERY)
     threads: int = 1                      # torch threads of its server (for the cost column)
     concurrency: int = 32                 # episodes in flight: one training batch (more would go stale)
     external: bool = False                # an existing server given by URL (never stopped by us)

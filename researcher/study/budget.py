@@ -10,7 +10,6 @@ import statistics
 from researcher.study.state import Budget, StudyState
 
 DEFAULT_RUN_S = 90.0     # assumed wall time of a run before one has been measured
-VALIDATE_S = 30.0        # a smoke run: server start + a few episodes
 
 
 def make_budget(now: float, deadline: float, *, max_runs: int, max_iterations: int, max_repairs: int,
@@ -47,7 +46,3 @@ def run_estimate_s(state: StudyState) -> float:
     measured = state.get("run_seconds") or []
     return statistics.median(measured) if measured else DEFAULT_RUN_S
 
-
-def iteration_estimate_s(state: StudyState, n_runs: int, parallel: int) -> float:
-    waves = -(-n_runs // max(parallel, 1))
-    return VALIDATE_S + waves * run_estimate_s(state)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from researcher.findings.records import IterationPlan, JsonObject, PlanFile
+from researcher.findings.records import IterationPlan, JsonObject, PlanFile, SequentialDesign
 from researcher.study.layout import StudyLayout
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -189,10 +189,14 @@ def read_study_toml(layout: StudyLayout) -> JsonObject:
         return {}
 
 
-def write_plan(layout: StudyLayout, iteration: int, plan: IterationPlan, framing: JsonObject) -> None:
-    """plan.json keeps every iteration's plan (hypotheses are written here before any run)."""
+def write_plan(layout: StudyLayout, iteration: int, plan: IterationPlan, framing: JsonObject,
+               design: SequentialDesign | None = None) -> None:
+    """plan.json keeps every iteration's plan and the study's decision rule (hypotheses and looks are
+    written here before any run)."""
     current = read_plan(layout)
     current.framing = framing
+    if design is not None:
+        current.design = design
     written = IterationPlan.model_validate({"written": _now(), **plan.dump()})
     current.iterations = {**current.iterations, iteration: written}
     write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")

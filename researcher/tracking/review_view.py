@@ -37,14 +37,22 @@ def view_name(metric: str) -> str:
     return f"By arm, {metric} first"
 
 
-def saved_view(metric: str, created_ms: int, updated_ms: int) -> str:
+# The server's cumulative episodes through each step (swarm.server.step_loop.TOTAL_EPISODES): the x-axis of a
+# verdict judged per episode consumed (arms matched on episodes train different steps).
+EPISODES_METRIC = "train/episodes_total"
+
+
+def saved_view(metric: str, created_ms: int, updated_ms: int, axis: str = "step") -> str:
     """The experiment tag value of the saved view: runs grouped by the ``arm`` tag (charted as each arm's
-    mean), ``metric`` alone in the first chart section at full width, MLflow's charts of the rest below."""
+    mean), ``metric`` alone in the first chart section at full width, MLflow's charts of the rest below.
+    The chart's x-axis is the verdict's ``axis``: training steps, or episodes consumed (``EPISODES_METRIC``)."""
+    x_axis = ({"xAxisKey": "metric", "selectedXAxisMetricKey": EPISODES_METRIC, "useGlobalXaxisKey": False}
+              if axis == "episode" else {"xAxisKey": "step", "selectedXAxisMetricKey": "", "useGlobalXaxisKey": True})
     chart = {"uuid": "verdict-metric", "type": "LINE", "metricSectionId": VERDICT_SECTION, "metricKey": metric,
              "selectedMetricKeys": [metric], "displayName": metric, "isGenerated": False, "deleted": False,
-             "runsCountToCompare": 10, "xAxisKey": "step", "xAxisScaleType": "linear", "scaleType": "linear",
-             "lineSmoothness": 0, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True, "yAxisKey": "metric",
-             "yAxisExpressions": [], "selectedXAxisMetricKey": "", "ignoreOutliers": False, "range": {}}
+             "runsCountToCompare": 10, "xAxisScaleType": "linear", "scaleType": "linear",
+             "lineSmoothness": 0, "useGlobalLineSmoothing": True, "yAxisKey": "metric",
+             "yAxisExpressions": [], "ignoreOutliers": False, "range": {}, **x_axis}
     section = {"uuid": VERDICT_SECTION, "name": "The verdict's metric", "display": True, "isReordered": True,
                "deleted": False, "columns": 1}
     state = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": ARM_TAG}]},

@@ -111,8 +111,8 @@ class Tracker:
             experiment = self.experiment_id(args["study_id"])
             found = self.client.get_experiment(experiment).tags.get(review_view.VIEW_TAG)
             created = json.loads(found)["createdAt"] if found else args["at_ms"]
-            self.client.set_experiment_tag(experiment, review_view.VIEW_TAG,
-                                           review_view.saved_view(args["metric"], created, args["at_ms"]))
+            view = review_view.saved_view(args["metric"], created, args["at_ms"], args.get("axis", "step"))
+            self.client.set_experiment_tag(experiment, review_view.VIEW_TAG, view)
             return None
         run_id = self._run(args["run_id"])
         if op == "params":
@@ -200,10 +200,12 @@ class Tracker:
         """The experiment's description in MLflow's UI: what the study asks and, once known, its answer."""
         self._deliver("describe", {"study_id": study_id, "text": text})
 
-    def save_review_view(self, study_id: str, metric: str) -> None:
+    def save_review_view(self, study_id: str, metric: str, axis: str = "step") -> None:
         """The experiment's saved view in MLflow's UI (``researcher.tracking.review_view``): its runs grouped by
-        arm, ``metric`` (the verdict's) charted first; saved again when the verdict's metric is known."""
-        self._deliver("view", {"study_id": study_id, "metric": metric, "at_ms": int(time.time() * 1000)})
+        arm, ``metric`` (the verdict's) charted first against the judged ``axis``; saved again when the
+        verdict's metric and axis are known."""
+        self._deliver("view", {"study_id": study_id, "metric": metric, "axis": axis,
+                               "at_ms": int(time.time() * 1000)})
 
     def report_markdown(self, study_id: str, run_id: str, report: str, figures: Sequence[str]) -> str:
         """Markdown for the experiment's description: a link to the runs grouped by arm (where the

@@ -20,6 +20,7 @@ from researcher.nodes.launch_runs import _arm_letter
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from swarm.protocol import StepMetrics
+from swarm.server.step_loop import TOTAL_EPISODES
 
 
 def test_context_metrics_are_logged_only_once_they_move(tmp_path: Path) -> None:
@@ -67,6 +68,15 @@ def test_the_saved_view_groups_by_arm_and_charts_the_metric_first() -> None:
     [section] = state["compareRunSections"]
     assert chart["metricKey"] == "eval/reward_mean" and chart["metricSectionId"] == section["uuid"]
     assert review_view.experiment_page("7", with_view=False) == "/experiments/7/runs?workflowType=machine_learning"
+    assert (chart["xAxisKey"], chart["useGlobalXaxisKey"]) == ("step", True)
+
+
+def test_a_verdict_judged_per_episode_is_charted_against_episodes_consumed() -> None:
+    [chart] = json.loads(json.loads(review_view.saved_view("eval/reward_mean", 1, 2, "episode"))["state"])[
+        "compareRunCharts"]
+    assert (chart["xAxisKey"], chart["selectedXAxisMetricKey"]) == ("metric", "train/episodes_total")
+    assert chart["useGlobalXaxisKey"] is False  # the chart's own x-axis, whatever the page's global one
+    assert review_view.EPISODES_METRIC == TOTAL_EPISODES
 
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; `apt-get install chromium`

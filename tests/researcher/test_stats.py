@@ -61,7 +61,41 @@ def test_seeds_needed_with_student_t() -> None:
     # Difference 0.1 at sd 0.1 (>= min_effect): (t_{0.975, 2n-2} + 0.84) sqrt(2/n) <= 1 first holds at n = 17
     # (t = 2.042: 2.882 * 0.343 = 0.989; at n = 16, 2.882 * 0.354 = 1.019).
     assert stats.seeds_needed(0.1, 0.1, 0.02) == 17
-    # Difference 0.01 inside min_effect 0.02: 1.96 * 0.05 * sqrt(2/n) <= 0.01 needs n >= 192.08.
-    assert stats.seeds_needed(0.01, 0.05, 0.02) == 193
+    # Difference 0.01 inside min_effect 0.02: t_{0.975, 2n-2} * 0.05 * sqrt(2/n) <= 0.01; t = 1.9662 at n = 194
+    # (1.9662^2 * 50 = 193.3); at n = 193, 1.9662^2 * 50 > 193.
+    assert stats.seeds_needed(0.01, 0.05, 0.02) == 194
     assert stats.seeds_needed(0.5, 0.01, 0.02) == 2
     assert stats.seeds_needed(0.1, None, 0.02) is None and stats.seeds_needed(0.0, 1.0, 0.02) is None
+
+
+def test_t_quantiles_come_from_scipy() -> None:
+    assert stats.t975(2) == pytest.approx(4.302653, rel=1e-6)
+    assert stats.t975(7.5) == pytest.approx(2.3342, rel=1e-3)  # Welch's fractional df
+    assert math.isinf(stats.t975(0.5))
+
+
+def test_paired_interval_cancels_what_a_seed_does_to_both_arms() -> None:
+    # Seeds move both arms together by a lot; the arms differ by 0.10 +- 0.01 within each seed.
+    a = {1: 0.30, 2: 0.61, 3: 0.90, 4: 0.45}
+    b = {1: 0.19, 2: 0.52, 3: 0.79, 4: 0.36}
+    paired = stats.compare_arms(a, b)
+    welch = stats.diff_ci(list(a.values()), list(b.values()))
+    assert paired.paired and not welch.paired
+    assert paired.mean == pytest.approx(0.10)
+    sd = math.sqrt(4 * 0.01 ** 2 / 3)  # the differences 0.11, 0.09, 0.11, 0.09 around their mean 0.10
+    assert paired.half_width == pytest.approx(stats.t975(3) * sd / 2, rel=1e-6)
+    assert paired.low > 0 and welch.low < 0  # the seed's spread hides the difference from Welch's interval
+
+
+def test_unshared_seeds_fall_back_to_welch() -> None:
+    a, b = {1: 0.5, 2: 0.6, 3: 0.55}, {11: 0.4, 12: 0.45, 3: 0.5}
+    e = stats.compare_arms(a, b)  # one shared seed: no paired interval
+    assert not e.paired and e == stats.diff_ci([0.5, 0.6, 0.55], [0.4, 0.45, 0.5])
+    with pytest.raises(ValueError):
+        stats.paired_ci({1: 0.1}, {2: 0.2})
+
+
+def test_seeds_needed_paired_and_at_a_stricter_level() -> None:
+    # Paired: se = sd / sqrt(n) on n - 1 df. A difference of 0.1 with sd 0.1: (t_{n-1} + 0.84) / sqrt(n) <= 1.
+    assert stats.seeds_needed(0.1, 0.1, 0.02, paired=True) == 10
+    assert stats.seeds_needed(0.1, 0.1, 0.02, paired=True, nominal=0.01) > 10
