@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarm.backends.base import ROLLOUT_IS_HELP, RolloutIS, TrainConfig
+from swarm.backends.base import TrainConfig
 from swarm.text.parsers import check_parser_names
 
 if TYPE_CHECKING:
@@ -57,8 +57,6 @@ class ServerConfig(TrainConfig):
                                          "reasoning_content; unset: none")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="chat-template variables "
                                                  "every call gets (a request's own override them)")
-    # Async serving trains on samples up to ``max_staleness`` versions old: correct for that by default.
-    rollout_is: RolloutIS = Field("token", description=ROLLOUT_IS_HELP)
     # Episodes.
     lease_s: float = Field(60.0, gt=0, le=3600, description="seconds a claimed episode is held for its "
                            "client; heartbeats extend it, an expired one is claimable again")

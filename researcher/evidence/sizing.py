@@ -46,8 +46,10 @@ class Room:
 
 
 def register(looks: int, pilot_seeds: int) -> SequentialDesign:
-    """The decision rule written before the pilot runs."""
-    return SequentialDesign(spending=SPENDING, looks=looks, pilot_seeds=pilot_seeds)
+    """The decision rule written before the pilot runs. A single look is one exact t test: it spends the
+    whole target; several looks spend a little less (``SequentialDesign.alpha``)."""
+    design = SequentialDesign(spending=SPENDING, looks=looks, pilot_seeds=pilot_seeds)
+    return design.model_copy(update={"alpha": design.target}) if looks == 1 else design
 
 
 def pilot_look(design: SequentialDesign) -> LookPlan:

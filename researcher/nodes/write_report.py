@@ -44,7 +44,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                 caveats += f" (The LLM report step failed, so this wording is the offline one: {exc}.)"
         # Whoever worded it: the first sentence names both axes when the question states another.
         answer = verdicts.answer_naming_axes(framing.question, history[-1].study if history else None, answer)
-        answer = _with_design(answer, history, studyfiles.read_plan(ctx.layout).design,
+        answer = with_design(answer, history, studyfiles.read_plan(ctx.layout).design,
                               state["budget"]["deadline"] - ctx.clock())
     text = _render(state, history, ctx, answer, caveats, usage, final_phase)
     studyfiles.write_atomic(ctx.layout.report_md, text)
@@ -70,7 +70,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     return {"phase": final_phase, "llm": usage}
 
 
-def _with_design(answer: str, history: list[IterationSummary], design: SequentialDesign | None, left_s: float) -> str:
+def with_design(answer: str, history: list[IterationSummary], design: SequentialDesign | None, left_s: float) -> str:
     """``answer`` followed by what the study's size says of it: the pilot's sizing where it said the budget
     cannot decide and the study has not settled (the Answer repeats what the study said as soon as it knew),
     or that a settled question ended the study before its budget."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from researcher.findings.records import JsonObject
 
 DEFAULT_EVAL_EVERY = 5  # `swarm run`'s cadence when a client sets no EVAL_EVERY
-MIN_ROUNDS_PLANNED = 5  # held-out rounds each arm is planned to have (step 0 included): the verdict needs 4
 # ServerConfig's defaults for the keys that set a step's batch (a config that leaves them out gets these).
 _BATCH_DEFAULTS = {"group_size": 8, "batch_groups": 4}
 
@@ -62,16 +61,15 @@ def matched(configs: Mapping[str, JsonObject], steps: int, eval_every: int) -> d
     Unmatched (every arm consumes the same episodes a step): ``steps`` each, the client's cadence. Matched:
     the largest arm trains ``steps``, the others ``ceil(steps x largest / theirs)`` (at least the same
     episodes), and each evaluates every ``eval_every x largest / theirs`` steps (rounded), so the rounds fall
-    at about the same episode counts; the largest arm's cadence is shortened where ``steps`` would give it
-    fewer than ``MIN_ROUNDS_PLANNED`` rounds."""
+    at about the same episode counts: as many in every arm's window as the largest arm has in its steps
+    (7 for 30 steps every 5; runs too short for 4 are judged on the training reward, as before)."""
     per_step = {name: episodes_per_step(config) for name, config in configs.items()}
     if len(set(per_step.values())) <= 1:
         return {name: ArmBudget(steps, steps * n) for name, n in per_step.items()}
     largest = max(per_step.values())
     target = steps * largest
-    every = max(1, min(eval_every, steps // (MIN_ROUNDS_PLANNED - 1)))
     budgets = {}
     for name, n in per_step.items():
         own = math.ceil(target / n)
-        budgets[name] = ArmBudget(own, own * n, max(1, round(every * largest / n)))
+        budgets[name] = ArmBudget(own, own * n, max(1, round(eval_every * largest / n)))
     return budgets

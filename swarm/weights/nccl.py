@@ -75,10 +75,6 @@ class ParamStream:
         """Every parameter's name, wire dtype and full shape; reads global shapes, gathers nothing."""
         return [ParamMeta(name, _wire_dtype(t.dtype, self.dtype), tuple(t.shape)) for name, t in self.params()]
 
-    def held_names(self) -> None:
-        """Every rank holds (a shard of) every parameter."""
-        return None
-
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         self._pass = self._gather()
         return self._pass

@@ -30,6 +30,16 @@ def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
     source = found["data"].client.read_text()
     assert sandbox.check_client(source) is None
     assert options.data_sha256 == datatask.sha256(ARITH / "train.parquet") and str(ARITH / "train.parquet") in source
+    # The written client passes the repository's own lint, a long data path included.
+    deep = tmp_path / ("d" * 150) / "train.parquet"
+    deep.parent.mkdir()
+    deep.write_bytes((ARITH / "train.parquet").read_bytes())
+    long = StudyOptions(**datatask.options_for(deep, None, "verl", 100))
+    for name, text in (("short.py", source), ("long.py", datatask.client_source(long))):
+        (tmp_path / name).write_text(text)
+        lint = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "--no-cache", "--config",
+                               str(ROOT / "pyproject.toml"), str(tmp_path / name)], capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout
     assert tomllib.loads(found["data"].config.read_text())["max_tokens"] == 8
     framing = OfflinePlanner(sorted(found)).frame(TOPIC, catalog.describe(root)).value
     assert (framing.task, framing.knob) == ("data", "lr")

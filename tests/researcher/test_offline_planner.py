@@ -86,6 +86,24 @@ def test_decisions_follow_the_verdict_rules(topic: str, diff: float, hw: float, 
         assert plan.stage == stage and sorted(e.overrides["group_size"] for e in plan.experiments) == [2, 8]
 
 
+def test_the_pilot_decides_nothing_and_its_pair_runs_again_at_the_next_look() -> None:
+    planner = OfflinePlanner(TASKS)
+    topic = "Does a larger GRPO group size make the letters task learn faster?"
+    framing = planner.frame(topic, "").value
+    # A large pilot difference with no decision interval (the pilot spends no alpha): never a conclusion.
+    comparison = {"better": "it1-group-size-2", "worse": "it1-group-size-8", "diff": 0.45, "hw": None, "hw95": 0.07,
+                  "look": 1, "fraction": None, "seeds": 3}
+    last = {"iteration": 1, "best": "it1-group-size-2", "best_value": 2, "comparison": comparison,
+            "values": {"it1-group-size-8": 8, "it1-group-size-2": 2}}
+    decision = planner.decide(framing, {"topic": topic, "last": last, "tested_values": [8, 2],
+                                        "min_effect": 0.02}).value
+    assert decision.action == "continue" and decision.reason.startswith(
+        "the pilot (it1-group-size-2 − it1-group-size-8 = +0.450 over 3 seeds) decides nothing: it sizes the study")
+    plan = planner.plan(framing, {"topic": topic, "iteration": 2, "history": [last], "min_effect": 0.02,
+                                  "best_value": 2, "tested_values": [8, 2]}).value
+    assert plan.stage == "replicate" and sorted(e.overrides["group_size"] for e in plan.experiments) == [2, 8]
+
+
 def test_cli_refuses_unmappable_topic_and_writes_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["start", "--topic", "Is the moon made of cheese?", "--studies-dir",
                                       str(tmp_path / "studies"), "--artifacts-dir", str(tmp_path / "artifacts")],

@@ -11,7 +11,8 @@ import pytest
 from evidence_inputs import summarize
 
 from researcher.evidence import sizing
-from researcher.findings.records import Comparison, LookPlan
+from researcher.findings.records import Comparison, Evidence, IterationSummary, LookPlan
+from researcher.nodes import write_report
 from researcher.planner import arm_budgets
 from researcher.runs import record as runs
 from swarm.protocol import StepMetrics
@@ -26,8 +27,9 @@ def test_arms_that_consume_different_episodes_a_step_train_to_the_same_episodes(
     odd = arm_budgets.matched({"a": {"group_size": 3, "batch_groups": 4}, "b": {"group_size": 8, "batch_groups": 4}},
                               30, 5)
     assert odd["a"] == arm_budgets.ArmBudget(80, 960, 13) and odd["b"].episodes == 960
-    # Short runs keep at least 5 held-out rounds (step 0 and 4 more) in the larger arm.
-    assert arm_budgets.matched({"a": {"batch_groups": 2}, "b": {"batch_groups": 4}}, 8, 5)["b"].eval_every == 2
+    # A batch-size knob is matched the same way.
+    assert arm_budgets.matched({"a": {"batch_groups": 2}, "b": {"batch_groups": 4}}, 8, 5) == {
+        "a": arm_budgets.ArmBudget(16, 256, 10), "b": arm_budgets.ArmBudget(8, 256, 5)}
 
 
 def test_arms_with_the_same_batch_keep_the_plan_and_the_clients_cadence() -> None:
@@ -114,3 +116,27 @@ def test_matched_arms_are_judged_over_the_whole_shared_episode_window_by_paired_
     # The shared shift cancels in the pairs: the paired interval is far narrower than the arms' spread.
     assert c.hw is not None and c.hw < study.noise_floor["episode"].sd
     assert c.diff == pytest.approx(0.0002 * 480, abs=0.02)  # slope gap x mean episodes over the window
+
+
+def _summary(diff: float, hw: float | None, look: int, fraction: float | None) -> IterationSummary:
+    c = Comparison(better="a", worse="b", diff=diff, hw=hw, hw95=0.05, seeds=3 * look, look=look, fraction=fraction,
+                   boundary_z=2.2 if fraction else None, paired=True)
+    return IterationSummary(iteration=look, knob="lr", comparison=c,
+                            study=Evidence(knob="lr", metric="eval/reward_mean", min_effect=0.02))
+
+
+def test_the_report_shows_every_look_and_the_answer_says_why_the_study_ended() -> None:
+    design = sizing.register(3, 3).model_copy(update={"max_seeds": 9, "sizing": "Sized from the pilot: …",
+                                                      "reachable": True})
+    history = [_summary(0.2, None, 1, None), _summary(0.15, 0.05, 2, 0.66)]
+    table = "\n".join(write_report.looks_section(history, design))
+    assert "| 1 | 1 | 3 | pilot | ∞ | +0.200 (pilot: no decision) | ± 0.050 | Inconclusive |" in table
+    assert "| 2 | 2 | 6 | 0.66 | 2.200 | +0.150 ± 0.050 | ± 0.050 | Yes |" in table
+    assert "up to 3 looks, obrien-fleming alpha spending of 0.045 for a false-positive rate at or below 0.05" in table
+    assert write_report.with_design("Yes: …", history, design, 240.0) == (
+        "Yes: … Settled at look 2 of 3: the study ended early, with about 4 minutes of its budget left.")
+    short = design.model_copy(update={"reachable": False, "sizing": "The budget cannot decide this: …"})
+    unsettled = [history[0], _summary(0.01, 0.05, 2, 0.66)]
+    assert write_report.with_design("Inconclusive: …", unsettled, short, 0.0) == (
+        "Inconclusive: … The budget cannot decide this: …")
+    assert write_report.with_design("Inconclusive: …", unsettled, None, 0.0) == "Inconclusive: …"

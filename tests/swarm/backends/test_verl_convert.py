@@ -53,7 +53,7 @@ def test_overrides_name_real_keys_of_verls_trainer_config() -> None:
 
     cfg_file = Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml"
     tree = yaml.safe_load(cfg_file.read_text())
-    overrides = verl_overrides(TrainConfig(lr=3e-6, kl_coef=0.01), "/models/qwen", n_gpus=8)
+    overrides = verl_overrides(TrainConfig(lr=3e-6, kl_coef=0.01, rollout_is="off"), "/models/qwen", n_gpus=8)
     for item in overrides:
         path, _, _value = item.partition("=")
         node = tree
@@ -61,7 +61,7 @@ def test_overrides_name_real_keys_of_verls_trainer_config() -> None:
             assert isinstance(node, dict) and part in node, f"{path} is not a verl config key"
             node = node[part]
     assert "actor_rollout_ref.actor.use_kl_loss=True" in overrides
-    assert "algorithm.rollout_correction.rollout_is=null" in overrides  # TrainConfig's default is off
+    assert "algorithm.rollout_correction.rollout_is=null" in overrides  # off: no correction
     token = verl_overrides(TrainConfig(rollout_is="token", rollout_is_threshold=3.0), "/models/qwen")
     assert {"algorithm.rollout_correction.rollout_is=token",
             "algorithm.rollout_correction.rollout_is_threshold=3.0"} <= set(token)
