@@ -25,7 +25,7 @@ from typing import NamedTuple
 from researcher.evidence import stats, window
 from researcher.evidence.looks import Look
 from researcher.findings import verdict_rules as rules
-from researcher.findings.axes import AXES, EVAL_METRIC, TRAIN_METRIC, primary_axis
+from researcher.findings.axes import AXES, EVAL_METRIC, TOKENS_METRIC, TRAIN_METRIC, offered_axes, primary_axis
 from researcher.findings.axes import AXIS_TEXT as AXIS_TEXT  # re-exported for plots and reports
 from researcher.findings.axes import AXIS_UNIT as AXIS_UNIT
 from researcher.findings.records import (
@@ -52,10 +52,16 @@ class Curve(NamedTuple):
     episodes: list[float]  # cumulative train/episodes up to and including each step
     seconds: list[float]   # StepMetrics time since the run's first step
     values: list[float]
+    tokens: list[float]    # cumulative generated tokens (context/generated_tokens) up to each step
 
     def axis(self, name: str) -> Sequence[float]:
-        axes: dict[str, Sequence[float]] = {"step": self.steps, "episode": self.episodes, "second": self.seconds}
+        axes: dict[str, Sequence[float]] = {"step": self.steps, "episode": self.episodes, "second": self.seconds,
+                                            "token": self.tokens}
         return axes[name]
+
+
+def _empty() -> Curve:
+    return Curve([], [], [], [], [])
 
 
 class _Row(NamedTuple):
@@ -70,30 +76,32 @@ def read_axes(run_dir: Path, metric: str, horizon: int | None = None) -> Curve:
     merges a finished round into that step's row; step 0, the untrained policy: no episodes, 0 s)."""
     file = run_dir / runs.METRICS_FILE
     if not file.is_file():
-        return Curve([], [], [], [])
+        return _empty()
     by_step: dict[int, _Row] = {}
     for line in file.read_text().splitlines():
         if line.strip():
             item = json.loads(line)
             merged = by_step.setdefault(int(item["step"]), _Row(float(item["time"]), {}))
             merged.metrics.update(item.get("metrics", {}))
-    at: dict[int, tuple[float, float]] = {}  # step -> (cumulative episodes, seconds since the first step)
+    at: dict[int, tuple[float, float, float]] = {}  # step -> (cumulative episodes, seconds since the first, tokens)
     points: dict[int, float] = {}
-    episodes, start = 0.0, None
+    episodes, tokens, start = 0.0, 0.0, None
     for step in sorted(by_step):
         item = by_step[step]
         episodes += float(item.metrics.get("train/episodes", 0.0))
+        tokens += float(item.metrics.get(TOKENS_METRIC, 0.0))
         start = item.time if start is None else start
-        at[step] = (episodes, item.time - start)
+        at[step] = (episodes, item.time - start, tokens)
         value = item.metrics.get(metric)
         if value is not None:
             points[int(item.metrics.get("eval/step", step)) if metric.startswith("eval/") else step] = float(value)
-    curve = Curve([], [], [], [])
+    curve = _empty()
     for step in sorted(s for s in points if horizon is None or s <= horizon):
-        eps, seconds = at.get(step, (0.0, 0.0))
+        eps, seconds, spent = at.get(step, (0.0, 0.0, 0.0))
         curve.steps.append(step)
         curve.episodes.append(eps)
         curve.seconds.append(seconds)
+        curve.tokens.append(spent)
         curve.values.append(points[step])
     return curve
 
@@ -163,8 +171,10 @@ class _Group:
     value: object = None
 
 
-def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], dict[str, float]]:
-    """Each arm's per-seed AUC on every axis over budgets all its usable runs reached."""
+def _score(groups: list[_Group], metric: str, horizon: int,
+           offered: Sequence[str] = AXES) -> tuple[list[Arm], dict[str, float]]:
+    """Each arm's per-seed AUC on every ``offered`` axis over budgets all its usable runs reached (an axis
+    not offered, or with no budget, is not measured: its budget is 0)."""
     least = MIN_EVAL_POINTS if metric == EVAL_METRIC else MIN_POINTS
     curves = {id(t): read_axes(Path(t.run_dir), metric) for g in groups for t in g.trials}
     usable = [c for g in groups for t in g.trials if t.status in OK_STATUSES
@@ -174,9 +184,8 @@ def _score(groups: list[_Group], metric: str, horizon: int) -> tuple[list[Arm], 
         horizon = min(horizon, min(c.steps[-1] for c in usable))
     # Each axis has its own window: the budget every usable run reached on it. Arms matched on episodes
     # train different steps (``planner.arm_budgets``), so the episode window is not cut at a step count.
-    budgets = {"step": float(horizon),
-               "episode": min((c.episodes[-1] for c in usable), default=0.0),
-               "second": min((c.seconds[-1] for c in usable), default=0.0)}
+    budgets = {a: float(horizon) if a == "step" else min((c.axis(a)[-1] for c in usable), default=0.0)
+               if a in offered else 0.0 for a in AXES}
     rows = []
     for group in groups:
         row = Arm(name=group.name, value=group.value, overrides=group.overrides, statuses=[], aucs=[], finals=[],
@@ -213,11 +222,12 @@ def _cut(c: Curve, horizon: int) -> Curve:
     few steps and lands on different steps in different runs (``[0, 6, 8]``, ``[0, 7]``), so a run with no
     point at the shared horizon gets one interpolated there instead of being cut back to its start."""
     n = sum(1 for s in c.steps if s <= horizon)
-    cut = Curve(c.steps[:n], c.episodes[:n], c.seconds[:n], c.values[:n])
+    cut = Curve(c.steps[:n], c.episodes[:n], c.seconds[:n], c.values[:n], c.tokens[:n])
     if 0 < n < len(c.steps) and c.steps[n - 1] < horizon:
         w = (horizon - c.steps[n - 1]) / (c.steps[n] - c.steps[n - 1])
         cut.steps.append(horizon)
-        for whole, part in ((c.episodes, cut.episodes), (c.seconds, cut.seconds), (c.values, cut.values)):
+        for whole, part in ((c.episodes, cut.episodes), (c.seconds, cut.seconds), (c.values, cut.values),
+                            (c.tokens, cut.tokens)):
             part.append(whole[n - 1] + w * (whole[n] - whole[n - 1]))
     return cut
 
@@ -279,7 +289,7 @@ def evidence(judging: Judging, trials: Sequence[TrialRun], metric_note: str = ""
     ``switch``: why that is not the registered metric), on the knob's primary axis where every arm has the
     points for it (``window.judged_axis``)."""
     knob, metric, min_effect = judging.knob, judging.metric, judging.min_effect
-    rows, budgets = _score(_arms(judging, trials), metric, judging.horizon)
+    rows, budgets = _score(_arms(judging, trials), metric, judging.horizon, offered_axes(knob))
     twin_values = [repr(r.value) for r in rows]
     for r in rows:  # the knob's value names an arm unless two arms share it (then the experiment name too)
         shared = twin_values.count(repr(r.value)) > 1

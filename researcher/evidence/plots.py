@@ -93,7 +93,8 @@ def axes_curves(study: Evidence, path: Path, title: str) -> Path:
                         label=f"{study.knob}={row.value} (n={len(row.runs)})" if n == 0 else None)
         if axis != "step":
             ax.axvline(study.budgets[axis], color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel({"step": "training step", "episode": "episodes consumed", "second": "wall-clock seconds"}[axis])
+        ax.set_xlabel({"step": "training step", "episode": "episodes consumed", "second": "wall-clock seconds",
+                       "token": "generated tokens"}[axis])
         ax.set_ylabel(study.metric)
         ax.set_title(analysis.AXIS_TEXT[axis] + (" (verdict axis)" if axis == study.axis else ""), fontsize=9)
         ax.grid(alpha=0.3)

@@ -47,7 +47,7 @@ def seeds_text(c: Comparison, noise: Noise) -> str:
 
 
 def _axes_sentence(study: Evidence) -> str:
-    """Whether the three axes agree on which of the two compared configurations leads."""
+    """Whether the measured axes agree on which of the two compared configurations leads."""
     compared = study.axes_compared
     if not compared:
         return ""
@@ -56,7 +56,11 @@ def _axes_sentence(study: Evidence) -> str:
              for a, c in compared.items() if a in lead]
     if len(set(map(repr, lead.values()))) > 1:
         return (f"The axes disagree: {'; '.join(parts)}. The verdict is {AXIS_TEXT[study.axis]}.")
-    return f"The three axes agree on the leader ({'; '.join(parts)})."
+    return f"The {_count(len(parts))} axes agree on the leader ({'; '.join(parts)})."
+
+
+def _count(n: int) -> str:
+    return {2: "two", 3: "three", 4: "four"}.get(n, str(n))
 
 
 def _refinement_sentence(summaries: list[IterationSummary]) -> str:
@@ -232,7 +236,8 @@ def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
 
 
 _AXIS_WORDS = {"step": re.compile(r"\bper (training )?step"), "episode": re.compile(r"\bper episode"),
-               "second": re.compile(r"\bper (wall-clock )?second|\bwall-clock")}
+               "second": re.compile(r"\bper (wall-clock )?second|\bwall-clock"),
+               "token": re.compile(r"\bper (generated )?token")}
 
 
 def asked_axes(question: str) -> list[str]:

@@ -207,7 +207,7 @@ def _cell(cell: Cell | None) -> str:
 
 def evidence_section(study: Evidence) -> list[str]:
     """The whole study's pooled evidence: metric, verdict axis, noise floor and minimum effect, every
-    configuration on the three axes, the comparison behind the answer, and for a sweep the curve."""
+    configuration on every measured axis, the comparison behind the answer, and for a sweep the curve."""
     knob, axis, metric = study.knob, study.axis, study.metric
     iterations = sorted({i for r in study.arms for i in r.iterations})
     budgets = ", ".join(f"{AXIS_TEXT[a]} over {study.budgets[a]:.0f} {AXIS_UNIT[a]}" for a in study.measured)
@@ -226,13 +226,14 @@ def evidence_section(study: Evidence) -> list[str]:
     rows = [r for r in study.arms if r.scored]
     if study.sweep and all(isinstance(r.value, (int, float)) for r in rows):
         rows.sort(key=lambda r: r.value)
-    header = " | ".join(f"AUC {AXIS_TEXT[a]}" + (" (verdict)" if a == axis else "") for a in AXES)
+    shown = [a for a in AXES if a != "token" or a in study.measured]  # per token: only for a knob that offers it
+    header = " | ".join(f"AUC {AXIS_TEXT[a]}" + (" (verdict)" if a == axis else "") for a in shown)
     out += ["", f"| {knob} | experiment | seeds | iterations | {header} | final reward |",
-            "|---|---|---|---|" + "---|" * len(AXES) + "---|"]
+            "|---|---|---|---|" + "---|" * len(shown) + "---|"]
     c = study.comparison
     settled = c is None or (rules.resolved(rules.classify(c.diff, c.hw, study.min_effect)) and not study.short)
     for r in rows:
-        cells = " | ".join(_cell(r.axes.get(a)) for a in AXES)
+        cells = " | ".join(_cell(r.axes.get(a)) for a in shown)
         best = ("" if r.name != study.best else " **best**" if settled else " (leading)")
         out.append(f"| {r.value}{best} | {r.name} | {len(r.aucs)} | {', '.join(map(str, r.iterations))} | "
                    f"{cells} | {_cell(r.final)} |")

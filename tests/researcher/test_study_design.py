@@ -140,3 +140,24 @@ def test_the_report_shows_every_look_and_the_answer_says_why_the_study_ended() -
     assert write_report.with_design("Inconclusive: …", unsettled, short, 0.0) == (
         "Inconclusive: … The budget cannot decide this: …")
     assert write_report.with_design("Inconclusive: …", unsettled, None, 0.0) == "Inconclusive: …"
+
+
+def test_a_knob_that_changes_tokens_per_episode_offers_per_generated_token(tmp_path: Path) -> None:
+    trials = []
+    for name, tokens in (("short", 8.0), ("long", 32.0)):
+        for seed in range(2):
+            run_dir = tmp_path / f"{name}-{seed}"
+            run_dir.mkdir()
+            runs.append_metrics(run_dir, [StepMetrics(step=s, policy_version=s, time=100.0 + s, metrics={
+                "train/reward_mean": 0.1 * s + 0.01 * seed, "train/episodes": 32.0,
+                "context/generated_tokens": 32 * tokens}) for s in range(1, 9)])
+            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    experiments = [{"name": "short", "overrides": {"max_tokens": 8}}, {"name": "long", "overrides": {"max_tokens": 32}}]
+    study = summarize(1, "max_tokens", "train/reward_mean", 8, experiments, trials, 0.02).study
+    assert study is not None and study.measured == ["step", "episode", "second", "token"]
+    assert study.axis == "step" and study.budgets["token"] == 8 * 32 * 8  # the short arm's tokens: every run reached
+    assert "token" in study.axes_compared and "AUC per generated token" in "\n".join(write_report.evidence_section(study))
+    other = summarize(1, "lr", "train/reward_mean", 8, [{**e, "overrides": {"lr": i + 1.0}} for i, e in
+                                                         enumerate(experiments)], trials, 0.02).study
+    assert other is not None and "token" not in other.measured
+    assert "per generated token" not in "\n".join(write_report.evidence_section(other))
