@@ -64,7 +64,9 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     assert all(r.launches == 1 for r in records), [(r.key, r.launches) for r in records]
     assert all(launched_before[k] == 1 for k in launched_before)
     assert {r.status for r in records} == {"finished"}
-    assert all(r.last_step >= 8 for r in records)
+    # Matched on episodes consumed: group size 8 trains its 8 steps, group size 2 the 32 that use as many.
+    assert {r.config["group_size"]: r.target_step for r in records} == {8: 8, 2: 32}
+    assert all(r.last_step >= r.target_step for r in records)
     no_leftover_servers(runs_dir)
 
     study_dir = cli.studies / sid
@@ -117,12 +119,14 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     eval_steps = set()
     for rec in records:
         history = client.get_metric_history(rec.mlflow_run_id, "train/reward_mean")
-        assert max(m.step for m in history) == rec.last_step == 8, (rec.key, rec.last_step)
-        assert client.get_run(rec.mlflow_run_id).data.tags["researcher.last_step"] == "8"
-        assert f"| finished | {rec.last_step}/8 | {rec.client_restarts} |" in rows[rec.key]
+        assert max(m.step for m in history) == rec.last_step == rec.target_step, (rec.key, rec.last_step)
+        assert client.get_run(rec.mlflow_run_id).data.tags["researcher.last_step"] == str(rec.target_step)
+        assert f"| finished | {rec.last_step}/{rec.target_step} | {rec.client_restarts} |" in rows[rec.key]
         assert rec.client_restarts == 0  # healthy runs: a topped-up client is no restart
         eval_steps.add(tuple(sorted(m.step for m in client.get_metric_history(rec.mlflow_run_id, "eval/reward_mean"))))
-    assert eval_steps == {(0, 5)}, eval_steps  # letters evaluates every 5 steps: 0 and 5 of 8, in every run
+    # Held-out rounds at the same episodes in every arm: every 5 steps of 32 episodes (0 and 5 of 8), every 20
+    # of 8 episodes (0 and 20 of 32).
+    assert eval_steps == {(0, 5), (0, 20)}, eval_steps
 
     # `researcher ui STUDY` links straight to the study's runs (MLflow's model-training view, grouped by
     # arm: test_mlflow_review renders that), and the real MLflow UI it starts serves the review: driven
