@@ -40,8 +40,10 @@ def seeds_text(c: Comparison, noise: Noise) -> str:
     """How many seeds per arm would resolve an unresolved comparison, and how that was estimated."""
     if c.seeds_needed is None:
         return "the seeds needed cannot be estimated yet (no configuration has 2 usable seeds)"
+    spread = (f"the sd of the per-seed paired difference {c.sd:.3f}" if c.paired and c.sd is not None
+              else f"the noise floor sd {(c.sd if c.sd is not None else noise.sd) or 0.0:.3f}")
     return (f"about {c.seeds_needed} seeds per arm would resolve it (it has {c.seeds}; estimated with Student t "
-            f"from the observed difference {c.diff:+.3f} and the noise floor sd {noise.sd:.3f}: 80% power to "
+            f"from the observed difference {c.diff:+.3f} and {spread}: 80% power to "
             "exclude 0 if the difference is at least the minimum effect, else a CI narrow enough to fit within "
             "±minimum effect; never fewer than one seed more than it has)")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from researcher.context import StudyContext
 from researcher.evidence import sizing
+from researcher.findings.records import Comparison
 from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
 from researcher.study import budget
@@ -22,6 +23,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     left = budget.time_left(state, ctx.clock())
     # The next look needs at least one more seed of a pair of arms within the time and runs left.
     room = sizing.Room(left, budget.run_estimate_s(state), options["parallel_runs"], budget.runs_left(state), 2)
+    _size_after_pilot(ctx, last.comparison, room, options["min_effect"])
     hard = None
     if ctx.stop_requested():
         hard = "a stop was requested"
@@ -56,3 +58,16 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     ctx.say("decided", **decision)
     return {"decision": decision, "llm": usage,
             "phase": "planning" if decision["action"] == "continue" else "reporting"}
+
+
+def _size_after_pilot(ctx: StudyContext, pilot: Comparison | None, room: sizing.Room, min_effect: float) -> None:
+    """Right after the pilot's analysis, whatever is decided next: the study sized from the pilot's spread
+    and the budget (plan.json), said at once, on the terminal and in LOG.md, when the budget cannot decide."""
+    design = studyfiles.read_plan(ctx.layout).design
+    if design is None or design.max_seeds is not None or design.looks < 2:
+        return
+    design = sizing.size(design, pilot, room, min_effect)
+    studyfiles.write_design(ctx.layout, design)
+    studyfiles.log(ctx.layout, design.sizing)
+    ctx.say("sized", text=design.sizing, reachable=design.reachable, needed=design.needed_seeds,
+            max_seeds=design.max_seeds)

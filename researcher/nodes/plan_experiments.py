@@ -177,8 +177,8 @@ def _arm_budgets(experiments: list[Experiment], steps: int,
 def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSummary],
                arms: int) -> tuple[SequentialDesign | None, LookPlan | None]:
     """The study's decision rule and this iteration's look, registered before its runs: the design and the
-    pilot on the first iteration; after the pilot, the study sized from it (said at once when the budget
-    cannot decide); then each look's seeds within the budget (None: no seed fits)."""
+    pilot on the first iteration; later, each look's seeds within the budget the pilot sized the study to
+    (``decide`` sizes it; None: no seed fits)."""
     options = state["options"]
     plan_file = studyfiles.read_plan(ctx.layout)
     design = plan_file.design
@@ -190,11 +190,6 @@ def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSumm
         return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"])
     room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state), options["parallel_runs"],
                        budget.runs_left(state), max(arms, 1))
-    if design.max_seeds is None:
-        design = sizing.size(design, history[-1].comparison, room, options["min_effect"])
-        studyfiles.log(ctx.layout, design.sizing)
-        ctx.say("sized", text=design.sizing, reachable=design.reachable, needed=design.needed_seeds,
-                max_seeds=design.max_seeds)
     return design, sizing.next_look(design, previous, room)
 
 

@@ -202,6 +202,13 @@ def write_plan(layout: StudyLayout, iteration: int, plan: IterationPlan, framing
     write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")
 
 
+def write_design(layout: StudyLayout, design: SequentialDesign) -> None:
+    """The study's decision rule in plan.json, amended (the pilot's sizing) before the next look is planned."""
+    current = read_plan(layout)
+    current.design = design
+    write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")
+
+
 def read_plan(layout: StudyLayout) -> PlanFile:
     """plan.json as a model (an empty plan when there is none yet)."""
     if not layout.plan_json.is_file():

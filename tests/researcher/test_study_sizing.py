@@ -29,7 +29,7 @@ def _answer(cli: Any, sid: str) -> str:
 def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_runs(cli: Any) -> None:
     sid = "cannot-decide"
     # Two identical arms and a minimum effect of 0.001: resolving ±0.001 takes hundreds of seeds an arm.
-    done = cli.run("start", "--topic", AA_TOPIC, "--budget", "3m", "--study-id", sid, "--steps-per-run", "6",
+    done = cli.run("start", "--topic", AA_TOPIC, "--budget", "4m", "--study-id", sid, "--steps-per-run", "6",
                    "--seeds", "2", "--parallel", "2", "--max-iterations", "2", "--min-effect", "0.001", *cli.dirs,
                    timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
