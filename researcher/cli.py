@@ -147,11 +147,11 @@ def start(
                                        "seed_base": seed_base,
                                        "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
                                        "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": str(Path(model).resolve()) if model and Path(model).exists() else model,
+                                       "model": flags.run_model(model),
                                        "gpus_per_run": gpus_per_run,
                                        "run_resources": resources.parse_run_resources(run_resources) or None,
                                        "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None},
-                                      server)  # a model folder or .gguf file as an absolute path: runs start in their own dirs
+                                      server)
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
         if data is not None:

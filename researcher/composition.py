@@ -2,8 +2,9 @@
 (planner, tracker, launcher, event log) wired into its ``StudyContext``. ``researcher.cli`` calls it;
 nothing else chooses the planner or the placement.
 
-Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner; without
-them the offline planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
+Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner, with the
+offline planner taking any step it fails: ``researcher.planner.fallback``; without them the offline
+planner runs), RESEARCHER_LLM_PRICE_IN / _OUT (USD per million tokens, for cost
 accounting), MLFLOW_TRACKING_URI (default: sqlite:///<artifacts>/mlflow.db),
 SWARM_TOKEN (control token of existing servers given with --server); CUDA_VISIBLE_DEVICES /
 nvidia-smi (the GPUs local runs share out).
@@ -17,9 +18,11 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from researcher.context import StudyContext
 from researcher.planner import catalog
+from researcher.planner.deadline import LLMDeadline
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
@@ -28,8 +31,12 @@ from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
 from researcher.study import events
+from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+
+if TYPE_CHECKING:  # the LLM planner's modules import the openai SDK: only a study with an LLM loads them
+    from researcher.planner.fallback import Takeover
 
 Emit = Callable[[str, Mapping[str, object]], None]
 _REPO = Path(__file__).resolve().parents[1]
@@ -65,22 +72,23 @@ def build_settings(studies_dir: Path, artifacts_dir: Path, servers: list[str] | 
 
 def build_context(settings: ResearcherSettings, study_id: str, options: StudyOptions | None = None,
                   printer: Emit | None = None, window_s: float | None = None) -> StudyContext:
-    """The study's collaborators: its planner (the LLM one when settings name an LLM), tracker and
-    launcher; every event goes to the study's event log, then to ``printer`` (the terminal) if given."""
+    """The study's collaborators: its planner (the LLM one, the offline one behind it, when settings name
+    an LLM), tracker and launcher; every event goes to the study's event log, then to ``printer`` (the terminal) if given."""
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    planner: Planner
-    if settings.llm is not None:
-        planner = _llm_planner(settings.llm, settings.prompts_root, layout)
-    else:
-        planner = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
+    emit = events.recorder(layout, printer)
+    deadline = LLMDeadline()
+    offline = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
+    planner: Planner = offline
+    if settings.llm is not None:  # the offline planner stands in for any step the LLM fails
+        planner = _llm_planner(settings.llm, settings.prompts_root, layout, deadline, offline,
+                               _takeover_recorder(layout, emit))
     options = options or StudyOptions()
     threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
     launcher = _launcher(settings, options, threads)
     tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")
     ctx = StudyContext(settings=settings, layout=layout, planner=planner, tracker=tracker, launcher=launcher,
-                       emit=events.recorder(layout, printer),
-                       window_end=None if window_s is None else time.time() + window_s,
-                       min_free_disk_mb=options.min_free_disk_mb)
+                       emit=emit, window_end=None if window_s is None else time.time() + window_s,
+                       min_free_disk_mb=options.min_free_disk_mb, llm_deadline=deadline)
     add_listener = getattr(planner, "add_listener", None)
     if add_listener is not None:  # the LLM planner: a short event per call for `researcher watch`
         add_listener(events.llm_call_listener(ctx.say))
@@ -99,7 +107,20 @@ def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int)
                     gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root)
 
 
-def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> Planner:
+def _takeover_recorder(layout: StudyLayout, emit: Emit) -> Callable[[Takeover], None]:
+    """Each step the offline planner takes over: a LOG.md line and a ``takeover`` event (the report lists them)."""
+
+    def record(takeover: Takeover) -> None:
+        studyfiles.log(layout, f"The offline planner took over {takeover.step} from the LLM planner: {takeover.reason}")
+        emit("takeover", {"step": takeover.step, "by": "offline", "reason": takeover.reason[:500]})
+
+    return record
+
+
+def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout, deadline: LLMDeadline,
+                 offline: OfflinePlanner, on_takeover: Callable[[Takeover], None]) -> Planner:
+    """The LLM planner (each call's record written to ``llm_calls/``) with ``offline`` behind it."""
+    from researcher.planner.fallback import FallbackPlanner
     from researcher.planner.llm import LLMPlanner
 
     counter = itertools.count(1)
@@ -109,4 +130,18 @@ def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout) -> P
         name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
         (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))
 
-    return LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace)
+    planner = LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace, deadline=deadline,
+                         structured=not _fell_back_to_json(layout.llm_calls_dir))
+    return FallbackPlanner(planner, offline, on_takeover)
+
+
+def _fell_back_to_json(calls_dir: Path) -> bool:
+    """Whether an earlier session of the study asked its LLM with the schema in the prompt (a ``json`` call
+    record): its endpoint refused or ignored structured outputs, and a resumed session need not ask again."""
+    for path in sorted(calls_dir.glob("*.json")):
+        try:
+            if json.loads(path.read_text()).get("mode") == "json":
+                return True
+        except (OSError, ValueError):
+            continue  # a record torn by a kill says nothing
+    return False

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from researcher.planner.deadline import LLMDeadline
 from researcher.planner.schema import Planner
 from researcher.runs.launcher import Launcher
 from researcher.settings import ResearcherSettings
@@ -37,6 +38,9 @@ class StudyContext:
     window_end: float | None = None      # a scheduled session parks the study at this time
     min_free_disk_mb: float = 0.0        # park the study when the artifacts disk has less free space
     park_reason: str | None = None       # set by a watchdog (LLM quota, disk) to park at the next boundary
+    # When the planner's LLM calls must end: the session sets it from the study's budget (the composition
+    # root hands the same object to the LLM planner, which the graph may not reach otherwise).
+    llm_deadline: LLMDeadline = field(default_factory=LLMDeadline)
 
     def __post_init__(self) -> None:
         # Only the LLM planner makes calls worth tracing; it reports each one to its listeners.

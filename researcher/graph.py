@@ -6,14 +6,14 @@ write_report, which always runs last so every study ends with a report.
 
 Parking: after any node before the report, a session whose window ended (or a watchdog: LLM quota,
 disk) goes to ``park`` and ends; the next session re-enters at START, which routes by the phase the
-study was parked in.
+study was parked in. A node that raises ``FailStudy`` (no retry can help) ends the study ``failed``.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
@@ -33,7 +33,7 @@ from researcher.nodes import (
 )
 from researcher.study.events import NODE_DOING
 from researcher.study.state import StudyState
-from researcher.watchdogs import ParkStudy, is_transient
+from researcher.watchdogs import FailStudy, ParkStudy, is_transient
 
 
 def _transient(exc: Exception) -> bool:
@@ -67,6 +67,10 @@ def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState], ctx
             # E.g. out of LLM credit: change nothing, park; the next window re-runs this node.
             ctx.park(str(exc))
             result = {}
+        except FailStudy as exc:
+            # E.g. the LLM failed a step the offline planner cannot take: the study fails, the report follows.
+            ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
+            result = cast(StudyState, exc.failed_state(state))
         except Exception as exc:
             ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
             raise

@@ -50,6 +50,7 @@ def start(ctx: StudyContext, topic: str, options: StudyOptions, deadline: float)
         studyfiles.write_study_toml(layout, topic, ctx.planner.name, options.model_dump(), deadline)
         ctx.say("session", action="start", pid=os.getpid(), planner=ctx.planner.name)
         state = initial_state(layout.study_id, topic, options, deadline, ctx.clock())
+        ctx.llm_deadline.set(deadline, state["budget"]["report_reserve_s"])
         return _invoke(ctx, state)
 
 
@@ -64,6 +65,8 @@ def resume(ctx: StudyContext) -> StudyState:
         ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
         state = read_state(layout)
         if state is not None:
+            if state.get("budget"):  # the study's deadline binds this session's LLM calls too
+                ctx.llm_deadline.set(state["budget"]["deadline"], state["budget"]["report_reserve_s"])
             keep = {r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if not r.ended and r.mlflow_run_id}
             if state.get("phase") not in ("analyzing", "deciding", "reporting", "done", "failed", "stopped"):
                 keep.add(state.get("mlflow_parent_run") or "")

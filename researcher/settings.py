@@ -20,8 +20,9 @@ class LLMSettings(BaseModel):
     base_url: str
     model: str
     api_key: str = "not-needed"
-    timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(3, ge=0, le=10, description="transient errors only (connection, 429, 5xx)")
+    timeout_s: float = Field(120.0, gt=0, description="one request's limit, cut to what the study's deadline leaves")
+    max_retries: int = Field(3, ge=0, le=10, description="retries of transient errors only (connection, timeout, "
+                             "429, 5xx), each only where it fits before the study's deadline")
     # Cost accounting: USD per million tokens (0 = free / unknown).
     price_in_per_mtok: float = Field(0.0, ge=0)
     price_out_per_mtok: float = Field(0.0, ge=0)

@@ -5,9 +5,13 @@
   ``RateLimitError`` with ``insufficient_quota``, 402 Payment Required, a 403 about billing) -> park
   and wait for the next window; unlike a plain 429, retrying soon cannot help.
 - ``is_transient``: an LLM error that a later try may get past (connection, timeout, rate limit,
-  5xx) -> the graph's retry policy retries the node.
+  5xx) -> the LLM planner retries the request while the study's deadline leaves time (then the
+  offline planner takes the step); the graph's retry policy uses it too.
 - ``ParkStudy``: what a collaborator raises when the study must wait for the next window (the
   planner's ``QuotaExhausted`` is one) -> the graph parks instead of failing.
+- ``FailStudy``: what a collaborator raises when the study cannot go on and no retry can help (the
+  planner's ``StepFailed``: the LLM failed a step the offline planner cannot take either) -> the graph
+  fails the study with its message, and the report follows.
 - ``client_stuck``: the server waits for episodes but none finished for a while while the client
   process still lives (a hung agent) -> restart the client.
 A stalled server (no training step for ``stall_timeout_s``) is handled in the monitor itself.
@@ -16,7 +20,9 @@ A stalled server (no training step for ``stall_timeout_s``) is handled in the mo
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "quota_exceeded",
                 "credit_balance_too_low", "payment_required"}
@@ -25,6 +31,14 @@ _BILLING_WORDS = ("quota", "billing", "credit", "payment")
 
 class ParkStudy(RuntimeError):
     """The study cannot go on in this window (e.g. the LLM account is out of credit): park it."""
+
+
+class FailStudy(RuntimeError):
+    """The study cannot go on and no retry can help: the graph ends it ``failed`` with this message."""
+
+    def failed_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """What the failing node returns instead of its result (a subclass adds what the node spent)."""
+        return {"phase": "failed", "error": str(self)}
 
 
 def disk_low(path: Path, min_free_mb: float) -> str | None:

@@ -3,6 +3,8 @@
 ``ServerConfig`` extends the backend's ``TrainConfig`` with the engine's knobs, so one flat set of
 keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm config URL k=v`` use;
 ``SECTIONS`` groups them by concern for people (help, ``swarm config``, tables in a config file).
+``starting_config`` completes what a file and flags set with defaults for the model (a pretrained
+model's learning rate is not the tiny presets').
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import TrainConfig
+from swarm.defaults import server_defaults
+from swarm.protocol import ConfigDefaults
 from swarm.text.parsers import check_parser_names
 
 if TYPE_CHECKING:
@@ -142,6 +146,17 @@ class ServerConfig(TrainConfig):
         return cls().patched(values) if values else cls()
 
 
+def starting_config(model: str, given: Mapping[str, object]) -> tuple[ServerConfig, ConfigDefaults]:
+    """A server's starting config and which defaults it took: the keys ``given`` (by a config file
+    and flags, which always win) over the model's defaults (``swarm.defaults.server_defaults``: scaled
+    to a pretrained model's size; none for random weights), over ``ServerConfig``'s own."""
+    scaled = server_defaults(model)
+    taken = {key: value for key, value in scaled.items() if key not in given}
+    values = {**taken, **given}
+    config = ServerConfig().patched(values) if values else ServerConfig()
+    return config, ConfigDefaults(source="model-scaled" if scaled else "built-in", keys=taken)
+
+
 # Keys a config file may set that choose engines for the process's life (not live-patchable):
 # ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine, and
 # ``model = "tiny-bpe"`` is how an example names the model it is written for.
@@ -239,7 +254,8 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field("tiny", min_length=1, description="a preset (tiny, tiny-bpe, ...), a registry model "
-                       "(smollm2-135m), a .gguf file or a local model folder")
+                       "(smollm2-135m), a .gguf file, a local model folder or a Hugging Face Hub name "
+                       "(org/name or org/name@revision)")
     engine: Literal["torch", "vllm"] = Field("torch", description="the generator: who samples tokens")
     trainer: Literal["torch", "verl"] = Field("torch", description="the trainer: who runs policy updates")
     workers: int = Field(1, ge=1, le=1024, description="verl trainer: FSDP2 workers in the Ray group")
@@ -276,6 +292,8 @@ class ServerSettings(BaseModel):
     mlflow_experiment: str = Field("swarm", min_length=1, description="MLflow experiment of a new run")
     max_context: int | None = Field(None, ge=16, description="override the model's context length")
     config: ServerConfig = Field(default_factory=ServerConfig)
+    defaults: ConfigDefaults = Field(default_factory=ConfigDefaults, description="which defaults ``config`` "
+                                     "took for the keys no file or flag set (``swarm status`` shows them)")
 
 
 def _short_errors(exc: ValidationError) -> str:

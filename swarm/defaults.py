@@ -4,6 +4,9 @@
 should start from, plus the evaluation cadence (``eval_every``, a client setting). The researcher's
 data task writes them into its config and client; by hand, ``swarm run --data`` evaluates every 5
 steps, the same cadence, and the example configs (gsm-format for SmolLM2) hold the same keys.
+``server_defaults(model)`` is what ``swarm serve`` fills in for a pretrained model where no ``--config``
+file or flag sets a key: the same values, less ``eval_every``; a tiny preset (or a folder one built)
+keeps ``ServerConfig``'s own defaults, which were measured on them.
 
 The rules, and why:
 - **Learning rate.** Random tiny presets learn at 1e-3 (measured: letters, arith). Full fine-tuning
@@ -33,7 +36,7 @@ from typing import Any, TypeVar
 
 from swarm.models.named import model_facts
 
-__all__ = ["training_defaults"]
+__all__ = ["server_defaults", "training_defaults"]
 
 T = TypeVar("T")
 
@@ -53,6 +56,15 @@ def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
     return {"lr": _by_size(_LR_BY_SIZE, size, above=1e-6, unknown=3e-6), "max_tokens": max_tokens,
             "max_staleness": 4, "micro_batch_tokens": _by_size(_MICRO_BATCH_BY_SIZE, size, above=512, unknown=512),
             "eval_every": 5}
+
+
+def server_defaults(model: str) -> dict[str, Any]:
+    """The ``ServerConfig`` keys a server for ``model`` starts from where nothing sets them: empty for a
+    model with random weights (``ServerConfig``'s defaults are theirs), else ``training_defaults``'
+    server keys (no reference answers known: the shortest completion length)."""
+    if not model_facts(model).pretrained:
+        return {}
+    return {key: value for key, value in training_defaults(model).items() if key != "eval_every"}
 
 
 def _by_size(table: tuple[tuple[int, T], ...], size: int | None, *, above: T, unknown: T) -> T:

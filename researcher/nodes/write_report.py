@@ -1,5 +1,6 @@
 """write_report: the study's answer with its evidence (numbers per configuration, plots), the
-hypotheses as written before running, negative results, and the budget used."""
+hypotheses as written before running, negative results, the steps the offline planner took over from
+the LLM planner, and the budget used."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from researcher.findings.records import Cell, Comparison, Evidence, IterationPla
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.runs import record as runs
+from researcher.study import events
 from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.study.state import Phase, StudyState, summaries
 
 
@@ -144,7 +147,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     out += looks_section(history, plan.design)
     for summary in history:
         out += _iteration_section(summary, plan.iteration(summary.iteration))
-    out += ["## Discussion", "", caveats, "", "## Runs", "",
+    out += ["## Discussion", "", caveats, "", *takeover_section(ctx.layout), "## Runs", "",
             "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
     for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
         out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
@@ -160,6 +163,18 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
             "", f"Everything is in MLflow experiment `{state['study_id']}` (`researcher ui`); the dated log is "
                 "LOG.md and the plan (hypotheses written before the runs) is plan.json.", ""]
     return "\n".join(out)
+
+
+def takeover_section(layout: StudyLayout) -> list[str]:
+    """The steps the offline planner took over from the LLM planner and why (the study's ``takeover`` events,
+    every session's); nothing when the LLM answered every step."""
+    taken = [e for e in events.read_events(events.events_path(layout)) if e.get("kind") == "takeover"]
+    if not taken:
+        return []
+    out = ["## Planner takeovers", "", f"The offline planner took {len(taken)} step(s) over from the LLM planner:", ""]
+    out += [f"- {e.get('step')} at {dt.datetime.fromtimestamp(e['ts'], dt.UTC).isoformat(timespec='seconds')}: "
+            f"{e.get('reason')}" for e in taken]
+    return [*out, ""]
 
 
 def _iteration_section(summary: IterationSummary, planned: IterationPlan) -> list[str]:

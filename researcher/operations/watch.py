@@ -35,7 +35,7 @@ from researcher.study.store import is_locked
 __all__ = ["WatchState", "format_line", "pick_study", "render", "sparkline", "watch"]
 
 _BARS = "▁▂▃▄▅▆▇█"
-_DECISIONS = ("framed", "planned", "decided", "llm_call", "validated", "client")
+_DECISIONS = ("framed", "planned", "decided", "llm_call", "takeover", "validated", "client")
 _NOTABLE = ("session", "launched", "ended", "client_restart", "unparked", "watchdog", "parked", "report")
 _LIVE = ("running", "starting")
 _CURVE = 200       # reward points kept per run (the sparkline shows the last few dozen)
@@ -192,6 +192,8 @@ def _describe(event: Event) -> str:
     if kind == "llm_call":
         state = f"error: {event['error']}" if event.get("error") else event.get("summary") or ""
         return f"LLM {event.get('step')} ({event.get('tokens')} tokens, {event.get('seconds')} s): {state}"
+    if kind == "takeover":
+        return f"the offline planner took over {event.get('step')}: {event.get('reason')}"
     if kind == "validated":
         verdict = "passed" if event.get("ok") else f"failed: {event.get('error')}"
         return f"validation attempt {event.get('attempt')} {verdict}"

@@ -114,7 +114,7 @@ class OfflinePlanner:
 
     def plan(self, framing: Framing, context: PlannerContext) -> Reply[Plan]:
         """The first design the topic asks for; later, more seeds for an unresolved difference, else a refinement."""
-        knob = catalog.knob(framing.knob)
+        knob = _catalog_knob(framing, "plan")
         question = _question(framing, context)
         iteration = int(context.get("iteration", 1))
         history = context.get("history") or []
@@ -153,8 +153,9 @@ class OfflinePlanner:
     # ------------------------------------------------------------------ decide and report
 
     def decide(self, framing: Framing, context: PlannerContext) -> Reply[Decision]:
-        """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds."""
-        knob = catalog.knob(framing.knob)
+        """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds. A
+        framing on a knob outside the catalog (an LLM's, when this planner takes a step over) is concluded
+        where refining it would need the knob's ladder."""
         question = _question(framing, context)
         last, tested = context["last"], context.get("tested_values", [])
         min_effect = float(context.get("min_effect", 0.02))
@@ -188,6 +189,10 @@ class OfflinePlanner:
                                                                f"{c.better} beat {c.worse} ({spread})"))
         if question.identical:  # nothing to refine: two arms of one configuration
             return free(Decision(action="conclude", reason="the A/A check has fewer than two arms with usable runs"))
+        if not any(k.key == framing.knob for k in catalog.KNOBS):
+            return free(Decision(action="conclude", reason=f"the offline planner refines only the catalog's knobs, "
+                                                           f"and {framing.knob} is not one of them"))
+        knob = catalog.knob(framing.knob)
         best = last.get("best_value")
         if question.shape == "sweep":
             around = ladder.around(knob, best, tested)
@@ -213,6 +218,14 @@ class OfflinePlanner:
 
 
 # ---------------------------------------------------------------------- strategies
+
+
+def _catalog_knob(framing: Framing, step: str) -> catalog.Knob:
+    """The framing's knob, refused as unmappable when it is not a catalog knob (an LLM's framing may vary any key)."""
+    if not any(k.key == framing.knob for k in catalog.KNOBS):
+        raise TopicNotMappable(f"the offline planner can {step} only for the catalog's knobs "
+                               f"({', '.join(k.key for k in catalog.KNOBS)}), and {framing.knob!r} is not one of them")
+    return catalog.knob(framing.knob)
 
 
 def _question(framing: Framing, context: PlannerContext) -> TopicQuestion:

@@ -141,7 +141,17 @@ class TopicNotMappable(ValueError):
 
 
 class PlannerError(RuntimeError):
-    """The planner produced no valid answer (after its repair round) or its endpoint refused."""
+    """The planner produced no valid answer (after its repair round), its endpoint refused or failed, or the
+    study's deadline left no time to ask. ``usage`` is what the step's answered calls cost before it
+    failed: the tokens are spent whatever happens next, so the study's LLM budget still counts them."""
+
+    def __init__(self, message: str, usage: LLMUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage or new_usage()
+
+
+class OutOfTime(PlannerError):
+    """The study's deadline leaves no time for (another) LLM call of this step."""
 
 
 class QuotaExhausted(PlannerError, ParkStudy):

@@ -19,7 +19,8 @@ Event kinds (fields besides id, ts, kind):
   error (on fail: the exception; the graph's retry policy may enter the node again).
 - ``framed``: question, task, knob. ``planned``: iteration, experiments, seeds, rationale.
   ``decided``: action (continue | conclude), reason. ``llm_call``: step, model, seconds, tokens,
-  error, summary (the start of the answer) — the planner's decisions and their reasons.
+  error, summary (the start of the answer) — the planner's decisions and their reasons. ``takeover``:
+  step, by (offline), reason — the offline planner answered a step the LLM planner failed (the report lists them).
 - ``client`` (iteration, repaired: a repair round when true), ``validated`` (attempt, ok, error).
 - ``launched``: key, experiment, seed, url. ``progress``: key, experiment, seed, step, target, reward
   (the study's metric, when that step logged it) and train_reward. ``client_restart``: key, step.

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 
 from researcher.settings import StudyOptions
 from researcher.study.layout import check_study_id, slugify
+from swarm.models.hub import hub_snapshot, parse_hub_name
 from swarm.models.named import model_facts
 
 # A pretrained model's runs are minutes where the tiny presets' are seconds: on 2 CPU cores SmolLM2-135M's
@@ -47,6 +49,20 @@ def deadline(budget: str | None, until: str | None, now: float) -> float:
     if budget and until:
         raise ValueError("give --budget or --until, not both")
     return parse_until(until, now) if until else now + parse_duration(budget or "20m")
+
+
+def run_model(model: str | None) -> str | None:
+    """What every run's ``swarm serve --model`` gets for ``--model``: an existing path made absolute
+    (runs start in their own folders); a Hugging Face Hub name fetched now (downloaded, or found in the
+    hub cache offline) and pinned to its commit, so every run of the study loads one snapshot even if
+    the Hub's branch moves; anything else as given. ``ValueError`` naming the download command for a
+    Hub model neither cached nor downloadable, before the study starts."""
+    if not model:
+        return model
+    if Path(model).exists():
+        return str(Path(model).resolve())
+    name = parse_hub_name(model)
+    return model if name is None else str(name.pinned(hub_snapshot(name)))
 
 
 def study_options(flags: dict[str, Any], servers: list[str] | None) -> StudyOptions:

@@ -58,6 +58,23 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def fetch_model(model: str) -> str:
+    """``model`` ready to load. A Hugging Face Hub name is downloaded into the hub cache (offline: found
+    there) and pinned to the commit it resolved to, ``org/name@<commit>``, so every engine of the process
+    loads that one snapshot even if the Hub's branch moves meanwhile; any other name is returned as it
+    is (its engines resolve it). A Hub model neither cached nor downloadable ends the command (exit 2)
+    with the download command, before anything loads or listens."""
+    from swarm.models.hub import hub_snapshot, parse_hub_name
+
+    name = parse_hub_name(model)
+    if name is None:
+        return model
+    try:
+        return str(name.pinned(hub_snapshot(name)))
+    except ValueError as exc:
+        fail(str(exc), 2)
+
+
 def server_url(url: str | None, state_dir: Path) -> str:
     if url:
         return url

@@ -38,6 +38,7 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
     table.add_row("groups pending", str(result.groups_pending))
     table.add_row("clients", str(result.clients))
     table.add_row("config version", str(result.config_version))
+    table.add_row("defaults", _describe_defaults(result))
     for key, value in sorted(result.throughput.items()):
         table.add_row(key, f"{value:.4g}")
     table.add_row("uptime", f"{result.uptime_s:.0f} s")
@@ -65,6 +66,16 @@ def _drop_fix(client: SwarmClient, status: Status) -> str | None:
     except SwarmError:  # a client token may not read the config: the advice then assumes its defaults
         values = {}
     return drop_fix(status, values)
+
+
+def _describe_defaults(status: Status) -> str:
+    """Which defaults the config started from, and the values taken, on one line."""
+    defaults = status.defaults
+    line = "built-in (ServerConfig's, sized for the tiny presets)"
+    if defaults.source == "model-scaled":
+        taken = "  ".join(f"{key}={value}" for key, value in sorted(defaults.keys.items()))
+        line = f"model-scaled for {status.model}: {taken or 'none taken (the config sets every one)'}"
+    return line + ("  (resumed: the state dir's stored config stands)" if defaults.resumed else "")
 
 
 def _describe_worker(worker: WorkerStatus) -> str:

@@ -7,7 +7,7 @@ loading a model (the researcher checks a plan's configs in one call before any r
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from swarm import stopping
-from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, out
+from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, fetch_model, out
 from swarm.config import describe_keys
 
 if TYPE_CHECKING:
@@ -63,9 +63,11 @@ class ServeFlags:
                      + escape(describe_keys()))  # escaped: rich reads "[batching]" as markup
 def serve(
     model: Annotated[str | None, typer.Option(help=(
-        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think), a registry model (smollm2-135m), a .gguf file "
-        "or a local Hugging Face model folder "
-        "(default: the --config file's `model`, else tiny)"), show_default=False)] = None,
+        "a preset built offline (tiny, tiny-bpe, tiny-bpe-think), a registry model (smollm2-135m), a .gguf file, "
+        "a local Hugging Face model folder or a Hugging Face Hub name, org/name or org/name@revision (downloaded into "
+        "the hub cache; offline, found there) (default: the --config file's `model`, else tiny); a pretrained model's "
+        "lr, max_tokens, max_staleness and micro_batch_tokens default to values scaled to its size"),
+        show_default=False)] = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -140,15 +142,11 @@ def _check_or_serve(flags: ServeFlags) -> None:
 
 
 def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
-    """The server's settings: the config file (if any), then the flags over it."""
-    from swarm.config import ServerConfig, ServerSettings, read_config_file
+    """The server's settings: the config file (if any), then the flags over it; the keys neither sets
+    take the model's defaults (``swarm.config.starting_config``)."""
+    from swarm.config import ServerSettings, read_config_file, starting_config
 
     file = read_config_file(path) if path is not None else None
-    server_config = ServerConfig().patched(file.values) if file is not None and file.values else ServerConfig()
-    parsers = {"tool_call_parser": flags.tool_call_parser, "reasoning_parser": flags.reasoning_parser,
-               "max_steps": flags.max_steps}
-    if any(v is not None for v in parsers.values()):  # flags override the file
-        server_config = server_config.patched({k: v for k, v in parsers.items() if v is not None})
     chosen = dict(file.engine) if file is not None else {}  # flags override the file
     if flags.backend is not None:
         chosen.update(engine=flags.backend, trainer=flags.backend)
@@ -160,6 +158,11 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
     chosen.update({k: v for k, v in named.items() if v is not None})
     if flags.model is not None:
         chosen["model"] = flags.model
+    parsers = {"tool_call_parser": flags.tool_call_parser, "reasoning_parser": flags.reasoning_parser,
+               "max_steps": flags.max_steps}
+    given = {**(file.values if file is not None else {}), **{k: v for k, v in parsers.items() if v is not None}}
+    model = str(chosen.get("model") or ServerSettings.model_fields["model"].default)
+    server_config, defaults = starting_config(model, given)
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # env only: argv is visible to all
     worker_token = os.environ.get("SWARM_WORKER_TOKEN") or None
     return ServerSettings(host=flags.host, port=flags.port, state_dir=flags.state_dir, token=flags.token,
@@ -167,7 +170,7 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
                           local_generator=flags.local_generator, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
                           mlflow_run_id=flags.mlflow_run_id, mlflow_experiment=flags.mlflow_experiment,
                           max_context=flags.max_context, vllm_url=flags.vllm_url, vllm_python=flags.vllm_python,
-                          config=server_config, **chosen)
+                          config=server_config, defaults=defaults, **chosen)
 
 
 def _check(flags: ServeFlags, files: list[Path | None]) -> None:
@@ -194,6 +197,9 @@ def _serve(flags: ServeFlags, path: Path | None) -> None:
         settings = settings_for(flags, path)
     except (ValueError, ValidationError) as exc:
         fail(f"invalid server settings: {exc}", 2)
+    pinned = fetch_model(settings.model)  # a Hub name: downloaded or found cached, else exit 2 before any load
+    if pinned != settings.model:  # every engine loads this snapshot; the defaults scale to its size
+        settings = settings_for(replace(flags, model=pinned), path)
     try:
         private_dir(flags.state_dir)  # holds the secret and the tokens: owner only
     except OSError as exc:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from swarm import stopping
-from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail
+from swarm.cli._common import DEFAULT_STATE_DIR, StateDir, app, fail, fetch_model
 
 
 @app.command()
@@ -22,8 +22,9 @@ def worker(
     server: Annotated[str, typer.Option(help="the swarm server's URL, e.g. http://10.0.0.2:8000")],
     engine: Annotated[str, typer.Option(help="torch (in process) or vllm (a vLLM child process)")] = "torch",
     model: Annotated[str, typer.Option(help="the model the server trains: a preset (tiny, tiny-bpe), smollm2-135m, "
-                                            "a .gguf file or a local folder of the same architecture (its weights are "
-                                            "replaced on join)")] = "tiny",
+                                            "a .gguf file, a local folder or a Hugging Face Hub name (org/name"
+                                            " or org/name@revision) of the same architecture (its weights are replaced on "
+                                            "join)")] = "tiny",
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on (0: any free one)")] = 0,
     advertise: Annotated[str | None, typer.Option(help=(
@@ -50,6 +51,7 @@ def worker(
     secret = token or _token_file(state_dir)
     if not secret:
         fail("no worker token: pass $SWARM_WORKER_TOKEN (the server's <state-dir>/worker_token)", 2)
+    model = fetch_model(model)  # a Hub name not in the cache and not downloadable: exit 2 before anything loads
     stopping.interrupt_on_sigterm()  # a stop while the engine loads; once serving, the worker's own shutdown
     from swarm.models.presets import is_preset
 

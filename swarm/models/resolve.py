@@ -1,6 +1,6 @@
 """One resolver from a model name to the local Hugging Face folder every engine loads.
 
-A model is named one of four ways:
+A model is named one of five ways:
 
 - a tiny preset (``tiny``, ``tiny-bpe``, ``tiny-bpe-think``): random weights built in code from a
   seed into ``artifacts/models/<preset>-<seed>`` beside the run (seconds; ``swarm.models.presets``);
@@ -8,7 +8,9 @@ A model is named one of four ways:
   ``importlib.util.find_spec`` (the package is never imported) and converted once into the model cache;
 - a path to a ``.gguf`` file: converted once into the model cache, keyed by the file's SHA-256 (a
   registry model is its file: both names share one conversion);
-- a Hugging Face causal-LM folder: used as it is.
+- a Hugging Face causal-LM folder: used as it is;
+- a Hugging Face Hub name, ``org/name[@revision]`` (not an existing path): the snapshot folder in the
+  hub cache, downloaded there first when online (``swarm.models.hub``).
 
 The model cache is ``$SWARM_MODEL_CACHE``, else ``~/.cache/swarm/models`` (as Hugging Face's own
 cache is found): one converted copy per machine, whatever folder a server starts in (the researcher
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from swarm.models.folders import build_once
 from swarm.models.gguf import GGUF_FORMAT, convert_gguf, file_sha256
+from swarm.models.hub import hub_snapshot, parse_hub_name
 from swarm.models.named import REGISTRY_MODELS, TINY_PRESETS, RegistryModel, is_tiny_preset
 from swarm.models.presets import build_preset_once
 
@@ -39,9 +42,13 @@ _MARKER = "swarm-model.json"
 
 
 def model_name(model: str, folder: Path) -> str:
-    """The name a server reports: the preset or registry name, a GGUF file's stem, else the folder's name."""
+    """The name a server reports: the preset or registry name, a Hub name's repo id (as vLLM reports it:
+    the revision is not part of it), a GGUF file's stem, else the folder's name."""
     if is_tiny_preset(model) or model in REGISTRY_MODELS:
         return model
+    hub = parse_hub_name(model)
+    if hub is not None:
+        return hub.repo_id
     if model.endswith(".gguf"):
         return Path(model).stem
     return folder.resolve().name
@@ -52,12 +59,15 @@ def default_model_cache() -> Path:
     return Path(os.environ.get("SWARM_MODEL_CACHE") or Path.home() / ".cache" / "swarm" / "models")
 
 
-def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
-    """The local folder for ``model`` (see the module docstring), built or converted if needed.
+def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None = None,
+                         hub_cache: str | Path | None = None) -> Path:
+    """The local folder for ``model`` (see the module docstring), built, converted or downloaded if needed.
 
     ``cache_dir``: for a tiny preset the folder to build into; for a registry model or a GGUF file
-    the cache root (default ``default_model_cache()``). ``ValueError`` with the fix for a name that
-    is none of the four, a missing package or a file that cannot be converted."""
+    the cache root (default ``default_model_cache()``). ``hub_cache``: the hub cache a Hub name is
+    found in (default huggingface_hub's: ``HF_HUB_CACHE``...). ``ValueError`` with the fix for a name
+    that is none of the five, a missing package, a file that cannot be converted or a Hub model that
+    is neither cached nor downloadable (``swarm.models.hub.HubModelMissing``)."""
     if is_tiny_preset(model):
         folder = Path(cache_dir) if cache_dir is not None else Path("artifacts/models") / f"{model}-{seed}"
         return build_preset_once(model, folder, seed)
@@ -69,11 +79,14 @@ def resolve_model_folder(model: str, seed: int = 0, cache_dir: str | Path | None
         if not path.is_file():
             raise ValueError(f"GGUF file {model} does not exist")
         return _converted(path, root)
+    hub = parse_hub_name(model)  # None for an existing path: a local folder named like org/name wins
+    if hub is not None:
+        return hub_snapshot(hub, hub_cache)
     folder = Path(model)
     if not folder.is_dir():
         raise ValueError(f"model {model!r} is not a preset ({', '.join(TINY_PRESETS)}), a registry model "
-                         f"({', '.join(REGISTRY_MODELS)}), a .gguf file or an existing local folder "
-                         "(nothing is downloaded)")
+                         f"({', '.join(REGISTRY_MODELS)}), a .gguf file, an existing local folder or a "
+                         "Hugging Face Hub name (org/name[@revision])")
     if not (folder / "config.json").is_file():
         raise ValueError(f"model folder {folder} has no config.json; expected a Hugging Face causal-LM folder")
     return folder

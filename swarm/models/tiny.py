@@ -23,6 +23,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarm.models.named import TINY_MARKER
 from swarm.text.templates import byte_level_alphabet
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def build_tiny(directory: str | Path, seed: int = 0) -> Path:
     gives the same folder contents.
     """
     marker: dict[str, object] = {"preset": "tiny", "format": TINY_FORMAT, "seed": seed, **TINY_SHAPE}
-    return write_qwen2_folder(directory, _build_tokenizer(), TINY_SHAPE, seed, "tiny.json", marker)
+    return write_qwen2_folder(directory, _build_tokenizer(), TINY_SHAPE, seed, TINY_MARKER, marker)
 
 
 def write_qwen2_folder(directory: str | Path, tokenizer: PreTrainedTokenizerFast, shape: dict[str, int], seed: int,
@@ -151,7 +152,7 @@ def write_qwen2_folder(directory: str | Path, tokenizer: PreTrainedTokenizerFast
 
 def is_current_tiny(directory: str | Path, seed: int) -> bool:
     """True if ``directory`` holds a complete tiny build of this format and seed."""
-    marker = Path(directory) / "tiny.json"
+    marker = Path(directory) / TINY_MARKER
     try:
         info = json.loads(marker.read_text())
     except (OSError, ValueError):

@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarm.models.named import BPE_MARKER
 from swarm.models.tiny import write_qwen2_folder
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ __all__ = [
 
 # Bumped whenever the presets' files change, so cached folders from an older build are rebuilt.
 BPE_FORMAT = 2
-MARKER = "tiny_bpe.json"
+MARKER = BPE_MARKER
 
 BPE_SHAPE = {
     "vocab_size": 151936,  # Qwen2's embedding rows: 151,643 ranks + added tokens, padded

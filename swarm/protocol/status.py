@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics", "WorkerState", "WorkerStatus"]
+__all__ = ["ConfigDefaults", "EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics",
+           "WorkerState", "WorkerStatus"]
 
 class EpisodeCounts(BaseModel):
     """Training episodes. ``dropped_stale``: of ``dropped``, those older than ``max_staleness`` at their
@@ -74,6 +75,18 @@ class WorkerStatus(BaseModel):
     logprob_diff_max: float | None = None
 
 
+class ConfigDefaults(BaseModel):
+    """Which defaults filled the config keys that no ``--config`` file or flag set when the server
+    started: ``built-in`` (``ServerConfig``'s, measured on the tiny presets) or ``model-scaled``
+    (``swarm.defaults.server_defaults`` for a pretrained model; ``keys`` holds the values taken).
+    ``resumed``: the server resumed a state dir whose stored config stands instead (a ``--config`` and
+    these defaults only seed a fresh state dir)."""
+
+    source: Literal["built-in", "model-scaled"] = "built-in"
+    keys: dict[str, Any] = Field(default_factory=dict)
+    resumed: bool = False
+
+
 class Status(BaseModel):
     """``GET /api/v1/status``."""
 
@@ -93,6 +106,8 @@ class Status(BaseModel):
     drop_reasons: dict[str, int] = Field(default_factory=dict, description="dropped episodes by reason")
     refusal_reasons: dict[str, int] = Field(default_factory=dict, description="refused_stale by reason")
     recent: RecentCounts = Field(default_factory=RecentCounts, description="counts over the last minute")
+    defaults: ConfigDefaults = Field(default_factory=ConfigDefaults, description="which defaults the config "
+                                     "started from where nothing set a key")
 
 
 class StepMetrics(BaseModel):

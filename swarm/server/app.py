@@ -93,7 +93,8 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
     engine = Engine(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
                     state_dir=state_dir, store=store, checkpoints=checkpoints,
-                    max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None)
+                    max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None,
+                    defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}))
     engine.restore(restored)
     roster = _roster(pool, keys, engine, run_blocking=trainer_thread.call if trainer_thread else worker.call)
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)

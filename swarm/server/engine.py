@@ -35,6 +35,7 @@ from swarm.pool.pool import GeneratorPool
 from swarm.protocol import (
     AbortRequest,
     ClaimRequest,
+    ConfigDefaults,
     ConfigView,
     Episode,
     EpisodeCounts,
@@ -69,8 +70,9 @@ class Engine:
     def __init__(self, *, config: ServerConfig, generator: GeneratorPool, trainer: Trainer, worker: DeviceWorker,
                  keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
                  max_context: int, run_blocking: RunBlocking[Any] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, defaults: ConfigDefaults | None = None) -> None:
         self.config = config
+        self.defaults = defaults or ConfigDefaults()  # where the starting config's unset keys came from (status)
         self.config_version = 0
         self.generator = generator
         self.trainer = trainer
@@ -345,7 +347,7 @@ class Engine:
             },
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
             workers=self.generator.workers(), drop_reasons=dict(self.lifecycle.drop_reasons),
-            refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(),
+            refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(), defaults=self.defaults,
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

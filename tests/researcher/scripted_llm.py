@@ -17,18 +17,23 @@ callable that gets the request body and returns either. The script may also be o
 every request. A repair round (the planner's follow-up in the same conversation) carries the same
 step heading, so it takes the step's next answer. Every request is recorded in ``requests``.
 
-``structured=False`` makes the server refuse ``response_format`` with a 400, as some servers do, so
-the planner falls back to JSON in the prompt; refused requests are recorded but consume no answer.
-A request for a step the script does not know is a 400 naming the step, so a test fails loudly.
+``structured=False`` makes the server refuse ``response_format`` with a 400 (``refusal=422``: a 422,
+as the swarm server's validation answers), as some servers do, so the planner falls back to JSON in
+the prompt; refused requests are recorded but consume no answer. A ``Slow(seconds, answer)`` answer
+is sent after that long (a slow local model): the server keeps answering other requests meanwhile,
+and one whose client gave up is dropped when the server stops. A request for a step the script does
+not know is a 400 naming the step, so a test fails loudly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -44,6 +49,14 @@ HEADING = "# Step: "
 START_TIMEOUT_S = 30.0
 
 
+@dataclass(frozen=True)
+class Slow:
+    """An answer sent ``seconds`` after its request came (the server answers other requests meanwhile)."""
+
+    seconds: float
+    answer: Any
+
+
 def step_of(body: dict[str, Any]) -> str:
     """The step heading of a chat request (``frame the research topic``); ``""`` if it has none."""
     messages = body.get("messages") or []
@@ -55,8 +68,10 @@ def step_of(body: dict[str, Any]) -> str:
 class ScriptedLLM:
     """The scripted server; use as a context manager (``url`` is valid inside it)."""
 
-    def __init__(self, script: Script, *, structured: bool = True) -> None:
+    def __init__(self, script: Script, *, structured: bool = True, refusal: int = 400) -> None:
         self.structured = structured
+        self.refusal = refusal
+        self._closing = False
         self.requests: list[dict[str, Any]] = []
         self._whole = script if callable(script) else None
         self._answers: dict[str, Sequence[Answer] | Callable[[dict[str, Any]], Any]] = (
@@ -82,23 +97,28 @@ class ScriptedLLM:
 
     # ------------------------------------------------------------------ answering
 
-    def reply(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """The HTTP status and JSON body the server sends for one ``/chat/completions`` request."""
+    def reply(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
+        """The HTTP status and JSON body the server sends for one ``/chat/completions`` request, and the
+        seconds it waits before sending them."""
         with self._lock:
             self.requests.append(body)
             number = len(self.requests)
             if body.get("response_format") and not self.structured:
-                return 400, _error("response_format json_schema is not supported", param="response_format")
+                return self.refusal, _error("response_format json_schema is not supported",
+                                            param="response_format"), 0.0
             step = step_of(body)
             try:
                 answer = self._next(step, body)
             except LookupError as exc:
-                return 400, _error(str(exc))
+                return 400, _error(str(exc)), 0.0
+        delay = 0.0
+        if isinstance(answer, Slow):
+            delay, answer = answer.seconds, answer.answer
         text = answer if isinstance(answer, str) else json.dumps(answer)
         return 200, {"id": f"chatcmpl-{number}", "object": "chat.completion", "created": int(time.time()),
                      "model": body.get("model", "scripted"), "usage": USAGE,
                      "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": text}}]}
+                                  "message": {"role": "assistant", "content": text}}]}, delay
 
     def _next(self, step: str, body: dict[str, Any]) -> Any:
         if self._whole is not None:
@@ -121,7 +141,10 @@ class ScriptedLLM:
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> JSONResponse:
-            status, payload = self.reply(await request.json())
+            status, payload, delay = self.reply(await request.json())
+            until = time.monotonic() + delay
+            while time.monotonic() < until and not self._closing:  # a stopping server drops a slow answer
+                await asyncio.sleep(min(0.05, until - time.monotonic()))
             return JSONResponse(payload, status_code=status)
 
         sock = socket.socket()
@@ -142,6 +165,7 @@ class ScriptedLLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

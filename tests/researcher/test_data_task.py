@@ -72,6 +72,16 @@ def test_a_study_on_a_real_model_waits_as_long_as_its_runs_take() -> None:
         assert (options.smoke_timeout_s, options.stall_timeout_s) == (60.0, 120.0)
 
 
+def test_a_hub_model_neither_cached_nor_downloadable_stops_the_study_before_it_starts(cli, tmp_path: Path) -> None:
+    """Offline (the researcher's environment here), a Hugging Face Hub name outside the hub cache ends
+    ``researcher start`` with exit 2 and the download command, before anything of the study is written."""
+    cli.env["HF_HUB_CACHE"] = str(tmp_path / "hub")
+    done = cli.run("start", "--topic", TOPIC, "--model", "Some/Uncached@v2", "--study-id", "hub", *cli.dirs, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "`hf download Some/Uncached --revision v2 --include" in " ".join(done.stdout.split()), done.stdout
+    assert not (cli.studies / "hub").exists()
+
+
 @pytest.mark.parametrize("model, lr, max_tokens, staleness, micro_batch", [
     # pretrained, 135M parameters: never the tiny example's 1e-3 and 8 tokens, nor a 14 GB micro-batch
     ("smollm2-135m", 1e-5, 96, 4, 2048),

@@ -107,8 +107,11 @@ def test_bad_messages_raise_value_error(backend: TorchBackend) -> None:
 
 
 def test_from_model_rejects_unknown_names_without_downloading(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"or an existing local folder \(nothing is downloaded\)"):
-        TorchBackend.from_model("Qwen/Qwen2.5-0.5B", TrainConfig())
+    with pytest.raises(ValueError, match=r"an existing local folder or a Hugging Face Hub name"):
+        TorchBackend.from_model("no-such-model", TrainConfig())
+    # offline (tests/conftest.py) a Hub name outside the hub cache names its download instead
+    with pytest.raises(ValueError, match=r"hf download no-such-org/no-such-model "):
+        TorchBackend.from_model("no-such-org/no-such-model", TrainConfig())
     with pytest.raises(ValueError, match=r"no config\.json"):
         TorchBackend.from_model(str(tmp_path), TrainConfig())
 

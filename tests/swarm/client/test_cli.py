@@ -28,9 +28,12 @@ def test_status_json_finds_the_token_in_the_state_dir(server: ServeProcess) -> N
     assert result.returncode == 0, result.stderr
     status = Status.model_validate_json(result.stdout)
     assert status.model and status.policy_version >= 0
+    assert (status.defaults.source, status.defaults.keys) == ("built-in", {})  # the tiny preset's own
 
     table = swarm("status", server.url, "--token", server.token)
     assert table.returncode == 0 and "policy version" in table.stdout
+    (row,) = [line for line in table.stdout.splitlines() if "│ defaults " in line]
+    assert "built-in (ServerConfig's, sized for the tiny presets)" in row, table.stdout
 
 
 def test_status_without_a_valid_token_fails_cleanly(server: ServeProcess, tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ def _status(server: RunningServer) -> dict:
 def test_restart_resumes_checkpoint_config_and_pending_episodes(start_server, tmp_path) -> None:
     state = tmp_path / "state"
     server = start_server(state_dir=state, group_size=1, min_group_size=1, batch_groups=1, max_staleness=64)
+    assert _status(server)["defaults"] == {"source": "built-in", "keys": {}, "resumed": False}
     with server.client() as http:
         assert http.patch("/api/v1/config", json={"values": {"lr": 0.002}}).json()["version"] == 1
     first = _episode(server, "a")
@@ -59,6 +60,7 @@ def test_restart_resumes_checkpoint_config_and_pending_episodes(start_server, tm
     server = start_server(state_dir=state, group_size=1, min_group_size=1, batch_groups=1, max_staleness=64)
     status = _status(server)
     assert status["step"] == 1
+    assert status["defaults"]["resumed"]  # the stored config stands, not the one these settings seed
     assert status["policy_version"] > version_before  # older weights, a new and higher version id
     assert status["groups_pending"] == 2  # the rolled-back episode and the pending one
     with server.client() as http:  # the surviving step's metrics outlive the process; the lost one does not
