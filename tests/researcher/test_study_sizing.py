@@ -1,21 +1,34 @@
-"""Studies sized from their pilot, end to end (the real CLI, tiny swarm servers, MLflow on SQLite):
+"""Studies sized from their pilot:
 
 - a pilot whose spread says the budget cannot decide: the study says so before its next runs start, and
-  the Answer repeats it;
+  the Answer repeats it (the graph's nodes on a real study layout);
 - a 10-minute study on letters uses at least 80% of its budget, or ends settled and says so (``-m study``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from researcher.context import StudyContext
+from researcher.nodes import analyze, decide, plan_experiments, write_report
+from researcher.planner.offline import OfflinePlanner
+from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
+from researcher.runs.launcher import Launcher
+from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.study import budget
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
+from researcher.tracking.tracker import Tracker
+from swarm.protocol import StepMetrics
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
 
 AA_TOPIC = "A/A check: do two identical configurations of letters learn at different speeds?"
 
@@ -24,33 +37,54 @@ def _answer(cli: Any, sid: str) -> str:
     return (cli.studies / sid / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_runs(cli: Any) -> None:
-    sid = "cannot-decide"
-    # Two identical arms and a minimum effect of 0.001: resolving ±0.001 takes hundreds of seeds an arm.
-    done = cli.run("start", "--topic", AA_TOPIC, "--budget", "4m", "--study-id", sid, "--steps-per-run", "6",
-                   "--seeds", "2", "--parallel", "2", "--max-iterations", "2", "--min-effect", "0.001", *cli.dirs,
-                   timeout=420)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    plan = json.loads((cli.studies / sid / "plan.json").read_text())
-    design = plan["design"]
-    assert design["looks"] == 2 and design["pilot_seeds"] == 2 and design["reachable"] is False
-    assert design["needed_seeds"] > design["max_seeds"], design
-    sizing = design["sizing"]
-    assert re.match(r"The budget cannot decide this: the pilot's spread \(paired difference sd [0-9.]+\) needs about "
-                    r"\d+ seeds an arm to resolve ±0\.001 at 80% power, about [0-9.]+ (hours|minutes) here, and the "
-                    r"budget runs only \d+\. The study runs what fits\.", sizing), sizing
-    # Said as soon as it was known: in LOG.md after the pilot's analysis, before any run of a later look.
-    log = (cli.studies / sid / "LOG.md").read_text()
-    said = log.index(sizing)
-    assert log.index("Iteration 1 analysed") < said and "Iteration 2 planned" not in log[:said]
-    when = dt.datetime.fromisoformat(re.findall(r"\*\*([^*]+)\*\*", log[:said])[-1]).timestamp()
-    later = [r for r in runs.all_records(cli.artifacts / sid / "runs") if r.iteration > 1]
-    assert all(when <= r.started_at + 1 for r in later), (when, [r.started_at for r in later])
-    assert "sized" in done.stdout and "The budget cannot decide this" in done.stdout  # on the terminal too
-    answer = _answer(cli, sid)
-    assert not answer.startswith(("Yes", "No:")) and answer.endswith(sizing), answer
+def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_runs(tmp_path: Path) -> None:
+    """The graph's nodes on a real study layout and MLflow store, the pilot's runs written as the monitor
+    writes them: a pilot whose paired difference spreads 0.057 cannot resolve ±0.02 in a 10-minute budget.
+    decide says so (LOG.md, the terminal's events, plan.json) before the next look is planned, the next
+    look still runs what fits, and the report's Answer repeats it."""
+    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
+                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
+    layout = StudyLayout("cannot-decide", settings.studies_root, settings.artifacts_root)
+    layout.ensure()
+    events: list[tuple[str, dict[str, Any]]] = []
+    planner = OfflinePlanner(["letters"])
+    ctx = StudyContext(settings, layout, planner, Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
+                       Launcher(settings.swarm_command), emit=lambda event, data: events.append((event, data)))
+    now = time.time()
+    state: dict[str, Any] = {
+        "study_id": "cannot-decide", "topic": AA_TOPIC, "iteration": 0, "iterations": [], "llm": new_usage(),
+        "framing": planner.frame(AA_TOPIC, "").value.model_dump(), "run_seconds": [60.0] * 4, "runs_launched": 4,
+        "options": StudyOptions(seeds=2, max_iterations=2).model_dump(),
+        "budget": budget.make_budget(now, now + 600, max_runs=16, max_iterations=2, max_repairs=3, max_llm_tokens=1000,
+                                     max_llm_cost_usd=0.0)}
+    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    # The pilot's runs: flat curves whose per-seed difference is -0.03 and +0.05 (mean 0.01, sd 0.057).
+    level = {("it1-a", 1000): 0.30, ("it1-a-copy", 1000): 0.33, ("it1-a", 1001): 0.40, ("it1-a-copy", 1001): 0.35}
+    for trial in state["trials"]:
+        Path(trial["run_dir"]).mkdir(parents=True)
+        runs.append_metrics(Path(trial["run_dir"]), [StepMetrics(step=s, policy_version=s, time=now + s, metrics={
+            "train/reward_mean": level[trial["experiment"], trial["seed"]], "train/episodes": 32.0})
+            for s in range(1, 9)])
+        trial["status"] = "finished"
+    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
+    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    design = studyfiles.read_plan(layout).design
+    assert design is not None and design.reachable is False and design.looks == 2 and design.pilot_seeds == 2
+    assert design.needed_seeds is not None and design.max_seeds is not None and design.needed_seeds > design.max_seeds
+    assert re.fullmatch(r"The budget cannot decide this: the pilot's spread \(paired difference sd 0\.0566\) needs "
+                        r"about \d+ seeds an arm to resolve ±0\.02 at 80% power, about [0-9.]+ (hours|minutes) here, "
+                        r"and the budget runs only \d+\. The study runs what fits\.", design.sizing), design.sizing
+    assert ("sized", {"text": design.sizing, "reachable": False, "needed": design.needed_seeds,
+                      "max_seeds": design.max_seeds}) in events
+    assert state["decision"]["action"] == "continue", state["decision"]  # what fits still runs
+    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    log = layout.log_md.read_text()
+    assert log.index("Iteration 1 analysed") < log.index(design.sizing) < log.index("Iteration 2 planned")
+    look = studyfiles.read_plan(layout).iteration(2).look
+    assert look is not None and look.fraction == 1.0 and look.seeds == design.max_seeds  # the last look spends it all
+    state |= write_report.run({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
+    answer = layout.report_md.read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert answer.endswith(design.sizing) and not answer.startswith(("Yes", "No:")), answer
 
 
 @pytest.mark.slow
