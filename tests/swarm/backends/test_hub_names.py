@@ -147,6 +147,7 @@ def test_serve_and_worker_refuse_an_uncached_name_before_serving(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.study  # loads SmolLM2 (about a minute, 1.5 GB): run with `pytest -m study`
 @pytest.mark.timeout(600)
 def test_serve_answers_from_a_hub_snapshot(hub_cache: Path, tmp_path: Path) -> None:
     """A bare ``swarm serve --model HuggingFaceTB/SmolLM2-135M-Instruct``: the snapshot refs/main
