@@ -121,23 +121,17 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                  f"{checked.complaints[-1]}")
         return {"phase": "failed", "error": error, "llm": usage}
     used = {e.name for s in history for e in s.experiments}
-    design, look = _this_look(state, ctx, history, len(_runnable(plan, used, budget.runs_left(state), 1)[0]))
+    design, look, seeds = _this_look(state, ctx, history, len(_runnable(plan, used, budget.runs_left(state), 1)[0]))
     if look is None:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the budget runs no further seed; concluding.")
         return {"phase": "reporting", "llm": usage,
                 "decision": {"action": "conclude", "reason": "the budget runs no further look"}}
-    previous = studyfiles.read_plan(ctx.layout).iteration(iteration - 1).look
-    seeds = look.seeds - (previous.seeds if previous else 0) if design else options["seeds"]
     experiments, notes = _runnable(plan, used, budget.runs_left(state), seeds)
     if len(experiments) < min(2, len(plan.experiments)):
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
                                    f"({len(experiments)} configuration(s)); concluding.")
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
-    arm_plans, matched = _arm_budgets(experiments, options["steps_per_run"], example)
-    if matched:
-        notes.append("arms consume different episodes per training step, so each trains to the same episodes: "
-                     + ", ".join(f"{name} {b['steps']} steps ({b['episodes']} episodes, held-out every "
-                                 f"{b['eval_every']} steps)" for name, b in arm_plans.items()))
+    arm_plans = _arm_budgets(experiments, options["steps_per_run"], example, notes)
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
     written = IterationPlan.model_validate({
         "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
@@ -162,35 +156,39 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
             "phase": "writing", "llm": usage}
 
 
-def _arm_budgets(experiments: list[Experiment], steps: int,
-                 example: catalog.ExampleStudy | None) -> tuple[dict[str, JsonObject], bool]:
-    """Each experiment's steps, episodes and held-out cadence (``arm_budgets.matched``), and whether they
-    differ between arms (matched on episodes consumed)."""
+def _arm_budgets(experiments: list[Experiment], steps: int, example: catalog.ExampleStudy | None,
+                 notes: list[str]) -> dict[str, JsonObject]:
+    """Each experiment's steps, episodes and held-out cadence (``arm_budgets.matched``); a note in ``notes``
+    where they differ between arms (matched on episodes consumed)."""
     if example is None:
-        return {e.name: {} for e in experiments}, False
+        return {e.name: {} for e in experiments}
     configs = {e.name: studyfiles.server_config(example.config, e.overrides) for e in experiments}
     budgets = arm_budgets.matched(configs, steps, arm_budgets.client_eval_every(example.client))
-    matched = len({b.steps for b in budgets.values()}) > 1
-    return {name: {k: v for k, v in asdict(b).items() if v is not None} for name, b in budgets.items()}, matched
+    if len({b.steps for b in budgets.values()}) > 1:
+        notes.append("arms consume different episodes per training step, so each trains to the same episodes: "
+                     + ", ".join(f"{name} {b.steps} steps ({b.episodes} episodes, held-out every {b.eval_every} "
+                                 "steps)" for name, b in budgets.items()))
+    return {name: {k: v for k, v in asdict(b).items() if v is not None} for name, b in budgets.items()}
 
 
 def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSummary],
-               arms: int) -> tuple[SequentialDesign | None, LookPlan | None]:
-    """The study's decision rule and this iteration's look, registered before its runs: the design and the
-    pilot on the first iteration; later, each look's seeds within the budget the pilot sized the study to
-    (``decide`` sizes it; None: no seed fits)."""
+               arms: int) -> tuple[SequentialDesign | None, LookPlan | None, int]:
+    """The study's decision rule, this iteration's look and the seeds it adds, registered before its runs:
+    the design and the pilot on the first iteration; later, each look's seeds within the budget the pilot
+    sized the study to (``decide`` sizes it; look None: no seed fits)."""
     options = state["options"]
     plan_file = studyfiles.read_plan(ctx.layout)
     design = plan_file.design
     if not history:
         design = sizing.register(state["budget"]["max_iterations"], options["seeds"])
-        return design, sizing.pilot_look(design)
+        return design, sizing.pilot_look(design), options["seeds"]
     previous = plan_file.iteration(state.get("iteration", 0)).look
     if design is None or previous is None:  # a study registered before sequential looks: fixed seeds
-        return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"])
+        return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"]), options["seeds"]
     room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state), options["parallel_runs"],
                        budget.runs_left(state), max(arms, 1))
-    return design, sizing.next_look(design, previous, room)
+    look = sizing.next_look(design, previous, room)
+    return design, look, look.seeds - previous.seeds if look else 0
 
 
 def _seed(options: Mapping[str, Any], iteration: int, k: int) -> int:

@@ -14,6 +14,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from swarm.models.gguf import file_sha256
+
 
 def fake_commit(label: str) -> str:
     """A 40-hex commit id, the same for the same label."""
@@ -38,10 +40,4 @@ def add_snapshot(cache: Path, repo_id: str, source: Path, commit: str, refs: tup
     return snapshot
 
 
-@functools.cache  # a second snapshot of the same files hashes nothing again
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+_sha256 = functools.cache(file_sha256)  # a second snapshot of the same files hashes nothing again
