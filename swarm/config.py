@@ -169,6 +169,7 @@ ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_t
 # params name each key alone (a test keeps every field in exactly one section).
 SECTIONS: dict[str, tuple[str, ...]] = {
     "optimiser": ("lr", "weight_decay", "grad_clip", "ppo_epochs", "micro_batch_tokens"),
+    "lora": ("lora_rank", "lora_alpha", "lora_target_modules"),
     "loss": ("adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode", "clip_ratio", "kl_coef",
              "kl_penalty", "rollout_is", "rollout_is_threshold"),
     "batching": ("group_size", "batch_groups", "min_group_size", "batch_mode", "mode", "max_staleness",

@@ -5,9 +5,10 @@ log-probs, policy-gradient and supervised updates, and atomic checkpoints. In ``
 weights and the optimizer state stay fp32 (the master copy) and the forward passes of an update run
 under bf16 autocast; generation uses a bf16 copy of the weights, refreshed after every update, so
 sampled and recomputed log-probs come from the same bf16 arithmetic. On a GPU, generation decodes from
-a static slot cache with CUDA graphs (``slots``; ``decode_cache``). Models come from a local Hugging
-Face folder or from the ``tiny`` preset, which is built once into a cache folder and then loaded
-like any other folder. Nothing is ever downloaded.
+a static slot cache with CUDA graphs (``slots``; ``decode_cache``). With ``lora_rank`` > 0 the model
+gets peft adapters and only they train; it publishes and checkpoints merged weights (``lora``).
+Models come from a local Hugging Face folder or from the ``tiny`` preset, which is built once into a
+cache folder and then loaded like any other folder. Nothing is ever downloaded.
 
 Not thread-safe by design: the engine calls every method from one worker thread.
 """
@@ -26,6 +27,7 @@ import torch
 
 from swarm import algorithms
 from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingParams, TokenSink, TrainConfig, TrainSample
+from swarm.backends.torch import lora as adapters
 from swarm.backends.torch import training
 from swarm.backends.torch.attention import use_grouped_decode
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
@@ -79,7 +81,12 @@ class TorchBackend(InProcessModel):
         reference: bool = False,
         dtype: str = "float32",
         decode_cache: str = "auto",
+        lora: adapters.LoraSettings | None = None,
     ) -> None:
+        self.lora = lora
+        # peft injects the adapters into ``model`` itself; the backend keeps running ``model`` (see ``lora``).
+        self._peft = adapters.apply(model, lora) if lora is not None else None
+        self._export_tag = object()  # marks this backend's own merged exports (``load_weights``)
         self.model = model
         use_grouped_decode(model)  # decode steps attend without copying the KV cache (``attention``)
         self.device = str(next(model.parameters()).device)
@@ -131,7 +138,7 @@ class TorchBackend(InProcessModel):
         wants_reference = config is not None and config.kl_coef > 0
         logger.info("loaded %s from %s on %s (%s)", name, folder, device, dtype)
         return cls(loaded, tokenizer, model_name=name, seed=seed, reference=wants_reference, dtype=dtype,
-                   decode_cache=decode_cache)
+                   decode_cache=decode_cache, lora=adapters.LoraSettings.of(config))
 
     def _serving_copy(self) -> torch.nn.Module:
         """The bf16 weights generation reads (the fp32 ``model`` is what the optimizer updates)."""
@@ -140,11 +147,14 @@ class TorchBackend(InProcessModel):
             p.requires_grad_(False)
         return serving
 
-    def _refresh_serving(self) -> None:
+    def _refresh_serving(self, only_trained: bool = False) -> None:
+        """Copy the master weights into the bf16 copy: after an update only the trained ones (all of
+        them for full fine-tuning, the adapters under LoRA), after a load every one."""
         if self.serving is not self.model:
             with torch.no_grad():
                 for mine, master in zip(self.serving.parameters(), self.model.parameters(), strict=True):
-                    mine.copy_(master)
+                    if master.requires_grad or not only_trained:
+                        mine.copy_(master)
 
     def _slot_pool(self, decode_cache: str) -> SlotPool | None:
         """Static-cache decoding where asked, or by default on a GPU, for models that allow it."""
@@ -207,7 +217,8 @@ class TorchBackend(InProcessModel):
 
     def _optimizer_for(self, config: TrainConfig) -> torch.optim.Optimizer:
         if self._optimizer is None:
-            self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+            self._optimizer = torch.optim.AdamW(adapters.trainable(self.model), lr=config.lr,
+                                                weight_decay=config.weight_decay)
         for group in self._optimizer.param_groups:  # live-patched hyper-parameters take effect here
             group["lr"] = config.lr
             group["weight_decay"] = config.weight_decay
@@ -227,12 +238,16 @@ class TorchBackend(InProcessModel):
             metrics = training.policy_update(
                 self.model, self._optimizer_for(config), self._reference, batch, config, self.vocab_size
             )
-        self._refresh_serving()
+        self._refresh_serving(only_trained=True)
         self.policy_version += 1
         return metrics
 
     def check_config(self, config: TrainConfig) -> None:
-        """Every ``TrainConfig`` knob is honoured here; unknown loss names fail when a step runs."""
+        """Every ``TrainConfig`` knob is honoured here; unknown loss names fail when a step runs. The
+        LoRA keys are fixed when the model loads: ``ValueError`` for a change."""
+        if adapters.LoraSettings.of(config) != self.lora:
+            raise ValueError("lora_rank, lora_alpha and lora_target_modules are fixed when the model loads "
+                             f"(rank {self.lora.rank if self.lora else 0}); restart the server to change them")
 
     def advantages(self, rewards: Sequence[float], group_ids: Sequence[str], config: TrainConfig) -> list[float]:
         """Episode-level advantages from verl's ``config.adv_estimator``."""
@@ -244,19 +259,30 @@ class TorchBackend(InProcessModel):
         with self._autocast_context():
             metrics = training.supervised_update(self.model, self._optimizer_for(config), batch, config,
                                                  self.vocab_size)
-        self._refresh_serving()
+        self._refresh_serving(only_trained=True)
         self.policy_version += 1
         return metrics
 
     # -- weight publication ------------------------------------------------------------------------
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The live parameters by Hugging Face name (no copy: read them before the next update)."""
-        return dict(self.model.state_dict())
+        """The live parameters by Hugging Face name (no copy: read them before the next update); under
+        LoRA the adapted layers merged (``W + alpha/r * B @ A``, new tensors; the model is unchanged)."""
+        if self.lora is None:
+            return dict(self.model.state_dict())
+        return _OwnExport(adapters.merged(self.model, self.lora), self._export_tag)
 
     def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Serve ``weights`` as policy ``version``. Tensors that already are this model's own (the
-        generator and trainer are one backend) are not copied; anything else is loaded in place."""
+        generator and trainer are one backend) are not copied; anything else is loaded in place.
+        Under LoRA this backend's own merged export is already what it serves; other plain weights
+        replace the base layers and zero the adapters (``lora.load_plain``)."""
+        if self.lora is not None:
+            if getattr(weights, "tag", None) is not self._export_tag:
+                adapters.load_plain(self.model, weights)
+                self._refresh_serving()
+            self.policy_version = version
+            return
         own = self.model.state_dict()
         if any(name not in own for name in weights):
             unknown = sorted(set(weights) - set(own))[:5]
@@ -274,7 +300,11 @@ class TorchBackend(InProcessModel):
     def save(self, directory: str) -> None:
         """Write weights + tokenizer (a loadable HF folder), optimizer, reference and version, atomically."""
         with atomic_folder(directory) as staging:
-            self.model.save_pretrained(staging)
+            if self._peft is not None and self.lora is not None:  # the policy merged, and the adapter itself
+                self.model.save_pretrained(staging, state_dict=adapters.merged(self.model, self.lora))
+                adapters.save_adapter(self._peft, staging)
+            else:
+                self.model.save_pretrained(staging)
             self.tokenizer.save_pretrained(staging)
             if self._optimizer is not None:
                 torch.save(self._optimizer.state_dict(), staging / _OPTIMIZER_FILE)
@@ -284,7 +314,8 @@ class TorchBackend(InProcessModel):
             (staging / _STATE_FILE).write_text(json.dumps(state))
 
     def load(self, directory: str) -> None:
-        """Restore what ``save`` wrote (weights, optimizer, reference, ``policy_version``)."""
+        """Restore what ``save`` wrote (weights, optimizer, reference, ``policy_version``). Under LoRA
+        the adapter is restored onto this model's frozen base, which must be the one it was trained on."""
         folder = Path(directory)
         state_file = folder / _STATE_FILE
         if not state_file.is_file():
@@ -292,10 +323,16 @@ class TorchBackend(InProcessModel):
         state = json.loads(state_file.read_text())
         device = next(self.model.parameters()).device
         loaded = _load_model(folder, str(device))
-        self.model.load_state_dict(loaded.state_dict())
+        if self._peft is not None and self.lora is not None:
+            adapters.load_adapter(self._peft, folder, self.lora)
+            _check_same_policy(adapters.merged(self.model, self.lora), loaded.state_dict(), folder)
+        elif (folder / adapters.ADAPTER_DIR).is_dir():
+            raise ValueError(f"{folder} holds a LoRA adapter: resume it with the lora_rank it was trained with")
+        else:
+            self.model.load_state_dict(loaded.state_dict())
         self._optimizer = None
         if (folder / _OPTIMIZER_FILE).is_file():
-            optimizer = torch.optim.AdamW(self.model.parameters())
+            optimizer = torch.optim.AdamW(adapters.trainable(self.model))
             optimizer.load_state_dict(torch.load(folder / _OPTIMIZER_FILE, map_location=device, weights_only=True))
             self._optimizer = optimizer
         if (folder / _REFERENCE_FILE).is_file():
@@ -304,3 +341,22 @@ class TorchBackend(InProcessModel):
             self._reference.load_state_dict(torch.load(folder / _REFERENCE_FILE, map_location=device, weights_only=True))
         self._refresh_serving()
         self.policy_version = int(state["policy_version"])
+
+
+class _OwnExport(dict[str, torch.Tensor]):
+    """A LoRA backend's merged export, tagged so that loading it back into the same backend (the
+    generator and trainer are one) changes nothing."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], tag: object) -> None:
+        super().__init__(weights)
+        self.tag = tag
+
+
+def _check_same_policy(merged: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor], folder: Path) -> None:
+    """``ValueError`` unless base + restored adapter give the merged weights the checkpoint holds
+    (a resume on another base model than the one the adapter was trained on)."""
+    for name, tensor in saved.items():
+        mine = merged.get(name)
+        if mine is None or mine.shape != tensor.shape or not torch.allclose(mine, tensor, rtol=1e-5, atol=1e-6):
+            raise ValueError(f"{folder}: its adapter was trained on another base model than this one "
+                             f"({name} differs); resume with the --model it was trained on")

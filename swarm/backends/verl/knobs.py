@@ -16,6 +16,9 @@ ppo_epochs           one ``train_batch`` (one optimizer step) per epoch on the s
 micro_batch_tokens   ``max_token_len_per_gpu`` (dynamic micro-batches, padding-free tokens)
 rollout_is(_thr.)    verl ``compute_rollout_correction_weights`` → ``rollout_is_weights``
 temperature          per sample, from ``TrainSample.temperature`` (0 read as 1)
+lora_rank            ``HFModelConfig.lora_rank`` (verl wraps the model with peft; 0 = off)
+lora_alpha           ``HFModelConfig.lora_alpha``
+lora_target_modules  ``HFModelConfig.target_modules``; the LoRA keys are fixed at start, exported merged
 ==================== ==========================================================================
 
 A field added to ``TrainConfig`` later is refused by ``check_supported`` when set to anything but
@@ -33,12 +36,13 @@ from typing import Any
 
 from swarm.backends.base import TrainConfig
 
-__all__ = ["HONOURED", "actor_config", "check_supported", "loss_scale", "optimizer_settings", "worker_config"]
+__all__ = ["HONOURED", "actor_config", "check_supported", "lora_settings", "loss_scale", "optimizer_settings",
+           "worker_config"]
 
 HONOURED = frozenset({
     "lr", "weight_decay", "grad_clip", "adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode",
     "clip_ratio", "kl_coef", "kl_penalty", "ppo_epochs", "micro_batch_tokens", "rollout_is",
-    "rollout_is_threshold",
+    "rollout_is_threshold", "lora_rank", "lora_alpha", "lora_target_modules",
 })
 # verl's kl_penalty kinds that need only the sampled tokens' log-probs ("full" needs whole distributions).
 _KL_KINDS = frozenset({"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"})
@@ -66,6 +70,14 @@ def check_supported(config: TrainConfig) -> None:
 def optimizer_settings(config: TrainConfig) -> dict[str, float]:
     """The live optimizer knobs, as ``SwarmTrainingWorker.set_optimizer`` takes them."""
     return {"lr": config.lr, "weight_decay": config.weight_decay, "clip_grad": config.grad_clip}
+
+
+def lora_settings(config: TrainConfig) -> dict[str, Any]:
+    """verl's LoRA fields of ``HFModelConfig`` (``actor_rollout_ref.model.lora_rank`` etc. in verl's own
+    trainer config); rank 0 is verl's "off". Fixed once the workers have built the model."""
+    targets = config.lora_target_modules
+    return {"lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha,
+            "target_modules": targets if isinstance(targets, str) else list(targets)}
 
 
 def loss_scale(config: TrainConfig, horizon: int) -> int | None:
@@ -106,7 +118,8 @@ def worker_config(folder: Path, config: TrainConfig, *, device: str, seed: int =
     return TrainingWorkerConfig(
         model_type="language_model",
         model_config=HFModelConfig(path=str(folder), load_tokenizer=False, override_config=compat.model_overrides(device),
-                                   enable_gradient_checkpointing=False, use_remove_padding=True),
+                                   enable_gradient_checkpointing=False, use_remove_padding=True,
+                                   **lora_settings(config)),
         engine_config=FSDPEngineConfig(
             strategy="fsdp2",
             forward_only=False,

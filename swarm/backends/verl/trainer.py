@@ -94,6 +94,7 @@ class VerlTrainer(Trainer):
         self.max_context = int(hf_config.get("max_position_embeddings", 2048))
         self.vocab_size, self._pad_id = _vocab_and_pad(self.folder, int(hf_config["vocab_size"]))
         self._optimizer = optimizer_settings(config)
+        self._lora = knobs.lora_settings(config)  # the workers' model is built with it, once
         # A local cluster declares as many CPUs as workers need (each CPU worker takes one bundle).
         self._ray = LocalRay(address=ray_address, num_cpus=num_cpus or (workers if self._cpu else None),
                              gpus=None if self._cpu or gpus is None else tuple(gpus))
@@ -144,8 +145,12 @@ class VerlTrainer(Trainer):
                     self.workers, self.device, plan, self.startup_s, self.ray_startup_s)
 
     def check_config(self, config: TrainConfig) -> None:
-        """``ValueError`` naming a knob verl cannot honour (``knobs.check_supported``)."""
+        """``ValueError`` naming a knob verl cannot honour (``knobs.check_supported``), or a LoRA key
+        changed after the workers built the model."""
         check_supported(config)
+        if knobs.lora_settings(config) != self._lora:
+            raise ValueError("lora_rank, lora_alpha and lora_target_modules are fixed when the workers start; "
+                             "restart the server to change them")
 
     def _apply_optimizer(self, config: TrainConfig) -> None:
         wanted = optimizer_settings(config)

@@ -142,6 +142,11 @@ class SwarmTrainingWorker(TrainingWorker):
         for name, tensor in ParamStream(self.engine.module.named_parameters, dtype=getattr(torch, dtype)):
             if self.rank == 0:
                 out[name] = tensor.to("cpu")
+        lora = self.config.model_config
+        if self.rank == 0 and lora.lora_rank > 0:  # merge-on-publish, as the torch trainer (swarm.weights.lora)
+            from swarm.weights.lora import merge_lora
+
+            out = merge_lora(out, lora.lora_alpha / lora.lora_rank)
         return out if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -158,6 +163,9 @@ class SwarmTrainingWorker(TrainingWorker):
         """Join vLLM's weight-transfer group (rank 0 opens it; the other ranks only gather)."""
         from swarm.weights.nccl import NcclLink, ParamStream
 
+        if self.config.model_config.lora_rank > 0:  # the stream sends parameters as they are: peft's, unmerged
+            raise RuntimeError("lora_rank > 0 under the verl trainer publishes merged weights by disk only: "
+                               "use --weight-transfer disk")
         self.abort_vllm()
         link = NcclLink(url, ParamStream(self.engine.module.named_parameters), rank=self.rank, timeout=timeout)
         link.connect()
