@@ -4,7 +4,9 @@
 one of its values, bounds say which numbers can run); the LLM planner gets the same catalog in its
 prompt so both planners speak about the same things. Each knob has a ladder of values to sweep
 and refine around, a standard first pair, and (where it has one) a reference value: the "off" or
-standard setting a "does X help" question compares a single named value against.
+standard setting a "does X help" question compares a single named value against. A knob also names
+the metric a claim about it is judged on: the reward unless the claim is about something else
+(clip-higher is about entropy, Dr. GRPO about the length of wrong answers).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 Kind = Literal["bool", "int", "float", "choice"]
+# The reward: judged on the held-out evaluation where every run has it (researcher.evidence.analysis).
+REWARD_METRIC = "train/reward_mean"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class Knob:
     log_scale: bool = False       # numeric knobs spaced by ratios (refine by geometric midpoints)
     reference: Any = None         # the off/standard value; None = the task's configured value
     aliases: tuple[tuple[str, Any], ...] = ()  # lowercase phrases naming one value ("token-level" -> "token")
+    metric: str = REWARD_METRIC   # the slash-named step metric a claim on this knob is judged on
 
     @property
     def kind(self) -> Kind:
@@ -72,6 +77,22 @@ KNOBS: tuple[Knob, ...] = (
          ("vanilla", "gspo", "cispo"), ("vanilla", "gspo"), reference="vanilla",
          aliases=(("vanilla", "vanilla"), ("ppo clipping", "vanilla"), ("ppo-clip", "vanilla"), ("gspo", "gspo"),
                   ("cispo", "cispo"))),
+    # The DAPO and Dr. GRPO claims: each judged on the metric the paper's claim is about.
+    Knob("clip_ratio_high", "PPO upper clip bound (DAPO clip-higher)",
+         ("clip-higher", "clip higher", "clip_higher", "upper clip", "upper clipping", "asymmetric clipping",
+          "decoupled clipping", "clip ratio high"),
+         (0.2, 0.24, 0.28, 0.35), (0.2, 0.28), bounds=(0.05, 1.0), reference=0.2, metric="train/entropy"),
+    Knob("batch_mode", "DAPO dynamic sampling (drop groups whose rewards are all equal)",
+         ("dynamic sampling", "dapo sampling", "uniform groups", "identical rewards", "zero-advantage groups",
+          "varied groups"),
+         ("groups", "varied_groups"), ("groups", "varied_groups"), reference="groups",
+         aliases=(("dynamic sampling", "varied_groups"), ("varied groups", "varied_groups"),
+                  ("varied_groups", "varied_groups"), ("all groups", "groups"))),
+    Knob("recipe", "Dr. GRPO (no std normalisation, length-independent loss aggregation)",
+         ("dr. grpo", "dr grpo", "drgrpo", "dr_grpo", "dr.grpo", "length bias"),
+         ("none", "dr_grpo"), ("none", "dr_grpo"), reference="none", metric="train/response_length_neg_mean",
+         aliases=(("dr. grpo", "dr_grpo"), ("dr grpo", "dr_grpo"), ("drgrpo", "dr_grpo"), ("dr_grpo", "dr_grpo"),
+                  ("dr.grpo", "dr_grpo"), ("grpo", "none"))),
     Knob("batch_groups", "batch size (groups per step)", ("batch size", "batch-size", "groups per step"),
          (1, 2, 4, 8), (2, 8), bounds=(1, 32), log_scale=True),
     Knob("max_staleness", "maximum sample staleness (async policy lag)",
@@ -104,11 +125,18 @@ CONFIG_KEYS: dict[str, str] = {
     "adv_estimator": "str: grpo, rloo, reinforce_plus_plus, ...", "norm_adv_by_std": "bool",
     "policy_loss": "str: vanilla, gspo, cispo, ...",
     "loss_agg_mode": "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
-    "clip_ratio": "float (0, 1)", "kl_coef": "float >= 0 (0 disables the reference model)",
-    "kl_penalty": "str: low_var_kl, kl, abs, mse", "ppo_epochs": "int 1-16", "micro_batch_tokens": "int >= 64",
+    "clip_ratio": "float (0, 1)", "clip_ratio_low": "float (0, 1), unset: clip_ratio",
+    "clip_ratio_high": "float (0, 10], unset: clip_ratio (DAPO clip-higher: 0.28)",
+    "recipe": "none | dr_grpo (norm_adv_by_std=false, loss_agg_mode=seq-mean-token-sum-norm)",
+    "kl_coef": "float >= 0 (0 disables the reference model)",
+    "kl_penalty": "str: low_var_kl, kl, abs, mse",
+    "lora_rank": "int 0-1024, LoRA adapter rank (0: full fine-tuning; fixed for the run's life)",
+    "lora_alpha": "int >= 1, LoRA scale numerator", "lora_target_modules": "'all-linear' or a list of module names",
+    "ppo_epochs": "int 1-16", "micro_batch_tokens": "int >= 64",
     "rollout_is": "off | token | sequence", "rollout_is_threshold": "float > 0",
     "group_size": "int 1-1024, GRPO samples per prompt", "batch_groups": "int 1-4096, complete groups per step",
-    "min_group_size": "int >= 1, <= group_size", "batch_mode": "groups | episodes | varied_groups",
+    "min_group_size": "int >= 1, <= group_size",
+    "batch_mode": "groups | episodes | varied_groups (DAPO dynamic sampling: groups with all-equal rewards dropped)",
     "mode": "sync | async", "max_staleness": "int 0-64", "temperature": "float 0-4", "top_p": "float (0, 1]",
     "admission": "bool, refuse work that could not finish within max_staleness (429) instead of dropping it",
     "max_tokens": "int >= 1, default completion length", "merge_timelines": "bool", "lease_s": "float (0, 3600]",
@@ -193,7 +221,8 @@ def describe(root: Path) -> str:
         only = f" (task {item.task} only)" if item.task else ""
         bounds = f"; range {item.bounds[0]:g} to {item.bounds[1]:g}" if item.bounds else ""
         reference = f"; off/standard {item.reference!r}" if item.reference is not None else ""
-        lines.append(f"- {item.label}: `{item.key}` in {list(item.ladder)}{bounds}{reference}{only}")
+        judged = f"; judged on `{item.metric}`" if item.metric != REWARD_METRIC else ""
+        lines.append(f"- {item.label}: `{item.key}` in {list(item.ladder)}{bounds}{reference}{judged}{only}")
     return "\n".join(lines)
 
 

@@ -89,7 +89,8 @@ class OfflinePlanner:
                                    f"(found: {self.available_tasks}).\n" + catalog_text)
         # The axis the verdict is judged on (per episode consumed for group and batch sizes), so the
         # question printed above the answer asks what the answer answers.
-        measure = f"measured as the area under the reward curve {AXIS_TEXT[primary_axis(knob.key)[0]]}"
+        curve = "reward" if knob.metric == catalog.REWARD_METRIC else f"`{knob.metric}`"
+        measure = f"measured as the area under the {curve} curve {AXIS_TEXT[primary_axis(knob.key)[0]]}"
         values = [_show(v) for v in question.values]
         named = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
         if question.identical:
@@ -108,7 +109,8 @@ class OfflinePlanner:
             text = f"Does changing the {knob.label} (`{knob.key}`) change how fast the {task} task learns, {measure}?"
         reason = (f"topic asks for an A/A check, reported under {knob.key}" if question.identical else
                   f"topic names the {knob.label}" + (f" and {knob.key} = {', '.join(values)}" if values else ""))
-        return free(Framing(answerable=True, reason=reason, question=text, task=task, knob=knob.key))
+        return free(Framing(answerable=True, reason=reason, question=text, task=task, knob=knob.key,
+                            metric=knob.metric))
 
     # ------------------------------------------------------------------ plan
 
@@ -130,8 +132,8 @@ class OfflinePlanner:
             design = _replicate_design(knob, unresolved, history[-1], min_effect)
         else:
             design = _refine_design(question, knob, framing, best, list(context.get("tested_values", [])), min_effect)
-        # Registered on the held-out reward every example client evaluates (the verdict's, unless a run lacks it).
-        hypothesis = Hypothesis(id=f"h{iteration}", metric=EVAL_METRIC, statement=design.statement,
+        # Registered on the knob's metric (the held-out reward unless the catalog names another: _judged).
+        hypothesis = Hypothesis(id=f"h{iteration}", metric=_judged(knob.key), statement=design.statement,
                                 expected_effect=design.expected)
         experiments = [Experiment(name=f"it{iteration}-{knob.key.replace('_', '-')}-{_value_name(v)}",
                                   hypothesis=hypothesis.id, overrides={**question.fixed, knob.key: v})
@@ -249,7 +251,7 @@ def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framin
         assumptions.append(f"the topic names no {key} value: both arms run {key}={_show(value)}, the {why}")
     overrides = {**question.fixed, key: value}
     setting = ", ".join(f"{k}={_show(v)}" for k, v in overrides.items())
-    hypothesis = Hypothesis(id=f"h{iteration}", metric=EVAL_METRIC,
+    hypothesis = Hypothesis(id=f"h{iteration}", metric=_judged(key),
                             statement=f"Two identical configurations of {task} ({setting}) learn at the same speed: "
                                       "any difference between them is noise.",
                             expected_effect=f"the 95% CI of the difference in {_measure(key)} includes "
@@ -264,9 +266,18 @@ def _identical_plan(question: TopicQuestion, knob: catalog.Knob, framing: Framin
                 experiments=[Experiment(name=n, hypothesis=hypothesis.id, overrides=dict(overrides)) for n in names])
 
 
+def _judged(key: str) -> str:
+    """The metric a hypothesis on knob ``key`` registers: its catalog metric, the reward as the held-out
+    ``eval/reward_mean`` every example client evaluates (the verdict's, unless a run lacks it)."""
+    metric = catalog.knob(key).metric
+    return EVAL_METRIC if metric == catalog.REWARD_METRIC else metric
+
+
 def _measure(key: str) -> str:
     """What the hypotheses register: the verdict's metric and axis, named before any run."""
-    return f"the area under the held-out `{EVAL_METRIC}` curve {AXIS_TEXT[primary_axis(key)[0]]}"
+    metric = _judged(key)
+    held_out = " held-out" if metric == EVAL_METRIC else ""
+    return f"the area under the{held_out} `{metric}` curve {AXIS_TEXT[primary_axis(key)[0]]}"
 
 
 class _Design(NamedTuple):

@@ -62,6 +62,7 @@ class LossSettings(Protocol):
 
     @property
     def clip_ratio(self) -> float: ...
+    def clip_range(self) -> tuple[float, float]: ...
     @property
     def loss_agg_mode(self) -> str: ...
     @property
@@ -82,13 +83,14 @@ def actor_config(config: LossSettings, global_batch_info: Mapping[str, float]) -
     """A verl ``ActorConfig`` carrying our hyper-parameters and the whole batch's sizes."""
     from verl.workers.config import ActorConfig
 
+    low, high = config.clip_range()  # verl's losses read the two bounds (``cliprange_low/high``)
     return ActorConfig(
         strategy="fsdp",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
         clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio,
-        clip_ratio_high=config.clip_ratio,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
         loss_agg_mode=config.loss_agg_mode,
         ppo_epochs=config.ppo_epochs,
         use_kl_loss=config.kl_coef > 0,

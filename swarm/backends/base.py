@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from swarm.backends.recipes import RECIPE_HELP, RECIPES, Recipe, check_recipe, fill_recipe
 from swarm.backends.sampling_params import SamplingParams
 from swarm.weights.base import Weights  # what Trainer.weights and Generator.load_weights move
 
@@ -156,8 +157,16 @@ class TrainConfig(BaseModel):
     loss_agg_mode: str = Field("token-mean", description="verl agg_loss mode")
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO clip range: ratios beyond 1 +- this stop "
                               "contributing gradient")
+    # DAPO's clip-higher: a wider upper bound lets low-probability tokens with a positive advantage
+    # grow further in one update, which keeps entropy from collapsing. Unset: ``clip_ratio``.
+    clip_ratio_low: float | None = Field(None, gt=0, lt=1, description="PPO clip below: ratios under "
+                                         "1 - this stop contributing gradient; unset: clip_ratio")
+    clip_ratio_high: float | None = Field(None, gt=0, le=10, description="PPO clip above (DAPO's "
+                                          "clip-higher, e.g. 0.28): ratios over 1 + this stop contributing "
+                                          "gradient; unset: clip_ratio")
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference penalty; 0 disables the reference")
     kl_penalty: str = Field("low_var_kl", description="verl kl_penalty kind")
+    recipe: Recipe = Field("none", description=RECIPE_HELP)
     ppo_epochs: int = Field(1, ge=1, le=16, description="passes over each batch per step")
     micro_batch_tokens: int = Field(8192, ge=64, description="token budget per forward pass")
     # Off-policy correction (verl's rollout_correction): weight each token's loss by the truncated
@@ -179,6 +188,23 @@ class TrainConfig(BaseModel):
         """The fields that configure the policy update (a subclass adding engine knobs narrows it),
         so a trainer can refuse the ones it cannot honour and ignore the rest."""
         return dict(cls.model_fields)
+
+    def clip_range(self) -> tuple[float, float]:
+        """The PPO clip bounds (below, above) the loss uses: each bound as set, else ``clip_ratio``."""
+        low = self.clip_ratio_low if self.clip_ratio_low is not None else self.clip_ratio
+        high = self.clip_ratio_high if self.clip_ratio_high is not None else self.clip_ratio
+        return low, high
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_fills(cls, data: Any) -> Any:
+        """A recipe sets its keys where the same input leaves them unset (``recipes.fill_recipe``)."""
+        return fill_recipe(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _recipe_holds(self) -> TrainConfig:
+        check_recipe(self.recipe, self.model_dump(include=set(RECIPES.get(self.recipe, {}))))
+        return self
 
     @field_validator("lora_target_modules")
     @classmethod

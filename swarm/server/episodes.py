@@ -9,6 +9,12 @@ runs the same task again later gets a new group rather than joining a closed one
 Held-out evaluation episodes (``purpose="eval"``) join no group: their rounds are
 ``swarm.server.evaluation``'s. A dropped episode carries its reason everywhere it is counted (the
 buffer, the status' ``drop_reasons``); ``stale_reason`` names the drop of one older than ``max_staleness``.
+
+``batch_mode = "varied_groups"`` is DAPO's dynamic sampling: a complete group whose finished members
+all got the same reward has an advantage of 0 everywhere under GRPO (nothing to learn, only a smaller
+effective batch), so it is dropped when it completes (``UNIFORM_REASON``) and the step waits for
+``batch_groups`` groups that do differ. ``GroupBook`` counts those groups for the status
+(``groups_dropped_uniform``) and each step's ``train/groups_dropped_uniform``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from swarm.server.timeline import EpisodeTrace
 from swarm.text.drift import ReplyBook
 
 _STALE = "older than max_staleness"
+SMALL_REASON = "group below min_group_size"
+UNIFORM_REASON = "rewards identical (batch_mode=varied_groups)"
 
 
 def stale_reason(max_staleness: int) -> str:
@@ -115,14 +123,21 @@ class Group:
         return len(rewards) > 1
 
     def trainable(self, *, min_group_size: int, varied_only: bool) -> bool:
-        """The one rule for whether a complete group may train (live, and after a restart):
-        enough members finished (a group smaller than ``min_group_size`` by design, a client's
+        """Whether a complete group may train (live, and after a restart): see ``untrainable_reason``."""
+        return self.untrainable_reason(min_group_size=min_group_size, varied_only=varied_only) is None
+
+    def untrainable_reason(self, *, min_group_size: int, varied_only: bool) -> str | None:
+        """The one rule for whether a complete group may train, as the reason it may not (None: it
+        may): enough members finished (a group smaller than ``min_group_size`` by design, a client's
         ``group_size``, still can) and, with ``varied_only``, their rewards differ."""
-        needed = min(min_group_size, self.size)
-        return len(self.finished) >= needed and (self.varied() or not varied_only)
+        if len(self.finished) < min(min_group_size, self.size):
+            return SMALL_REASON
+        return UNIFORM_REASON if varied_only and not self.varied() else None
 
 
-Verdict = Literal["open", "ready", "dropped"]
+Verdict = Literal["open", "ready", "dropped", "uniform"]
+# Why the members of a group that settled with a dropping verdict are set aside.
+DROP_REASONS: dict[str, str] = {"dropped": SMALL_REASON, "uniform": UNIFORM_REASON}
 
 
 class GroupBook:
@@ -132,6 +147,8 @@ class GroupBook:
         self._open: dict[str, Group] = {}
         self.ready: list[Group] = []
         self._serial = itertools.count(1)
+        self.dropped_uniform = 0  # groups dropped for identical rewards since the process started
+        self._uniform_reported = 0  # of those, already in a step's metrics
 
     def join(self, group_id: str, size: int, category: str | None) -> Group:
         """The open group for ``group_id`` with room left, or a new one of ``size``."""
@@ -151,10 +168,19 @@ class GroupBook:
             return "open"
         if self._open.get(group.group_id) is group:
             del self._open[group.group_id]
-        if not group.trainable(min_group_size=min_group_size, varied_only=varied_only):
+        reason = group.untrainable_reason(min_group_size=min_group_size, varied_only=varied_only)
+        if reason == UNIFORM_REASON:
+            self.dropped_uniform += 1
+            return "uniform"
+        if reason is not None:
             return "dropped"
         self.ready.append(group)
         return "ready"
+
+    def take_dropped_uniform(self) -> int:
+        """Groups dropped for identical rewards since the last call (a step's ``train/groups_dropped_uniform``)."""
+        count, self._uniform_reported = self.dropped_uniform - self._uniform_reported, self.dropped_uniform
+        return count
 
     def take(self, count: int) -> list[Group]:
         taken, self.ready = self.ready[:count], self.ready[count:]

@@ -4,6 +4,11 @@ Pure functions over the batch, so the numbers a step reports are easy to test an
 ``train/*`` describe the episodes, ``context/*`` what timeline merging did to the samples and
 ``episode/<key>`` averages the metrics clients posted with ``finish`` (over the episodes that sent
 that key), so a study's own diagnostics sit beside the reward curve.
+
+Some claims are judged on more than the reward: ``train/response_length_mean`` and
+``train/response_length_neg_mean`` (generated tokens per sample, over all samples and over those with
+a negative advantage: Dr. GRPO's length bias shows as long wrong answers) are counted here, the same
+for every trainer; ``train/clip_fraction`` names the trainer's ``train/pg_clipfrac`` (kept too).
 """
 
 from __future__ import annotations
@@ -44,7 +49,21 @@ def step_metrics(episodes: Sequence[EpisodeRecord], groups: int, samples: Sequen
             posted.setdefault(key, []).append(value)
     for key, values in posted.items():
         metrics[f"episode/{key}"] = sum(values) / len(values)
+    metrics.update(response_lengths(samples))
     for key, value in update.items():
         if isinstance(value, (int, float)) and math.isfinite(float(value)):
             metrics[key] = float(value)
+    if "train/pg_clipfrac" in metrics:  # the name the catalog and the docs use, for every trainer
+        metrics["train/clip_fraction"] = metrics["train/pg_clipfrac"]
+    return metrics
+
+
+def response_lengths(samples: Sequence[TrainSample]) -> dict[str, float]:
+    """Mean generated tokens (``loss_mask`` ones) per sample, and over the negative-advantage samples
+    alone (absent when the batch has none: a 0 would read as "short")."""
+    lengths = [(sum(s.loss_mask), s.advantage) for s in samples]
+    metrics = {"train/response_length_mean": sum(n for n, _ in lengths) / len(lengths) if lengths else 0.0}
+    negative = [n for n, advantage in lengths if advantage < 0]
+    if negative:
+        metrics["train/response_length_neg_mean"] = sum(negative) / len(negative)
     return metrics

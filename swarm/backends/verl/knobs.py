@@ -9,7 +9,9 @@ adv_estimator        verl estimator by name, computed on the driver (same as the
 norm_adv_by_std      GRPO std normalisation
 policy_loss          ``ActorConfig.policy_loss.loss_mode`` → verl ``ppo_loss`` picks it by name
 loss_agg_mode        ``ActorConfig.loss_agg_mode`` (global-batch normalisers, as the torch trainer)
-clip_ratio           ``ActorConfig.clip_ratio`` / ``_low`` / ``_high``
+clip_ratio           ``ActorConfig.clip_ratio`` (the symmetric shorthand)
+clip_ratio_low/high  ``ActorConfig.clip_ratio_low`` / ``_high`` (``actor.clip_ratio_low/high``); unset: clip_ratio
+recipe               nothing of its own: it sets norm_adv_by_std and loss_agg_mode (``swarm.backends.recipes``)
 kl_coef, kl_penalty  ``ActorConfig.use_kl_loss`` / ``kl_loss_coef`` / ``kl_loss_type``; reference =
                      the policy frozen when KL is first asked for (as the torch trainer)
 ppo_epochs           one ``train_batch`` (one optimizer step) per epoch on the same batch
@@ -41,8 +43,8 @@ __all__ = ["HONOURED", "actor_config", "check_supported", "lora_settings", "loss
 
 HONOURED = frozenset({
     "lr", "weight_decay", "grad_clip", "adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode",
-    "clip_ratio", "kl_coef", "kl_penalty", "ppo_epochs", "micro_batch_tokens", "rollout_is",
-    "rollout_is_threshold", "lora_rank", "lora_alpha", "lora_target_modules",
+    "clip_ratio", "clip_ratio_low", "clip_ratio_high", "recipe", "kl_coef", "kl_penalty", "ppo_epochs",
+    "micro_batch_tokens", "rollout_is", "rollout_is_threshold", "lora_rank", "lora_alpha", "lora_target_modules",
 })
 # verl's kl_penalty kinds that need only the sampled tokens' log-probs ("full" needs whole distributions).
 _KL_KINDS = frozenset({"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"})
@@ -91,13 +93,14 @@ def actor_config(config: TrainConfig, scale: int | None) -> Any:
     from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
 
+    low, high = config.clip_range()
     return ActorConfig(
         strategy="fsdp2",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
         clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio,
-        clip_ratio_high=config.clip_ratio,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
         policy_loss=PolicyLossConfig(loss_mode=config.policy_loss),
         loss_agg_mode=config.loss_agg_mode,
         loss_scale_factor=scale,
