@@ -39,6 +39,7 @@ from researcher.study.layout import StudyLayout, check_study_id
 from researcher.study.state import StudyState
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
+from researcher.watchdogs import is_disk_full
 from swarm import stopping
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -118,13 +119,20 @@ def start(
         "dashboard's http://HOST:8265 (env RESEARCHER_RAY_ADDRESS)"),
         rich_help_panel="Placement")] = None,
     window: Annotated[str | None, typer.Option(help="end this session after this long (park; resume later)")] = None,
-    data: Annotated[Path | None, typer.Option(help=(
-        "study your own data file (jsonl or parquet, verl's RL rows or {prompt, answer}) instead of the examples"),
+    data: Annotated[str | None, typer.Option(metavar="FILE|FOLDER[:SPLIT]|ORG/NAME[:CONFIG][:SPLIT]", help=(
+        "study your own data instead of the examples: a jsonl or parquet file (verl's RL rows or {prompt, answer}), "
+        "a datasets save_to_disk folder or a Hugging Face dataset name (loaded once, snapshotted into the study)"),
         rich_help_panel="Your data")] = None,
     reward: Annotated[str, typer.Option(help="with --data: verl, exact, a verl data_source, or PATH:FUNC",
                                         rich_help_panel="Your data")] = "verl",
-    heldout: Annotated[Path | None, typer.Option(help=(
-        "with --data: the held-out file (default: 10% of the rows by a stable hash)"), rich_help_panel="Your data")] = None,
+    heldout: Annotated[str | None, typer.Option(metavar="FILE|FOLDER[:SPLIT]|ORG/NAME[:CONFIG][:SPLIT]", help=(
+        "with --data: the held-out data, as --data takes it (default: 10% of the rows by a stable hash)"),
+        rich_help_panel="Your data")] = None,
+    prompt_key: Annotated[str, typer.Option(help="with --data: the column holding the prompt",
+                                            rich_help_panel="Your data")] = "prompt",
+    answer_key: Annotated[str | None, typer.Option(help=(
+        "with --data: the column holding the answer (the text after '####' is the ground truth); default: "
+        "reward_model.ground_truth, else answer"), show_default=False, rich_help_panel="Your data")] = None,
     warmup_steps: Annotated[int, typer.Option(min=0, help=(
         "with --data: supervised warm-up steps on the rows' answers on each fresh server"),
         rich_help_panel="Your data")] = 0,
@@ -155,10 +163,12 @@ def start(
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
         if data is not None:
-            options = options.model_copy(update=datatask.options_for(data, heldout, reward, warmup_steps))
             layout = StudyLayout(sid, settings.studies_root, settings.artifacts_root)
             if layout.study_toml.is_file():
                 raise ValueError(f"study {sid} already exists; use `researcher resume {sid}` or pick another --study-id")
+            options = options.model_copy(update=datatask.options_for(
+                data, heldout, reward, warmup_steps, prompt_key=prompt_key, answer_key=answer_key,
+                snapshot_dir=datatask.root(layout.study_dir) / catalog.DATA_TASK))
             base = data_config or default_dir("studies/examples/arith") / "config.toml"
             task_root = datatask.write_task(options, layout.study_dir, base, scale_to_model=data_config is None)
             settings = settings.model_copy(update={"examples_root": task_root})
@@ -220,6 +230,12 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
         _fail(str(exc), 2)
     except KeyboardInterrupt:
         _interrupted(study_id)
+    except Exception as exc:  # a full disk can refuse even the read of the study's state (SQLite's WAL)
+        if not is_disk_full(exc):
+            raise
+        out.print(f"[yellow]study {study_id} not resumed[/yellow]: the disk is full ({exc}); free some space and "
+                  f"`researcher resume {study_id}` continues it from its last checkpoint.", highlight=False)
+        raise typer.Exit(0) from None
     _finish(state, StudyLayout(study_id, studies_dir.resolve(), artifacts_dir.resolve()))
 
 

@@ -12,9 +12,17 @@ Why a generated client and not ``swarm run --data`` from the launcher: the launc
 client restarts, the sandbox and the preflight all work on a client file; a generated one keeps them
 all meaningful (the probe really reads the data, the smoke run really scores it) with no second path.
 
+A dataset folder or Hugging Face dataset name (``--data openai/gsm8k:main``, see ``swarm.data``) is
+loaded once, when the study starts, and its rows (its own columns) are written to a parquet snapshot
+in the task folder; the study trains on that file, with ``--prompt-key`` / ``--answer-key`` passed to
+every run's client. Why a snapshot and not the name in every run: a run's client is boxed
+(``researcher.runs.sandbox.study_env``: HOME is the run folder, no ``HF_*`` variables or tokens), so it
+would find no datasets cache, and a Hub dataset could change between runs; one file fixes the rows
+the study's runs compare on and keeps ``check_unchanged`` a file hash.
+
 The study records the data in study.toml (``[options]``: ``data``, ``data_sha256``, ``heldout``,
-``heldout_sha256``, ``reward``, ``model``); ``check_unchanged`` refuses to resume a study whose data
-file changed since it started.
+``heldout_sha256``, ``data_name``, ``heldout_name``, ``prompt_key``, ``answer_key``, ``reward``,
+``model``); ``check_unchanged`` refuses to resume a study whose data file changed since it started.
 """
 
 from __future__ import annotations
@@ -22,11 +30,14 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from researcher.planner import catalog
 from researcher.settings import StudyOptions
 from researcher.study.files import dumps_toml, write_atomic
+
+if TYPE_CHECKING:
+    from swarm.data import RowKeys
 
 HELDOUT_FRACTION = 0.1  # without --heldout: this share of the rows, by a stable hash, is never trained
 REWARD_RANGE = (-1.0, 1.0)  # verl's rule-based scorers (gsm8k, MATH: 0/1; DAPO: -1/1)
@@ -41,15 +52,36 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def options_for(data: Path, heldout: Path | None, reward: str, warmup_steps: int) -> dict[str, Any]:
-    """The StudyOptions fields of a data task (absolute paths, content hashes); ``ValueError`` on a missing file."""
-    for path in (data, heldout):
-        if path is not None and not path.is_file():
-            raise ValueError(f"no data file at {path}")
-    return {"data": str(data.resolve()), "data_sha256": sha256(data),
-            "heldout": str(heldout.resolve()) if heldout else None,
-            "heldout_sha256": sha256(heldout) if heldout else None, "reward": _absolute_reward(reward),
-            "warmup_steps": warmup_steps}
+def options_for(data: Path | str, heldout: Path | str | None, reward: str, warmup_steps: int, *,
+                prompt_key: str = "prompt", answer_key: str | None = None,
+                snapshot_dir: Path | None = None) -> dict[str, Any]:
+    """The StudyOptions fields of a data task (absolute paths, content hashes); ``ValueError`` on a missing
+    file, and ``swarm.data.DataError`` (a ``ValueError``) on a dataset that cannot be loaded, its text the
+    command that fetches it. A dataset folder or name is snapshotted into ``snapshot_dir`` first."""
+    from swarm.data import RowKeys
+
+    keys = RowKeys(prompt_key, answer_key)
+    train, data_name = _data_file("data", data, keys, snapshot_dir)
+    held, heldout_name = (None, None) if heldout is None else _data_file("heldout", heldout, keys, snapshot_dir)
+    return {"data": str(train.resolve()), "data_sha256": sha256(train),
+            "heldout": str(held.resolve()) if held else None,
+            "heldout_sha256": sha256(held) if held else None, "reward": _absolute_reward(reward),
+            "warmup_steps": warmup_steps, "data_name": data_name, "heldout_name": heldout_name,
+            "prompt_key": prompt_key, "answer_key": answer_key}
+
+
+def _data_file(role: str, spec: Path | str, keys: RowKeys, snapshot_dir: Path | None) -> tuple[Path, str | None]:
+    """The file the study trains on for ``spec`` and, when ``spec`` is a dataset folder or name, that name
+    (its rows then written to ``snapshot_dir/<role>.parquet``)."""
+    from swarm.data import is_dataset, save_snapshot
+
+    if is_dataset(spec):
+        if snapshot_dir is None:
+            raise ValueError(f"--{role} {spec}: a dataset needs the study's folder for its snapshot")
+        return save_snapshot(spec, keys, snapshot_dir / f"{role}.parquet"), str(spec)
+    if not Path(spec).is_file():
+        raise ValueError(f"no data file at {spec}")
+    return Path(spec), None
 
 
 def _absolute_reward(reward: str) -> str:
@@ -92,22 +124,25 @@ def write_task(options: StudyOptions, study_dir: Path, base_config: Path, *, sca
     config = dict(config.get("server", config))
     source = f"server keys of the data task (from {base_config})"
     if scale_to_model and options.model:
-        config.update(model_defaults(options.model, Path(options.data or "")))
+        config.update(model_defaults(options.model, Path(options.data or ""), options.prompt_key, options.answer_key))
         source += f", scaled to {options.model} (swarm.defaults)"
     write_atomic(folder / "client.py", client_source(options, eval_every=config.pop("eval_every", 5)))
     write_atomic(folder / "config.toml", dumps_toml(config, source))
-    write_atomic(folder / "README.md", f"# data: {Path(options.data or '').name}\n\nThe user's data task: "
-                                       f"{options.data} (sha256 {options.data_sha256}), reward `{options.reward}`, "
+    origin = f" (a snapshot of the dataset `{options.data_name}`)" if options.data_name else ""
+    write_atomic(folder / "README.md", f"# data: {options.data_name or Path(options.data or '').name}\n\nThe user's "
+                                       f"data task: {options.data}{origin} (sha256 {options.data_sha256}), reward "
+                                       f"`{options.reward}`, "
                                        f"held-out {options.heldout or f'{HELDOUT_FRACTION:g} of the rows by hash'}.\n")
     return root(study_dir)
 
 
-def model_defaults(model: str, data: Path) -> dict[str, Any]:
+def model_defaults(model: str, data: Path, prompt_key: str = "prompt", answer_key: str | None = None) -> dict[str, Any]:
     """``training_defaults`` for ``model`` and the longest reference answer in ``data``."""
-    from swarm.data import read_rows
+    from swarm.data import RowKeys, read_rows
     from swarm.defaults import training_defaults
 
-    longest = max((len(str(row.answer or row.ground_truth or "")) for row in read_rows(data)), default=0)
+    rows = read_rows(data, RowKeys(prompt_key, answer_key))
+    longest = max((len(str(row.answer or row.ground_truth or "")) for row in rows), default=0)
     return training_defaults(model, answer_chars=longest)
 
 
@@ -128,7 +163,7 @@ def client_source(options: StudyOptions, eval_every: int = 5) -> str:
     # own lint wherever it is written (a path too long for a line says so with a noqa).
     constants = "\n".join(_constant(name, value) for name, value in (
         ("DATA", options.data), ("DATA_SHA256", options.data_sha256), ("HELDOUT", options.heldout),
-        ("REWARD", options.reward)))
+        ("REWARD", options.reward), ("PROMPT_KEY", options.prompt_key), ("ANSWER_KEY", options.answer_key)))
     return f'''"""The data task of this study, generated by `researcher start --data`: the data file and its sha256 when the
 study started, the reward and the held-out split are the constants below ({"a held-out file" if options.heldout else
 f"held out: {HELDOUT_FRACTION:g} of the rows by a stable hash"}).
@@ -145,7 +180,8 @@ REWARD_RANGE = {REWARD_RANGE!r}
 
 _study = build_study(DataOptions(
     data=DATA, {heldout}, reward=REWARD, epochs={EPOCHS}, warmup_steps={options.warmup_steps},
-    group_size=GROUP_SIZE, concurrency=CONCURRENCY, eval_every=EVAL_EVERY))
+    group_size=GROUP_SIZE, concurrency=CONCURRENCY, eval_every=EVAL_EVERY, prompt_key=PROMPT_KEY,
+    answer_key=ANSWER_KEY))
 tasks = _study.tasks
 heldout = _study.heldout
 workflow = _study.workflow

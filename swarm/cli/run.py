@@ -37,15 +37,17 @@ class RunFlags:
     retry_for: float
     rewards_out: Path | None
     probe: bool
-    data: Path | None
+    data: str | None
     reward: str
-    heldout: Path | None
+    heldout: str | None
     heldout_fraction: float | None
     heldout_size: int
     epochs: int
     workflow: str | None
     warmup_steps: int
     warmup_lr: float
+    prompt_key: str
+    answer_key: str | None
 
 
 @app.command()
@@ -70,14 +72,19 @@ def run(
     probe: Annotated[bool, typer.Option(
         "--probe", help="check tasks(seed) and heldout() without a server (deterministic per seed, seeds differ, "
                         "held-out set disjoint); print one JSON line, exit 1 on a problem")] = False,
-    data: Annotated[Path | None, typer.Option(
-        help="train on a data file instead of CLIENT.py: jsonl or parquet, verl's RL rows (prompt messages, "
-             "data_source, reward_model.ground_truth, extra_info) or {prompt, answer} rows", rich_help_panel="Data")] = None,
+    data: Annotated[str | None, typer.Option(
+        metavar="FILE|FOLDER[:SPLIT]|ORG/NAME[:CONFIG][:SPLIT]",
+        help="train on data instead of CLIENT.py: a jsonl or parquet file, a datasets save_to_disk folder, or a "
+             "Hugging Face dataset name (split default train; offline: from the datasets cache); verl's RL rows "
+             "(prompt messages, data_source, reward_model.ground_truth, extra_info), {prompt, answer} rows, or "
+             "other columns named by --prompt-key/--answer-key", rich_help_panel="Data")] = None,
     reward: Annotated[str, typer.Option(
         help="verl (verl's default_compute_score by data_source), exact, a verl data_source name, or PATH:FUNC "
              "(FUNC(text, row) -> float)", rich_help_panel="Data")] = "verl",
-    heldout: Annotated[Path | None, typer.Option(help="held-out file, evaluated and never trained",
-                                                 rich_help_panel="Data")] = None,
+    heldout: Annotated[str | None, typer.Option(
+        metavar="FILE|FOLDER[:SPLIT]|ORG/NAME[:CONFIG][:SPLIT]",
+        help="held-out data, evaluated and never trained (what --data takes: e.g. openai/gsm8k:main:test)",
+        rich_help_panel="Data")] = None,
     heldout_fraction: Annotated[float | None, typer.Option(
         help="hold out this fraction of --data by a stable hash of each row", rich_help_panel="Data")] = None,
     heldout_size: Annotated[int, typer.Option(
@@ -91,6 +98,13 @@ def run(
         min=0, help="supervised warm-up on the rows' answers (answer or extra_info.answer) on a fresh server",
         rich_help_panel="Data")] = 0,
     warmup_lr: Annotated[float, typer.Option(help="learning rate of the warm-up", rich_help_panel="Data")] = 3e-3,
+    prompt_key: Annotated[str, typer.Option(
+        help="the column holding the prompt (text, or a list of {role, content} messages)",
+        rich_help_panel="Data")] = "prompt",
+    answer_key: Annotated[str | None, typer.Option(
+        help="the column holding the answer (its ground truth: the text after '####' when present, stripped, "
+             "commas removed; the whole, the warm-up's reference); default: reward_model.ground_truth, else answer",
+        show_default=False, rich_help_panel="Data")] = None,
 ) -> None:
     """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
 
@@ -116,7 +130,7 @@ def _study(flags: RunFlags) -> Any:
             fail("--probe checks a CLIENT.py; --data is checked every time it loads", 2)
         return study
     if client_file is None or data is not None:
-        fail("give a study CLIENT.py or --data FILE (one of them)", 2)
+        fail("give a study CLIENT.py or --data (one of them)", 2)
     if flags.probe:
         report = probe_study(client_file)
         typer.echo(report.model_dump_json())
@@ -144,16 +158,18 @@ def _run(module: Any, client: Any, flags: RunFlags) -> Any:
         fail("interrupted; the episodes in flight were finished or aborted", 130)
 
 
-def _data_study(data: Path, flags: RunFlags) -> Any:
-    """The data file as a study (``swarm.data``, imported here only: parquet and verl are heavy);
-    a bad file or reward stops here, before the server is contacted."""
+def _data_study(data: str, flags: RunFlags) -> Any:
+    """The data file, folder or dataset name as a study (``swarm.data``, imported here only: parquet,
+    datasets and verl are heavy); bad data, a dataset that cannot be loaded (with the command that
+    fetches it) or a bad reward stops here, before the server is contacted."""
     from swarm.data import DataOptions, build_study
 
     options = DataOptions(data=data, reward=flags.reward, heldout=flags.heldout,
                           heldout_fraction=flags.heldout_fraction, heldout_size=flags.heldout_size,
                           epochs=flags.epochs, workflow=flags.workflow, warmup_steps=flags.warmup_steps,
                           warmup_lr=flags.warmup_lr, group_size=flags.group_size or 8,
-                          concurrency=flags.concurrency or 16)
+                          concurrency=flags.concurrency or 16, prompt_key=flags.prompt_key,
+                          answer_key=flags.answer_key)
     try:
         study = build_study(options)
     except ValueError as exc:  # DataError is a ValueError: file, row and reason

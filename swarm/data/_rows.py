@@ -4,10 +4,12 @@ verl's format (what its ``examples/data_preprocess`` scripts write): ``prompt`` 
 messages, ``data_source`` names the scorer, ``reward_model.ground_truth`` is the reference answer and
 ``extra_info`` anything else (``extra_info.answer``, when present, is a full reference solution). Plain
 rows are ``{"prompt": "…", "answer": "…"}``: the prompt becomes one user message and the answer is the
-ground truth. Every problem raises ``DataError`` naming the file, the row (a jsonl line number, or a
-parquet row counted from 1) and the reason, so a bad file stops before anything is claimed.
+ground truth. Rows in neither shape are read through ``RowKeys``: ``--prompt-key question
+--answer-key answer`` reads gsm8k's columns, the answer's ``#### n`` tail becoming the ground truth.
+Every problem raises ``DataError`` naming the file (or dataset), the row (a jsonl line number, or a
+parquet or dataset row counted from 1) and the reason, so bad data stops before anything is claimed.
 
-pyarrow is imported only for parquet files.
+pyarrow is imported only for parquet files; datasets by name or folder are read in ``_source``.
 """
 
 from __future__ import annotations
@@ -68,20 +70,46 @@ class Row:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_rows(path: Path | str) -> list[Row]:
+@dataclass(frozen=True)
+class RowKeys:
+    """Which fields of a row hold the prompt and the answer (``--prompt-key`` / ``--answer-key``).
+
+    The defaults read verl's rows and ``{prompt, answer}`` rows. With ``answer`` set, that field is the
+    ground truth, reduced by ``final_answer`` (gsm8k's ``#### 42`` tail), and the whole of it, when it
+    is text, the reference answer a supervised warm-up trains on."""
+
+    prompt: str = "prompt"
+    answer: str | None = None
+
+
+def final_answer(value: Any) -> Any:
+    """The ground truth in an answer field: the text after the last ``####`` when there is one (gsm8k's
+    worked solutions end ``#### 1,234``), stripped and without thousands commas, as verl's gsm8k
+    preprocessing extracts it; any other value unchanged."""
+    if isinstance(value, str) and "####" in value:
+        return value.rpartition("####")[2].strip().replace(",", "")
+    return value
+
+
+def read_file(path: Path | str, keys: RowKeys | None = None) -> list[Row]:
     """Every row of a ``.jsonl`` or ``.parquet`` file; ``DataError`` on the first bad one."""
-    path = Path(path)
+    path, keys = Path(path), keys or RowKeys()
     if not path.is_file():
         raise DataError(path, None, "no such file")
     if path.suffix in (".jsonl", ".json"):
         records = _jsonl(path)
     elif path.suffix in (".parquet", ".pq"):
-        records = _parquet(path)
+        records = _parquet(path, keys)
     else:
         raise DataError(path, None, f"unknown format {path.suffix!r}: use .jsonl or .parquet")
-    rows = [_row(path, number, record) for number, record in records]
+    return to_rows(path, records, keys)
+
+
+def to_rows(source: Path | str, records: list[tuple[int, Any]], keys: RowKeys) -> list[Row]:
+    """``(number, record)`` pairs as rows; ``DataError`` on the first bad one, or when there are none."""
+    rows = [_row(source, number, record, keys) for number, record in records]
     if not rows:
-        raise DataError(path, None, "the file holds no rows")
+        raise DataError(source, None, "it holds no rows")
     return rows
 
 
@@ -103,7 +131,7 @@ def _jsonl(path: Path) -> list[tuple[int, Any]]:
     return records
 
 
-def _parquet(path: Path) -> list[tuple[int, Any]]:
+def _parquet(path: Path, keys: RowKeys) -> list[tuple[int, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - pyarrow ships with the project's dependencies
@@ -112,29 +140,40 @@ def _parquet(path: Path) -> list[tuple[int, Any]]:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises its own error types for a damaged file
         raise DataError(path, None, f"not a readable parquet file: {type(exc).__name__}: {exc}") from None
-    if "prompt" not in table.column_names:
-        raise DataError(path, None, f"no 'prompt' column (columns: {', '.join(table.column_names)})")
+    check_columns(path, table.column_names, keys)
     return list(enumerate(table.to_pylist(), start=1))
 
 
-def _row(path: Path, number: int, record: Any) -> Row:
+def check_columns(source: Path | str, columns: list[str], keys: RowKeys) -> None:
+    """``DataError`` when a table lacks the prompt or answer column, before any row is converted."""
+    for key in (keys.prompt, keys.answer):
+        if key is not None and key not in columns:
+            hint = "" if key != "prompt" else "; name the prompt's column with --prompt-key"
+            raise DataError(source, None, f"no {key!r} column (columns: {', '.join(columns)}){hint}")
+
+
+def _row(path: Path | str, number: int, record: Any, keys: RowKeys) -> Row:
     def bad(reason: str) -> DataError:
         return DataError(path, number, reason)
 
     if not isinstance(record, dict):
         raise bad(f"a row must be a JSON object, got {type(record).__name__}")
-    if "prompt" not in record:
-        raise bad(f"no 'prompt' (keys: {', '.join(map(str, record)) or 'none'})")
-    prompt = record["prompt"]
+    if keys.prompt not in record:
+        raise bad(f"no {keys.prompt!r} (keys: {', '.join(map(str, record)) or 'none'})")
+    prompt = record[keys.prompt]
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and prompt and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
     else:
-        raise bad("'prompt' must be a string or a non-empty list of {role, content} messages")
+        raise bad(f"{keys.prompt!r} must be a string or a non-empty list of {{role, content}} messages")
     reward_model = record.get("reward_model")
-    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
+    if keys.answer is not None:
+        if keys.answer not in record:
+            raise bad(f"no {keys.answer!r} (keys: {', '.join(map(str, record))})")
+        truth = final_answer(record[keys.answer])
+    elif isinstance(reward_model, dict) and "ground_truth" in reward_model:
         truth = reward_model["ground_truth"]
     elif "answer" in record:
         truth = record["answer"]
@@ -150,7 +189,8 @@ def _row(path: Path, number: int, record: Any) -> Row:
     extra = record.get("extra_info") or {}
     if not isinstance(extra, dict):
         raise bad(f"'extra_info' must be an object, got {type(extra).__name__}")
-    answer = record.get("answer") if isinstance(record.get("answer"), str) else extra.get("answer")
+    answer_key = keys.answer or "answer"
+    answer = record.get(answer_key) if isinstance(record.get(answer_key), str) else extra.get("answer")
     return Row(file=str(path), number=number, messages=messages, ground_truth=truth, data_source=source,
                extra_info=extra, answer=answer if isinstance(answer, str) else None)
 

@@ -1,9 +1,10 @@
 """A data file as a study: the same ``tasks(seed)``, ``heldout()``, ``workflow`` and ``setup`` a
-study client module defines, built from rows, so ``swarm run --data FILE`` goes through the very
-loop, held-out evaluation, seeds and progress that ``swarm run CLIENT.py`` has.
+study client module defines, built from rows, so ``swarm run --data FILE`` (or a dataset folder or
+name, ``_source``) goes through the very loop, held-out evaluation, seeds and progress that
+``swarm run CLIENT.py`` has.
 
 - ``tasks(seed)``: the training rows, ``epochs`` passes, each pass shuffled by ``(seed, pass)``.
-- ``heldout()``: the rows of ``--heldout FILE``, or the rows whose stable hash (sha256 of prompt and
+- ``heldout()``: the rows of ``--heldout FILE`` (or dataset), or the rows whose stable hash (sha256 of prompt and
   ground truth) falls below ``--heldout-fraction`` (the same split on every run and machine, never
   trained on); at most ``heldout_size`` of them (the lowest hashes), since every evaluation round
   claims one episode per held-out task.
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm.data._reward import PROBE_ROWS, Reward, _user_function, as_reward, load_reward, probe
-from swarm.data._rows import DataError, DataTask, Row, read_rows
+from swarm.data._rows import DataError, DataTask, Row, RowKeys
+from swarm.data._source import dataset_source, read_rows
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,9 @@ WARMUP_BATCH = 16
 class DataOptions:
     """What ``swarm run --data`` was given (validated where the study is built)."""
 
-    data: Path
+    data: Path | str                  # a file, a dataset folder ([:split]) or org/name[:config][:split]
     reward: str = "verl"
-    heldout: Path | None = None
+    heldout: Path | str | None = None
     heldout_fraction: float | None = None
     heldout_size: int = DEFAULT_HELDOUT_SIZE
     epochs: int = 1
@@ -49,6 +51,12 @@ class DataOptions:
     group_size: int = 8
     concurrency: int = 16
     eval_every: int = 5
+    prompt_key: str = "prompt"        # RowKeys: the column holding the prompt
+    answer_key: str | None = None     # the column holding the answer (None: verl's reward_model, else answer)
+
+    @property
+    def keys(self) -> RowKeys:
+        return RowKeys(self.prompt_key, self.answer_key)
 
 
 class DataStudy:
@@ -60,7 +68,7 @@ class DataStudy:
         self.GROUP_SIZE = options.group_size
         self.CONCURRENCY = options.concurrency
         self.EVAL_EVERY = options.eval_every
-        self.name = Path(options.data).stem
+        self.name = _stem(str(options.data))
 
     def tasks(self, seed: int) -> Iterator[DataTask]:
         for epoch in range(self.options.epochs):
@@ -71,7 +79,8 @@ class DataStudy:
                 yield row.task(f"{self.name}-{row.number}-e{epoch}")
 
     def heldout(self) -> list[DataTask]:
-        return [row.task(f"{self.name}-heldout-{Path(row.file).stem}-{row.number}") for row in self.held]
+        stems = {file: _stem(file) for file in {row.file for row in self.held}}
+        return [row.task(f"{self.name}-heldout-{stems[row.file]}-{row.number}") for row in self.held]
 
     def workflow(self, ep: Any, task: DataTask) -> float | None:
         if self.agent is not None:
@@ -99,6 +108,11 @@ class DataStudy:
                  result.loss_first, result.loss_last)
 
 
+def _stem(spec: str) -> str:
+    source = dataset_source(spec)
+    return Path(spec).stem if source is None else source.stem
+
+
 def _split(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
     train: list[Row] = []
     held: list[Row] = []
@@ -109,17 +123,17 @@ def _split(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
 
 def build_study(options: DataOptions) -> DataStudy:
     """Read, split and check the data and its reward; ``DataError``/``ValueError`` before anything runs."""
-    options = replace(options, data=Path(options.data),  # a generated client passes plain strings
-                      heldout=None if options.heldout is None else Path(options.heldout))
+    options = replace(options, data=str(options.data),  # a name is no path: compare and show it as given
+                      heldout=None if options.heldout is None else str(options.heldout))
     if options.epochs < 1:
         raise ValueError(f"--epochs must be >= 1, got {options.epochs}")
     if options.heldout is not None and options.heldout_fraction is not None:
         raise ValueError("give --heldout FILE or --heldout-fraction F, not both")
     if options.heldout_fraction is not None and not 0 < options.heldout_fraction < 1:
         raise ValueError(f"--heldout-fraction must be between 0 and 1, got {options.heldout_fraction}")
-    rows = read_rows(options.data)
+    rows = read_rows(options.data, options.keys)
     if options.heldout is not None:
-        train, held = rows, read_rows(options.heldout)
+        train, held = rows, read_rows(options.heldout, options.keys)
     elif options.heldout_fraction is not None:
         train, held = _split(rows, options.heldout_fraction)
         if not train or not held:
