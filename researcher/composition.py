@@ -75,7 +75,7 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
     """The study's collaborators: its planner (the LLM one, the offline one behind it, when settings name
     an LLM), tracker and launcher; every event goes to the study's event log, then to ``printer`` (the terminal) if given."""
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    emit = events.recorder(layout, printer)
+    emit = events.recorder(layout, printer, max_bytes=int(settings.events_max_mb * 2**20), keep=settings.log_keep)
     deadline = LLMDeadline()
     offline = OfflinePlanner(sorted(catalog.examples(settings.examples_root)))
     planner: Planner = offline
@@ -104,7 +104,8 @@ def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int)
                            mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
     return Launcher(settings.swarm_command, model=options.model, threads=threads,
                     external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
-                    gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root)
+                    gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root,
+                    log_max_bytes=int(settings.log_max_mb * 2**20), log_keep=settings.log_keep)
 
 
 def _takeover_recorder(layout: StudyLayout, emit: Emit) -> Callable[[Takeover], None]:
@@ -128,7 +129,7 @@ def _llm_planner(llm: LLMSettings, prompts_root: Path, layout: StudyLayout, dead
     def trace(record: LLMCall) -> None:
         layout.llm_calls_dir.mkdir(parents=True, exist_ok=True)
         name = f"{int(time.time() * 1000)}-{next(counter):03d}-{record['step'].replace(':', '_')}.json"
-        (layout.llm_calls_dir / name).write_text(json.dumps(record, indent=2, default=str))
+        studyfiles.write_atomic(layout.llm_calls_dir / name, json.dumps(record, indent=2, default=str))
 
     planner = LLMPlanner(llm, PromptLibrary(prompts_root), on_call=trace, deadline=deadline,
                          structured=not _fell_back_to_json(layout.llm_calls_dir))

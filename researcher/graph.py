@@ -6,7 +6,9 @@ write_report, which always runs last so every study ends with a report.
 
 Parking: after any node before the report, a session whose window ended (or a watchdog: LLM quota,
 disk) goes to ``park`` and ends; the next session re-enters at START, which routes by the phase the
-study was parked in. A node that raises ``FailStudy`` (no retry can help) ends the study ``failed``.
+study was parked in. A node that raises ``FailStudy`` (no retry can help) ends the study ``failed``;
+one whose write the disk refused (``watchdogs.is_disk_full``) parks it with a ``disk_full`` event, so
+the next session, once space is freed, re-runs that node.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from researcher.nodes import (
 )
 from researcher.study.events import NODE_DOING
 from researcher.study.state import StudyState
-from researcher.watchdogs import FailStudy, ParkStudy, is_transient
+from researcher.watchdogs import FailStudy, ParkStudy, is_disk_full, is_transient
 
 
 def _transient(exc: Exception) -> bool:
@@ -72,8 +74,14 @@ def _bind(name: str, node: Callable[[StudyState, StudyContext], StudyState], ctx
             ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
             result = cast(StudyState, exc.failed_state(state))
         except Exception as exc:
-            ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
-            raise
+            if not is_disk_full(exc):
+                ctx.say("node", action="fail", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
+                raise
+            # A full disk is a state, not a failure: park (the event log is best effort); the next
+            # session re-runs this node once space is freed.
+            ctx.say("disk_full", node=name, error=f"{type(exc).__name__}: {exc}"[:300])
+            ctx.park(f"disk full: {name} could not write ({exc}); free some space and the next session resumes")
+            result = {}
         ctx.say("node", action="leave", node=name, phase=result.get("phase", state.get("phase")))
         return result
 

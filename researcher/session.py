@@ -5,6 +5,12 @@ kill loses no finished node) with thread id = study id. Resume re-enters the gra
 ``invoke(None)``, after closing the MLflow runs a crash left RUNNING that nothing re-attaches to.
 The lock, the read-only state and the stop request live in ``researcher.study.store`` (which loads
 no graph, for the readers that must not).
+
+A full disk ends a session parked, never with a traceback: a node's write the disk refused parks the
+study in the graph (``researcher.graph``), and a write outside the nodes (LangGraph's own checkpoint
+after a node, LOG.md, the session's bookkeeping) ends the session here with a ``disk_full`` event and
+the parked ending; the graph's last checkpoint stands, so a resume once there is room runs on from it
+(the step whose checkpoint was refused runs again). The study's runs, in sessions of their own, train on.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from researcher.context import StudyContext
 from researcher.graph import build
@@ -22,8 +28,14 @@ from researcher.runs import smoke
 from researcher.settings import StudyOptions
 from researcher.study import budget
 from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState
 from researcher.study.store import StudyNotFound, checkpointer, config_for, read_state, study_lock
+from researcher.watchdogs import is_disk_full
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph.state import CompiledStateGraph
 
 log = logging.getLogger(__name__)
 ENDED_PHASES = ("done", "failed", "stopped")
@@ -47,11 +59,16 @@ def start(ctx: StudyContext, topic: str, options: StudyOptions, deadline: float)
                               "or pick another --study-id")
     layout.ensure()
     with study_lock(layout):
-        studyfiles.write_study_toml(layout, topic, ctx.planner.name, options.model_dump(), deadline)
-        ctx.say("session", action="start", pid=os.getpid(), planner=ctx.planner.name)
-        state = initial_state(layout.study_id, topic, options, deadline, ctx.clock())
-        ctx.llm_deadline.set(deadline, state["budget"]["report_reserve_s"])
-        return _invoke(ctx, state)
+        try:
+            studyfiles.write_study_toml(layout, topic, ctx.planner.name, options.model_dump(), deadline)
+            ctx.say("session", action="start", pid=os.getpid(), planner=ctx.planner.name)
+            state = initial_state(layout.study_id, topic, options, deadline, ctx.clock())
+            ctx.llm_deadline.set(deadline, state["budget"]["report_reserve_s"])
+            return _invoke(ctx, state, fresh=True)
+        except Exception as exc:  # a write before the graph's first checkpoint (_invoke handles the rest)
+            if not is_disk_full(exc):
+                raise
+            return _out_of_space(ctx, exc, {}, fresh=True)
 
 
 def resume(ctx: StudyContext) -> StudyState:
@@ -59,43 +76,121 @@ def resume(ctx: StudyContext) -> StudyState:
     if not layout.graph_db.is_file():
         raise StudyNotFound(f"no study {layout.study_id!r} under {layout.artifacts_root}")
     with study_lock(layout):
-        layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
-        if smoke.stop_leftovers(layout.artifacts_dir / "smoke"):
-            log.warning("stopped a smoke-run server left by a killed session of %s", layout.study_id)
-        ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
-        state = read_state(layout)
-        if state is not None:
-            if state.get("budget"):  # the study's deadline binds this session's LLM calls too
-                ctx.llm_deadline.set(state["budget"]["deadline"], state["budget"]["report_reserve_s"])
-            keep = {r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if not r.ended and r.mlflow_run_id}
-            if state.get("phase") not in ("analyzing", "deciding", "reporting", "done", "failed", "stopped"):
-                keep.add(state.get("mlflow_parent_run") or "")
-            ctx.tracker.close_stale(layout.study_id, keep)
-            until = "" if ctx.window_end is None else time.strftime("%H:%M:%S", time.localtime(ctx.window_end))
-            window = f", window until {until}" if until else ""
-            studyfiles.log(layout, f"Resumed (phase {state.get('phase')}, iteration {state.get('iteration')}{window}).")
-            if state.get("phase") == "parked":
-                # The parked session's graph run ended at `park`: start a new one, entering where it parked.
-                parked = state.get("parked") or {}
-                return _invoke(ctx, {"phase": parked.get("phase", "framing"), "parked": None})
-        return _invoke(ctx, None)
+        try:
+            return _resume(ctx)
+        except Exception as exc:  # a write before the graph runs (_invoke handles the rest)
+            if not is_disk_full(exc):
+                raise
+            return _out_of_space(ctx, exc, _read_or_none(layout))
 
 
-def _invoke(ctx: StudyContext, state: StudyState | None) -> StudyState:
+def _resume(ctx: StudyContext) -> StudyState:
+    layout = ctx.layout
+    layout.stop_file.unlink(missing_ok=True)  # resuming clears an earlier stop request
+    if smoke.stop_leftovers(layout.artifacts_dir / "smoke"):
+        log.warning("stopped a smoke-run server left by a killed session of %s", layout.study_id)
+    ctx.say("session", action="resume", pid=os.getpid(), planner=ctx.planner.name)
+    state = read_state(layout)
+    if state is not None:
+        if state.get("budget"):  # the study's deadline binds this session's LLM calls too
+            ctx.llm_deadline.set(state["budget"]["deadline"], state["budget"]["report_reserve_s"])
+        keep = {r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if not r.ended and r.mlflow_run_id}
+        if state.get("phase") not in ("analyzing", "deciding", "reporting", "done", "failed", "stopped"):
+            keep.add(state.get("mlflow_parent_run") or "")
+        ctx.tracker.close_stale(layout.study_id, keep)
+        until = "" if ctx.window_end is None else time.strftime("%H:%M:%S", time.localtime(ctx.window_end))
+        window = f", window until {until}" if until else ""
+        studyfiles.log(layout, f"Resumed (phase {state.get('phase')}, iteration {state.get('iteration')}{window}).")
+        if state.get("phase") == "parked":
+            # The parked session's graph run ended at `park`: start a new one, entering where it parked.
+            parked = state.get("parked") or {}
+            return _invoke(ctx, {"phase": parked.get("phase", "framing"), "parked": None})
+    return _invoke(ctx, None)
+
+
+def _invoke(ctx: StudyContext, state: StudyState | None, fresh: bool = False) -> StudyState:
+    """Run the graph from ``state`` (None: on from its last checkpoint); ``fresh``: a new study's first run."""
     with checkpointer(ctx.layout) as saver:
         graph = build(ctx).compile(checkpointer=saver)
         config = config_for(ctx.layout.study_id)
-        if state is None:
-            snap = graph.get_state(config)
-            if not snap.next and not snap.tasks:
-                deliver_spool(ctx)  # already complete: only MLflow writes that waited for the store are left
-                return cast(StudyState, snap.values)
-        started = time.monotonic()
-        result = graph.invoke(state, config, durability="sync")
-        log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
-        if result.get("phase") in ENDED_PHASES:
-            deliver_spool(ctx)
-        return cast(StudyState, result)  # the compiled graph's output is its state (langgraph types it as a dict)
+        try:
+            return _run(ctx, graph, config, state)
+        except Exception as exc:  # LangGraph's checkpoint after a node, or a write of the session's own
+            if not is_disk_full(exc):
+                raise
+            return _out_of_space(ctx, exc, _last_checkpoint(graph, config), fresh)
+
+
+def _run(ctx: StudyContext, graph: CompiledStateGraph, config: RunnableConfig, state: StudyState | None) -> StudyState:
+    if state is None:
+        snap = graph.get_state(config)
+        if not snap.values:
+            raise StudyNotFound(f"study {ctx.layout.study_id!r} has no checkpoint (its start never ran a step): "
+                                "start it again")
+        phase = snap.values.get("phase")
+        if not snap.next and not snap.tasks and phase in ENDED_PHASES:
+            deliver_spool(ctx)  # already complete: only MLflow writes that waited for the store are left
+            return cast(StudyState, snap.values)
+        if tuple(snap.next) in (("park",), ()):
+            # The last session stopped while parking (its checkpoint refused, or killed), or its park
+            # could not finish (a full disk): this one enters where the study was, not parking at once.
+            state = cast(StudyState, {"phase": phase, "parked": None})
+    started = time.monotonic()
+    result = graph.invoke(state, config, durability="sync")
+    log.info("study %s graph returned after %.1f s", ctx.layout.study_id, time.monotonic() - started)
+    if result.get("phase") in ENDED_PHASES:
+        deliver_spool(ctx)
+    return cast(StudyState, result)  # the compiled graph's output is its state (langgraph types it as a dict)
+
+
+def _last_checkpoint(graph: CompiledStateGraph, config: RunnableConfig) -> StudyState | None:
+    """The graph's last checkpointed state, read on the session's open connection ({} when there is
+    none); None when even that read fails (a full disk can refuse SQLite's shared-memory file)."""
+    try:
+        return cast(StudyState, graph.get_state(config).values)
+    except Exception as exc:
+        log.warning("could not read the last checkpoint: %s", exc)
+        return None
+
+
+def _read_or_none(layout: StudyLayout) -> StudyState | None:
+    try:
+        return read_state(layout) or {}
+    except Exception as exc:  # the disk that refused a write can refuse this read too (see above)
+        log.warning("could not read the last checkpoint of %s: %s", layout.study_id, exc)
+        return None
+
+
+def _out_of_space(ctx: StudyContext, exc: BaseException, saved: StudyState | None, fresh: bool = False) -> StudyState:
+    """The session's ending when a write outside the nodes found the disk full (see the module docstring):
+    the study as last checkpointed (``saved``; {} when nothing was, None when it cannot be read), shown
+    parked. Nothing here needs room: the event and LOG.md are best effort (a warning on stderr if refused)."""
+    layout = ctx.layout
+    error = f"{type(exc).__name__}: {exc}"[:300]
+    ctx.say("disk_full", node=None, error=error)  # the recorder logs a warning if the disk refuses it too
+    if fresh and saved == {}:  # a start that checkpointed nothing: the study never began, a new start is the way on
+        layout.graph_db.unlink(missing_ok=True)
+        layout.study_toml.unlink(missing_ok=True)
+        return {"phase": "failed", "error": f"the disk is full ({error}); nothing of study {layout.study_id} "
+                                            "was kept: free some space and start it again"}
+    held = ctx.tracker.spool.held if ctx.tracker.spool else 0
+    lost = f"; {held} MLflow write(s) the spool could not keep are lost" if held else ""
+    if saved is not None and saved.get("phase") in ENDED_PHASES:
+        log.warning("study %s ended, but the disk is full: %s%s", layout.study_id, error, lost)
+        return saved
+    phase = (saved or {}).get("phase") or "framing"
+    if phase == "parked":
+        phase = ((saved or {}).get("parked") or {}).get("phase", "framing")
+    reason = (f"disk full ({error}){lost}; free some space under {layout.artifacts_dir.parent} and "
+              f"{layout.study_dir.parent}, then `researcher resume {layout.study_id}` continues from the last "
+              "checkpoint (its runs train on meanwhile)")
+    log.warning("study %s parked: %s", layout.study_id, reason)
+    try:
+        studyfiles.log(layout, f"Parked in phase {phase}: {reason}.")
+    except OSError as refused:
+        log.warning("could not write LOG.md of %s: %s", layout.study_id, refused)
+    return cast(StudyState, {**(saved or {}), "phase": "parked",
+                             "parked": {"phase": phase, "reason": reason, "at": time.time(), "runs": []}})
 
 
 def deliver_spool(ctx: StudyContext, wait_s: float = SPOOL_WAIT_S, every_s: float = 5.0) -> bool:

@@ -78,6 +78,12 @@ class StudyOptions(BaseModel):
     heldout_sha256: str | None = None
     reward: str = Field("verl", description="what `swarm run --reward` takes: verl, exact, a data_source, PATH:FUNC")
     warmup_steps: int = Field(0, ge=0, description="supervised warm-up steps on the rows' answers, per fresh server")
+    data_name: str | None = Field(None, description="the dataset folder or Hugging Face name --data gave; `data` "
+                                  "is then the study's parquet snapshot of its rows")
+    heldout_name: str | None = Field(None, description="the same for --heldout")
+    prompt_key: str = Field("prompt", description="the data's prompt column (`swarm run --prompt-key`)")
+    answer_key: str | None = Field(None, description="the data's answer column (`swarm run --answer-key`); None: "
+                                   "reward_model.ground_truth, else answer")
 
 
 class ResearcherSettings(BaseModel):
@@ -96,6 +102,12 @@ class ResearcherSettings(BaseModel):
     servers: list[str] = Field(default_factory=list, description="existing swarm servers to use instead")
     server_token: str | None = None
     llm: LLMSettings | None = None
+    # Size caps, so a study left for days keeps bounded logs (researcher.runs.logs, researcher.study.events).
+    log_max_mb: float = Field(64.0, gt=0, description="a run's server.log or client.log beyond this is copied to "
+                              "<log>.1 and truncated (older copies shift up to log_keep)")
+    log_keep: int = Field(2, ge=0, le=100, description="rotated copies kept of each run log and of events.jsonl")
+    events_max_mb: float = Field(32.0, gt=0, description="a study's events.jsonl beyond this rotates to "
+                                 "events.jsonl.1; event ids go on")
 
     def resolved(self) -> ResearcherSettings:
         """A copy with absolute paths, so child processes and MLflow URIs do not depend on cwd."""

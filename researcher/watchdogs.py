@@ -1,6 +1,8 @@
 """Watchdogs for days-long studies, each a small function the graph or the monitor calls.
 
 - ``disk_low``: the artifacts disk is almost full (checkpoints would fail) -> park the study.
+- ``is_disk_full``: a write failed for want of space (ENOSPC, a quota, SQLite's "disk is full") -> the
+  graph parks the study with a ``disk_full`` event instead of failing the node (``researcher.graph``).
 - ``is_quota_error``: the LLM provider says the account is out of quota or credit (an openai
   ``RateLimitError`` with ``insufficient_quota``, 402 Payment Required, a 403 about billing) -> park
   and wait for the next window; unlike a plain 429, retrying soon cannot help.
@@ -19,7 +21,9 @@ A stalled server (no training step for ``stall_timeout_s``) is handled in the mo
 
 from __future__ import annotations
 
+import errno
 import shutil
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,9 @@ from typing import Any
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "quota_exceeded",
                 "credit_balance_too_low", "payment_required"}
 _BILLING_WORDS = ("quota", "billing", "credit", "payment")
+# SQLite's "database or disk is full", and a WAL database's shared-memory file it could not extend
+# (what a reader or writer of graph.db meets on a full tmpfs: "disk I/O error").
+_SQLITE_FULL = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR_SHMSIZE)
 
 
 class ParkStudy(RuntimeError):
@@ -53,6 +60,20 @@ def disk_low(path: Path, min_free_mb: float) -> str | None:
         return (f"disk almost full: {free_mb:.0f} MB free under {probe} (the study needs at least "
                 f"{min_free_mb:.0f} MB); free some space and the next window resumes it")
     return None
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it was raised from) is a write the disk refused for want of space."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.Error) and getattr(seen, "sqlite_errorcode", None) in _SQLITE_FULL:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def is_quota_error(exc: BaseException) -> bool:

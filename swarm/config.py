@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.backends.base import TrainConfig
+from swarm.backends.recipes import recipe_keys
 from swarm.defaults import server_defaults
 from swarm.protocol import ConfigDefaults
 from swarm.text.parsers import check_parser_names
@@ -83,6 +84,17 @@ class ServerConfig(TrainConfig):
                                        "streams; more get 429 + Retry-After")
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
+    # Storage (swarm.server.retention). The default bounds a run of days: a restart resumes from a kept
+    # checkpoint, and nothing trained at or before the oldest one can train again, so its trace and row
+    # are kept for audit only; export them (retention_export_dir, or `swarm export`) to keep them.
+    retention: Literal["all", "since_checkpoint"] = Field(
+        "since_checkpoint", description="since_checkpoint (default, for runs longer than a day): after each "
+        "checkpoint, prune the episodes trained at or before the oldest kept checkpoint's step (no restart can "
+        "train them again): their traces and rows go, a ~27-byte record each (id, step) stays, so counts, the "
+        "exactly-once audit and retried finishes hold; all: keep everything (the buffer grows ~1 KB an episode)")
+    retention_export_dir: str | None = Field(None, description="since_checkpoint: first write the episodes about "
+                                             "to be pruned to <dir>/episodes-steps-A-B.parquet (`swarm export`'s "
+                                             "rows; relative to the state dir); a failed export drops nothing")
     # Where training ends: no step past this one (episodes are still served; 0: no limit). A run
     # stopped from outside at a target step still trained whatever fit between two polls.
     max_steps: int = Field(0, ge=0, description="train no step past this one; 0 = no limit")
@@ -133,8 +145,10 @@ class ServerConfig(TrainConfig):
         unknown = sorted(set(values) - set(type(self).model_fields))
         if unknown:
             raise ValueError(f"unknown config keys: {unknown}; known: {sorted(type(self).model_fields)}")
+        # A patch that names a recipe sets its keys afresh (where it sets none of them itself).
+        base = self.model_dump(exclude=set(recipe_keys(values["recipe"])) if "recipe" in values else None)
         try:
-            return type(self).model_validate({**self.model_dump(), **values})
+            return type(self).model_validate({**base, **values})
         except ValidationError as exc:
             raise ValueError(_short_errors(exc)) from None
 
@@ -170,8 +184,8 @@ ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_t
 SECTIONS: dict[str, tuple[str, ...]] = {
     "optimiser": ("lr", "weight_decay", "grad_clip", "ppo_epochs", "micro_batch_tokens"),
     "lora": ("lora_rank", "lora_alpha", "lora_target_modules"),
-    "loss": ("adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode", "clip_ratio", "kl_coef",
-             "kl_penalty", "rollout_is", "rollout_is_threshold"),
+    "loss": ("adv_estimator", "norm_adv_by_std", "policy_loss", "loss_agg_mode", "clip_ratio", "clip_ratio_low",
+             "clip_ratio_high", "kl_coef", "kl_penalty", "recipe", "rollout_is", "rollout_is_threshold"),
     "batching": ("group_size", "batch_groups", "min_group_size", "batch_mode", "mode", "max_staleness",
                  "admission", "category_ratios", "lease_s", "batch_window_ms", "max_batch_rows"),
     "generation": ("temperature", "top_p", "max_tokens", "merge_timelines", "tool_call_parser",
@@ -179,6 +193,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "limits": ("max_prompt_chars", "max_queued_rows", "max_inflight_per_key", "max_episode_tokens",
                "max_event_subscribers"),
     "schedule": ("max_steps", "checkpoint_every", "eval_hold_s", "publish_timeout_s"),
+    "storage": ("retention", "retention_export_dir"),
     "pool": ("full_sync_every", "worker_lease_s", "disseminate_timeout_s", "max_worker_logprob_diff"),
     "engines": ENGINE_KEYS,
 }
@@ -292,6 +307,8 @@ class ServerSettings(BaseModel):
     mlflow_run_id: str | None = None
     mlflow_experiment: str = Field("swarm", min_length=1, description="MLflow experiment of a new run")
     max_context: int | None = Field(None, ge=16, description="override the model's context length")
+    disk_reserve_mb: float = Field(64.0, ge=0, description="free space (MiB) kept under the state dir for "
+                                   "episodes already running: below it new claims answer 507 (disk full)")
     config: ServerConfig = Field(default_factory=ServerConfig)
     defaults: ConfigDefaults = Field(default_factory=ConfigDefaults, description="which defaults ``config`` "
                                      "took for the keys no file or flag set (``swarm status`` shows them)")

@@ -68,7 +68,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                                                                 f"{title} · dose-response"))
     summary = summary.without_runs()  # run dirs stay in run.json; the state keeps numbers only
     analysis_file = ctx.layout.artifacts_dir / f"analysis-{iteration}.json"
-    analysis_file.write_text(json.dumps(summary.dump(), indent=2, default=str))
+    studyfiles.write_atomic(analysis_file, json.dumps(summary.dump(), indent=2, default=str))
     lines = _lines(summary, framing.knob)
     studyfiles.log(ctx.layout, f"Iteration {iteration} analysed: " + "; ".join(lines) + ".")
     parent = state.get("mlflow_parent_run")

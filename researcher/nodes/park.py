@@ -7,6 +7,7 @@ The study's absolute deadline and budgets are untouched: they apply across windo
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from researcher.runs import record as runs
 from researcher.runs.status import RunStatus
 from researcher.study import files as studyfiles
 from researcher.study.state import StudyState, Trial, sync_trial
+
+log = logging.getLogger(__name__)
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -31,9 +34,13 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         sync_trial(trial, ctx.launcher.park(run_dir, record, reason))
         parked_runs.append(f"{record.key} at step {record.last_step}")
     phase = state.get("phase") or "framing"
-    studyfiles.log(ctx.layout, f"Parked in phase {phase} (iteration {state.get('iteration', 0)}): {reason}. "
-                               + (f"Checkpointed and stopped runs: {', '.join(parked_runs)}. " if parked_runs else "")
-                               + "The next session resumes from here.")
+    note = (f"Parked in phase {phase} (iteration {state.get('iteration', 0)}): {reason}. "
+            + (f"Checkpointed and stopped runs: {', '.join(parked_runs)}. " if parked_runs else "")
+            + "The next session resumes from here.")
+    try:
+        studyfiles.log(ctx.layout, note)
+    except OSError as exc:  # a full disk (one reason to park): the study parks all the same
+        log.warning("could not write LOG.md (%s): %s", exc, note)
     ctx.say("parked", reason=reason, phase=phase, runs=len(parked_runs))
     return {"trials": trials, "phase": "parked",
             "parked": {"phase": phase, "reason": reason, "at": time.time(), "runs": parked_runs}}

@@ -11,6 +11,8 @@ LOG.md records which checks passed. After ``max_repairs`` failed rounds the stud
 
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
@@ -18,6 +20,8 @@ from researcher.runs import preflight
 from researcher.runs.preflight import Failure
 from researcher.study import files as studyfiles
 from researcher.study.state import StudyState, Validation
+
+FULL_BYTES = 16 * 2**20  # below this free under the artifacts, a failed probe or smoke run is the disk's doing
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -30,6 +34,10 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     attempt = validation.get("attempts", 0) + 1
     passed: list[str] = []
     failure = _check(folder / "client.py", folder / "config.toml", state, ctx, attempt, passed)
+    if failure is not None and failure.check in ("data probe", "smoke run") and _for_want_of_space(failure, ctx):
+        # Not the client's fault: its probe or smoke server had no room. The graph parks the study
+        # (a full disk) and the next session validates again, with no repair round spent.
+        raise OSError(errno.ENOSPC, f"the {failure.check} failed on a full disk: {failure.message[:200]}")
     if failure is None:
         studyfiles.log(ctx.layout, f"Validation attempt {attempt} passed: {'; '.join(passed)}.")
         ctx.say("validated", attempt=attempt, ok=True)
@@ -43,6 +51,13 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         return {"validation": {"attempts": attempt, "ok": False, "error": error}, "phase": "failed",
                 "error": f"the client still failed validation after {attempt} attempts:\n{error[-2000:]}"}
     return {"validation": {"attempts": attempt, "ok": False, "error": error}, "phase": "writing"}
+
+
+def _for_want_of_space(failure: Failure, ctx: StudyContext) -> bool:
+    """The disk under the artifacts is (nearly) full now, or the failure's evidence says it was."""
+    text = failure.text.lower()
+    return shutil.disk_usage(ctx.layout.artifacts_dir).free < FULL_BYTES or any(
+        words in text for words in ("no space left on device", "disk is full", "disk_full", "insufficient storage"))
 
 
 def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, attempt: int,

@@ -23,7 +23,7 @@ from pathlib import Path
 from researcher.runs import detached, resources, sandbox, smoke
 from researcher.runs import record as runs
 from researcher.runs import status as run_status
-from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, log_size, tail
+from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, cap, log_size, tail
 from researcher.runs.processes import STATE_DIR, RunProcesses
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
@@ -50,7 +50,11 @@ class Launcher(RunProcesses):
         return record
 
     def note_progress(self, run_dir: Path, record: RunRecord) -> RunRecord:
-        """Save what a poll learned about a live run (steps, logged metrics, finished episodes)."""
+        """Save what a poll learned about a live run (steps, logged metrics, finished episodes), and
+        keep its logs under their size cap (a client's offset moves back with what was cut)."""
+        cap(run_dir / SERVER_LOG, self.log_max_bytes, self.log_keep)
+        cut = cap(run_dir / CLIENT_LOG, self.log_max_bytes, self.log_keep)
+        record.client_log_offset = max(0, record.client_log_offset - cut)
         runs.save(run_dir, record)
         return record
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
-from researcher.runs.logs import SERVER_LOG, tail
+from researcher.runs.logs import LOG_KEEP, LOG_MAX_BYTES, SERVER_LOG, tail
 from researcher.runs.record import RunRecord
 from researcher.tracking.spool import LOCAL_PREFIX
 from swarm.client import SwarmClient
@@ -44,7 +44,9 @@ class RunProcesses:
 
     def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 120.0, external_token: str | None = None,
-                 mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None) -> None:
+                 mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None,
+                 log_max_bytes: int = LOG_MAX_BYTES, log_keep: int = LOG_KEEP) -> None:
+        self.log_max_bytes, self.log_keep = log_max_bytes, log_keep  # run logs' size cap (logs.cap)
         self.gpus = list(gpus)  # this machine's GPU ids runs may use (``resources.discover_gpus``)
         self.artifacts_root = artifacts_root  # where every study's run records are (who holds which GPU)
         self.swarm_command = list(swarm_command)

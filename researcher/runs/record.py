@@ -161,9 +161,14 @@ def append_metrics(run_dir: Path, steps: list[Any]) -> None:
     """Keep the run's per-step metrics beside run.json, so analysis never needs the server alive."""
     if not steps:
         return
-    with open(run_dir / METRICS_FILE, "a") as out:
-        for item in steps:
-            out.write(item.model_dump_json() + "\n")
+    with open(run_dir / METRICS_FILE, "ab") as out:
+        start = out.tell()
+        try:
+            out.write("".join(item.model_dump_json() + "\n" for item in steps).encode())
+            out.flush()
+        except OSError:  # a full disk: whole lines or none (the monitor logs these steps again next poll)
+            out.truncate(start)
+            raise
 
 
 def read_curve(run_dir: Path, metric: str, horizon: int | None = None) -> tuple[list[int], list[float]]:
@@ -173,9 +178,10 @@ def read_curve(run_dir: Path, metric: str, horizon: int | None = None) -> tuple[
         return [], []
     by_step: dict[int, float] = {}
     for line in file.read_text().splitlines():
-        if not line.strip():
+        try:
+            item = json.loads(line)
+        except ValueError:  # blank, or cut short by a crash
             continue
-        item = json.loads(line)
         value = item.get("metrics", {}).get(metric)
         if value is not None and (horizon is None or item["step"] <= horizon):
             by_step[int(item["step"])] = float(value)

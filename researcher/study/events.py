@@ -3,8 +3,9 @@
 Every line is ``{"id": N, "ts": UNIX_SECONDS, "kind": "...", ...fields}``. Ids start at 1 and
 increase by one per event for the whole life of the study, across researcher restarts: a writer
 takes the file lock (``events.jsonl.lock``), reads the last id from the end of the file and appends
-its line in one ``write``. Two processes never interleave a line, and a reader that sees a line
-whole sees every line before it.
+its line whole (``files.append_whole``: a write a full disk cuts short is truncated back, and the
+event is not written). Two processes never interleave a line, and a reader that sees a line whole
+sees every line before it.
 
 A researcher killed mid-write (SIGKILL) can leave a last line without its newline. Readers only take
 lines that end in a newline, so they never see it; the next writer ends it with a newline first, after
@@ -26,6 +27,7 @@ Event kinds (fields besides id, ts, kind):
   (the study's metric, when that step logged it) and train_reward. ``client_restart``: key, step.
   ``ended``: key, status, step, reason. ``unparked``: key, step.
 - ``watchdog``: name (client_stuck | park), key or reason. ``parked``: reason, phase, runs.
+  ``disk_full``: node, error — a node's write failed for want of space; the study parks.
 - ``analyzed``: iteration, best, lines. ``report``: path, answer, phase.
 """
 
@@ -42,12 +44,16 @@ from typing import Any
 from filelock import FileLock
 
 from researcher.planner.usage import LLMCall
+from researcher.runs.logs import rotate
+from researcher.study.files import append_whole
 from researcher.study.layout import StudyLayout
 
 log = logging.getLogger(__name__)
 __all__ = ["NODE_DOING", "Event", "EventLog", "Follower", "events_path", "llm_call_listener", "read_events", "recorder"]
 
 EVENTS_FILE = "events.jsonl"
+EVENTS_MAX_BYTES = 32 * 2**20  # beyond this the log rotates to events.jsonl.1 (ids go on from there)
+EVENTS_KEEP = 3  # rotated files kept: events.jsonl.1 (newest) .. events.jsonl.3
 _TAIL = 65536  # bytes read from the end to find the last id (far more than one event)
 # What each graph node is doing while it runs, for a person watching.
 NODE_DOING = {
@@ -74,28 +80,46 @@ def events_path(layout: StudyLayout) -> Path:
 
 
 class EventLog:
-    """The writer: ``append`` adds one event under the file lock and returns it (with its id)."""
+    """The writer: ``append`` adds one event under the file lock and returns it (with its id). A log
+    past ``max_bytes`` is rotated first (``events.jsonl.1`` .. ``.<keep>``), so a study of days keeps a
+    bounded log; ids continue from the rotated file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES, keep: int = EVENTS_KEEP) -> None:
         self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
         self._lock = FileLock(str(path) + ".lock")
 
     def append(self, kind: str, **fields: Any) -> Event:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             last_id, needs_newline = _last_id(self.path)
+            if _size(self.path) >= self.max_bytes:
+                rotate(self.path, self.keep)
+                needs_newline = False
             event = {"id": last_id + 1, "ts": round(time.time(), 3), "kind": kind, **fields}
             line = json.dumps(event, default=str, ensure_ascii=False) + "\n"
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (("\n" if needs_newline else "") + line).encode())
-            finally:
-                os.close(fd)
+            append_whole(self.path, ("\n" if needs_newline else "") + line)  # whole, or nothing (a full disk)
         return event
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _last_id(path: Path) -> tuple[int, bool]:
-    """The id of the file's last whole event, and whether the file ends in a torn line."""
+    """The id of the file's last whole event (of the rotated ``.1`` when the file is new), and
+    whether the file ends in a torn line."""
+    rotated = path.with_name(path.name + ".1")
+    if _size(path) == 0 and rotated.exists():
+        return _last_id_in(rotated)[0], False
+    return _last_id_in(path)
+
+
+def _last_id_in(path: Path) -> tuple[int, bool]:
     try:
         with open(path, "rb") as file:
             file.seek(0, os.SEEK_END)
@@ -139,14 +163,16 @@ class Follower:
         try:
             with open(self.path, "rb") as file:
                 file.seek(0, os.SEEK_END)
-                if file.tell() < self._offset:  # replaced by a shorter file: read it again from the start
-                    self._offset = 0
+                if file.tell() < self._offset:  # rotated: finish the old file (now .1), then read this one
+                    skipped, self._offset = self._rest_of_rotated(), 0
+                else:
+                    skipped = b""
                 file.seek(self._offset)
-                chunk = file.read()
+                chunk = skipped + file.read()
         except FileNotFoundError:
             return []
         whole = chunk[:chunk.rfind(b"\n") + 1]
-        self._offset += len(whole)
+        self._offset += len(whole) - len(skipped)  # an offset into the current file
         found = []
         for raw in whole.splitlines():
             event = _parse(raw)
@@ -154,6 +180,16 @@ class Follower:
                 found.append(event)
                 self.after_id = event["id"]
         return found
+
+    def _rest_of_rotated(self) -> bytes:
+        """What the rotated file holds past this reader's offset (whole lines only)."""
+        try:
+            with open(self.path.with_name(self.path.name + ".1"), "rb") as file:
+                file.seek(self._offset)
+                rest = file.read()
+        except FileNotFoundError:
+            return b""
+        return rest[:rest.rfind(b"\n") + 1]
 
     def follow(self, interval_s: float = 0.25, stop: Callable[[], bool] = lambda: False) -> Iterator[Event]:
         while not stop():
@@ -166,18 +202,20 @@ def read_events(path: Path, after_id: int = 0) -> list[Event]:
     return Follower(path, after_id).poll()
 
 
-def recorder(layout: StudyLayout, then: Callable[[str, Mapping[str, object]], None] | None = None
-             ) -> Callable[[str, Mapping[str, object]], None]:
+def recorder(layout: StudyLayout, then: Callable[[str, Mapping[str, object]], None] | None = None, *,
+             max_bytes: int = EVENTS_MAX_BYTES, keep: int = EVENTS_KEEP) -> Callable[[str, Mapping[str, object]], None]:
     """A ``StudyContext.emit`` that appends each event to the study's log, then hands it to ``then``
     (the terminal printer) unless it is one of the kinds only ``researcher watch`` shows. Writing is
     best effort: a full disk must not stop the study (the disk watchdog parks it)."""
-    events = EventLog(events_path(layout))
+    events = EventLog(events_path(layout), max_bytes=max_bytes, keep=keep)
 
     def emit(kind: str, data: Mapping[str, object]) -> None:
         try:
             events.append(kind, **data)
         except OSError as exc:
-            log.warning("could not append the %s event to %s: %s", kind, events.path, exc)
+            # Its content too: on a full disk this line (stderr) is the only record of the event.
+            log.warning("could not append the %s event %s to %s: %s", kind, json.dumps(data, default=str)[:500],
+                        events.path, exc)
         if then is not None and kind not in NOT_PRINTED:
             then(kind, data)
 

@@ -68,10 +68,33 @@ def dumps_toml(data: Mapping[str, object], header: str = "") -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or keeps what it held: a write the disk refuses (ENOSPC) leaves
+    no half-written file, and its temporary file is removed so it holds no space."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def append_whole(path: Path, text: str) -> None:
+    """Append ``text`` whole or not at all: a write the disk cuts short is truncated back to where it
+    began, and the error re-raised, so a reader of the file only ever sees whole lines."""
+    data = memoryview(text.encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]  # a short write, then ENOSPC on the next
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def check_overrides(overrides: JsonObject) -> JsonObject:
@@ -228,11 +251,8 @@ def write_experiment(layout: StudyLayout, name: str, client_code: str, config: J
 def log(layout: StudyLayout, text: str) -> None:
     """Append a dated entry to LOG.md (findings, decisions and negative results alike)."""
     layout.log_md.parent.mkdir(parents=True, exist_ok=True)
-    new = not layout.log_md.is_file()
-    with open(layout.log_md, "a") as out:
-        if new:
-            out.write(f"# Log of study {layout.study_id}\n\n")
-        out.write(f"- **{_now()}** {text.strip()}\n")
+    header = "" if layout.log_md.is_file() else f"# Log of study {layout.study_id}\n\n"
+    append_whole(layout.log_md, f"{header}- **{_now()}** {text.strip()}\n")
 
 
 def _now() -> str:

@@ -46,7 +46,10 @@ def study_lock(layout: StudyLayout) -> Iterator[None]:
         raise StudyBusy(f"study {layout.study_id} is already being run by another researcher process "
                         f"(pid {pid}); wait for it, or `researcher stop {layout.study_id}`") from None
     try:
-        owner.write_text(str(os.getpid()))
+        try:
+            owner.write_text(str(os.getpid()))
+        except OSError:  # a full disk: only "which pid" is lost (the lock itself holds no data)
+            owner.unlink(missing_ok=True)
         yield
     finally:
         owner.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ shows it to every user). A missing URL falls back to ``<state-dir>/server.json``
 
 The verbs live by concern: ``serve`` (host and train a model), ``run`` (a study client or data file),
 ``observe`` (status, metrics, plan, events), ``steer`` (config and control), ``worker`` (join a
-server's generator pool); ``_common`` holds the
+server's generator pool), ``export`` (a state dir's episodes to a file); ``_common`` holds the
 app, the consoles and the token and URL rules they share.
 """
 
@@ -31,6 +31,7 @@ from swarm.cli import run  # noqa: F401
 from swarm.cli import observe  # noqa: F401
 from swarm.cli import steer  # noqa: F401
 from swarm.cli import worker  # noqa: F401
+from swarm.cli import export  # noqa: F401
 # isort: on
 from swarm.cli._common import app
 

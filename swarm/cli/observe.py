@@ -6,11 +6,12 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from swarm.cli._common import DEFAULT_STATE_DIR, AsJson, StateDir, Token, Url, app, connect, err, fail, out, print_json
 from swarm.client import SwarmClient, SwarmError
-from swarm.protocol import Status, StepMetrics, WorkerStatus
+from swarm.protocol import DiskStatus, Status, StepMetrics, WorkerStatus
 
 
 @app.command()
@@ -29,6 +30,8 @@ def status(url: Url = None, json_: AsJson = False, token: Token = None, state_di
     table.add_column(style="bold")
     table.add_column()
     table.add_row("state", result.state.value)
+    if result.disk is not None:
+        table.add_row("disk", _describe_disk(result.disk))
     table.add_row("model", result.model)
     if "device" in result.generator:  # the in-process torch engine: where it runs and in what dtype
         table.add_row("device", f"{result.generator['device']} ({result.generator.get('dtype', 'float32')})")
@@ -76,6 +79,18 @@ def _describe_defaults(status: Status) -> str:
         taken = "  ".join(f"{key}={value}" for key, value in sorted(defaults.keys.items()))
         line = f"model-scaled for {status.model}: {taken or 'none taken (the config sets every one)'}"
     return line + ("  (resumed: the state dir's stored config stands)" if defaults.resumed else "")
+
+
+def _describe_disk(disk: DiskStatus) -> str:
+    """Free space under the state dir; "disk full" (and why) when claims are refused for it."""
+    free = f"{_mib(disk.free_bytes)} free (reserve {_mib(disk.reserve_bytes)})"
+    if not disk.full:
+        return free
+    return f"[bold red]disk full[/bold red]: {free}; new claims answer 507: {escape(disk.reason)}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _describe_worker(worker: WorkerStatus) -> str:

@@ -2,11 +2,15 @@
 
 The options are gathered into one ``ServeFlags``; ``--check`` validates config files without
 loading a model (the researcher checks a plan's configs in one call before any run starts).
+``--log-file`` sends the log to a size-capped, rotated file (a server left running for days must not
+fill its disk with log lines either); stderr then keeps warnings and errors only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -52,10 +56,14 @@ class ServeFlags:
     decode_cache: str | None
     threads: int | None
     max_context: int | None
+    disk_reserve_mb: float | None
     tool_call_parser: str | None
     reasoning_parser: str | None
     max_steps: int | None
     local_generator: bool
+    log_file: Path | None
+    log_max_mb: float
+    log_keep: int
     check: bool
 
 
@@ -108,6 +116,9 @@ def serve(
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+    disk_reserve_mb: Annotated[float | None, typer.Option(min=0, help=(
+        "free space (MiB) kept under the state dir for running episodes: below it new claims answer 507 "
+        "(disk full) (default 64)"))] = None,
     tool_call_parser: Annotated[str | None, typer.Option(help=(
         "how replies become message.tool_calls (vLLM's names): hermes, llama3_json, none, or auto "
         "(by the chat template; the default); config key tool_call_parser"))] = None,
@@ -118,6 +129,11 @@ def serve(
     local_generator: Annotated[bool, typer.Option(help=(
         "the server's own generator serves chat calls beside any `swarm worker` that joins; "
         "--no-local-generator: only workers do (chat calls get 503 until one is ready)"))] = True,
+    log_file: Annotated[Path | None, typer.Option(help=(
+        "write the log to this file, rotated at --log-max-mb and keeping --log-keep older files (so at most "
+        "(keep + 1) x max-mb on disk); stderr then shows warnings and errors only"))] = None,
+    log_max_mb: Annotated[float, typer.Option(min=0.01, help="--log-file: rotate past this many MiB")] = 64.0,
+    log_keep: Annotated[int, typer.Option(min=1, help="--log-file: rotated older files kept")] = 2,
     check: Annotated[bool, typer.Option("--check", help=(
         "only validate each --config file with these flags as serve would: print '<file>: ok' or "
         "'<file>: invalid server settings: <why>' per file, exit 0 when all are valid, else 2; loads no model"))] = False,
@@ -128,7 +144,28 @@ def serve(
     else generated there; the worker token (``swarm worker`` processes only) likewise
     ``$SWARM_WORKER_TOKEN``, else ``<state-dir>/worker_token``."""
     flags = ServeFlags(**locals())  # every option above, by name (nothing else is defined yet)
+    if flags.log_file is not None and not flags.check:
+        log_to_file(flags.log_file, max_bytes=int(flags.log_max_mb * 2**20), keep=flags.log_keep)
     _check_or_serve(flags)
+
+
+def log_to_file(path: Path, *, max_bytes: int, keep: int) -> None:
+    """The root logger writes to ``path`` through a ``RotatingFileHandler`` (``keep`` older files,
+    ``path.1`` ...); the stderr handler the CLI set up stays, for warnings and errors only."""
+    from logging.handlers import RotatingFileHandler
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # keep >= 1: with backupCount=0 the handler reopens the full file in append mode, never capping it.
+        handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot open the log file {path}: {exc}", 2)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)-8s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for existing in root.handlers:
+        existing.setLevel(logging.WARNING)
+    root.addHandler(handler)
+    sys.stderr.flush()
 
 
 def _check_or_serve(flags: ServeFlags) -> None:
@@ -170,7 +207,8 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
                           local_generator=flags.local_generator, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
                           mlflow_run_id=flags.mlflow_run_id, mlflow_experiment=flags.mlflow_experiment,
                           max_context=flags.max_context, vllm_url=flags.vllm_url, vllm_python=flags.vllm_python,
-                          config=server_config, defaults=defaults, **chosen)
+                          config=server_config, defaults=defaults, **chosen,
+                          **({} if flags.disk_reserve_mb is None else {"disk_reserve_mb": flags.disk_reserve_mb}))
 
 
 def _check(flags: ServeFlags, files: list[Path | None]) -> None:

@@ -135,7 +135,9 @@ class EpisodeHandle:
 
     def finish(self, reward: float, metrics: dict[str, float] | None = None,
                metadata: dict[str, Any] | None = None) -> EpisodeStatus:
-        """Post the reward. Retried safely: finishing twice with the same body is a server no-op."""
+        """Post the reward. Retried safely: finishing twice with the same body is a server no-op. On a
+        full server disk (507) it is retried until the server commits it (the server renews the lease
+        meanwhile): the episode counts as finished only once the server acknowledged it."""
         request = FinishRequest(reward=reward, metrics=metrics or {}, metadata=metadata or {})
         with self._lock:
             if self._state in ("aborted", "lost"):

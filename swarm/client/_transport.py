@@ -11,6 +11,9 @@ server, never a live one's flow control. Retried:
   the hint itself (jittered a little, so a crowd of refused calls does not return in one burst):
   the server knows when room frees (admission: when the next step commits), and a backoff that
   grows with every refusal would leave a member of a group far behind the rest of its group;
+- 507 (the server's disk is full: it stored nothing, so the same call is safe to send again), after
+  its hint, for as long as the server keeps answering it: a finish is kept, not given up, until the
+  server has room to commit it, and a claim waits for room as it waits for a throttle;
 - 503 always, and other 5xx / broken connections mid-request only for idempotent calls, so a
   non-idempotent call (a supervised warm-up) is never run twice.
 Every other 4xx is a definite answer and raises ``SwarmHTTPError`` at once. After ``stop_retrying``
@@ -196,6 +199,6 @@ class Transport:
 def _retryable(status: int, error: SwarmHTTPError, idempotent: bool) -> bool:
     if status == 429 or (status == 409 and error.retry_after is not None):
         return True  # the server explicitly asked us to come back later: nothing was done
-    if status == 503:
+    if status in (503, 507):
         return True
     return status >= 500 and idempotent

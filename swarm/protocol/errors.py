@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     payload_too_large = "payload_too_large"
     context_length_exceeded = "context_length_exceeded"
     retry_later = "retry_later"
+    disk_full = "disk_full"  # 507: the disk under the server's state dir is full; nothing was stored, retry later
     internal = "internal"
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ConfigDefaults", "EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics",
+__all__ = ["ConfigDefaults", "DiskStatus", "EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics",
            "WorkerState", "WorkerStatus"]
 
 class EpisodeCounts(BaseModel):
@@ -35,6 +35,18 @@ class RecentCounts(BaseModel):
     dropped: int = 0
     dropped_stale: int = 0
     refused_stale: int = 0
+
+
+class DiskStatus(BaseModel):
+    """The filesystem under the server's state dir. ``full``: claims are refused (507) because free space
+    is below ``reserve_bytes`` (the room kept for in-flight episodes to finish), or because a write
+    failed for want of space and no more has come free since; ``reason`` says which. Finishes, steps
+    and checkpoints still try their writes and answer 507 or retry only when those fail."""
+
+    full: bool = False
+    free_bytes: int = 0
+    reserve_bytes: int = 0
+    reason: str = ""
 
 
 class ServerState(str, Enum):
@@ -96,6 +108,9 @@ class Status(BaseModel):
     step: int
     episodes: EpisodeCounts
     groups_pending: int = 0
+    groups_dropped_uniform: int = Field(0, description="groups dropped because their rewards were all equal "
+                                        "(batch_mode=varied_groups, DAPO's dynamic sampling), since the process "
+                                        "started; their episodes are in dropped and drop_reasons")
     clients: int = 0
     config_version: int = 0
     throughput: dict[str, float] = Field(default_factory=dict)
@@ -108,6 +123,7 @@ class Status(BaseModel):
     recent: RecentCounts = Field(default_factory=RecentCounts, description="counts over the last minute")
     defaults: ConfigDefaults = Field(default_factory=ConfigDefaults, description="which defaults the config "
                                      "started from where nothing set a key")
+    disk: DiskStatus | None = Field(None, description="free space under the state dir; full: claims answer 507")
 
 
 class StepMetrics(BaseModel):

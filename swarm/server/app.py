@@ -39,6 +39,7 @@ from swarm.server.auth import (
     resolve_worker_token,
 )
 from swarm.server.checkpoints import CheckpointManager
+from swarm.server.diskspace import DiskMonitor
 from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
@@ -50,8 +51,8 @@ from swarm.server.http.routes_workers import router as workers_router
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.recovery import Restored, restore
-from swarm.server.step_loop import TrainerThread
 from swarm.server.store import EpisodeStore
+from swarm.server.trainer_thread import TrainerThread
 from swarm.weights.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,16 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
+    disk = DiskMonitor(state_dir, reserve_bytes=int(settings.disk_reserve_mb * 2**20))
     engine = Engine(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
-                    state_dir=state_dir, store=store, checkpoints=checkpoints,
+                    state_dir=state_dir, store=store, checkpoints=checkpoints, disk=disk,
                     max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None,
                     defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}))
     engine.restore(restored)
     roster = _roster(pool, keys, engine, run_blocking=trainer_thread.call if trainer_thread else worker.call)
-    bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(), on_publish=store.append_event)
+    # The event log is best effort: on a full disk events still reach subscribers, unrecorded.
+    bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(),
+                   on_publish=disk.quietly("recording an event", store.append_event))
     engine.add_listener(lambda type_, data: bus.publish(type_, **data))
     pool.on_status = lambda _: engine.emit("generator.status", **pool.describe())  # a vLLM child's health
     parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,

@@ -18,6 +18,8 @@ the SQLite buffer before ``finish`` returns; each training step commits what it 
 in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
 checkpoint. Every state change calls ``self.emit(type, **data)`` (listeners: ``add_listener``).
+A full disk under the state dir (``disk``, ``swarm.server.diskspace``) refuses claims with 507 and
+shows in the status' ``disk``; the writes that meet it roll back and are retried (``lifecycle``, ``loop``).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
 from swarm.server.claims import Claims
 from swarm.server.completions import Completions
+from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor
 from swarm.server.episodes import EpisodeRecord, GroupBook
-from swarm.server.errors import BadRequest, RetryLater
+from swarm.server.errors import BadRequest, InsufficientStorage, RetryLater
 from swarm.server.evaluation import Evaluation
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.recovery import CONFIG_KEY, Restored
@@ -70,7 +73,8 @@ class Engine:
     def __init__(self, *, config: ServerConfig, generator: GeneratorPool, trainer: Trainer, worker: DeviceWorker,
                  keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
                  max_context: int, run_blocking: RunBlocking[Any] | None = None,
-                 clock: Callable[[], float] = time.time, defaults: ConfigDefaults | None = None) -> None:
+                 clock: Callable[[], float] = time.time, defaults: ConfigDefaults | None = None,
+                 disk: DiskMonitor | None = None) -> None:
         self.config = config
         self.defaults = defaults or ConfigDefaults()  # where the starting config's unset keys came from (status)
         self.config_version = 0
@@ -80,6 +84,7 @@ class Engine:
         self.keys = keys
         self.state_dir = state_dir
         self.store = store
+        self.disk = disk or DiskMonitor(state_dir)  # free space under the state dir (claims, status)
         self.clock = clock
         self._state = ServerState.starting
         self.counts = EpisodeCounts()
@@ -97,7 +102,7 @@ class Engine:
         self._update_blocks_sampling = run_blocking is None
         # The parts get what they use; what changes while serving they read through ``ServerView``.
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
-                                   capacity=self.capacity, eval_ended=lambda e, state: self.evals.ended(e, state),
+                                   capacity=self.capacity, disk=self.disk, eval_ended=lambda e, state: self.evals.ended(e, state),
                                    wake=lambda: self.loop.wake.set())
         self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
                                    active=lambda: not self.loop.past_max_steps())
@@ -105,7 +110,7 @@ class Engine:
                              category_ratios=config.category_ratios, admission=self.admission)
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
-                             capacity=self.capacity, may_step=self._may_step, eval_live=lambda: self.evals.live,
+                             capacity=self.capacity, disk=self.disk, may_step=self._may_step, eval_live=lambda: self.evals.live,
                              eval_due=lambda step: self.evals.due(step),
                              drop=self.lifecycle.drop, trained=self._trained)
         self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
@@ -215,12 +220,17 @@ class Engine:
 
     def _admit(self, *, evaluating: bool = False) -> None:
         """Refuse new claims (429) while paused, or in sync mode while a batch waits for a drain
-        (``evaluating``: an eval claim, which that drain waits for instead)."""
+        (``evaluating``: an eval claim, which that drain waits for instead); 507 while the disk is full."""
         if self.state in (ServerState.stopping, ServerState.stopped):
             raise RetryLater("the server is stopping", retry_after=5.0)
         if self._paused:
             raise RetryLater("the server is paused; claims resume after POST /api/v1/control/resume",
                              retry_after=2.0)
+        disk = self.disk.check()
+        if disk.full:  # what room is left goes to the episodes already running
+            raise InsufficientStorage(f"the disk under the server's state dir is full ({disk.reason}); no new "
+                                      "episode is claimed until space is freed: retry after Retry-After",
+                                      detail=disk.model_dump(), retry_after=RETRY_AFTER_S)
         if evaluating:
             return
         if self.config.mode == "sync" and (self.loop.training or self.batch_ready()):
@@ -335,6 +345,7 @@ class Engine:
         return Status(
             state=self.state, model=self.generator.model_name, policy_version=self.policy_version,
             step=self.step, episodes=counts, groups_pending=len(self.groups.ready),
+            groups_dropped_uniform=self.groups.dropped_uniform,
             clients=len({e.client_id for e in self.episodes.live()}), config_version=self.config_version,
             throughput={
                 "in_flight": float(self.in_flight),
@@ -348,6 +359,7 @@ class Engine:
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
             workers=self.generator.workers(), drop_reasons=dict(self.lifecycle.drop_reasons),
             refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(), defaults=self.defaults,
+            disk=self.disk.check(),
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

@@ -77,6 +77,13 @@ class Unavailable(ApiError):
     status, code = 503, ErrorCode.retry_later
 
 
+class InsufficientStorage(ApiError):
+    """507: the disk under the state dir is full. Nothing was stored (the commit rolled back) and nothing
+    was acknowledged, so the same request may be sent again after ``retry_after``."""
+
+    status, code = 507, ErrorCode.disk_full
+
+
 class ContextTooLong(ApiError):
     status, code = 400, ErrorCode.context_length_exceeded
 
@@ -103,7 +110,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (429, "retry later after Retry-After (paused, throttled, a weight update pending, work that could not "
               "train within max_staleness, or a bound on in-flight calls per key, queued generation rows or "
               "event streams reached)"),
-        (500, "internal server error"))
+        (500, "internal server error"),
+        (507, "the disk under the state dir is full: nothing was stored; send the same request again after "
+              "Retry-After (finishes, claims, checkpoints)"))
 }
 
 

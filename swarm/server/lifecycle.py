@@ -6,9 +6,13 @@ buffer before ``finish`` returns; a retried finish with the same body is a no-op
 one a 409, also for an episode already trained and evicted (the store answers then); aborted,
 expired and dropped episodes are recorded too (best effort). Ended episodes leave memory through
 the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The engine gives it
-the registry, the group book, the store, the counters, the capacity meter, and two callbacks:
+the registry, the group book, the store, the counters, the capacity meter, the disk monitor, and two callbacks:
 ``eval_ended`` (an eval episode's round, ``swarm.server.evaluation``) and ``wake`` (the step loop
 may have a batch now).
+
+A finish whose commit fails for want of space (``swarm.server.diskspace``) is a 507 with
+``retry_after``: the episode stays CLAIMED and unacknowledged, its lease is renewed (the client is
+alive and retrying), and the same finish sent again once space is back commits it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from functools import partial
 
 from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
 from swarm.server.capacity import CapacityMeter
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook, is_stale
-from swarm.server.errors import BadRequest, Conflict, Gone, NotFound
+from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
+from swarm.server.episodes import DROP_REASONS, EpisodeRecord, Group, GroupBook, is_stale
+from swarm.server.errors import BadRequest, Conflict, Gone, InsufficientStorage, NotFound
 from swarm.server.records import FinishedEpisode
 from swarm.server.registry import EpisodeRegistry
 from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
@@ -33,7 +38,7 @@ class Lifecycle:
     """Heartbeats, finishes, aborts and expiries of claimed episodes (see the module docstring)."""
 
     def __init__(self, view: ServerView, *, episodes: EpisodeRegistry, groups: GroupBook, store: EpisodeStore,
-                 counts: EpisodeCounts, capacity: CapacityMeter,
+                 counts: EpisodeCounts, capacity: CapacityMeter, disk: DiskMonitor,
                  eval_ended: Callable[[EpisodeRecord, EpisodeState], None], wake: Callable[[], None]) -> None:
         self._view = view
         self.episodes = episodes
@@ -41,6 +46,7 @@ class Lifecycle:
         self.store = store
         self.counts = counts
         self.capacity = capacity
+        self.disk = disk
         self._eval_ended = eval_ended
         self._wake = wake
         self.drop_reasons: Counter[str] = Counter()  # every drop, by reason (``tally_drops``)
@@ -57,6 +63,8 @@ class Lifecycle:
         except NotFound:
             stored = self.store.get(episode_id)  # finished and already trained or dropped (evicted)
             if stored is None:
+                if self.store.known(episode_id):  # pruned by retention: finished, its reward gone with its row
+                    return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished)
                 raise
             return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
         lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
@@ -98,9 +106,12 @@ class Lifecycle:
             return self.status_of(episode_id)
         try:
             self._persist_finished(episode, self.episodes.group_of(episode_id))
-        except Exception:
+        except Exception as exc:
             episode.finish = None  # nothing changed: the client may retry
+            if is_disk_full(exc):
+                raise self._no_room(episode, exc) from None
             raise
+        self.disk.succeeded()
         self._terminate(episode, EpisodeState.finished)
         self.counts.finished += 1
         began = episode.first_call_at  # the episode's duration as staleness sees it: from its version on
@@ -108,10 +119,23 @@ class Lifecycle:
         self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=episode.group_id)
         return self.status_of(episode_id)
 
+    def _no_room(self, episode: EpisodeRecord, exc: Exception) -> InsufficientStorage:
+        """The 507 of a finish that could not be committed; the episode's lease is renewed meanwhile."""
+        episode.lease_expires_at = self._view.clock() + episode.lease_s
+        self.disk.failed("committing a finished episode", exc)
+        return InsufficientStorage(
+            f"the disk under the server's state dir is full ({exc}): episode {episode.episode_id} was not stored "
+            "and is still open; send the same finish again after Retry-After",
+            detail=self.disk.check().model_dump(), retry_after=min(RETRY_AFTER_S, episode.lease_s / 3))
+
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         """A retried finish of an episode already trained (evicted) or from before a restart: the
-        same body is the usual no-op, a different one a 409; an episode never finished is a 404."""
+        same body is the usual no-op, a different one a 409; an episode never finished is a 404. One
+        retention pruned (``swarm.server.store_pruned``) has no body left to compare: any retried
+        finish of it is accepted as the no-op (``finished``, no reward), never stored again."""
         stored = self.store.get(episode_id)
+        if stored is None and self.store.known(episode_id):
+            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished)
         if stored is None:
             raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
                            "the server restarted: claim a new episode)")
@@ -157,8 +181,8 @@ class Lifecycle:
             return
         verdict = self.groups.settle(group, min_group_size=self._view.config.min_group_size,
                                       varied_only=self._view.config.batch_mode == "varied_groups")
-        if verdict == "dropped":
-            self.drop(group.finished, "group below min_group_size or rewards identical")
+        if verdict in DROP_REASONS:  # too few finished, or (varied_groups) identical rewards
+            self.drop(group.finished, DROP_REASONS[verdict])
         self._wake()
 
     def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:

@@ -52,7 +52,8 @@ def serve(settings: ServerSettings) -> None:
     EpisodeStore(settings.state_dir / "buffer.db").close()  # a damaged buffer fails before the model loads
     backend, generator, trainer = load_engines(settings)
     app = create_app(settings, backend, generator=generator, trainer=trainer)
-    server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+    # log_config=None: uvicorn's records go through the handlers the entry point set up (a --log-file too).
+    server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None,
                                     timeout_graceful_shutdown=_GRACEFUL_S, timeout_keep_alive=_KEEP_ALIVE_S), settings)
     app.state.request_shutdown = server.request_exit
     try:

@@ -13,6 +13,11 @@ and dropped episodes, the version and the step's metrics in one transaction. A c
 update and the commit therefore loses the whole step (its episodes train again after a restart) and
 never half of it. Checkpoints (``checkpoint_every``) never interleave with an update.
 
+A full disk (``swarm.server.diskspace``) parks training, never ends it: a batch whose version cannot
+be reserved goes back to the front of the queue, a commit that cannot be written waits in order
+(``swarm.server.step_commits``), and no step or checkpoint starts until it is written; the loop
+tries again every ``RETRY_AFTER_S`` and goes on by itself once space is back.
+
 Errors training survives (a failed update, publication or periodic checkpoint) are logged with
 their traceback and reported by ``report``: an ``error`` event with ``where``, and ``last_error`` in
 ``GET /api/v1/status``. A failed periodic checkpoint (a full disk, ``ulimit -f``) never ends the
@@ -39,7 +44,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,11 +53,14 @@ from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
 from swarm.server.capacity import CapacityMeter
 from swarm.server.checkpoints import CheckpointManager
+from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
 from swarm.server.episodes import EpisodeRecord, Group, GroupBook, stale_reason
 from swarm.server.errors import BadRequest
 from swarm.server.recovery import MAX_VERSION_KEY
 from swarm.server.registry import EpisodeRegistry
+from swarm.server.retention import enforce_retention
 from swarm.server.sft import run_sft
+from swarm.server.step_commits import StepCommit, StepCommits
 from swarm.server.stepstats import step_metrics
 from swarm.server.store import EpisodeStore, store_safely
 from swarm.server.view import ServerView
@@ -67,19 +74,6 @@ TOTAL_EPISODES = "train/episodes_total"
 TOTAL_SAMPLES = "train/samples_total"
 
 RunBlocking = Callable[[Callable[[], T]], Awaitable[T]]
-
-
-class TrainerThread:
-    """One thread for a trainer that does not share the device thread (its calls stay ordered)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarm-trainer")
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-    def stop(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 Drop = Callable[[list[EpisodeRecord], str], None]
@@ -97,17 +91,21 @@ class StepLoop:
     step trains and ``update_queued`` says its update is queued (admission counts the batch until the
     step commits, or until then where sampling waits out the update). ``eval_live`` counts the live held-out
     episodes a step waits for; ``eval_due(step)`` says a held-out round of ``step`` is due and not
-    claimed yet (aligned rounds)."""
+    claimed yet (aligned rounds). ``disk`` says when a failed write was for want of space."""
 
     def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
-                 capacity: CapacityMeter, may_step: Callable[[], bool], eval_live: Callable[[], int],
+                 capacity: CapacityMeter, disk: DiskMonitor, may_step: Callable[[], bool], eval_live: Callable[[], int],
                  eval_due: Callable[[int], bool], drop: Drop, trained: Trained) -> None:
         self.view = view
         self.store = store
         self.groups = groups
         self.episodes = episodes
         self.capacity = capacity
+        self.disk = disk
+        self.commits = StepCommits(store, disk, on_full=lambda step, exc: self.report("commit", exc))
+        self._parked_until = 0.0  # a full disk: no step starts before this (monotonic) time
+        self._disk_waits = False  # a batch waits for space to reserve its version (reported once)
         self._may_step = may_step
         self._eval_live = eval_live
         self._eval_due = eval_due
@@ -139,6 +137,9 @@ class StepLoop:
             await self.wake.wait()
             self.wake.clear()
             while self.can_step():
+                if not self.commits.flush():  # an earlier step's bookkeeping waits for space first
+                    self._park()
+                    break
                 stepped = await self.train_step()
                 every = self.view.config.checkpoint_every
                 if stepped and every and self.step % every == 0:
@@ -153,9 +154,14 @@ class StepLoop:
         """A step may start now: not stopping, below ``max_steps``, no eval round live or arriving (a
         round evaluates one policy), the engine says a batch is ready and its state allows one
         (``may_step``), and no round is due at the clients' cadence (aligned rounds)."""
-        if self._stopping or self._eval_pending() or self.past_max_steps():
+        if self._stopping or self._eval_pending() or self.past_max_steps() or time.monotonic() < self._parked_until:
             return False
         return self._may_step() and not self._held_for_eval()
+
+    def _park(self) -> None:
+        """The disk is full: no step for ``RETRY_AFTER_S``, then the loop wakes and tries again."""
+        self._parked_until = time.monotonic() + RETRY_AFTER_S
+        asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.wake.set)
 
     def past_max_steps(self) -> bool:
         return bool(self.view.config.max_steps) and self.step >= self.view.config.max_steps
@@ -227,6 +233,14 @@ class StepLoop:
             self.update_queued = True  # no await between this and the queueing of the update
             update = await self.run_blocking(lambda: self.trainer.train_step(samples, config))  # update
         except Exception as exc:
+            if is_disk_full(exc) and not self.update_queued:  # the version was not reserved: nothing trained
+                self.groups.ready[:0] = groups  # the batch waits at the front of the queue for space
+                self.disk.failed("reserving a policy version", exc)
+                if not self._disk_waits:  # a retry is not news
+                    self.report("train_step", exc)
+                self._disk_waits = True
+                self._park()
+                return False
             log.exception("training step failed; its batch is dropped")
             self._drop([e for e in episodes if self.episodes.held(e.episode_id)], f"training step failed: {exc}")
             self.report("train_step", exc)
@@ -302,6 +316,7 @@ class StepLoop:
         step = self.step + 1
         now = time.monotonic()
         metrics = step_metrics(kept, groups, samples, update, merge=config.merge_timelines)
+        metrics["train/groups_dropped_uniform"] = float(self.groups.take_dropped_uniform())  # since the last step
         metrics.update(self._totals(step, len(kept), len(samples)))
         metrics["perf/step_s"] = time.perf_counter() - started
         metrics["perf/episodes_per_s"] = len(kept) / max(now - self._last_step_at, 1e-9)
@@ -309,12 +324,10 @@ class StepLoop:
         record = StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics)
         reason = stale_reason(config.max_staleness)
         dropped = {reason: [e.episode_id for e in stale]} if stale else {}
-        try:
-            self.store.commit_step(step, [e.episode_id for e in kept], dropped=dropped,
-                                     meta={MAX_VERSION_KEY: view.policy_version}, metrics=record.model_dump_json())
-        except Exception:  # the update happened; only its bookkeeping is lost (a restart retrains it)
-            log.exception("durable buffer: committing step %d failed", step)
-        self.step = step
+        # The update happened: a commit a full disk refuses waits (step_commits), before the next step.
+        self.commits.commit(StepCommit(step, [e.episode_id for e in kept], record.model_dump_json(), dropped=dropped,
+                                       meta={MAX_VERSION_KEY: view.policy_version}))
+        self.step, self._disk_waits = step, False
         self._last_step_at = now
         self._trained(kept, stale, reason)  # counted; they leave memory (the store keeps the durable copy)
         self.metrics.append(record)
@@ -352,6 +365,7 @@ class StepLoop:
         Never interleaves with an update, so the weights always match the step they are named by."""
         view = self.view
         async with self._update_lock:
+            self.commits.require_written()  # a full disk: ENOSPC before anything is written
             step, version = self.step, view.policy_version
             engine_state = {"cursor": self.store.cursor(), "config_version": view.config_version,
                             "max_policy_version": version}
@@ -359,6 +373,12 @@ class StepLoop:
             path = await self.run_blocking(lambda: self.checkpoints.save(
                 step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
         view.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
+        # Bounded storage: episodes no kept checkpoint can train again go (swarm.server.retention).
+        pruned = await asyncio.to_thread(enforce_retention, self.store, self.checkpoints, view.config,
+                                         self.store.path.parent)
+        if pruned is not None:
+            view.emit("retention.pruned", through_step=pruned.through, episodes=pruned.episodes,
+                      timelines=pruned.timelines, exported=str(pruned.exported) if pruned.exported else None)
         return path
 
     async def _periodic_checkpoint(self) -> None:

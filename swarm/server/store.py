@@ -6,7 +6,8 @@ episode (reward, metadata and its token-exact trace) is committed here *before* 
 and every training step records which episodes it consumed (``training_log``). On restart the engine
 restores checkpoint step ``S``, calls ``rollback_after(S)`` (updates after ``S`` were lost with the
 process, so their episodes become untrained again) and rebuilds its pending groups from
-``untrained()``. Rolled-back log rows are kept, flagged, for audit.
+``untrained()``. Rolled-back log rows are kept, flagged, for audit. Retention (``swarm.server.retention``)
+moves episodes no restart can train again into a compact ledger (``swarm.server.store_pruned``).
 
 Durability choice: WAL journal with ``synchronous=NORMAL`` (the default here). A commit in WAL mode
 ``write()``s the transaction's frames, including the commit frame, into the ``-wal`` file before
@@ -36,12 +37,13 @@ from typing import Any, Literal
 
 from swarm.protocol import Event
 from swarm.server.records import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
-from swarm.server.store_schema import SCHEMA, SCHEMA_VERSION
+from swarm.server.store_pruned import PRUNED_KEY, TRACE_PRUNED, is_pruned, prune, pruned_ids, rollback_pruned, totals
+from swarm.server.store_schema import SCHEMA, SCHEMA_VERSION, UPGRADES_FROM
 from swarm.server.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError", "store_safely"]
+__all__ = ["PRUNED_KEY", "EpisodeConflict", "EpisodeStore", "FinishedEpisode", "StoreError", "store_safely"]
 
 
 def store_safely(what: str, fn: Callable[[], Any]) -> None:
@@ -96,8 +98,8 @@ class EpisodeStore:
         with self._lock:
             self._db.executescript(SCHEMA)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+        if row is None or json.loads(row[0]) in UPGRADES_FROM:  # new, or upgraded in place by SCHEMA
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
                              (json.dumps(SCHEMA_VERSION),))
         elif json.loads(row[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema version {row[0]}, this server reads {SCHEMA_VERSION}")
@@ -110,10 +112,13 @@ class EpisodeStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite may have rolled back already (SQLITE_FULL, SQLITE_IOERR): a second ROLLBACK
+                # would raise and hide the error that says why (a full disk answers 507, not 500).
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -135,7 +140,7 @@ class EpisodeStore:
         """Commit one finished episode; returns after the commit. ``True`` if new, ``False`` if the
         same id was already stored with the same body (a retried finish). A different body for a
         stored id raises ``EpisodeConflict``; invalid records raise ``StoreError``. Nothing is written
-        on error."""
+        on error. An id retention pruned is the no-op ``False`` (its digest is gone with its row)."""
         try:
             record.validate()
         except InvalidEpisode as exc:
@@ -152,6 +157,8 @@ class EpisodeStore:
                 if row[0] == digest:
                     return False
                 raise EpisodeConflict(f"episode {record.episode_id} was already finished with a different body")
+            if is_pruned(db, record.episode_id):
+                return False
             cur = db.execute(
                 "INSERT INTO episodes(episode_id, task_id, group_id, group_key, group_size, category, client_id,"
                 " reward, metrics, metadata, finished_at, merge, calls, drift_forks, digest)"
@@ -171,10 +178,17 @@ class EpisodeStore:
         return True
 
     def get(self, episode_id: str) -> FinishedEpisode | None:
+        """The stored episode; None when unknown or pruned (``known`` tells those apart)."""
         with self._lock:
             rows = self._db.execute(_SELECT + " WHERE episode_id=?", (episode_id,)).fetchall()
             found = self._hydrate(rows)
         return found[0] if found else None
+
+    def known(self, episode_id: str) -> bool:
+        """This id finished here: stored, or pruned by retention (``swarm.server.store_pruned``)."""
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
+            return row is not None or is_pruned(self._db, episode_id)
 
     def untrained(self) -> list[FinishedEpisode]:
         """Finished episodes no live step consumed and the engine did not drop, in finish order."""
@@ -236,9 +250,10 @@ class EpisodeStore:
 
     def rollback_after(self, step: int) -> int:
         """Forget training steps > ``step`` (their update was lost with an older checkpoint restore):
-        their episodes become untrained again; log rows are kept with ``rolled_back=1``. Returns how
-        many episodes were reset."""
+        their episodes become untrained again (those retention pruned cannot: dropped, ``trace
+        pruned``); log rows are kept with ``rolled_back=1``. Returns how many episodes were reset."""
         with self._tx() as db:
+            rollback_pruned(db, step)
             reset = db.execute("UPDATE episodes SET trained_step=NULL WHERE trained_step > ?", (step,)).rowcount
             db.execute("UPDATE training_log SET rolled_back=1 WHERE rolled_back=0 AND step > ?", (step,))
             db.execute("DELETE FROM step_metrics WHERE step > ?", (step,))
@@ -253,23 +268,42 @@ class EpisodeStore:
 
     def last_trained_step(self) -> int:
         with self._lock:
-            value = self._db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
-        return int(value or 0)
+            return _last_step(self._db)
 
     def trained_counts(self, include_rolled_back: bool = False) -> dict[str, int]:
         """``episode_id -> times trained`` (live lineage unless ``include_rolled_back``): the audit a
-        chaos test uses to prove exactly-once training."""
+        chaos test uses to prove exactly-once training. A pruned episode still trained counts once
+        (its log rows, rolled-back ones too, went with it)."""
         sql = "SELECT episode_id, COUNT(*) FROM training_log"
         if not include_rolled_back:
             sql += " WHERE rolled_back=0"
         with self._lock:
-            return dict(self._db.execute(sql + " GROUP BY episode_id").fetchall())
+            counts = dict(self._db.execute(sql + " GROUP BY episode_id").fetchall())
+            counts.update({e: 1 for e, step in pruned_ids(self._db).items() if step is not None})
+        return counts
+
+    def pruned_steps(self) -> dict[str, int | None]:
+        """Every episode retention pruned -> the step that trained it (None: a rollback undid it, so
+        it counts as dropped). Reads the whole ledger: for audits."""
+        with self._lock:
+            return pruned_ids(self._db)
 
     def training_log(self) -> list[tuple[int, str, bool]]:
-        """Every ``(step, episode_id, rolled_back)`` row in the order written."""
+        """Every ``(step, episode_id, rolled_back)`` row in the order written, less those of pruned
+        episodes (``pruned_steps``)."""
         with self._lock:
             rows = self._db.execute("SELECT step, episode_id, rolled_back FROM training_log ORDER BY id").fetchall()
         return [(s, e, bool(r)) for s, e, r in rows]
+
+    # -- retention (swarm.server.retention)
+
+    def prune(self, through_step: int) -> tuple[int, int]:
+        """Move the episodes trained at steps <= ``through_step`` to the pruned ledger: their traces,
+        rows and log rows go, one compact record each stays (``swarm.server.store_pruned``); records the
+        mark (``PRUNED_KEY``). Returns ``(episodes, timelines)`` removed. SQLite reuses the freed pages,
+        so the file reaches a steady size rather than shrinking."""
+        with self._tx() as db:
+            return prune(db, through_step)
 
     # -- aborted / expired episodes (no trace is kept; they are counted and audited)
 
@@ -284,27 +318,29 @@ class EpisodeStore:
         """finished, trained, untrained, dropped, aborted, expired (matches ``protocol.EpisodeCounts``
         field names where they overlap)."""
         with self._lock:
-            finished, trained, dropped = self._db.execute(
+            stored, trained, dropped = self._db.execute(
                 "SELECT COUNT(*), COUNT(trained_step), COUNT(dropped) FROM episodes").fetchone()
             closed = dict(self._db.execute("SELECT state, COUNT(*) FROM closed_episodes GROUP BY state").fetchall())
-        return {
-            "finished": finished, "trained": trained, "untrained": finished - trained - dropped,
-            "dropped": dropped, "aborted": closed.get("aborted", 0), "expired": closed.get("expired", 0),
-        }
+            pruned = totals(self._db)  # the ledger's episodes are finished, and trained or dropped
+        return {"finished": stored + pruned["trained"] + pruned["dropped"], "trained": trained + pruned["trained"],
+                "untrained": stored - trained - dropped, "dropped": dropped + pruned["dropped"],
+                "aborted": closed.get("aborted", 0), "expired": closed.get("expired", 0)}
 
     def drop_reasons(self) -> dict[str, int]:
         """Dropped episodes by the reason they were dropped for."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT dropped, COUNT(*) FROM episodes WHERE dropped IS NOT NULL GROUP BY dropped").fetchall()
-        return {str(reason): int(n) for reason, n in rows}
+            pruned = totals(self._db)["dropped"]
+        reasons = {str(reason): int(n) for reason, n in rows}
+        return reasons | ({TRACE_PRUNED: reasons.get(TRACE_PRUNED, 0) + pruned} if pruned else {})
 
     def cursor(self) -> dict[str, int]:
         """The buffer cursor to put in a checkpoint's engine_state."""
-        with self._lock:
-            last_seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()[0]
-            step = self._db.execute("SELECT COALESCE(MAX(step), 0) FROM training_log WHERE rolled_back=0").fetchone()[0]
-        return {"last_seq": int(last_seq), "trained_step": int(step)}
+        with self._lock:  # AUTOINCREMENT keeps the highest seq ever used in sqlite_sequence, pruned or not
+            last_seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='episodes'"
+                                        ).fetchone()[0]
+            return {"last_seq": int(last_seq), "trained_step": _last_step(self._db)}
 
     # -- event log (so event ids and replay survive a restart)
 
@@ -355,11 +391,17 @@ _SELECT = (
 )
 
 
+def _last_step(db: sqlite3.Connection) -> int:
+    """The newest live training step, pruned episodes' steps included (0 before the first)."""
+    value = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
+    return max(int(value or 0), totals(db)["last_step"])
+
+
 def _mark_trained(db: sqlite3.Connection, ids: list[str], step: int) -> None:
     if step < 1:
         raise StoreError(f"training steps count from 1, got {step}")
-    newest = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
-    if newest is not None and newest > step:
+    newest = _last_step(db)
+    if newest > step:
         raise StoreError(f"step {step} is older than live step {newest}: rollback_after({step - 1}) first")
     for episode_id in ids:
         row = db.execute("SELECT trained_step, dropped FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()

@@ -1,11 +1,17 @@
 """The durable buffer's SQLite schema (``swarm.server.store``): finished episodes and their
 timelines, the training log (which step consumed which episode; rolled-back rows kept for audit),
-closed episodes, the event log, step metrics and key/value meta. Every statement is idempotent
-(``IF NOT EXISTS``), so opening an existing buffer runs it again harmlessly."""
+closed episodes, the event log, step metrics, key/value meta and the ledger of episodes retention
+pruned (``swarm.server.store_pruned``). Every statement is idempotent (``IF NOT EXISTS``), so opening
+an existing buffer runs it again harmlessly.
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION"]
+Versions: 2 added ``pruned``. A buffer of a version in ``UPGRADES_FROM`` is upgraded in place when
+opened (the changes since were additions only, made by running ``SCHEMA``); any other version is
+refused, and a server older than the buffer refuses it too."""
 
-SCHEMA_VERSION = 1  # stored in meta; a buffer of another version is refused
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "UPGRADES_FROM"]
+
+SCHEMA_VERSION = 2  # stored in meta
+UPGRADES_FROM = frozenset({1})  # versions whose buffers SCHEMA brings to SCHEMA_VERSION
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,   -- finish order
@@ -60,6 +66,10 @@ CREATE TABLE IF NOT EXISTS step_metrics (
     step INTEGER PRIMARY KEY,                          -- live lineage only: rolled back with the step
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pruned (
+    key          BLOB PRIMARY KEY,                     -- the episode id: 16 bytes for a uuid hex id, else its text
+    trained_step INTEGER                               -- NULL: a rollback undid its step (dropped, trace pruned)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL

@@ -39,6 +39,14 @@ NULLS = ("A/A check: do two identical configurations of letters learn at differe
 EFFECT = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
 
 
+def interleaved(nulls: int, effects: int) -> list[tuple[str, bool]]:
+    """The studies as (topic, is_null), the effects spread evenly among the nulls so that a run cut short
+    still has measured both rates."""
+    order = sorted([((i + 0.5) / nulls, NULLS[i % len(NULLS)], True) for i in range(nulls)]
+                   + [((i + 0.5) / effects, EFFECT, False) for i in range(effects)])
+    return [(topic, null) for _, topic, null in order]
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -50,7 +58,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the studies here (default: a temp dir)")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-calibration-"))
-    topics = [(NULLS[i % len(NULLS)], True) for i in range(args.nulls)] + [(EFFECT, False)] * args.effects
+    topics = interleaved(args.nulls, args.effects)
     print(f"{args.nulls} null and {args.effects} effect studies · budget {args.budget} · studies in {out}", flush=True)
     started = time.monotonic()
     wrong = hits = 0

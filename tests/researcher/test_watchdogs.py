@@ -91,6 +91,27 @@ def test_disk_threshold_above_free_space_parks_with_a_clear_log_line(tmp_path: P
     assert not (tmp_path / "artifacts" / "full-disk" / "runs").exists()  # nothing launched on a full disk
 
 
+def test_a_write_the_disk_refused_is_recognised_as_a_full_disk(tmp_path: Path) -> None:
+    """What the graph parks on (a ``disk_full`` event) instead of failing the node: a real ENOSPC from
+    a filled tmpfs, a quota, SQLite's "disk is full", through a wrapping error; not other I/O errors."""
+    import errno
+    import sqlite3
+
+    from support.disks import fill, small_disk
+
+    with small_disk(tmp_path / "disk", 1) as disk:
+        fill(disk)
+        with pytest.raises(OSError) as refused:
+            (disk / "LOG.md").write_text("x" * 65536)
+    assert watchdogs.is_disk_full(refused.value)
+    wrapped = RuntimeError("saving the study state failed")
+    wrapped.__cause__ = sqlite3.OperationalError("database or disk is full")
+    wrapped.__cause__.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]  # as SQLite sets it
+    assert watchdogs.is_disk_full(wrapped) and watchdogs.is_disk_full(OSError(errno.EDQUOT, "quota"))
+    assert not watchdogs.is_disk_full(OSError(errno.EACCES, "denied"))
+    assert not watchdogs.is_disk_full(sqlite3.OperationalError("database is locked"))
+
+
 def test_quota_detection_on_error_shapes() -> None:
     import httpx
     import openai

@@ -1,6 +1,6 @@
 """Soak: a real study under seeded random SIGKILLs of every process kind; nothing lost, the same answer.
 
-    tests/soak/soak.py --duration 2h --seed S [--engine torch] [--pool-workers N]
+    tests/soak/soak.py --duration 2h --seed S [--engine torch|vllm] [--pool-workers N] [--fill-disk]
 
 What runs (all on loopback, under one temp dir, every process in its own session):
 - an ``mlflow server`` (SQLite backend in the temp dir), the tracking URI of everything below;
@@ -9,7 +9,11 @@ What runs (all on loopback, under one temp dir, every process in its own session
 - studies back to back until ``--duration`` has passed, each ``researcher start`` of the same topic
   and seeds (offline planner, the tiny model), whose runs are ``swarm serve`` + ``swarm run``
   processes; with ``--pool-workers N`` the soak (as a user would) keeps N ``swarm worker`` processes
-  in each live run's pool.
+  in each live run's pool. ``--engine vllm``: every run's server and worker generates with vLLM (the
+  researcher reads ``engine = "vllm"`` from the soak's copy of the examples' config.toml; the soak
+  stops at once, saying how to install it, where ``.venv-vllm`` or ``$SWARM_VLLM_PYTHON`` is missing).
+- with ``--fill-disk``, the studies' artifacts folder is a tmpfs that is filled to the last byte at
+  seeded random times and freed after a while (``soak_disk``): servers answer 507 and sessions park.
 
 The chaos loop waits a seeded random interval, then SIGKILLs one process of a kind drawn from a
 seeded shuffle of the kinds present (each kind once per round): ``client``, ``server``, ``worker``,
@@ -23,8 +27,10 @@ Before the chaos, the same study runs once undisturbed (its own SQLite MLflow): 
 Answer. At the end one line, then the kill counts per kind::
 
     RESULT soak_s=… kills=… lost=… twice=… duplicate_runs=… mlflow_gaps=… orphans=… rss_growth_mb=… verdict_equal=0|1
+           disk_full_events=…
 
-(``soak_audit`` says how each is counted). Exit status 0 when every counter is 0 and verdict_equal=1.
+(on one line; ``soak_audit`` says how each is counted, ``soak_disk`` how ``disk_full_events`` is: the
+full-disk spells a server or a study reported). Exit status 0 when every counter is 0 and verdict_equal=1.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ sys.path[:0] = [str(REPO), str(HERE)]
 
 import soak_audit as audit_  # noqa: E402
 import soak_chaos as chaos  # noqa: E402
+import soak_disk  # noqa: E402
 
 from researcher.runs import detached  # noqa: E402
 from researcher.study import store  # noqa: E402
@@ -86,6 +93,9 @@ class Soak:
         self.memory = chaos.MemoryLog()
         self.study_ids: list[str] = []
         self.launched = 0
+        self.cwd = _examples_for(args.engine, root)  # where the researcher finds studies/examples
+        self.disk = soak_disk.DiskChaos(self.artifacts, args.disk_mb, random.Random(args.seed + 1), args.fill_every,
+                                        args.fill_hold, _say) if args.fill_disk else None
 
     # ------------------------------------------------------------------ processes
 
@@ -100,7 +110,7 @@ class Soak:
 
     def spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         with open(self.logs / log_name, "ab") as out:
-            return subprocess.Popen(argv, cwd=REPO, env=env or self.env(), stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.Popen(argv, cwd=self.cwd, env=env or self.env(), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
 
     def researcher(self, *args: str) -> list[str]:
@@ -278,13 +288,16 @@ class Soak:
                 raise RuntimeError(f"`researcher start` exited {starting.returncode}: see {self.logs / study_id}.log")
             time.sleep(0.5)
         subprocess.run(self.researcher("schedule", study_id, "--every", f"{self.args.every:g}s", "--window", "6h",
-                                       *self.dirs()), cwd=REPO, env=self.env(), check=True, capture_output=True)
+                                       *self.dirs()), cwd=self.cwd, env=self.env(), check=True, capture_output=True)
         next_kill = time.time() + self.rng.uniform(*self.args.interval)
         quiet_since = None
         while self.phase(study_id) not in ENDED:
             self.reap()
             self.restart_due(study_id)
             self.keep_workers()
+            if self.disk is not None:
+                self.disk.tick([self.layout(s).runs_dir for s in self.study_ids],
+                               [self.layout(s).artifacts_dir / "events.jsonl" for s in self.study_ids])
             if int(time.time()) % 5 == 0:  # every ~5 s: a scan of /proc costs CPU the study needs
                 now_present = self.present()
                 self.memory.sample([t for k in ("daemon", "mlflow", "researcher") for t in now_present.get(k, [])])
@@ -304,17 +317,21 @@ class Soak:
                 quiet_since = None
             time.sleep(1.0)
         _say(f"study {study_id}: {self.phase(study_id)}")
+        if self.disk is not None:
+            self.disk.end()  # the next study starts with room (a start on a full disk keeps nothing)
         deadline = time.time() + 120  # the session that wrote the report exits by itself (after its spool)
         while self.researcher_running(study_id) and time.time() < deadline:
             self.reap()
             time.sleep(1.0)
-        subprocess.run(self.researcher("unschedule", study_id, *self.dirs()), cwd=REPO, env=self.env(),
+        subprocess.run(self.researcher("unschedule", study_id, *self.dirs()), cwd=self.cwd, env=self.env(),
                        capture_output=True)
 
     # ------------------------------------------------------------------ the end
 
     def bring_back(self) -> None:
         """Before the checks: what the chaos left down comes back (MLflow holds the evidence)."""
+        if self.disk is not None:
+            self.disk.end()
         for _, what in self.pending:
             if what == "mlflow":
                 self.start_mlflow()
@@ -326,7 +343,7 @@ class Soak:
             if Spool(self.layout(study_id).artifacts_dir / "mlflow_spool").pending():
                 self.restarts["researcher-spool"] = self.restarts.get("researcher-spool", 0) + 1
                 _say(f"{study_id} ended with MLflow writes spooled: `researcher resume {study_id}` by hand")
-                subprocess.run(self.researcher("resume", study_id, *self.dirs()), cwd=REPO, env=self.env(),
+                subprocess.run(self.researcher("resume", study_id, *self.dirs()), cwd=self.cwd, env=self.env(),
                                capture_output=True, timeout=600)
 
     @staticmethod
@@ -352,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", default="2h", help="keep starting studies under chaos this long (e.g. 4m, 2h)")
     parser.add_argument("--seed", type=int, default=0, help="the chaos' draws and every run's seed base")
-    parser.add_argument("--engine", choices=["torch", "vllm"], default="torch")
+    parser.add_argument("--engine", choices=["torch", "vllm"], default="torch",
+                        help="what every run's server and pool worker generates with (vllm: needs .venv-vllm)")
     parser.add_argument("--pool-workers", type=int, default=0, help="swarm workers kept in each live run's pool")
     parser.add_argument("--ray", action="store_true", help="place runs on a local Ray cluster (not in this increment)")
     parser.add_argument("--topic", default=TOPIC)
@@ -365,16 +383,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between kills, drawn uniformly")
     parser.add_argument("--every-kind", action="store_true",
                         help="go on past the duration until every kind has been killed at least once")
+    parser.add_argument("--fill-disk", action="store_true", help=(
+        "the studies' artifacts on a tmpfs (needs root), filled at random times for a while, then freed"))
+    parser.add_argument("--disk-mb", type=int, default=1024,
+                        help="the tmpfs' size (above the researcher's own 500 MB disk watchdog)")
+    parser.add_argument("--fill-every", type=float, nargs=2, default=(20.0, 60.0), metavar=("MIN", "MAX"),
+                        help="seconds from one full-disk spell's end to the next one's start, drawn uniformly")
+    parser.add_argument("--fill-hold", type=float, nargs=2, default=(5.0, 20.0), metavar=("MIN", "MAX"),
+                        help="seconds a full-disk spell lasts, drawn uniformly")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (printed) for a post-mortem")
     args = parser.parse_args(argv)
-    if args.ray or args.engine == "vllm":
-        parser.error("--ray and --engine vllm are not part of this soak yet (torch engine only)")
+    if args.ray:
+        parser.error("--ray is not part of this soak yet")
+    if args.engine == "vllm":
+        from swarm.backends.vllm.process import VllmStartError, find_vllm_python
+
+        try:
+            find_vllm_python()
+        except VllmStartError as exc:
+            parser.error(f"--engine vllm: {exc}")
     duration = parse_duration(args.duration)
     root = Path(tempfile.mkdtemp(prefix="soak-")).resolve()
     soak = Soak(args, root)
     started = time.time()
     _say(f"seed {args.seed}, duration {duration:.0f} s, root {root}")
     try:
+        if soak.disk is not None:
+            soak.disk.mount()
         reference = soak.reference()
         chaos_until = time.time() + duration
         soak.start_mlflow()
@@ -393,15 +428,20 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2.0)
         left = chaos.leftovers(root, soak.marker)
         chaos.kill_all(left)
+        if soak.disk is not None:
+            soak.disk.unmount()
     result["orphans"] = len(left)
     if left:
         _say(f"left behind: {json.dumps(left)}")
     result["soak_s"] = round(time.time() - started)
+    result["disk_full_events"] = soak.disk.observed if soak.disk is not None else 0
     print("RESULT " + " ".join(f"{k}={result[k]}" for k in ("soak_s", "kills", "lost", "twice", "duplicate_runs",
                                                             "mlflow_gaps", "orphans", "rss_growth_mb",
-                                                            "verdict_equal")), flush=True)
+                                                            "verdict_equal", "disk_full_events")), flush=True)
     print("KILLS " + " ".join(f"{k}={v}" for k, v in sorted(soak.kills.items())), flush=True)
     print("RESTARTED_BY_HAND " + " ".join(f"{k}={v}" for k, v in sorted(soak.restarts.items())), flush=True)
+    if soak.disk is not None:
+        print(f"DISK spells={soak.disk.spells} reported={soak.disk.observed}", flush=True)
     if args.keep:
         _say(f"kept {root}")
     else:
@@ -409,6 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(result[k] == 0 for k in ("lost", "twice", "duplicate_runs", "mlflow_gaps", "orphans")) \
         and result["verdict_equal"] == 1
     return 0 if ok else 1
+
+
+def _examples_for(engine: str, root: Path) -> Path:
+    """The working directory of the soak's researcher processes: the repository (its studies/examples),
+    or for another engine than torch a folder holding a copy of them whose every config.toml names it
+    (``engine`` is a key an experiment's config file may set; the researcher's runs inherit it)."""
+    if engine == "torch":
+        return REPO
+    work = root / "work"
+    shutil.copytree(REPO / "studies" / "examples", work / "studies" / "examples")
+    for config in (work / "studies" / "examples").glob("*/config.toml"):
+        config.write_text(f'engine = "{engine}"  # set by the soak (--engine)\n' + config.read_text())
+    return work
 
 
 def check(soak: Soak, reference: str | None) -> dict:

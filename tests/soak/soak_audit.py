@@ -60,7 +60,7 @@ def episodes(audit: Audit, runs_dir: Path) -> None:
             audit.notes.append(f"{record.key}: no buffer.db, {len(acked)} acknowledged episodes")
             continue
         with EpisodeStore(db) as store:
-            lost = [e for e in acked if store.get(e) is None]
+            lost = [e for e in acked if not store.known(e)]  # stored, or pruned by retention
             twice = {e: n for e, n in store.trained_counts().items() if n > 1}
             audit.trained += len(store.trained_counts())
         audit.acknowledged += len(acked)

@@ -3,8 +3,9 @@
 Everything here except ``/healthz`` needs the control token (an episode key is a 403); ``status``
 also accepts the client token (read-only; a study's ``setup`` checks it). ``checkpoint``
 answers with the checkpoint directory (``path``) and its loadable model folder (``weights``); if
-writing it fails (a full disk) the answer is a 500 ``internal`` error naming the cause, the failure
-is an ``error`` event (``where=checkpoint``) and the status' ``last_error``, and the server runs on.
+writing it fails the answer is a 507 ``disk_full`` error for want of space (``swarm.server.diskspace``),
+else a 500 ``internal`` one, naming the cause; the failure is an ``error`` event (``where=checkpoint``)
+and the status' ``last_error``, the previous checkpoint stays whole, and the server runs on.
 ``stop`` writes a checkpoint and then asks the hosting uvicorn server to exit through
 ``app.state.request_shutdown`` (set by ``serve``); see ``control`` for a stop whose checkpoint fails.
 """
@@ -31,8 +32,9 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
+from swarm.server.diskspace import RETRY_AFTER_S
 from swarm.server.engine import Engine
-from swarm.server.errors import ApiError, Forbidden
+from swarm.server.errors import ApiError, Forbidden, InsufficientStorage
 from swarm.server.http.context import AppContext, app_context
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,10 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
             detail.update(_checkpoint_detail(await engine.checkpoint()))
         except Exception as exc:
             message = _report_checkpoint_failure(engine, exc)
+            if engine.disk.explains(exc):
+                raise InsufficientStorage(f"the checkpoint could not be written, the disk is full: {message}; the "
+                                          "server runs on with its previous checkpoint",
+                                          detail=engine.disk.check().model_dump(), retry_after=RETRY_AFTER_S) from None
             raise ApiError(f"the checkpoint failed: {message}; the server runs on with its previous checkpoint",
                            status=500, code=ErrorCode.internal) from None
     elif action is ControlAction.stop:

@@ -56,5 +56,7 @@ def test_sigkill_between_update_and_commit_loses_and_repeats_nothing(rel_model: 
     server.stop_via_control()
     with EpisodeStore(state / "buffer.db") as store:
         assert store.trained_counts() == dict.fromkeys(ids, 1)
-        assert sorted((step, episode, rolled_back) for step, episode, rolled_back in store.training_log()) == \
-            sorted((1, i, False) for i in ids)  # one live step, no half-recorded one from the killed process
+        logged = [*store.training_log(), *((step, e, False) for e, step in store.pruned_steps().items())]
+        # one live step, no half-recorded one from the killed process (the final checkpoint's retention
+        # may have moved step 1 to the pruned ledger: its rows count as logged there)
+        assert sorted(logged) == sorted((1, i, False) for i in ids)
