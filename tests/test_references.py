@@ -1,9 +1,10 @@
 """The repository stands on its own: no tracked file names a file outside it, and every repository
-path the docs name exists.
+path the docs (README and the pages under ``docs/``) name exists.
 
 The project began beside a folder of notes (a design, a style guide, measured facts) that a clone
 does not have; citing them sent readers to files they cannot open. Read from ``git ls-files``, so
-only what a clone holds counts.
+only what a clone holds counts; the docs' paths also count the untracked files git does not ignore
+(what the next commit adds: in a fresh clone those are tracked, or absent and the test fails there).
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ def _git(*args: str, stdin: str | None = None) -> str:
                           check=stdin is None).stdout
 
 
-def _tracked() -> list[str]:
-    return [p for p in _git("ls-files", "-z").split("\0") if p]
+def _tracked(*, unadded: bool = False) -> list[str]:
+    """Tracked files; with ``unadded``, also the untracked ones git does not ignore."""
+    extra = ("--others", "--exclude-standard") if unadded else ()
+    return [p for p in _git("ls-files", "-z", "--cached", *extra).split("\0") if p]
+
+
+def _docs(tracked: set[str]) -> list[str]:
+    """README and every page of the docs site."""
+    return sorted(p for p in tracked if p == "README.md" or (p.startswith("docs/") and p.endswith(".md")))
 
 
 def _text(path: str) -> str | None:
@@ -57,10 +65,10 @@ def test_no_tracked_file_names_a_file_outside_the_repository() -> None:
 
 
 def test_every_repository_path_the_docs_name_exists() -> None:
-    """Markdown links in every tracked .md file, relative to it; and in README every `folder/...` path in
-    backticks under a top-level folder of the repository, unless it is a placeholder or a run output
-    (a path git ignores, e.g. `artifacts/daemon.json`)."""
-    tracked = set(_tracked())
+    """Markdown links in every tracked .md file, relative to it; and in README and the docs pages every
+    `folder/...` path in backticks under a top-level folder of the repository, unless it is a placeholder
+    or a run output (a path git ignores, e.g. `artifacts/daemon.json`)."""
+    tracked = set(_tracked(unadded=True))
     top = {p.split("/", 1)[0] for p in tracked if "/" in p}
     missing = []
     for doc in sorted(p for p in tracked if p.endswith(".md")):
@@ -70,8 +78,8 @@ def test_every_repository_path_the_docs_name_exists() -> None:
             resolved = (ROOT / doc).parent / target.split("#", 1)[0]
             if not _exists(str(resolved.resolve().relative_to(ROOT)), tracked):
                 missing.append(f"{doc}: link to {target}")
-    named = sorted({p for p in _CODE_PATH.findall(_text("README.md") or "")
-                    if p.split("/", 1)[0] in top and not _PLACEHOLDER.search(p)})
-    ignored = set(_git("check-ignore", "--stdin", stdin="\n".join(named)).split())
-    missing += [f"README.md: `{p}`" for p in named if p not in ignored and not _exists(p, tracked)]
+    named = {(doc, p) for doc in _docs(tracked) for p in _CODE_PATH.findall(_text(doc) or "")
+             if p.split("/", 1)[0] in top and not _PLACEHOLDER.search(p)}
+    ignored = set(_git("check-ignore", "--stdin", stdin="\n".join(sorted({p for _, p in named}))).split())
+    missing += [f"{doc}: `{p}`" for doc, p in sorted(named) if p not in ignored and not _exists(p, tracked)]
     assert not missing, "paths the docs name that are not in the repository:\n" + "\n".join(missing)

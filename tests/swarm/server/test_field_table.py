@@ -1,4 +1,4 @@
-"""README's tables of OpenAI request fields ("Routes and request fields") against the openai SDK's own
+"""The agents guide's tables of OpenAI request fields ("Routes and request fields") against the openai SDK's own
 request types and the server's request models: every field the SDK can send is placed (honoured,
 refused or passed over), every field the server declares is in the table, and a field the table calls
 honoured or passed over is one the server's model accepts (any other is refused as unknown)."""
@@ -16,14 +16,14 @@ from pydantic import BaseModel
 from swarm.protocol import ChatCompletionRequest
 from swarm.protocol.responses import ResponsesRequest
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+TABLES = Path(__file__).resolve().parents[3] / "docs" / "guides" / "agents.md"
 STATUSES = ("honoured", "refused", "passed over")
 
 
 def _table(marker: str) -> dict[str, set[str]]:
     """Names (every backticked word of a row's first cell) by status, from the table after ``marker``."""
-    text = README.read_text()
-    assert f"<!-- {marker} -->" in text, f"README has no <!-- {marker} --> table"
+    text = TABLES.read_text()
+    assert f"<!-- {marker} -->" in text, f"the agents guide has no <!-- {marker} --> table"
     rows = text.split(f"<!-- {marker} -->", 1)[1].strip().split("\n\n", 1)[0].splitlines()[2:]
     table: dict[str, set[str]] = {status: set() for status in STATUSES}
     for row in rows:
@@ -42,9 +42,9 @@ def test_every_request_field_is_honoured_refused_or_passed_over(marker: str, sdk
     table = _table(marker)
     placed = set().union(*table.values())
     unplaced = sorted({*sdk_fields, "stream"} - placed)
-    assert not unplaced, f"openai SDK fields missing from README's {marker} table: {unplaced}"
+    assert not unplaced, f"openai SDK fields missing from the agents guide's {marker} table: {unplaced}"
     declared = set(model.model_fields)
-    assert not declared - placed, f"{model.__name__} fields missing from README: {sorted(declared - placed)}"
+    assert not declared - placed, f"{model.__name__} fields missing from the agents guide: {sorted(declared - placed)}"
     accepted = table["honoured"] | table["passed over"]
-    assert accepted <= declared, f"README calls these served but {model.__name__} refuses them: {accepted - declared}"
+    assert accepted <= declared, f"the agents guide calls these served but {model.__name__} refuses them: {accepted - declared}"
     assert model.model_config.get("extra") == "forbid"  # anything undeclared is a 400 naming it
