@@ -134,6 +134,8 @@ CONFIG_KEYS: dict[str, str] = {
     "lora_alpha": "int >= 1, LoRA scale numerator", "lora_target_modules": "'all-linear' or a list of module names",
     "ppo_epochs": "int 1-16", "micro_batch_tokens": "int >= 64",
     "rollout_is": "off | token | sequence", "rollout_is_threshold": "float > 0",
+    "retention": "since_checkpoint | all (episode traces kept after the oldest checkpoint)",
+    "retention_export_dir": "str: export pruned episodes there first (relative to the state dir)",
     "group_size": "int 1-1024, GRPO samples per prompt", "batch_groups": "int 1-4096, complete groups per step",
     "min_group_size": "int >= 1, <= group_size",
     "batch_mode": "groups | episodes | varied_groups (DAPO dynamic sampling: groups with all-equal rewards dropped)",

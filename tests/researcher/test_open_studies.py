@@ -64,6 +64,7 @@ VOWELS_PLAN = {
                      "factors": {"tool": True}}]}
 
 
+@pytest.mark.study  # minutes of CPU: long acceptance run, `pytest -m study` (CI time)
 @pytest.mark.slow
 def test_a_new_task_is_checked_before_it_trains_then_studied_and_reproducible_by_hand(
         cli, tmp_path: Path, no_leftover_servers) -> None:

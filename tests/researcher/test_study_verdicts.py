@@ -57,6 +57,7 @@ def _finished(cli: Any, sid: str, count: int, no_leftover_servers: Callable[[Pat
     return records
 
 
+@pytest.mark.study  # minutes of CPU: long acceptance run, `pytest -m study` (CI time)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_a_a_study_ends_without_a_difference(cli: Any, no_leftover_servers: Callable[[Path], None]) -> None:

@@ -38,6 +38,7 @@ def _assert_clean(values: dict[str, float], output: str) -> None:
     assert values["rss_growth_mb"] < 150, output[-4000:]
 
 
+@pytest.mark.study  # minutes of CPU: long acceptance run, `pytest -m study` (CI time)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_short_soak_every_kind_killed_nothing_lost_same_answer() -> None:

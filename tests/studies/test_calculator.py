@@ -56,6 +56,7 @@ def _multi_turn_and_merged(steps: list[dict[str, float]], output: str) -> None:
     assert sum(m["context/drift_forks"] for m in steps) < 0.2 * sum(m["train/episodes"] for m in steps)
 
 
+@pytest.mark.study  # minutes of CPU: long acceptance run, `pytest -m study` (CI time)
 @pytest.mark.slow
 @pytest.mark.timeout(BUDGET_S + 120)
 def test_calculator_trains_multi_turn_episodes_as_one_sample_each(new_server: Callable[..., ServeProcess],
