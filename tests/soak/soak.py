@@ -50,7 +50,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(REPO), str(HERE)]
+sys.path[:0] = [str(REPO), str(HERE), str(REPO / "tests")]  # support.disks: the soak's disk filler
 
 import soak_audit as audit_  # noqa: E402
 import soak_chaos as chaos  # noqa: E402

@@ -14,13 +14,12 @@ Mounting needs root (or CAP_SYS_ADMIN): without it the soak stops before it star
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import random
-import shutil
 import subprocess
 import time
 from pathlib import Path
+
+from support.disks import fill
 
 from researcher.runs import detached
 from researcher.runs import record as runs
@@ -28,7 +27,6 @@ from researcher.study.events import read_events
 
 __all__ = ["DiskChaos"]
 
-_CHUNK = b"\0" * 2**20
 
 
 class DiskChaos:
@@ -90,18 +88,7 @@ class DiskChaos:
         self.say(f"disk freed ({'reported' if self._seen else 'not seen by any server or study'})")
 
     def _fill(self) -> Path:
-        filler = self.where / f"filler-{self.spells}"
-        with open(filler, "wb", buffering=0) as out:
-            with contextlib.suppress(OSError):  # most of it at once (tmpfs allocates without copying)
-                os.posix_fallocate(out.fileno(), 0, max(shutil.disk_usage(self.where).free - 2**20, 1))
-            out.seek(0, os.SEEK_END)
-            try:
-                while True:
-                    out.write(_CHUNK)  # a short write, then ENOSPC on the next
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-        return filler
+        return fill(self.where, f"filler-{self.spells}")
 
 
 def _a_server_says_full(runs_dirs: list[Path]) -> bool:
