@@ -246,6 +246,8 @@ def _cli_section(prog: str, app: Any) -> list[str]:
                      for name, cmd in group.commands.items()))
     for name, command in group.commands.items():
         lines += _command_lines(f"{prog} {name}", command)
+        for sub, subcommand in getattr(command, "commands", {}).items():  # a group's verbs (campaign start, …)
+            lines += _command_lines(f"{prog} {name} {sub}", subcommand)
     return lines
 
 

@@ -22,6 +22,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from researcher.campaign import commands as campaign_commands
 from researcher.composition import build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.evidence import run_table
@@ -34,6 +35,7 @@ from researcher.runs.launcher import Launcher
 from researcher.runs.ray_launcher import RayLauncher
 from researcher.settings import StudyOptions
 from researcher.study import datatask, events, flags, store
+from researcher.study import files as studyfiles
 from researcher.study.flags import parse_duration
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.study.state import StudyState
@@ -44,6 +46,7 @@ from swarm import stopping
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
                   add_completion=False)
+app.add_typer(campaign_commands.app, name="campaign")
 log = logging.getLogger(__name__)
 DAEMON_PORT = 8787  # the daemon's study events server; a busy port falls back to a free one (daemon.json)
 
@@ -139,6 +142,11 @@ def start(
     data_config: Annotated[Path | None, typer.Option(help=(
         "with --data: the task's server config (default: studies/examples/arith/config.toml)"),
         rich_help_panel="Your data")] = None,
+    park_after_look: Annotated[bool, typer.Option("--park-after-look", help=(
+        "park after each look that does not conclude (a campaign resumes it)"), rich_help_panel="Campaigns")] = False,
+    baseline: Annotated[str | None, typer.Option(help=(
+        "config keys every arm starts from, as JSON (a campaign's settled findings)"),
+        rich_help_panel="Campaigns")] = None,
     studies_dir: StudiesDir = Path("studies"),
     artifacts_dir: ArtifactsDir = Path("artifacts"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -158,8 +166,12 @@ def start(
                                        "model": flags.run_model(model),
                                        "gpus_per_run": gpus_per_run,
                                        "run_resources": resources.parse_run_resources(run_resources) or None,
-                                       "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None},
+                                       "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
+                                       "park_after_look": park_after_look or None,
+                                       "baseline": flags.json_object(baseline, "--baseline")},
                                       server)
+        if options.baseline:
+            studyfiles.check_overrides(options.baseline)  # unknown config keys: exit 2, nothing written
         sid = flags.study_id(study_id, topic, dt.datetime.now())
         window_s = parse_duration(window) if window else None
         if data is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue
 
 
 class LLMSettings(BaseModel):
@@ -71,6 +71,13 @@ class StudyOptions(BaseModel):
                               "experiment's config.toml decides (its `model` key, else the server's default, tiny)")
     min_effect: float = Field(0.02, ge=0, description="the smallest AUC difference that matters: smaller resolved "
                               "differences are no Yes/No, and the pilot sizes the study to resolve ±min_effect")
+    # A campaign's study (researcher.campaign): it parks after each look, so the campaign decides which
+    # hypothesis gets the next seeds, and its arms start from the task's settled findings.
+    park_after_look: bool = Field(False, description="park after each look that does not conclude (a campaign "
+                                  "resumes the study when it gives it the next seeds)")
+    baseline: dict[str, JsonValue] | None = Field(None, description="config keys every arm starts from (a "
+                                                  "campaign's settled findings on the task); an arm's own "
+                                                  "overrides win")
     # The user's data task (`researcher start --data`): studied instead of the example tasks.
     data: str | None = Field(None, description="absolute path of the training data file (jsonl or parquet)")
     data_sha256: str | None = Field(None, description="sha256 of the data file's content when the study started")

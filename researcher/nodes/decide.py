@@ -56,6 +56,10 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     studyfiles.log(ctx.layout, f"Decision after iteration {state['iteration']}: {decision['action']} — "
                                f"{decision['reason']}.")
     ctx.say("decided", **decision)
+    if decision["action"] == "continue" and options.get("park_after_look"):
+        # A campaign's study: the campaign gives the next look's seeds to whichever hypothesis is closest
+        # to settling, and resumes this one when it is its turn (the registered looks are unchanged).
+        ctx.park(f"look {state['iteration']} done: the campaign decides which hypothesis gets the next seeds")
     return {"decision": decision, "llm": usage,
             "phase": "planning" if decision["action"] == "continue" else "reporting"}
 

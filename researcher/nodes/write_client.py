@@ -36,7 +36,9 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plans = studyfiles.read_plan(ctx.layout)
     plan = plans.iteration(iteration)
     try:
-        configs = {exp.name: studyfiles.server_config(example.config, exp.overrides) for exp in plan.experiments}
+        baseline = state["options"].get("baseline") or {}  # a campaign's settled findings: the arms' own win
+        configs = {exp.name: studyfiles.server_config(example.config, {**baseline, **exp.overrides})
+                   for exp in plan.experiments}
     except ValueError as exc:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the plan is unusable: {exc}")
         return {"phase": "failed", "error": f"the plan of iteration {iteration} is unusable: {exc}"}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.operations import scheduler as sched
+from researcher.watchdogs import is_disk_full
 from swarm import stopping
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,39 @@ def _history_writer(artifacts_root: Path) -> Any:
     return on_event
 
 
+def tolerant_store(url: str) -> Any:
+    """APScheduler's SQLite job store, except that a full disk refusing a job's write is logged, not
+    raised: after a job fires, APScheduler stores its next run time from inside its main loop, where an
+    error ends the loop and with it the daemon. Skipped, the job keeps its stored time and fires again
+    when due (one instance at a time); the write succeeds once there is room."""
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+
+    class DiskTolerantJobStore(SQLAlchemyJobStore):
+        def update_job(self, job: Any) -> None:
+            self._tolerated(super().update_job, job, "store the next run time of")
+
+        def remove_job(self, job_id: str) -> None:
+            self._tolerated(super().remove_job, job_id, "remove")
+
+        @staticmethod
+        def _tolerated(write: Callable[[Any], None], what: Any, doing: str) -> None:
+            try:
+                write(what)
+            except Exception as exc:
+                if not is_disk_full(exc):
+                    raise
+                log.warning("the disk is full: could not %s job %s (%s); the daemon goes on", doing,
+                            getattr(what, "id", what), exc)
+
+    return DiskTolerantJobStore(url=url)
+
+
 def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, port: int | None = None,
                announce: Callable[[str], None] = log.info) -> None:
     """Block running the scheduler (and the events server on ``port``, 0 = a free one) until SIGINT/SIGTERM."""
     from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.jobstores.memory import MemoryJobStore
-    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     studies_root, artifacts_root = studies_root.resolve(), artifacts_root.resolve()
@@ -88,7 +115,7 @@ def run_daemon(studies_root: Path, artifacts_root: Path, poll_s: float = 30.0, p
     logging.getLogger("apscheduler.executors.default").setLevel(logging.WARNING)
     artifacts_root.mkdir(parents=True, exist_ok=True)
     scheduler = BlockingScheduler(
-        jobstores={"default": SQLAlchemyJobStore(url=sched.store_url(artifacts_root)), "internal": MemoryJobStore()},
+        jobstores={"default": tolerant_store(sched.store_url(artifacts_root)), "internal": MemoryJobStore()},
         executors={"default": ThreadPoolExecutor(8)}, job_defaults=sched.job_defaults())
     scheduler.add_listener(_history_writer(artifacts_root), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
     scheduler.add_job(sync_jobs, "interval", seconds=poll_s, id="sync", jobstore="internal",

@@ -10,7 +10,8 @@ reviewable source of truth: the daemon re-adds a job missing from the store on s
 ``poll`` seconds, but never replaces a stored job with the same spec (that would recompute its
 next run time and lose a missed run).
 
-A job runs one study session as a subprocess (``researcher resume ID --window …``), so a crashing
+A job runs one study session as a subprocess (``researcher resume ID --window …``; for a campaign's
+folder, ``researcher campaign resume ID --window …``), so a crashing
 study cannot take the daemon down; a study whose lock is held (a session already running) is
 skipped with a log line. Every fire is appended to ``<artifacts>/scheduler-history.jsonl``.
 
@@ -48,6 +49,7 @@ JOB_FUNC = "researcher.operations.scheduler:run_scheduled_resume"
 SCHEDULE_FILE = "schedule.toml"
 HISTORY_FILE = "scheduler-history.jsonl"
 STORE_FILE = "scheduler.db"
+CAMPAIGN_FILE = "campaign.json"  # researcher.campaign.record.CAMPAIGN_FILE
 SESSION_GRACE_S = 900.0  # a session may overrun its window by this much (finishing a node) before it is killed
 SESSION_STOP_S = 5.0  # a session being stopped gets this long after SIGTERM (within the daemon's own deadline)
 
@@ -222,14 +224,16 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
     layout = StudyLayout(study_id, Path(studies_dir), Path(artifacts_dir))
     if once is not None:
         _spend_one_shot(layout, once)
-    phase = (read_state(layout) or {}).get("phase")
+    campaign = _campaign(layout)  # a campaign's folder is scheduled like a study's
+    phase = "done" if campaign is not None and campaign.get("ended") else (read_state(layout) or {}).get("phase")
     if phase in ("done", "failed", "stopped"):
         log.info("study %s is %s; nothing to resume (`researcher unschedule %s`)", study_id, phase, study_id)
         return {"study_id": study_id, "outcome": "skipped", "reason": f"study is {phase}"}
     if is_locked(layout):
         log.info("study %s is already being run (its lock is held); skipping this scheduled session", study_id)
         return {"study_id": study_id, "outcome": "skipped", "reason": "study lock held by another process"}
-    argv = [sys.executable, "-m", "researcher.cli", "resume", study_id, "--window", f"{window_s:g}s",
+    verb = ["campaign", "resume"] if campaign is not None else ["resume"]
+    argv = [sys.executable, "-m", "researcher.cli", *verb, study_id, "--window", f"{window_s:g}s",
             "--studies-dir", studies_dir, "--artifacts-dir", artifacts_dir]
     session_log = layout.artifacts_dir / "sessions.log"
     session_log.parent.mkdir(parents=True, exist_ok=True)
@@ -251,6 +255,13 @@ def run_scheduled_resume(study_id: str, studies_dir: str, artifacts_dir: str, wi
     outcome = "ran" if code == 0 else "refused" if code == 2 else "failed"
     log.info("study %s session ended with code %s after %.0f s", study_id, code, time.time() - started)
     return {"study_id": study_id, "outcome": outcome, "exit_code": code, "seconds": round(time.time() - started, 1)}
+
+
+def _campaign(layout: StudyLayout) -> dict[str, Any] | None:
+    """The campaign.json of a campaign's folder (``researcher.campaign.record``, which imports this
+    package's verbs: read here by name); None for a study's folder."""
+    path = layout.study_dir / CAMPAIGN_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _spend_one_shot(layout: StudyLayout, key: str) -> None:

@@ -5,6 +5,7 @@ study ids. Every reader raises ``ValueError`` with a message meant for the perso
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,19 @@ def study_options(flags: dict[str, Any], servers: list[str] | None) -> StudyOpti
     if overrides.get("model") and model_facts(str(overrides["model"])).pretrained:
         overrides = {**REAL_MODEL_TIMEOUTS, **overrides}
     return StudyOptions(**overrides)
+
+
+def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    """A flag's JSON object (None when not given); anything else is a ValueError naming the flag."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: a JSON object is expected, e.g. '{{\"lr\": 0.003}}'")
+    return value
 
 
 def study_id(given: str | None, topic: str, now: dt.datetime) -> str:

@@ -108,6 +108,7 @@ def _devices_of(pid: int | None) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.study  # about 3 minutes of CI worker time; the placement rules keep their unit tests above
 def test_four_fake_gpus_one_run_each_queue_and_survive_a_restart(cli, tmp_path: Path,
                                                                   no_leftover_servers: Callable[[Path], None]) -> None:
     """Six runs asking one GPU each on a machine reporting four: at most four live at once, on distinct

@@ -43,6 +43,7 @@ def _jobs_of(cluster: Cluster) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.study  # about 2.5 minutes of CI worker time (two `ray start` nodes): run with -m study
 @pytest.mark.timeout(600)
 def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Placed through the GCS address ``ray start --head`` prints (HOST:PORT), in a shell whose

@@ -187,3 +187,31 @@ def test_daemon_runs_a_one_shot_once_and_spends_it(cli, tmp_path: Path) -> None:
     assert len(ran) == 1 and ran[0]["scheduled_for"] == dt.datetime.fromisoformat(at).astimezone().isoformat()
     assert ran[0]["outcome"] == "refused"  # `researcher resume ghost`: no such study, a clear refusal
     assert set(scheduler.next_wakeups(artifacts)) == {"marker"}  # the one-shot is gone
+
+
+@pytest.mark.slow
+def test_the_daemon_outlives_a_full_disk_under_its_job_store(cli, tmp_path: Path) -> None:
+    """Issue #52: the job store sits on a small tmpfs that fills while a job fires every 2 s. APScheduler
+    stores the next run time from inside its main loop; the daemon must log the refused write and go on,
+    and fire again once there is room."""
+    from support.disks import fill, small_disk
+
+    with small_disk(tmp_path / "disk", 16) as disk:
+        cli.artifacts = disk / "artifacts"
+        scheduler.schedule("ghost", ScheduleSpec(window_s=30, every_s=2), cli.studies, cli.artifacts)
+        log = tmp_path / "daemon.log"
+        daemon = cli.popen("daemon", "--poll", "1", "--port", "0", *cli.dirs, log=log)
+        try:
+            wait_for(lambda: len(_executions(cli.artifacts)) >= 1, 60, what="a first session", proc=daemon, log=log)
+            filler = fill(disk)
+            wait_for(lambda: "the disk is full: could not store the next run time of job resume:ghost"
+                     in log.read_text(), 60, what="a refused job-store write", proc=daemon, log=log)
+            time.sleep(3)
+            assert daemon.poll() is None, log.read_text()[-3000:]
+            filler.unlink()
+            before = len(_executions(cli.artifacts))
+            wait_for(lambda: len(_executions(cli.artifacts)) > before, 60, what="a session once there is room",
+                     proc=daemon, log=log)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=30) == 0, log.read_text()[-2000:]

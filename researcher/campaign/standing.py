@@ -1,0 +1,83 @@
+"""Where a claim's study stands, read from its files only: its phase, the latest look's verdict (worded by
+the same code as the report's Answer), the seeds it has and needs, its runs' MLflow ids and CPU time, and
+the configuration a settled finding makes the task's baseline."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from researcher.campaign.record import LookEntry
+from researcher.evidence import verdicts
+from researcher.findings import verdict_rules as rules
+from researcher.runs import record as runs
+from researcher.study import files as studyfiles
+from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState, summaries
+from researcher.study.store import read_state
+
+NO_VERDICT = "no verdict yet"
+
+
+def answer_class(layout: StudyLayout) -> str | None:
+    """The class of the study's Answer in report.md (None before the report, or an unclassed Answer)."""
+    if not layout.report_md.is_file():
+        return None
+    parts = layout.report_md.read_text().split("## Answer", 1)
+    found = rules.answer_class(parts[1].strip().split("\n\n", 1)[0]) if len(parts) == 2 else None
+    return found.value if found else None
+
+
+def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
+    """The standing after the study's last analysed look (None before its first analysis)."""
+    history = summaries(state)
+    if not history:
+        return None
+    answer, _ = verdicts.verdict(state.get("topic") or "", history)
+    verdict = rules.answer_class(answer)
+    comparison = history[-1].study.comparison if history[-1].study else None
+    design = studyfiles.read_plan(layout).design
+    return LookEntry(look=len(history), seeds=comparison.seeds if comparison else 0,
+                     verdict=verdict.value if verdict else NO_VERDICT,
+                     diff=comparison.diff if comparison else None, hw=comparison.hw if comparison else None,
+                     better=comparison.better_label or comparison.better if comparison else "",
+                     needed_seeds=design.needed_seeds if design else None, mlflow_runs=mlflow_runs(layout))
+
+
+def mlflow_runs(layout: StudyLayout) -> list[str]:
+    return sorted(r.mlflow_run_id for r in runs.all_records(layout.runs_dir) if r.mlflow_run_id)
+
+
+def cpu_hours(layout: StudyLayout, now: float | None = None) -> float:
+    """Its runs' wall time (a running one: so far, less time parked) x their torch threads, in hours."""
+    now = now or time.time()
+    total = 0.0
+    for r in runs.all_records(layout.runs_dir):
+        wall = r.wall_s if r.wall_s is not None else max(now - r.started_at - r.parked_s, 0.0)
+        total += wall * r.threads
+    return total / 3600
+
+
+def task(state: StudyState) -> str | None:
+    """The example task the study's framing starts from (letters, digits, …)."""
+    framing = state.get("framing") or {}
+    return framing.get("example") or None
+
+
+def winner_settings(state: StudyState) -> dict[str, Any] | None:
+    """The better arm's config overrides when the study's verdict resolved a direction (Yes or No): the
+    finding a later claim on the task starts from. None for any other verdict."""
+    history = summaries(state)
+    study = history[-1].study if history else None
+    if study is None or study.comparison is None:
+        return None
+    answer, _ = verdicts.verdict(state.get("topic") or "", history)
+    verdict = rules.answer_class(answer)
+    if verdict is None or not rules.resolved(verdict):
+        return None
+    better = next((a for a in study.arms if a.name == study.comparison.better), None)
+    return dict(better.overrides) if better is not None and better.overrides else None
+
+
+def read(layout: StudyLayout) -> StudyState:
+    return read_state(layout) or {}
