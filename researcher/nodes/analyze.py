@@ -11,11 +11,12 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, looks, plots
+from researcher.evidence import analysis, factorial, looks, plots, sizing
 from researcher.findings import verdict_rules as rules
-from researcher.findings.records import Cell, Evidence, IterationSummary
+from researcher.findings.records import Cell, Evidence, IterationSummary, PlanFile
 from researcher.planner.schema import Framing
 from researcher.runs import record as runs
+from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState, summaries
@@ -36,8 +37,28 @@ def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRu
     return found
 
 
+def _pilot_alone(state: StudyState, ctx: StudyContext, plan_file: PlanFile) -> None:
+    """A pilot after which the budget runs no further look is the study's only look: it spends the whole
+    alpha instead of none, so a short budget can still decide. Whether another look fits depends on the
+    time, runs and iterations left and the measured seconds a run takes (the test ``decide`` applies),
+    never on the data, so the study's false-positive rate stays at alpha on either path."""
+    iteration = state["iteration"]
+    pilot = plan_file.iteration(iteration).look
+    if pilot is None or pilot.fraction is not None or plan_file.design is None:
+        return
+    room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state),
+                       state["options"]["parallel_runs"], budget.runs_left(state), 2)
+    if room.seeds_per_look(1) >= 1 and iteration < state["budget"]["max_iterations"]:
+        return
+    studyfiles.amend_look(ctx.layout, iteration, pilot.model_copy(update={"fraction": 1.0}))
+    studyfiles.log(ctx.layout, f"The budget runs no look after the pilot ({budget.runs_left(state)} runs and "
+                               f"{room.time_left_s:.0f} s left, a run takes about {room.run_s:.0f} s): the pilot is "
+                               "the study's only look and spends the whole alpha.")
+
+
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     iteration, framing = state["iteration"], Framing.model_validate(state["framing"])
+    _pilot_alone(state, ctx, studyfiles.read_plan(ctx.layout))
     plan_file = studyfiles.read_plan(ctx.layout)
     plan = plan_file.iteration(iteration)
     # The registered look this analysis is, after those before it (plan.json holds each before its runs).

@@ -70,6 +70,8 @@ def _size_after_pilot(ctx: StudyContext, pilot: Comparison | None, room: sizing.
     design = studyfiles.read_plan(ctx.layout).design
     if design is None or design.max_seeds is not None or design.looks < 2:
         return
+    if pilot is not None and pilot.fraction is not None:
+        return  # the pilot was the only look the budget ran (``analyze``): nothing is left to size
     design = sizing.size(design, pilot, room, min_effect)
     studyfiles.write_design(ctx.layout, design)
     studyfiles.log(ctx.layout, design.sizing)

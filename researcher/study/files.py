@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from researcher.findings.records import IterationPlan, JsonObject, PlanFile, SequentialDesign
+from researcher.findings.records import IterationPlan, JsonObject, LookPlan, PlanFile, SequentialDesign
 from researcher.study.layout import StudyLayout
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -229,6 +229,13 @@ def write_design(layout: StudyLayout, design: SequentialDesign) -> None:
     """The study's decision rule in plan.json, amended (the pilot's sizing) before the next look is planned."""
     current = read_plan(layout)
     current.design = design
+    write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")
+
+
+def amend_look(layout: StudyLayout, iteration: int, look: LookPlan) -> None:
+    """An iteration's registered look, amended before its analysis (a pilot that is the only look)."""
+    current = read_plan(layout)
+    current.iterations[iteration].look = look
     write_atomic(layout.plan_json, json.dumps(current.dump(), indent=2, default=str) + "\n")
 
 

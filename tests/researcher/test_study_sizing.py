@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from researcher.context import StudyContext
+from researcher.findings.verdict_rules import Verdict, answer_class
 from researcher.nodes import analyze, decide, plan_experiments, write_report
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.usage import new_usage
@@ -85,6 +86,47 @@ def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_run
     state |= write_report.run({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
     answer = layout.report_md.read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
     assert answer.endswith(design.sizing) and not answer.startswith(("Yes", "No:")), answer
+
+
+def test_a_pilot_the_budget_runs_no_look_after_is_the_only_look_and_decides(tmp_path: Path) -> None:
+    """A budget that fits the pilot and nothing more (a run took 300 s, 250 s are left): the pilot is
+    amended to the study's only look before its analysis (plan.json, LOG.md), spends the whole alpha and
+    answers a clear difference, where a pilot with room after it decides nothing."""
+    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
+                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
+    layout = StudyLayout("pilot-only", settings.studies_root, settings.artifacts_root)
+    layout.ensure()
+    topic = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
+    planner = OfflinePlanner(["letters"])
+    ctx = StudyContext(settings, layout, planner, Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
+                       Launcher(settings.swarm_command), emit=lambda event, data: None)
+    now = time.time()
+    state: dict[str, Any] = {
+        "study_id": "pilot-only", "topic": topic, "iteration": 0, "iterations": [], "llm": new_usage(),
+        "framing": planner.frame(topic, "").value.model_dump(), "run_seconds": [300.0] * 6, "runs_launched": 6,
+        "options": StudyOptions(seeds=3, max_iterations=3).model_dump(),
+        "budget": budget.make_budget(now, now + 3600, max_runs=16, max_iterations=3, max_repairs=3, max_llm_tokens=1000,
+                                     max_llm_cost_usd=0.0)}
+    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    assert studyfiles.read_plan(layout).iteration(1).look.fraction is None  # registered as a pilot
+    for trial in state["trials"]:
+        Path(trial["run_dir"]).mkdir(parents=True)
+        high = "0_003" in trial["experiment"]
+        runs.append_metrics(Path(trial["run_dir"]), [StepMetrics(step=s, policy_version=s, time=now + s, metrics={
+            "train/reward_mean": (0.5 if high else 0.1) + 0.01 * (trial["seed"] % 3), "train/episodes": 32.0})
+            for s in range(1, 9)])
+        trial["status"] = "finished"
+    state["budget"]["deadline"] = time.time() + 250  # the pilot took the time: no second look fits
+    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
+    assert studyfiles.read_plan(layout).iteration(1).look.fraction == 1.0
+    assert "the pilot is the study's only look and spends the whole alpha" in layout.log_md.read_text()
+    comparison = state["iterations"][-1]["study"]["comparison"]
+    assert comparison["look"] == 1 and comparison["fraction"] == 1.0 and comparison["hw"] < 0.1
+    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    assert state["decision"]["action"] == "conclude"
+    state |= write_report.run({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
+    answer = layout.report_md.read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert answer_class(answer) is Verdict.YES, answer
 
 
 @pytest.mark.slow
