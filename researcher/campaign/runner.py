@@ -37,7 +37,7 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.study.files import write_atomic
 from researcher.study.layout import StudyLayout
-from researcher.study.store import is_locked, study_lock
+from researcher.study.store import is_locked, read_state, study_lock
 from swarm import stopping
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def create(spec: CampaignSpec, text: str, budget_s: float, window: tuple[str, fl
     settings = build_settings(studies_root, artifacts_root)
     offline = OfflinePlanner(sorted(catalog.examples(settings.examples_root))) if settings.llm is None else None
     tasks = [_task_of(claim, settings.examples_root, offline) for claim in spec.claim]
-    for index, _ in enumerate(spec.claim):
+    for index in range(len(spec.claim)):
         if StudyLayout(claim_study_id(name, index), studies_root, artifacts_root).study_dir.exists():
             raise ValueError(f"a study {claim_study_id(name, index)} exists already; rename the campaign")
     # The claims' wall deadline: the running budget, stretched by the share of a day its window opens.
@@ -138,7 +138,7 @@ def _refresh(rec: CampaignRecord, claim: ClaimRecord, studies_root: Path, artifa
     """Read the claim's study back after a session: its phase, a new look's standing, its Answer once
     ended, its CPU time; a settled direction becomes its task's baseline."""
     layout = StudyLayout(claim.study_id, studies_root, artifacts_root)
-    state = standing.read(layout)
+    state = read_state(layout) or {}
     if not state:
         return
     claim.phase = state.get("phase", claim.phase)

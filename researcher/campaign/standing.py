@@ -10,22 +10,26 @@ from typing import Any
 from researcher.campaign.record import LookEntry
 from researcher.evidence import verdicts
 from researcher.findings import verdict_rules as rules
+from researcher.operations import overview
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState, summaries
-from researcher.study.store import read_state
 
 NO_VERDICT = "no verdict yet"
 
 
 def answer_class(layout: StudyLayout) -> str | None:
     """The class of the study's Answer in report.md (None before the report, or an unclassed Answer)."""
-    if not layout.report_md.is_file():
-        return None
-    parts = layout.report_md.read_text().split("## Answer", 1)
-    found = rules.answer_class(parts[1].strip().split("\n\n", 1)[0]) if len(parts) == 2 else None
+    answer = overview.report_answer(layout)
+    found = rules.answer_class(answer) if answer is not None else None
     return found.value if found else None
+
+
+def _verdict(state: StudyState) -> rules.Verdict | None:
+    """The class of the Answer the study's evidence so far gives (worded as the report words it)."""
+    answer, _ = verdicts.verdict(state.get("topic") or "", summaries(state))
+    return rules.answer_class(answer)
 
 
 def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
@@ -33,8 +37,7 @@ def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
     history = summaries(state)
     if not history:
         return None
-    answer, _ = verdicts.verdict(state.get("topic") or "", history)
-    verdict = rules.answer_class(answer)
+    verdict = _verdict(state)
     comparison = history[-1].study.comparison if history[-1].study else None
     design = studyfiles.read_plan(layout).design
     return LookEntry(look=len(history), seeds=comparison.seeds if comparison else 0,
@@ -71,13 +74,10 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
     study = history[-1].study if history else None
     if study is None or study.comparison is None:
         return None
-    answer, _ = verdicts.verdict(state.get("topic") or "", history)
-    verdict = rules.answer_class(answer)
+    verdict = _verdict(state)
     if verdict is None or not rules.resolved(verdict):
         return None
     better = next((a for a in study.arms if a.name == study.comparison.better), None)
     return dict(better.overrides) if better is not None and better.overrides else None
 
 
-def read(layout: StudyLayout) -> StudyState:
-    return read_state(layout) or {}

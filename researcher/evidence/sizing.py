@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from researcher.evidence import stats
 from researcher.evidence.looks import final_nominal
 from researcher.findings.records import Comparison, LookPlan, SequentialDesign
+from researcher.study import budget
+from researcher.study.state import StudyState
 
 SPENDING = "obrien-fleming"  # strict early, close to a fixed design's 1.96 at the last look
 VALIDATE_S = 30.0  # a look's smoke run before its runs start
@@ -43,6 +45,13 @@ class Room:
     def hours_for(self, seeds: int) -> float:
         """Hours ``seeds`` more seeds per arm take here, in one look."""
         return (VALIDATE_S + math.ceil(seeds * self.arms / max(self.parallel, 1)) * self.run_s) / 3600
+
+
+def room_now(state: StudyState, now: float, arms: int = 2) -> Room:
+    """What the study's budget holds for a look now: the time before the report reserve, the measured
+    seconds a run takes, its parallel runs and the runs left."""
+    return Room(budget.time_left(state, now), budget.run_estimate_s(state), state["options"]["parallel_runs"],
+                budget.runs_left(state), arms)
 
 
 def register(looks: int, pilot_seeds: int) -> SequentialDesign:

@@ -46,8 +46,7 @@ def _pilot_alone(state: StudyState, ctx: StudyContext, plan_file: PlanFile) -> N
     pilot = plan_file.iteration(iteration).look
     if pilot is None or pilot.fraction is not None or plan_file.design is None:
         return
-    room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state),
-                       state["options"]["parallel_runs"], budget.runs_left(state), 2)
+    room = sizing.room_now(state, ctx.clock())
     if room.seeds_per_look(1) >= 1 and iteration < state["budget"]["max_iterations"]:
         return
     studyfiles.amend_look(ctx.layout, iteration, pilot.model_copy(update={"fraction": 1.0}))

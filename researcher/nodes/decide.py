@@ -22,7 +22,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     last = history[-1]
     left = budget.time_left(state, ctx.clock())
     # The next look needs at least one more seed of a pair of arms within the time and runs left.
-    room = sizing.Room(left, budget.run_estimate_s(state), options["parallel_runs"], budget.runs_left(state), 2)
+    room = sizing.room_now(state, ctx.clock())
     _size_after_pilot(ctx, last.comparison, room, options["min_effect"])
     hard = None
     if ctx.stop_requested():

@@ -185,8 +185,7 @@ def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSumm
     previous = plan_file.iteration(state.get("iteration", 0)).look
     if design is None or previous is None:  # a study registered before sequential looks: fixed seeds
         return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"]), options["seeds"]
-    room = sizing.Room(budget.time_left(state, ctx.clock()), budget.run_estimate_s(state), options["parallel_runs"],
-                       budget.runs_left(state), max(arms, 1))
+    room = sizing.room_now(state, ctx.clock(), max(arms, 1))
     look = sizing.next_look(design, previous, room)
     return design, look, look.seeds - previous.seeds if look else 0
 

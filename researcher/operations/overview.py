@@ -38,10 +38,9 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
         best = history[-1]
         answer = f"{standing(best, (state.get('options') or {}).get('min_effect', 0.02))}: {best.get('best')} " \
                  f"({best.get('knob')}={best.get('best_value')})"
-    if layout.report_md.is_file():
-        lines = layout.report_md.read_text().split("## Answer", 1)
-        if len(lines) == 2:
-            answer = lines[1].strip().split("\n\n", 1)[0][:400]
+    reported = report_answer(layout)
+    if reported is not None:
+        answer = reported[:400]
     plan = studyfiles.read_plan(layout)
     current = plan.iteration(state.get("iteration", 0))
     return {
@@ -65,6 +64,14 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
                  for e in current.experiments if e.steps],
         "looks": describe_looks(plan.design, current.look),
     }
+
+
+def report_answer(layout: StudyLayout) -> str | None:
+    """The Answer paragraph of the study's report.md (None before the report)."""
+    if not layout.report_md.is_file():
+        return None
+    parts = layout.report_md.read_text().split("## Answer", 1)
+    return parts[1].strip().split("\n\n", 1)[0] if len(parts) == 2 else None
 
 
 def describe_looks(design: SequentialDesign | None, look: LookPlan | None) -> str | None:

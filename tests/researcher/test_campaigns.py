@@ -204,43 +204,21 @@ def test_a_campaign_study_starts_from_the_baseline_and_parks_after_its_look(tmp_
     study (the campaign resumes it) instead of planning the next look at once."""
     import tomllib
 
-    from researcher.context import StudyContext
-    from researcher.nodes import analyze, decide, plan_experiments, write_client
-    from researcher.planner.offline import OfflinePlanner
-    from researcher.planner.usage import new_usage
-    from researcher.runs.launcher import Launcher
-    from researcher.settings import ResearcherSettings, StudyOptions
-    from researcher.study import budget
-    from researcher.study.layout import StudyLayout
-    from researcher.tracking.tracker import Tracker
-    from swarm.protocol import StepMetrics
+    from node_study import finish_trials, node_study
 
-    examples = Path(__file__).resolve().parents[2] / "studies" / "examples"
-    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
-                                  examples_root=examples, prompts_root=examples.parents[1] / "prompts")
-    layout = StudyLayout("camp-c2", settings.studies_root, settings.artifacts_root)
-    layout.ensure()
-    topic = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
-    planner = OfflinePlanner(["letters"])
-    ctx = StudyContext(settings, layout, planner, Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
-                       Launcher(settings.swarm_command), emit=lambda event, data: None)
-    now = time.time()
+    from researcher.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.settings import StudyOptions
+
     options = StudyOptions(seeds=2, max_iterations=3, park_after_look=True, baseline={"temperature": 0.7, "lr": 0.5})
-    state: dict = {"study_id": layout.study_id, "topic": topic, "iteration": 0, "iterations": [], "llm": new_usage(),
-                   "framing": planner.frame(topic, "").value.model_dump(), "run_seconds": [60.0] * 4,
-                   "runs_launched": 4, "options": options.model_dump(),
-                   "budget": budget.make_budget(now, now + 3600, max_runs=16, max_iterations=3, max_repairs=3,
-                                                max_llm_tokens=1000, max_llm_cost_usd=0.0)}
+    ctx, state = node_study(tmp_path, "camp-c2", "Does a learning rate of 3e-3 beat 3e-5 on letters?", options,
+                            run_s=60.0, runs_launched=4, budget_s=3600)
+    layout = ctx.layout
     state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
     state |= write_client.run(state, ctx)  # type: ignore[arg-type]
     configs = {p.parent.name: tomllib.loads(p.read_text()) for p in layout.study_dir.glob("experiments/*/config.toml")}
     assert len(configs) == 2 and all(c["temperature"] == 0.7 for c in configs.values())
     assert sorted(c["lr"] for c in configs.values()) == [3e-5, 3e-3]  # the arms' own lr, not the baseline's
-    for trial in state["trials"]:
-        Path(trial["run_dir"]).mkdir(parents=True)
-        runs.append_metrics(Path(trial["run_dir"]), [StepMetrics(step=s, policy_version=s, time=now + s, metrics={
-            "train/reward_mean": 0.3 + 0.01 * (trial["trial"] % 3), "train/episodes": 32.0}) for s in range(1, 9)])
-        trial["status"] = "finished"
+    finish_trials(state, lambda trial: 0.3 + 0.01 * (trial["trial"] % 3))
     state |= analyze.run(state, ctx)  # type: ignore[arg-type]
     state |= decide.run(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "continue" and state["phase"] == "planning"  # the pilot decides nothing

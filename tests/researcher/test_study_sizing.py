@@ -14,22 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from node_study import finish_trials, node_study
 
-from researcher.context import StudyContext
 from researcher.findings.verdict_rules import Verdict, answer_class
 from researcher.nodes import analyze, decide, plan_experiments, write_report
-from researcher.planner.offline import OfflinePlanner
-from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
-from researcher.runs.launcher import Launcher
-from researcher.settings import ResearcherSettings, StudyOptions
-from researcher.study import budget
+from researcher.settings import StudyOptions
 from researcher.study import files as studyfiles
-from researcher.study.layout import StudyLayout
-from researcher.tracking.tracker import Tracker
-from swarm.protocol import StepMetrics
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
 
 AA_TOPIC = "A/A check: do two identical configurations of letters learn at different speeds?"
 
@@ -43,30 +34,14 @@ def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_run
     writes them: a pilot whose paired difference spreads 0.057 cannot resolve ±0.02 in a 10-minute budget.
     decide says so (LOG.md, the terminal's events, plan.json) before the next look is planned, the next
     look still runs what fits, and the report's Answer repeats it."""
-    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
-                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
-    layout = StudyLayout("cannot-decide", settings.studies_root, settings.artifacts_root)
-    layout.ensure()
     events: list[tuple[str, dict[str, Any]]] = []
-    planner = OfflinePlanner(["letters"])
-    ctx = StudyContext(settings, layout, planner, Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
-                       Launcher(settings.swarm_command), emit=lambda event, data: events.append((event, data)))
-    now = time.time()
-    state: dict[str, Any] = {
-        "study_id": "cannot-decide", "topic": AA_TOPIC, "iteration": 0, "iterations": [], "llm": new_usage(),
-        "framing": planner.frame(AA_TOPIC, "").value.model_dump(), "run_seconds": [60.0] * 4, "runs_launched": 4,
-        "options": StudyOptions(seeds=2, max_iterations=2).model_dump(),
-        "budget": budget.make_budget(now, now + 600, max_runs=16, max_iterations=2, max_repairs=3, max_llm_tokens=1000,
-                                     max_llm_cost_usd=0.0)}
+    ctx, state = node_study(tmp_path, "cannot-decide", AA_TOPIC, StudyOptions(seeds=2, max_iterations=2), run_s=60.0,
+                            runs_launched=4, budget_s=600, emit=lambda event, data: events.append((event, data)))
+    layout = ctx.layout
     state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
     # The pilot's runs: flat curves whose per-seed difference is -0.03 and +0.05 (mean 0.01, sd 0.057).
     level = {("it1-a", 1000): 0.30, ("it1-a-copy", 1000): 0.33, ("it1-a", 1001): 0.40, ("it1-a-copy", 1001): 0.35}
-    for trial in state["trials"]:
-        Path(trial["run_dir"]).mkdir(parents=True)
-        runs.append_metrics(Path(trial["run_dir"]), [StepMetrics(step=s, policy_version=s, time=now + s, metrics={
-            "train/reward_mean": level[trial["experiment"], trial["seed"]], "train/episodes": 32.0})
-            for s in range(1, 9)])
-        trial["status"] = "finished"
+    finish_trials(state, lambda trial: level[trial["experiment"], trial["seed"]])
     state |= analyze.run(state, ctx)  # type: ignore[arg-type]
     state |= decide.run(state, ctx)  # type: ignore[arg-type]
     design = studyfiles.read_plan(layout).design
@@ -92,30 +67,12 @@ def test_a_pilot_the_budget_runs_no_look_after_is_the_only_look_and_decides(tmp_
     """A budget that fits the pilot and nothing more (a run took 300 s, 250 s are left): the pilot is
     amended to the study's only look before its analysis (plan.json, LOG.md), spends the whole alpha and
     answers a clear difference, where a pilot with room after it decides nothing."""
-    settings = ResearcherSettings(studies_root=tmp_path / "studies", artifacts_root=tmp_path / "artifacts",
-                                  examples_root=EXAMPLES, prompts_root=EXAMPLES.parents[1] / "prompts")
-    layout = StudyLayout("pilot-only", settings.studies_root, settings.artifacts_root)
-    layout.ensure()
-    topic = "Does a learning rate of 3e-3 beat 3e-5 on letters?"
-    planner = OfflinePlanner(["letters"])
-    ctx = StudyContext(settings, layout, planner, Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "art"),
-                       Launcher(settings.swarm_command), emit=lambda event, data: None)
-    now = time.time()
-    state: dict[str, Any] = {
-        "study_id": "pilot-only", "topic": topic, "iteration": 0, "iterations": [], "llm": new_usage(),
-        "framing": planner.frame(topic, "").value.model_dump(), "run_seconds": [300.0] * 6, "runs_launched": 6,
-        "options": StudyOptions(seeds=3, max_iterations=3).model_dump(),
-        "budget": budget.make_budget(now, now + 3600, max_runs=16, max_iterations=3, max_repairs=3, max_llm_tokens=1000,
-                                     max_llm_cost_usd=0.0)}
+    ctx, state = node_study(tmp_path, "pilot-only", "Does a learning rate of 3e-3 beat 3e-5 on letters?",
+                            StudyOptions(seeds=3, max_iterations=3), run_s=300.0, runs_launched=6, budget_s=3600)
+    layout = ctx.layout
     state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
     assert studyfiles.read_plan(layout).iteration(1).look.fraction is None  # registered as a pilot
-    for trial in state["trials"]:
-        Path(trial["run_dir"]).mkdir(parents=True)
-        high = "0_003" in trial["experiment"]
-        runs.append_metrics(Path(trial["run_dir"]), [StepMetrics(step=s, policy_version=s, time=now + s, metrics={
-            "train/reward_mean": (0.5 if high else 0.1) + 0.01 * (trial["seed"] % 3), "train/episodes": 32.0})
-            for s in range(1, 9)])
-        trial["status"] = "finished"
+    finish_trials(state, lambda trial: (0.5 if "0_003" in trial["experiment"] else 0.1) + 0.01 * (trial["seed"] % 3))
     state["budget"]["deadline"] = time.time() + 250  # the pilot took the time: no second look fits
     state |= analyze.run(state, ctx)  # type: ignore[arg-type]
     assert studyfiles.read_plan(layout).iteration(1).look.fraction == 1.0
