@@ -41,10 +41,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``-n``: each test's xdist group, the long groups first (``support.parallel``). The sort is
-    stable, so every worker collects the same order, as xdist requires."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(parallel.group(item.nodeid)))
-    items.sort(key=lambda item: parallel.rank(item.nodeid))
+    """Under ``-n``: the long groups first (``support.parallel``). The sort is stable, so every worker
+    collects the same order, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: parallel.rank(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``-n``: each group of ``support.parallel`` goes to one worker whole. A scheduler of our own
+    rather than ``xdist_group`` marks: xdist 3.8 groups by a suffix it writes into ``item._nodeid``,
+    which pytest 9 no longer reads, so under pytest 9 the marks split modules (and Ray's group) across
+    workers without a word."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return parallel.group(nodeid)
+
+    return GroupScheduling(config, log)

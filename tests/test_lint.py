@@ -26,6 +26,16 @@ def test_ruff_finds_nothing() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ruff_leaves_out_the_clients_a_study_writes_and_keeps_the_examples() -> None:
+    """A ``researcher start`` in a checkout writes its clients under studies/<id>/experiments/; a long line
+    there must not fail this build, while the same line in an example still does."""
+    bad = "x = 1  # " + "a long line " * 12 + "\n"
+    for path, code in (("studies/s1/experiments/e1/client.py", 0), ("studies/examples/letters/client.py", 1)):
+        result = subprocess.run([_tool("ruff"), "check", "--no-cache", "--force-exclude", "--stdin-filename", path, "-"],
+                                cwd=ROOT, input=bad, capture_output=True, text=True)
+        assert result.returncode == code, (path, result.stdout)
+
+
 def test_mypy_finds_nothing() -> None:
     # The cache lives in .mypy_cache (ignored by its own .gitignore): a warm run takes a second, a cold one
     # (CI's clean clone) about 15 s of CPU.

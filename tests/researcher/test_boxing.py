@@ -29,7 +29,7 @@ from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.runs.sandbox import Limits, check_client
-from researcher.settings import ResearcherSettings
+from researcher.settings import ResearcherSettings, StudyOptions
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking.tracker import Tracker
@@ -258,7 +258,8 @@ def test_a_plan_with_a_bad_override_key_fails_the_study_before_anything_is_writt
     framing = planner.frame("group size on letters", catalog.describe(settings.examples_root)).value
     bad = {"name": "e1", "hypothesis": "h1", "overrides": {"lr = 1\n[evil]\nx": 2}}
     studyfiles.write_plan(layout, 1, IterationPlan.model_validate({"experiments": [bad]}), framing.model_dump())
-    state = {"iteration": 1, "framing": framing.model_dump(), "validation": None}
+    state = {"iteration": 1, "framing": framing.model_dump(), "validation": None,
+             "options": StudyOptions().model_dump()}
 
     result = write_client.run(state, ctx)  # type: ignore[arg-type]
 

@@ -27,9 +27,10 @@ LETTERS_CLAIMS = (
 )
 
 
-def campaign_file(path: Path, name: str, claims: tuple[tuple[str, str, str], ...], **knobs: object) -> Path:
+def campaign_file(path: Path, name: str, claims: tuple[tuple[str, ...], ...], **knobs: object) -> Path:
+    """A campaign file; a claim's optional fourth string is more of its TOML lines (its own knobs)."""
     head = "".join(f"{k} = {json.dumps(v)}\n" for k, v in knobs.items())
-    body = "".join(f'\n[[claim]]\ntopic = "{t}"\nexpect = "{e}"\nsource = "{s}"\n' for t, e, s in claims)
+    body = "".join(f'\n[[claim]]\ntopic = "{t}"\nexpect = "{e}"\nsource = "{s}"\n{"".join(more)}' for t, e, s, *more in claims)
     path.write_text(f'[campaign]\nname = "{name}"\n{head}{body}')
     return path
 
@@ -107,7 +108,7 @@ def test_a_campaign_with_a_claim_the_planner_cannot_map_writes_nothing(cli, tmp_
     assert done.returncode == 2 and "claim.0.expect" in done.stdout and not (cli.studies / "x").exists()
 
 
-def _run_killed_and_resumed(cli, tmp_path: Path, name: str, claims: tuple[tuple[str, str, str], ...], budget: str,
+def _run_killed_and_resumed(cli, tmp_path: Path, name: str, claims: tuple[tuple[str, ...], ...], budget: str,
                             **knobs: object) -> tuple[list[str], dict]:
     """Start the campaign, SIGKILL its researcher once a claim's run trains, resume it to the end."""
     file = campaign_file(tmp_path / f"{name}.toml", name, claims, **knobs)
@@ -137,13 +138,15 @@ def _check_nothing_twice(cli, name: str, claims: int) -> list[runs.RunRecord]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_campaign_sigkilled_mid_session_resumes_and_ends_with_its_ledger_and_scorecard(cli, tmp_path: Path) -> None:
-    """Two letters claims, each at most two looks of a seed an arm and 3 steps a run (too few points for a
-    verdict: this checks the campaign's mechanics, the study-marked test below its answers)."""
-    lines, rec = _run_killed_and_resumed(cli, tmp_path, "camp", LETTERS_CLAIMS[:2], "20m", steps_per_run=3, seeds=1,
+    """Two letters claims of a seed an arm and 3 steps a run (too few points for a verdict: this checks the
+    campaign's mechanics, the study-marked test below its answers): the first at most two looks, the
+    second one (its pilot is its only look)."""
+    claims = (LETTERS_CLAIMS[0], (*LETTERS_CLAIMS[1], "max_iterations = 1\n"))
+    lines, rec = _run_killed_and_resumed(cli, tmp_path, "camp", claims, "20m", steps_per_run=3, seeds=1,
                                          max_iterations=2, max_runs=4)
     records = _check_nothing_twice(cli, "camp", 2)
     assert rec["ended"] and rec["session"] is None and all(c["phase"] == "done" for c in rec["claims"])
-    assert all(len(c["looks"]) == 2 for c in rec["claims"])  # it parked after the pilot, the campaign resumed it
+    assert [len(c["looks"]) for c in rec["claims"]] == [2, 1]  # c1 parked after its pilot, the campaign resumed it
     assert rec["claims"][0]["sessions"] >= 2 and rec["claims"][0]["spent_s"] > 0
     assert lines[-1].startswith("ledger: ") and lines[-2].startswith("RESULT claims=2 decisive=")
     assert lines[-4].startswith("c1 expect 'yes': ") and "camp-c1" in lines[-4]
@@ -158,10 +161,10 @@ def test_a_campaign_sigkilled_mid_session_resumes_and_ends_with_its_ledger_and_s
 
     client = MlflowClient(tracking_uri=f"sqlite:///{cli.artifacts.resolve() / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("campaign-camp")
-    claim_runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.tags["claim"] for r in claim_runs) == ["1", "2"]
-    assert all(r.data.tags["looks_logged"] == "2" and r.info.status == "FINISHED" for r in claim_runs)
-    assert len(client.get_metric_history(claim_runs[0].info.run_id, "look/seeds")) == 2
+    claim_runs = {r.data.tags["claim"]: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(claim_runs) == ["1", "2"] and all(r.info.status == "FINISHED" for r in claim_runs.values())
+    assert [claim_runs[c].data.tags["looks_logged"] for c in ("1", "2")] == ["2", "1"]
+    assert len(client.get_metric_history(claim_runs["1"].info.run_id, "look/seeds")) == 2
     listed = cli.run("status", *cli.dirs)
     assert "camp-c1" in listed.stdout and "camp-c2" in listed.stdout
 
