@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from researcher.campaign.record import CampaignRecord, ClaimRecord
 from researcher.campaign.spec import CampaignSpec, Claim
-from researcher.findings.verdict_rules import Verdict
+from researcher.findings.verdicts import Verdict
 
 EXPECTED = {"yes": Verdict.YES.value, "no": Verdict.NO.value, "no meaningful difference": Verdict.NO_DIFFERENCE.value}
 DECISIVE = tuple(EXPECTED.values())

@@ -31,7 +31,7 @@ class LookEntry(BaseModel):
 
     look: int
     seeds: int                     # per arm
-    verdict: str                   # a verdict_rules.Verdict value, or "no verdict yet"
+    verdict: str                   # a verdicts.Verdict value, or "no verdict yet"
     diff: float | None = None      # the compared difference (better − worse) and its look's half width
     hw: float | None = None
     better: str = ""

@@ -8,8 +8,7 @@ import time
 from typing import Any
 
 from researcher.campaign.record import LookEntry
-from researcher.evidence import verdicts
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.operations import overview
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
@@ -22,14 +21,14 @@ NO_VERDICT = "no verdict yet"
 def answer_class(layout: StudyLayout) -> str | None:
     """The class of the study's Answer in report.md (None before the report, or an unclassed Answer)."""
     answer = overview.report_answer(layout)
-    found = rules.answer_class(answer) if answer is not None else None
+    found = verdicts.answer_class(answer) if answer is not None else None
     return found.value if found else None
 
 
-def _verdict(state: StudyState) -> rules.Verdict | None:
+def _verdict(state: StudyState) -> verdicts.Verdict | None:
     """The class of the Answer the study's evidence so far gives (worded as the report words it)."""
     answer, _ = verdicts.verdict(state.get("topic") or "", summaries(state))
-    return rules.answer_class(answer)
+    return verdicts.answer_class(answer)
 
 
 def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
@@ -75,7 +74,7 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
     if study is None or study.comparison is None:
         return None
     verdict = _verdict(state)
-    if verdict is None or not rules.resolved(verdict):
+    if verdict is None or not verdicts.resolved(verdict):
         return None
     better = next((a for a in study.arms if a.name == study.comparison.better), None)
     return dict(better.overrides) if better is not None and better.overrides else None

@@ -9,7 +9,7 @@ reward: its held-out ``eval/reward_mean`` where every run holds it) on the knob'
 window in which every arm has at least ``window.MIN_ROUNDS`` points of that metric; where the budget leaves an
 arm short, the verdict moves to the axis (then the metric) that has the evidence, and ``Evidence.switch``
 says why. Results are small dicts (they go into the graph state and analysis.json);
-curves are read from each run's metrics.jsonl; ``researcher.evidence.verdicts`` words the answer from them.
+curves are read from each run's metrics.jsonl; ``researcher.findings.verdicts`` words the answer from them.
 ``backfill`` gives summaries written before pooled evidence existed their ``study``, from the runs on disk.
 """
 
@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from researcher.evidence import stats, window
 from researcher.evidence.looks import Look
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.findings.axes import AXES, EVAL_METRIC, TOKENS_METRIC, TRAIN_METRIC, offered_axes, primary_axis
 from researcher.findings.axes import AXIS_TEXT as AXIS_TEXT  # re-exported for plots and reports
 from researcher.findings.axes import AXIS_UNIT as AXIS_UNIT
 from researcher.findings.records import (
+    OK_STATUSES,
     Arm,
     Cell,
     Comparison,
@@ -37,11 +38,11 @@ from researcher.findings.records import (
     JsonObject,
     Noise,
     PlannedExperiment,
+    arm_key,
 )
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
 
-OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
 MIN_POINTS = 3
 MIN_EVAL_POINTS = 2  # held-out evaluation runs every few steps: fewer points per run
 SWEEP_MIN = 4  # a curve needs at least this many values
@@ -131,10 +132,6 @@ def _cell(values: Sequence[float]) -> Cell:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def arm_key(overrides: Mapping[str, object]) -> str:
-    return json.dumps(overrides, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -237,24 +234,24 @@ def compare(better: Arm, worse: Arm, axis: str, min_effect: float, noise_sd: flo
     """better − worse on one axis: the paired interval over the seeds both ran (Welch's where fewer than
     two are shared), widened to ``look``'s group-sequential boundary (None: a plain 95% interval), whether
     it excludes 0 (``clear``) or lies within ±min_effect (``equivalent``), and the seeds per arm estimated
-    to settle it (``rules.settled``)."""
+    to settle it (``verdicts.settled``)."""
     a, b = _by_seed(better, axis), _by_seed(worse, axis)
     d = stats.compare_arms(a, b) if a is not None and b is not None else \
         stats.diff_ci(better.scores[axis], worse.scores[axis])
     hw95 = _finite(d.half_width)
     hw = _finite(look.half_width(d)) if look is not None else hw95
     seeds = d.n if d.paired else min(len(better.scores[axis]), len(worse.scores[axis]))
-    verdict = rules.classify(d.mean, hw, min_effect)
+    verdict = verdicts.classify(d.mean, hw, min_effect)
     sd = d.se * math.sqrt(d.n) if d.paired and math.isfinite(d.se) else noise_sd
     needed = stats.seeds_needed(d.mean, sd, min_effect, paired=d.paired,
                                 nominal=look.final_nominal if look is not None else 0.05)
-    if needed is not None and not rules.settled(verdict):
+    if needed is not None and not verdicts.settled(verdict):
         # Unresolved with ``seeds`` seeds: more are needed, even where the pooled sd (which averages the
         # arms' spreads) says fewer would do.
         needed = max(needed, seeds + 1)
     return Comparison(better=better.name, worse=worse.name, better_value=better.value, worse_value=worse.value,
                       better_label=better.label, worse_label=worse.label, axis=axis, diff=d.mean, hw=hw,
-                      clear=hw is not None and d.mean - hw > 0, equivalent=verdict is rules.Verdict.NO_DIFFERENCE,
+                      clear=hw is not None and d.mean - hw > 0, equivalent=verdict is verdicts.Verdict.NO_DIFFERENCE,
                       seeds=seeds, seeds_needed=needed, paired=d.paired, sd=sd,
                       **(look.fields() if look is not None else {}), **({"hw95": hw95} if look is not None else {}))
 

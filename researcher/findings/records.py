@@ -15,11 +15,19 @@ a client's factor levels, the topic's reading as the plan records it, the planne
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 JsonObject = dict[str, JsonValue]
+OK_STATUSES = ("finished", "cut")  # runs whose curve counts as evidence (cut = ended by the deadline)
+
+
+def arm_key(overrides: Mapping[str, object]) -> str:
+    """An arm's identity: its overrides, key order aside."""
+    return json.dumps(overrides, sort_keys=True, default=str)
 
 
 class Record(BaseModel):

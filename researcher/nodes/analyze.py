@@ -12,7 +12,7 @@ from pathlib import Path
 
 from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, looks, plots, sizing
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.findings.records import Cell, Evidence, IterationSummary, PlanFile
 from researcher.planner.schema import Framing
 from researcher.runs import record as runs
@@ -121,7 +121,7 @@ def _lines(summary: IterationSummary, knob: str) -> list[str]:
         lines.append(f"whole study ({analysis.AXIS_TEXT[comparison.axis]}, `{summary.metric}`): "
                      f"{comparison.better} − {comparison.worse} = {comparison.diff:+.3f}"
                      + (f" ± {comparison.hw:.3f}" if comparison.hw is not None else "")
-                     + f" ({rules.classify(comparison.diff, comparison.hw, study.min_effect).lower()})")
+                     + f" ({verdicts.classify(comparison.diff, comparison.hw, study.min_effect).lower()})")
     if summary.plateau:
         lines.append(summary.plateau)
     return lines
@@ -211,5 +211,5 @@ def _kind(study: Evidence) -> str:
     c = study.comparison
     if c is None:
         return "none"
-    verdict = rules.classify(c.diff, c.hw, study.min_effect)
-    return "resolved" if rules.resolved(verdict) and not study.short else verdict.lower()
+    verdict = verdicts.classify(c.diff, c.hw, study.min_effect)
+    return "resolved" if verdicts.resolved(verdict) and not study.short else verdict.lower()

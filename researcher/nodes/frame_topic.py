@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 
 from researcher.context import StudyContext
-from researcher.evidence import verdicts
+from researcher.findings import verdicts
 from researcher.planner import catalog, topic
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.planner.usage import add_usage, new_usage

@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime as dt
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, run_table, verdicts, window
+from researcher.evidence import analysis, factorial, run_table, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.findings.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary, SequentialDesign
 from researcher.planner.schema import Framing, PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
@@ -80,7 +80,7 @@ def with_design(answer: str, history: list[IterationSummary], design: Sequential
     c = history[-1].comparison if history else None
     if design is None or c is None or c.look is None:
         return answer
-    settled = rules.settled(rules.classify(c.diff, c.hw, history[-1].study.min_effect if history[-1].study else 0.0))
+    settled = verdicts.settled(verdicts.classify(c.diff, c.hw, history[-1].study.min_effect if history[-1].study else 0.0))
     if settled and left_s > 60:
         return (f"{answer} Settled at look {c.look} of {design.looks}: the study ended early, with about "
                 f"{left_s / 60:.0f} minutes of its budget left.")
@@ -107,7 +107,7 @@ def looks_section(history: list[IterationSummary], design: SequentialDesign | No
         fraction = f"{c.fraction:.2f}" if c.fraction is not None else "pilot"
         z = f"{c.boundary_z:.3f}" if c.boundary_z is not None and c.fraction is not None else "∞"
         out.append(f"| {c.look} | {iteration} | {c.seeds} | {fraction} | {z} | {adjusted} | {plain} | "
-                   f"{rules.classify(c.diff, c.hw, min_effect)} |")
+                   f"{verdicts.classify(c.diff, c.hw, min_effect)} |")
     return [*out, ""]
 
 
@@ -203,7 +203,7 @@ def _iteration_section(summary: IterationSummary, planned: IterationPlan) -> lis
     comparison = summary.own_comparison
     if comparison:
         hw = f" ± {comparison.hw:.3f}" if comparison.hw is not None else ""
-        kind = rules.classify(comparison.diff, comparison.hw, summary.study.min_effect) if summary.study else None
+        kind = verdicts.classify(comparison.diff, comparison.hw, summary.study.min_effect) if summary.study else None
         out += ["", f"Difference {comparison.better} − {comparison.worse}: {comparison.diff:+.3f}{hw} "
                     f"({kind.lower() if kind else 'clear' if comparison.clear else 'CI includes 0'})."]
     if summary.plateau:
@@ -246,7 +246,7 @@ def evidence_section(study: Evidence) -> list[str]:
     out += ["", f"| {knob} | experiment | seeds | iterations | {header} | final reward |",
             "|---|---|---|---|" + "---|" * len(shown) + "---|"]
     c = study.comparison
-    settled = c is None or (rules.resolved(rules.classify(c.diff, c.hw, study.min_effect)) and not study.short)
+    settled = c is None or (verdicts.resolved(verdicts.classify(c.diff, c.hw, study.min_effect)) and not study.short)
     for r in rows:
         cells = " | ".join(_cell(r.axes.get(a)) for a in shown)
         best = ("" if r.name != study.best else " **best**" if settled else " (leading)")
@@ -272,10 +272,10 @@ def evidence_section(study: Evidence) -> list[str]:
 def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
     """Best vs runner-up on the verdict axis (what it resolves), then the difference on the other axes."""
     axis, m = study.axis, study.min_effect
-    kind = rules.classify(c.diff, c.hw, m)
-    verdict = {rules.Verdict.NO_DIFFERENCE: f"the whole CI lies within ±{m}",
-               rules.Verdict.BELOW_MINIMUM: f"the 95% CI excludes 0, the estimate is within ±{m}",
-               rules.Verdict.INCONCLUSIVE: f"the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}",
+    kind = verdicts.classify(c.diff, c.hw, m)
+    verdict = {verdicts.Verdict.NO_DIFFERENCE: f"the whole CI lies within ±{m}",
+               verdicts.Verdict.BELOW_MINIMUM: f"the 95% CI excludes 0, the estimate is within ±{m}",
+               verdicts.Verdict.INCONCLUSIVE: f"the 95% CI includes 0; {verdicts.seeds_text(c, study.noise_floor[axis])}",
                }.get(kind, f"the 95% CI excludes 0, the estimate is beyond ±{m}")
     hw = f" ± {c.hw:.3f}" if c.hw is not None else " (no interval)"
     out = ["", f"Best vs runner-up {AXIS_TEXT[axis]}: {c.better_label} − {c.worse_label} = "
@@ -288,5 +288,5 @@ def _comparison_lines(study: Evidence, c: Comparison) -> list[str]:
                 f" — the registered axis, not judged: the thinnest arm has {fewest} "
                 f"{window.points_word(study.metric, fewest)} in its window")
             out.append(f"- {AXIS_TEXT[a]}: {other.diff:+.3f}{ohw} "
-                       f"({rules.classify(other.diff, other.hw, m).lower()}){registered}")
+                       f"({verdicts.classify(other.diff, other.hw, m).lower()}){registered}")
     return out

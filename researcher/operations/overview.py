@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.findings.records import LookPlan, SequentialDesign
 from researcher.operations import scheduler
 from researcher.runs import record as runs
@@ -90,8 +90,8 @@ def standing(summary: dict[str, Any], min_effect: float) -> str:
         return "best so far"
     if study.get("short"):
         return "leading so far (no verdict: too few points in an arm's window)"
-    verdict = rules.classify(c["diff"], c.get("hw"), study.get("min_effect", min_effect))
-    return "best so far" if rules.resolved(verdict) else f"leading so far ({verdict.lower()})"
+    verdict = verdicts.classify(c["diff"], c.get("hw"), study.get("min_effect", min_effect))
+    return "best so far" if verdicts.resolved(verdict) else f"leading so far ({verdict.lower()})"
 
 
 def placements(records: list[runs.RunRecord], now: float) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ those arms (one named value is compared with the knob's off/standard value, said
 assumptions); "how does X affect Y" and "what is the best X" become a dose-response sweep over at
 least 4 values across the knob's range. Everything but the knob is held fixed and every
 configuration runs on the same seeds. Later iterations follow the evidence: an unresolved
-difference (``researcher.findings.verdict_rules``: inconclusive, or below the minimum of interest with a CI
+difference (``researcher.findings.verdicts``: inconclusive, or below the minimum of interest with a CI
 reaching past it) is re-run on fresh seeds before anything new is tried; a resolved sweep is refined
 around its best value; a settled comparison is done (a yes/no topic is answered by its pair). An
 A/A check runs two arms with the identical configuration under different names (``it1-a``,
@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
 from researcher.findings.records import Comparison, JsonObject
-from researcher.findings.verdict_rules import Verdict, classify, settled
+from researcher.findings.verdicts import Verdict, classify, settled
 from researcher.planner import catalog, ladder
 from researcher.planner.schema import (
     ClientCode,

@@ -4,7 +4,7 @@ The engine contracts (``base``: ``Generator``, ``Trainer``, ``Sampler``, ``Train
 adapters: the in-process torch model (``torch``), the vLLM generator (``vllm``) and the verl trainer
 (``verl``). Heavy libraries (torch, transformers, verl, ray) are imported only inside them.
 ``load_backend`` builds the in-process model; which engines a process runs, from its settings, is
-``swarm.local.engines.load_engines``.
+``swarm.local.roles.load_roles``.
 """
 
 from swarm.backends.base import (

@@ -1,6 +1,6 @@
 """``run_worker``: a ``swarm worker`` process — build the engine, serve, leave cleanly on SIGTERM.
 
-The engine comes from the same factory ``swarm serve`` uses (``swarm.local.engines.load_engines``): torch
+The engine comes from the same factory ``swarm serve`` uses (``swarm.local.roles.load_roles``): torch
 is the in-process sampler on a ``DeviceWorker`` thread behind a ``LocalGenerator``; vllm is the vLLM
 generator (a child process fed token ids; weights reach it from disk). The weights it starts with do
 not matter: nothing is served before the server's current version is loaded.
@@ -24,8 +24,8 @@ from swarm import stopping
 from swarm.backends.base import Generator
 from swarm.config import ServerConfig, ServerSettings
 from swarm.local.device_worker import DeviceWorker
-from swarm.local.engines import load_engines
 from swarm.local.generator import LocalGenerator
+from swarm.local.roles import load_roles
 from swarm.pool.worker import WorkerNode, WorkerOptions, worker_app
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,10 @@ def build_generator(engine: str, model: str, state_dir: Path, *, seed: int, capa
     settings = ServerSettings(model=model, engine="vllm" if engine == "vllm" else "torch", trainer="torch",
                               state_dir=state_dir, seed=seed, weight_transfer="disk", vllm_python=vllm_python,
                               config=config)
-    backend, generator, _ = load_engines(settings)
+    backend, generator, _ = load_roles(settings)
     if generator is not None:
         return generator, None
-    if backend is None:  # load_engines builds the torch backend for a torch engine
+    if backend is None:  # load_roles builds the torch backend for a torch engine
         raise ValueError(f"no engine {engine!r}")
     device = DeviceWorker(backend, window_s=0.005, max_rows=capacity)
     device.start()

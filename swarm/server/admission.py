@@ -10,7 +10,7 @@ after their generation was paid for. So the server does not start such work: it 
   step, the groups with episodes in flight and the batch the running step trains while its version
   is not out yet, AReaL's ``running + accepted ≤ (max_staleness + version + 1) · batch`` counted
   from the current version. (Where generation waits out an update, one device thread for both, work
-  admitted during a step samples the new version, and the engine leaves the running batch out.) Each
+  admitted during a step samples the new version, and the core leaves the running batch out.) Each
   step takes one batch and moves the version by one, so work admitted now
   trains before the version moves more than ``max_staleness`` past it, as long as groups finish in
   about the order they started. The unit is the group (a batch is ``batch_groups`` groups whatever
@@ -90,7 +90,7 @@ def retry_after(step_s: float | None, since_step_s: float) -> float:
 
 
 class Admission:
-    """Applies the rules to the engine's live state: ``backlog()`` (built by the engine), the pace
+    """Applies the rules to the core's live state: ``backlog()`` (built by the core), the pace
     from the ``CapacityMeter``, the live config through ``view``; raises ``RetryLater`` to refuse."""
 
     def __init__(self, view: ServerView, *, backlog: Callable[[], Backlog], capacity: CapacityMeter,

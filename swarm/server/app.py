@@ -1,6 +1,6 @@
-"""``create_app(settings, backend)``: the FastAPI application around one engine.
+"""``create_app(settings, backend)``: the FastAPI application around one core.
 
-The engine is composed of a generator and a trainer (``swarm.backends.base``). The factory takes
+The core is composed of a generator and a trainer (``swarm.backends.base``). The factory takes
 them ready-made so tests and tools drive the real code path with any model: either one ``backend``
 that plays both roles (the default torch engine: one model, one device thread), or an explicit
 ``generator=`` and ``trainer=`` pair; ``serve`` builds them from settings. Building the app opens the state dir's durable buffer
@@ -39,8 +39,8 @@ from swarm.server.auth import (
     resolve_worker_token,
 )
 from swarm.server.checkpoints import CheckpointManager
+from swarm.server.core import ServerCore
 from swarm.server.diskspace import DiskMonitor
-from swarm.server.engine import Engine
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.http.context import AppContext
@@ -86,37 +86,37 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
         generator = LocalGenerator(backend, worker)
     pool = GeneratorPool(generator, text=generator.text, model_name=generator.model_name,
                          max_context=generator.max_context, eos_token_id=generator.eos_token_id,
-                         bound=lambda: engine.config, local_engine=settings.engine,
+                         bound=lambda: core.config, local_engine=settings.engine,
                          local_capacity=config.max_batch_rows, include_local=settings.local_generator)
     # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
     disk = DiskMonitor(state_dir, reserve_bytes=int(settings.disk_reserve_mb * 2**20))
-    engine = Engine(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
+    core = ServerCore(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
                     state_dir=state_dir, store=store, checkpoints=checkpoints, disk=disk,
                     max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None,
                     defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}))
-    engine.restore(restored)
-    roster = _roster(pool, keys, engine, run_blocking=trainer_thread.call if trainer_thread else worker.call)
+    core.restore(restored)
+    roster = _roster(pool, keys, core, run_blocking=trainer_thread.call if trainer_thread else worker.call)
     # The event log is best effort: on a full disk events still reach subscribers, unrecorded.
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(),
                    on_publish=disk.quietly("recording an event", store.append_event))
-    engine.add_listener(lambda type_, data: bus.publish(type_, **data))
-    pool.on_status = lambda _: engine.emit("generator.status", **pool.describe())  # a vLLM child's health
-    parts = _Parts(engine=engine, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
+    core.add_listener(lambda type_, data: bus.publish(type_, **data))
+    pool.on_status = lambda _: core.emit("generator.status", **pool.describe())  # a vLLM child's health
+    parts = _Parts(core=core, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
-                   tracker=ServerRun(settings, config=engine.config.model_dump(mode="json"), step=engine.step,
+                   tracker=ServerRun(settings, config=core.config.model_dump(mode="json"), step=core.step,
                                      steps=store.step_metrics, checkpoints=checkpoints.all)
                    if settings.mlflow_uri else None)
-    ctx = AppContext(settings=settings, engine=engine, lifecycle=engine.lifecycle, chat=engine.completions,
-                     runs=engine.runs, keys=keys, max_context=max_context, roster=roster)
+    ctx = AppContext(settings=settings, core=core, lifecycle=core.lifecycle, chat=core.completions,
+                     runs=core.runs, keys=keys, max_context=max_context, roster=roster)
     return _http_app(parts, ctx, token)
 
 
 def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
     """The FastAPI app over the composed parts: its lifespan starts and stops them; routes see ``ctx``."""
-    engine, bus = parts.engine, parts.bus
+    core, bus = parts.core, parts.bus
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -137,7 +137,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
     app.include_router(openai_router, responses=ERROR_RESPONSES)
     app.include_router(episodes_router, responses=ERROR_RESPONSES)
     app.include_router(control_router, responses=ERROR_RESPONSES)
-    app.include_router(events_router(bus, require_control, max_subscribers=lambda: engine.config.max_event_subscribers),
+    app.include_router(events_router(bus, require_control, max_subscribers=lambda: core.config.max_event_subscribers),
                        responses=ERROR_RESPONSES)
     app.include_router(workers_router, responses=ERROR_RESPONSES)
     if ctx.roster is not None:
@@ -155,7 +155,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
 class _Parts:
     """What the app's lifespan starts and stops, in that order and in reverse."""
 
-    engine: Engine
+    core: ServerCore
     worker: DeviceWorker
     trainer_thread: TrainerThread | None
     bus: EventBus
@@ -164,11 +164,11 @@ class _Parts:
     tracker: ServerRun | None = None  # the server's own MLflow run (--mlflow-uri)
 
     async def start(self, app: FastAPI) -> list[asyncio.Task[None]]:
-        engine, generator, trainer = self.engine, self.engine.generator, self.engine.trainer
+        core, generator, trainer = self.core, self.core.generator, self.core.trainer
         self.worker.start()
         if self.tracker is not None:
             self.tracker.start()  # never waits on MLflow
-            engine.add_listener(self.tracker.on_event)
+            core.add_listener(self.tracker.on_event)
         try:
             await generator.start()
         except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
@@ -178,23 +178,23 @@ class _Parts:
                 await asyncio.to_thread(self.tracker.close, f"the server could not start: {exc}")
             raise
         if generator.policy_version != trainer.policy_version:  # restored, or a separate generator model
-            await engine.publish()
-        tasks = [asyncio.create_task(engine.run(), name="swarm-trainer"),
-                 asyncio.create_task(_sweep(engine.lifecycle), name="swarm-sweeper")]
-        if engine.generator.roster is not None:
-            tasks.append(asyncio.create_task(engine.generator.roster.run_sweeper(), name="swarm-pool-sweeper"))
+            await core.publish()
+        tasks = [asyncio.create_task(core.run(), name="swarm-trainer"),
+                 asyncio.create_task(_sweep(core.lifecycle), name="swarm-sweeper")]
+        if core.generator.roster is not None:
+            tasks.append(asyncio.create_task(core.generator.roster.run_sweeper(), name="swarm-pool-sweeper"))
         if self.tracker is not None:
             self.tracker.watch(tasks[0])
         for bad in self.restored.quarantined:  # checkpoints that did not load (recovery fell back past them)
             self.bus.publish("checkpoint.quarantined", step=bad.step, path=bad.path, reason=bad.reason)
-        self.bus.publish("server.started", step=engine.step, policy_version=engine.policy_version,
+        self.bus.publish("server.started", step=core.step, policy_version=core.policy_version,
                          restarts=self.restored.restarts, groups_pending=len(self.restored.ready))
         return tasks
 
     async def stop(self, tasks: list[asyncio.Task[None]]) -> None:
-        engine = self.engine
-        engine.stopping()
-        self.bus.publish("server.stopping", step=engine.step, policy_version=engine.policy_version)
+        core = self.core
+        core.stopping()
+        self.bus.publish("server.stopping", step=core.step, policy_version=core.policy_version)
         self.bus.close()
         for task in reversed(tasks):
             if task.done() and not task.cancelled() and task.exception() is not None:
@@ -205,28 +205,28 @@ class _Parts:
                 await task
         if self.tracker is not None:
             await asyncio.to_thread(self.tracker.close)
-        await engine.generator.close()
+        await core.generator.close()
         await asyncio.to_thread(self.worker.stop)
         if self.trainer_thread is not None:
             await asyncio.to_thread(self.trainer_thread.stop)
         if self.owns_trainer:
-            await asyncio.to_thread(engine.trainer.close)
-        engine.stopped()
-        engine.store.close()
+            await asyncio.to_thread(core.trainer.close)
+        core.stopped()
+        core.store.close()
 
 
-def _roster(pool: GeneratorPool, keys: KeyRing, engine: Engine, run_blocking: Any) -> Roster | None:
+def _roster(pool: GeneratorPool, keys: KeyRing, core: ServerCore, run_blocking: Any) -> Roster | None:
     """The pool's membership and dissemination; None without a worker token. When the trainer streams
     its weights to a local vLLM (NCCL), workers get a state dict exported after each step, and only
     while any is active."""
     if keys.worker_token is None:
         return None
-    trainer = engine.trainer
+    trainer = core.trainer
 
     async def export() -> tuple[int, Any]:  # one trainer-thread call: the version and its copied weights agree
         return await run_blocking(lambda: (trainer.policy_version, cpu_copy(trainer.export_weights())))
 
-    return Roster(pool, Publisher(keys.worker_token, export=export), lambda: engine.config)
+    return Roster(pool, Publisher(keys.worker_token, export=export), lambda: core.config)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -32,7 +32,7 @@ _Event = TypeVar("_Event", bound=tuple[Any, ...])
 
 
 class CapacityMeter:
-    """Fed by the engine (each finish, drop and refusal) and the step loop (each step); one event loop."""
+    """Fed by the core (each finish, drop and refusal) and the step loop (each step); one event loop."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

@@ -6,7 +6,7 @@ a group of a category ahead of its configured ratio (``CategoryThrottle``), and 
 could not train within ``max_staleness`` (``swarm.server.admission``). A training claim joins
 the open group of its ``group_id`` (or starts one); an eval claim is ``Evaluation``'s and waits for
 a running step instead (``swarm.server.evaluation``). A retried claim (same ``request_id``) answers
-with the episode the first one created. ``Engine.claim`` runs these checks in that order; this
+with the episode the first one created. ``ServerCore.claim`` runs these checks in that order; this
 module holds the training side (throttle, group, record) and the claim's answer.
 """
 
@@ -17,10 +17,10 @@ import uuid
 from swarm.protocol import ClaimRequest, Episode
 from swarm.server.admission import Admission
 from swarm.server.auth import KeyRing
+from swarm.server.category_mix import CategoryThrottle
 from swarm.server.episodes import EpisodeRecord, GroupBook
 from swarm.server.errors import RetryLater
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.throttle import CategoryThrottle
 from swarm.server.timeline import EpisodeTrace
 from swarm.server.view import ServerView
 

@@ -43,8 +43,8 @@ from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
 from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.inflight import InFlight
 from swarm.server.registry import EpisodeRegistry
-from swarm.server.throttle import InFlight
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation
 from swarm.text.parsers import ParsedReply, parse_reply, resolve_tool_parser
@@ -94,7 +94,7 @@ class ChatCall:
 
 class Completions:
     """Serves chat calls through the generator and records them into the episodes of ``episodes``;
-    ``live(episode_id)`` is the engine's check that an episode may still take calls (else a 4xx)."""
+    ``live(episode_id)`` is the core's check that an episode may still take calls (else a 4xx)."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
                  live: Callable[[str], EpisodeRecord], admit_first: Callable[[EpisodeRecord], None]) -> None:

@@ -1,6 +1,6 @@
 """One error shape for every route: ``{"error": {"code", "message", "detail", "retry_after"}}``.
 
-Engine and route code raise ``ApiError`` (or a subclass naming the HTTP status); the handlers here map
+ServerCore and route code raise ``ApiError`` (or a subclass naming the HTTP status); the handlers here map
 it, FastAPI's validation errors, Starlette's HTTP errors (unknown route, wrong method) and malformed
 JSON bodies onto ``protocol.ErrorBody``. Anything else is a bug: a 500 with code ``internal`` and a
 logged traceback. ``BodyLimitMiddleware`` rejects oversize bodies before any route parses them.

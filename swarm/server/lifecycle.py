@@ -5,7 +5,7 @@ its group (complete, or dropped below ``min_group_size``) or to its held-out rou
 buffer before ``finish`` returns; a retried finish with the same body is a no-op and a different
 one a 409, also for an episode already trained and evicted (the store answers then); aborted,
 expired and dropped episodes are recorded too (best effort). Ended episodes leave memory through
-the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The engine gives it
+the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The core gives it
 the registry, the group book, the store, the counters, the capacity meter, the disk monitor, and two callbacks:
 ``eval_ended`` (an eval episode's round, ``swarm.server.evaluation``) and ``wake`` (the step loop
 may have a batch now).

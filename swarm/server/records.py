@@ -1,6 +1,6 @@
 """The finished-episode record the durable buffer stores, and its compact binary encoding.
 
-``FinishedEpisode`` is what the engine hands to ``EpisodeStore.save_finished``: the claim's fields,
+``FinishedEpisode`` is what the core hands to ``EpisodeStore.save_finished``: the claim's fields,
 the client's finish body and the token-exact trace (``swarm.server.timeline``). ``from_trace`` and
 ``trace()`` convert both ways without loss. Arrays are stored little-endian: token ids and policy
 versions as int32, log-probs as **float32** (exact enough for importance ratios; about 1e-7
@@ -30,7 +30,7 @@ class InvalidEpisode(ValueError):
 
 @dataclass
 class FinishedEpisode:
-    """One finished episode as the engine hands it over, trace included."""
+    """One finished episode as the core hands it over, trace included."""
 
     episode_id: str
     task_id: str
@@ -55,7 +55,7 @@ class FinishedEpisode:
 
     @classmethod
     def from_trace(cls, trace: EpisodeTrace, **fields: Any) -> FinishedEpisode:
-        """Build from an engine trace plus the episode's fields (``episode_id=…, reward=…``)."""
+        """Build from the core's trace plus the episode's fields (``episode_id=…, reward=…``)."""
         timelines = [_copy_timeline(t) for t in trace.timelines]
         return cls(timelines=timelines, calls=trace.calls, drift_forks=trace.drift_forks, merge=trace.merge, **fields)
 

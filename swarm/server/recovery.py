@@ -1,4 +1,4 @@
-"""Restart recovery: rebuild an engine's training state from its state dir after a crash or a stop.
+"""Restart recovery: rebuild a core's training state from its state dir after a crash or a stop.
 
 Why: ``swarm serve`` on an existing state dir must resume where the last run left off, lose no
 episode whose ``finish`` returned and train none twice. The protocol (store + checkpoints, see
@@ -59,7 +59,7 @@ class Quarantined:
 
 @dataclass
 class Restored:
-    """What a restarted engine takes over."""
+    """What a restarted core takes over."""
 
     step: int = 0
     config: ServerConfig | None = None
@@ -76,7 +76,7 @@ class Restored:
 def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Trainer, config: ServerConfig) -> Restored:
     """Load the newest checkpoint that loads into ``trainer`` and rebuild the pending groups. Call once, before
     the server serves (the device thread is not running yet, so ``trainer.load`` runs here; the
-    engine publishes the restored weights to its generator when it starts)."""
+    core publishes the restored weights to its generator when it starts)."""
     latest, quarantined = _load_newest(checkpoints, trainer)
     out = Restored(restarts=int(store.get_meta(RESTARTS_KEY, 0)) + 1, quarantined=quarantined)
     store.put_meta(RESTARTS_KEY, out.restarts)

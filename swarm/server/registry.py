@@ -1,6 +1,6 @@
-"""The episodes the engine holds in memory, indexed by id, by claim request and by liveness.
+"""The episodes the core holds in memory, indexed by id, by claim request and by liveness.
 
-The engine decides what happens to an episode; this registry only answers "which episodes exist
+The core decides what happens to an episode; this registry only answers "which episodes exist
 here, and where": the held ones (claimed, or finished and waiting to be trained), the live
 (CLAIMED) subset with each one's group (none for a held-out eval episode), claim request ids for
 idempotent retries, and a bounded set of tombstones so a late call on an aborted/expired episode

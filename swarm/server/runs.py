@@ -14,7 +14,7 @@ key --run NAME``). ``RunEpisodes.target`` maps each of its chat calls to an epis
   token: the same machinery as a claimed episode's multi-turn merge, no second matcher. Where several
   open episodes sampled the same reply (members of one GRPO group can), the one whose conversation
   ends there (not continued past it yet) wins, then the oldest;
-- any other call opens a new training episode through the claim path (``Engine.open_training``:
+- any other call opens a new training episode through the claim path (``ServerCore.open_training``:
   pause, sync drains, category ratios, admission, each a 429 with ``Retry-After`` as for a claim),
   in the group keyed by its conversation (messages, tools and template variables: what its prompt
   is rendered from), so ``group_size`` repeats of one prompt form one GRPO group.

@@ -28,7 +28,7 @@ import uvicorn
 
 from swarm import stopping
 from swarm.config import ServerSettings
-from swarm.local.engines import load_engines
+from swarm.local.roles import load_roles
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
 from swarm.server.store import EpisodeStore
@@ -50,7 +50,7 @@ def serve(settings: ServerSettings) -> None:
     token = resolve_token(settings.host, settings.token, settings.state_dir)  # refuse before loading a model
     settings = settings.model_copy(update={"token": token})
     EpisodeStore(settings.state_dir / "buffer.db").close()  # a damaged buffer fails before the model loads
-    backend, generator, trainer = load_engines(settings)
+    backend, generator, trainer = load_roles(settings)
     app = create_app(settings, backend, generator=generator, trainer=trainer)
     # log_config=None: uvicorn's records go through the handlers the entry point set up (a --log-file too).
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None,

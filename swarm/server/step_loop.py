@@ -3,7 +3,7 @@ weights → commit.
 
 ``StepLoop`` owns what a step needs: the ``Trainer`` (which updates the policy, off the event loop
 through ``run_blocking``), the ``Generator`` (which receives each new version explicitly), the step
-counter and the step metrics. Episode state stays with the ``Engine``; the loop takes complete groups
+counter and the step metrics. Episode state stays with the ``ServerCore``; the loop takes complete groups
 from it and hands back what it trained or dropped.
 
 Durability: before an update the next version id is reserved in the store (with the default
@@ -72,6 +72,9 @@ T = TypeVar("T")
 # Cumulative per-step metrics (see StepLoop._totals).
 TOTAL_EPISODES = "train/episodes_total"
 TOTAL_SAMPLES = "train/samples_total"
+# The newest step rows held in memory (a row is a few KB; days of steps would be hundreds of MB). Older
+# rows are read back from the buffer, which keeps them all (``ServerCore.metrics_since``).
+METRICS_IN_MEMORY = 1000
 
 RunBlocking = Callable[[Callable[[], T]], Awaitable[T]]
 
@@ -81,9 +84,9 @@ Trained = Callable[[list[EpisodeRecord], list[EpisodeRecord], str], None]
 
 
 class StepLoop:
-    """Runs training steps whenever the engine has a ready batch; checkpoints; supervised warm-ups.
+    """Runs training steps whenever the core has a ready batch; checkpoints; supervised warm-ups.
 
-    The engine gives it what a step touches: the trainer, generator, store, checkpoints, the group
+    The core gives it what a step touches: the trainer, generator, store, checkpoints, the group
     book (``take_batch``), the episode registry (evictions), the capacity meter, and three
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
@@ -116,7 +119,8 @@ class StepLoop:
         self.run_blocking = run_blocking
         self.checkpoints = checkpoints
         self.step = 0
-        self.metrics: list[StepMetrics] = []
+        self.metrics: list[StepMetrics] = []  # the newest METRICS_IN_MEMORY rows
+        self.metrics_trimmed = False  # older rows than ``metrics`` holds are in the buffer only
         self.training = False
         self.batch: list[Group] = []  # the groups the running step trains
         self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
@@ -152,7 +156,7 @@ class StepLoop:
 
     def can_step(self) -> bool:
         """A step may start now: not stopping, below ``max_steps``, no eval round live or arriving (a
-        round evaluates one policy), the engine says a batch is ready and its state allows one
+        round evaluates one policy), the core says a batch is ready and its state allows one
         (``may_step``), and no round is due at the clients' cadence (aligned rounds)."""
         if self._stopping or self._eval_pending() or self.past_max_steps() or time.monotonic() < self._parked_until:
             return False
@@ -331,6 +335,7 @@ class StepLoop:
         self._last_step_at = now
         self._trained(kept, stale, reason)  # counted; they leave memory (the store keeps the durable copy)
         self.metrics.append(record)
+        self.trim_metrics()
         view.emit("step.finished", step=step, metrics=metrics)
         view.emit("weights.updated", policy_version=view.policy_version, step=step)
 
@@ -342,13 +347,32 @@ class StepLoop:
         return {TOTAL_EPISODES: before.get(TOTAL_EPISODES, 0.0) + episodes,
                 TOTAL_SAMPLES: before.get(TOTAL_SAMPLES, 0.0) + samples}
 
+    def restore_metrics(self) -> None:
+        """After a restart: the newest rows from the buffer (row 0, when kept, holds the held-out
+        evaluation of the untrained policy)."""
+        newest = self.store.newest_step_metrics(METRICS_IN_MEMORY + 1)
+        self.metrics = [StepMetrics.model_validate_json(body) for body in newest]
+        self.trim_metrics()
+
+    def trim_metrics(self) -> None:
+        """Keep the newest METRICS_IN_MEMORY rows in memory; the buffer keeps every row."""
+        extra = len(self.metrics) - METRICS_IN_MEMORY
+        if extra > 0:
+            del self.metrics[:extra]
+            self.metrics_trimmed = True
+
     def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
         """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
         after its step committed), creating the row if there is none (step 0: the untrained policy),
         and write the row to the buffer at once, so every reader sees it and a restart keeps it."""
         view = self.view
         index = next((i for i in range(len(self.metrics) - 1, -1, -1) if self.metrics[i].step <= step), -1)
-        if index >= 0 and self.metrics[index].step == step:
+        if index < 0 and self.metrics_trimmed:  # a row older than memory holds: merge into the stored one
+            stored = self.store.step_metrics(step - 1, limit=1)
+            old = StepMetrics.model_validate_json(stored[0]) if stored else None
+            row = (old.model_copy(update={"metrics": {**old.metrics, **extra}}) if old and old.step == step
+                   else StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=extra))
+        elif index >= 0 and self.metrics[index].step == step:
             old = self.metrics[index]
             row = old.model_copy(update={"metrics": {**old.metrics, **extra}})
             self.metrics[index] = row

@@ -3,7 +3,7 @@
 Why: a swarm server must not lose an episode whose ``finish`` returned, and must not train one twice,
 even when the server process is SIGKILLed and restarted from an older checkpoint. So every finished
 episode (reward, metadata and its token-exact trace) is committed here *before* ``finish`` answers,
-and every training step records which episodes it consumed (``training_log``). On restart the engine
+and every training step records which episodes it consumed (``training_log``). On restart the core
 restores checkpoint step ``S``, calls ``rollback_after(S)`` (updates after ``S`` were lost with the
 process, so their episodes become untrained again) and rebuilds its pending groups from
 ``untrained()``. Rolled-back log rows are kept, flagged, for audit. Retention (``swarm.server.retention``)
@@ -191,14 +191,14 @@ class EpisodeStore:
             return row is not None or is_pruned(self._db, episode_id)
 
     def untrained(self) -> list[FinishedEpisode]:
-        """Finished episodes no live step consumed and the engine did not drop, in finish order."""
+        """Finished episodes no live step consumed and the core did not drop, in finish order."""
         with self._lock:
             rows = self._db.execute(_SELECT + " WHERE trained_step IS NULL AND dropped IS NULL ORDER BY seq").fetchall()
             return self._hydrate(rows)
 
     def pending_groups(self) -> dict[str, list[FinishedEpisode]]:
         """``untrained()`` grouped by group instance (``group_key`` or else ``group_id``), groups in
-        the order their first member finished: what a restarted engine re-files as trainable groups
+        the order their first member finished: what a restarted core re-files as trainable groups
         (members still claimed at the crash are gone, so each group holds what finished)."""
         groups: dict[str, list[FinishedEpisode]] = {}
         for episode in self.untrained():
@@ -262,7 +262,7 @@ class EpisodeStore:
         return reset
 
     def mark_dropped(self, episode_ids: Iterable[str], reason: str) -> None:
-        """The engine discarded these finished episodes untrained (group too small, too stale)."""
+        """The core discarded these finished episodes untrained (group too small, too stale)."""
         with self._tx() as db:
             _mark_dropped(db, episode_ids, reason)
 
@@ -372,6 +372,12 @@ class EpisodeStore:
         with self._lock:
             return [row[0] for row in self._db.execute(
                 "SELECT body FROM step_metrics WHERE step > ? ORDER BY step LIMIT ?", (after, limit))]
+
+    def newest_step_metrics(self, count: int) -> list[str]:
+        """The newest ``count`` kept metrics documents (row 0 included), in step order."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM step_metrics ORDER BY step DESC LIMIT ?", (count,)).fetchall()
+        return [row[0] for row in reversed(rows)]
 
     # -- small key/value state (e.g. the highest policy version ever served)
 

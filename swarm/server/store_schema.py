@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     drift_forks  INTEGER NOT NULL,
     digest       TEXT NOT NULL,                        -- identity of the body, for idempotent saves
     trained_step INTEGER,                              -- NULL until a live training step consumed it
-    dropped      TEXT                                  -- reason, when the engine discarded it untrained
+    dropped      TEXT                                  -- reason, when the core discarded it untrained
 );
 CREATE TABLE IF NOT EXISTS timelines (
     episode_seq INTEGER NOT NULL REFERENCES episodes(seq),

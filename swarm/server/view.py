@@ -1,9 +1,9 @@
 """``ServerView``: what the engine's parts may read of it, and where they report.
 
-The ``Engine`` owns the server's mutable state and hands each part (claims, held-out evaluation,
+The ``ServerCore`` owns the server's mutable state and hands each part (claims, held-out evaluation,
 chat completions, the step loop) its collaborators explicitly; what changes while the server runs
 (the live config, the policy version and step served) the parts read through this small read-only
-view instead of a reference to the whole engine. It is a ``Protocol``: the engine satisfies it, and
+view instead of a reference to the whole core. It is a ``Protocol``: the core satisfies it, and
 a test can pass any object with these members.
 """
 

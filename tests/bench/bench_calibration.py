@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_verdict import _name, _repeat
 
-from researcher.findings.verdict_rules import Verdict, resolved
+from researcher.findings.verdicts import Verdict, resolved
 
 NULLS = ("A/A check: do two identical configurations of letters learn at different speeds?",
          "A/A check: do two identical configurations of digits learn at different speeds?")

@@ -4,7 +4,7 @@ the verdict classes of the Answers.
 Each repeat is the real ``researcher start`` CLI in a subprocess (offline planner: no LLM variables are
 passed on), with the same budget and flags, ``--seed-base`` set apart per repeat (repeat i: i × 10,000,
 so no run shares a seed with another repeat's), and its own temporary studies and artifacts dirs. The
-class of each Answer is ``researcher.findings.verdict_rules.answer_class`` of its report's Answer paragraph.
+class of each Answer is ``researcher.findings.verdicts.answer_class`` of its report's Answer paragraph.
 
 Topics measured for issue #35 (the README's and two more the offline planner maps):
 
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from researcher.findings.verdict_rules import Verdict, answer_class  # noqa: E402
+from researcher.findings.verdicts import Verdict, answer_class  # noqa: E402
 
 SEED_SPACING = 10_000  # a study's seeds are seed_base + iteration * 1000 + k
 _LLM_VARIABLES = ("RESEARCHER_LLM_BASE_URL", "RESEARCHER_LLM_MODEL", "OPENAI_API_KEY")

@@ -11,8 +11,7 @@ import pytest
 from evidence_inputs import summarize
 
 from researcher.cli import parse_duration
-from researcher.evidence import verdicts
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.runs import record as runs
 from researcher.study import store
 from researcher.study.layout import StudyLayout
@@ -48,7 +47,7 @@ def test_clear_difference_gives_a_yes_with_numbers(tmp_path: Path) -> None:
     # The runs log no train/episodes: the registered per-episode axis is missing, and the Answer opens with that.
     assert answer.startswith("Judged per training step, not per episode consumed as registered: the runs record no "
                              "episodes to judge on; per training step every arm has at least 4. Yes: "), answer
-    assert rules.answer_class(answer) is rules.Verdict.YES and "group_size=8" in answer and "95% CI" in answer
+    assert verdicts.answer_class(answer) is verdicts.Verdict.YES and "group_size=8" in answer and "95% CI" in answer
     assert "per training step" in caveats
 
 

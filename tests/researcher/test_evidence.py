@@ -13,8 +13,8 @@ import pytest
 from evidence_inputs import evidence, summarize
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, plots, verdicts
-from researcher.findings import verdict_rules as rules
+from researcher.evidence import analysis, plots
+from researcher.findings import verdicts
 from researcher.findings.records import Evidence, IterationPlan, IterationSummary
 from researcher.nodes import analyze, write_report
 from researcher.planner import catalog
@@ -492,7 +492,7 @@ def test_an_arm_with_two_rounds_in_the_episode_window_moves_the_verdict_to_the_a
     answer, _ = verdicts.verdict("Does a larger group size make letters learn faster, judged per episode consumed?",
                                  [summary])
     assert answer.startswith(f"{switch} Yes: the larger group_size (8) learned faster per training step"), answer
-    assert rules.answer_class(answer) is rules.Verdict.YES
+    assert verdicts.answer_class(answer) is verdicts.Verdict.YES
     # Whoever words it, the switch stays the Answer's first sentence (and is not doubled).
     assert verdicts.answer_naming_axes("… judged per episode consumed?", study, answer) == answer
     assert verdicts.answer_naming_axes("… judged per episode consumed?", study, "Yes: …") == f"{switch} Yes: …"

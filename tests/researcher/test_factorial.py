@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from evidence_inputs import evidence
 
-from researcher.evidence import factorial, stats, verdicts
+from researcher.evidence import factorial, stats
+from researcher.findings import verdicts
 from researcher.findings.records import Arm, Evidence, IterationSummary, PlannedExperiment
 from researcher.planner import catalog
 from researcher.planner.schema import Experiment, Factor, Framing, Plan

@@ -1,5 +1,5 @@
 """Null studies with five looks, decided by the study's own code: the paired interval (``stats``), the
-look's boundary (``looks``) and the verdict rules. With the registered boundary the false-positive rate
+look's boundary (``looks``) and the verdict verdicts. With the registered boundary the false-positive rate
 stays at or below 5%; testing each look at a plain 95% does not."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from researcher.evidence import looks, sizing, stats
-from researcher.findings import verdict_rules as rules
+from researcher.findings import verdicts
 from researcher.findings.records import LookPlan, SequentialDesign
 
 STUDIES = 10_000
@@ -39,9 +39,9 @@ def _false_positive_rate(boundary: bool) -> float:
             look = at_look[k]
             assert look is not None
             half_width = look.half_width(estimate) if boundary else estimate.half_width
-            verdict = rules.classify(estimate.mean, half_width, MIN_EFFECT)
-            if rules.settled(verdict):
-                wrong += rules.resolved(verdict)
+            verdict = verdicts.classify(estimate.mean, half_width, MIN_EFFECT)
+            if verdicts.settled(verdict):
+                wrong += verdicts.resolved(verdict)
                 break
     return wrong / STUDIES
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from node_study import finish_trials, node_study
 
-from researcher.findings.verdict_rules import Verdict, answer_class
+from researcher.findings.verdicts import Verdict, answer_class
 from researcher.nodes import analyze, decide, plan_experiments, write_report
 from researcher.runs import record as runs
 from researcher.settings import StudyOptions

@@ -9,7 +9,7 @@
   MLflow holds one child run per run key (``researcher.run_key``): a second is a duplicate.
 - **MLflow**: every run's ``train/reward_mean`` history has each step 1..``last_step`` of run.json,
   no step missing and none past it.
-- **Verdict**: the class of each study's Answer (``researcher.findings.verdict_rules.answer_class``).
+- **Verdict**: the class of each study's Answer (``researcher.findings.verdicts.answer_class``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from researcher.findings.verdict_rules import answer_class
+from researcher.findings.verdicts import answer_class
 from researcher.runs import record as runs
 from researcher.runs.logs import CLIENT_LOG
 from researcher.study.layout import StudyLayout

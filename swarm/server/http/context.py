@@ -1,4 +1,4 @@
-"""What every route needs, bundled once per app: settings, the engine (claims, control), its
+"""What every route needs, bundled once per app: settings, the core (claims, control), its
 episode lifecycle and chat completions, keys, the served context length, the pool's roster. Routes reach the server
 through this only."""
 
@@ -12,7 +12,7 @@ from swarm.config import ServerSettings
 from swarm.pool.roster import Roster
 from swarm.server.auth import KeyRing
 from swarm.server.completions import Completions
-from swarm.server.engine import Engine
+from swarm.server.core import ServerCore
 from swarm.server.lifecycle import Lifecycle
 from swarm.server.runs import RunEpisodes
 
@@ -20,7 +20,7 @@ from swarm.server.runs import RunEpisodes
 @dataclass
 class AppContext:
     settings: ServerSettings
-    engine: Engine  # claims, control, status
+    core: ServerCore  # claims, control, status
     lifecycle: Lifecycle  # heartbeats, finishes, aborts
     chat: Completions  # chat completions
     runs: RunEpisodes  # run keys' episodes, and the episode each response id names

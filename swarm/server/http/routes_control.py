@@ -32,8 +32,8 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
+from swarm.server.core import ServerCore
 from swarm.server.diskspace import RETRY_AFTER_S
-from swarm.server.engine import Engine
 from swarm.server.errors import ApiError, Forbidden, InsufficientStorage
 from swarm.server.http.context import AppContext, app_context
 
@@ -45,12 +45,12 @@ _CONTROL = [Depends(require_control)]
 
 @router.get("/healthz")
 async def healthz(ctx: AppContext = Depends(app_context)) -> dict[str, object]:
-    return {"ok": True, "state": ctx.engine.state.value, "policy_version": ctx.engine.policy_version}
+    return {"ok": True, "state": ctx.core.state.value, "policy_version": ctx.core.policy_version}
 
 
 @router.get(f"{API_PREFIX}/status", response_model=Status, dependencies=[Depends(require_client)])
 async def status(request: Request, ctx: AppContext = Depends(app_context)) -> Status:
-    return ctx.engine.status()
+    return ctx.core.status()
 
 
 @router.get(f"{API_PREFIX}/metrics", response_model=list[StepMetrics], dependencies=_CONTROL)
@@ -60,17 +60,17 @@ async def metrics(request: Request, since_step: int = Query(
                   ctx: AppContext = Depends(app_context)) -> list[StepMetrics]:
     """Per-step metrics; a held-out round adds ``eval/*`` to the row of the step it evaluated when it
     ends, which may be after that row was first read."""
-    return ctx.engine.metrics_since(since_step)
+    return ctx.core.metrics_since(since_step)
 
 
 @router.get(f"{API_PREFIX}/config", response_model=ConfigView, dependencies=_CONTROL)
 async def get_config(request: Request, ctx: AppContext = Depends(app_context)) -> ConfigView:
-    return ctx.engine.config_view()
+    return ctx.core.config_view()
 
 
 @router.patch(f"{API_PREFIX}/config", response_model=ConfigView, dependencies=_CONTROL)
 async def patch_config(body: ConfigPatch, request: Request, ctx: AppContext = Depends(app_context)) -> ConfigView:
-    return ctx.engine.patch_config(body.values)
+    return ctx.core.patch_config(body.values)
 
 
 def _may_warm_up(request: Request, principal: Principal = Depends(require_client)) -> Principal:
@@ -79,16 +79,16 @@ def _may_warm_up(request: Request, principal: Principal = Depends(require_client
     ``setup()`` teaches the answer format once; a client can already shape training through its
     rewards, so a one-time warm-up of an untrained policy gives it nothing more. A dependency, so the
     refusal comes before the body is read."""
-    engine = app_context(request).engine
-    if principal.role is Role.client and (engine.step > 0 or engine.policy_version > 0):
-        raise Forbidden(f"the client token may only warm up a fresh server; this one is at step {engine.step}, "
-                        f"policy version {engine.policy_version} (use the control token)")
+    core = app_context(request).core
+    if principal.role is Role.client and (core.step > 0 or core.policy_version > 0):
+        raise Forbidden(f"the client token may only warm up a fresh server; this one is at step {core.step}, "
+                        f"policy version {core.policy_version} (use the control token)")
     return principal
 
 
 @router.post(f"{API_PREFIX}/control/sft", response_model=SftResult, dependencies=[Depends(_may_warm_up)])
 async def sft(body: SftRequest, request: Request, ctx: AppContext = Depends(app_context)) -> SftResult:
-    return await ctx.engine.sft(body)
+    return await ctx.core.sft(body)
 
 
 @router.post(f"{API_PREFIX}/control/{{action}}", response_model=ControlResult, dependencies=_CONTROL)
@@ -101,45 +101,45 @@ async def control(action: ControlAction, request: Request, ctx: AppContext = Dep
     ``detail`` instead of ``path``; and ``swarm serve`` exits with code 2 after the graceful
     shutdown (well within 15 s), naming the failure, so a supervisor sees that the state dir holds
     only the previous checkpoint (a restart resumes from it and retrains what came after)."""
-    engine = ctx.engine
+    core = ctx.core
     detail: dict[str, object] = {}
     if action is ControlAction.pause:
-        engine.pause()
+        core.pause()
     elif action is ControlAction.resume:
-        engine.resume()
+        core.resume()
     elif action is ControlAction.checkpoint:
         try:
-            detail.update(_checkpoint_detail(await engine.checkpoint()))
+            detail.update(_checkpoint_detail(await core.checkpoint()))
         except Exception as exc:
-            message = _report_checkpoint_failure(engine, exc)
-            if engine.disk.explains(exc):
+            message = _report_checkpoint_failure(core, exc)
+            if core.disk.explains(exc):
                 raise InsufficientStorage(f"the checkpoint could not be written, the disk is full: {message}; the "
                                           "server runs on with its previous checkpoint",
-                                          detail=engine.disk.check().model_dump(), retry_after=RETRY_AFTER_S) from None
+                                          detail=core.disk.check().model_dump(), retry_after=RETRY_AFTER_S) from None
             raise ApiError(f"the checkpoint failed: {message}; the server runs on with its previous checkpoint",
                            status=500, code=ErrorCode.internal) from None
     elif action is ControlAction.stop:
-        engine.stopping()
+        core.stopping()
         try:
-            detail.update(_checkpoint_detail(await engine.checkpoint()))
+            detail.update(_checkpoint_detail(await core.checkpoint()))
         except Exception as exc:
-            detail["checkpoint_error"] = message = _report_checkpoint_failure(engine, exc)
+            detail["checkpoint_error"] = message = _report_checkpoint_failure(core, exc)
             request.app.state.exit_error = f"the server stopped without its final checkpoint: {message}"
         shutdown = getattr(request.app.state, "request_shutdown", None)
         if shutdown is not None:
             # Let this response go out first, then ask uvicorn to exit gracefully.
             asyncio.get_running_loop().call_later(0.2, shutdown)
         else:
-            log.warning("stop requested but no shutdown hook is installed; the engine is stopping only")
+            log.warning("stop requested but no shutdown hook is installed; the core is stopping only")
         detail["shutting_down"] = shutdown is not None
-    return ControlResult(action=action, state=engine.state if action is not ControlAction.stop else ServerState.stopping,
+    return ControlResult(action=action, state=core.state if action is not ControlAction.stop else ServerState.stopping,
                          detail=detail)
 
 
-def _report_checkpoint_failure(engine: Engine, exc: Exception) -> str:
+def _report_checkpoint_failure(core: ServerCore, exc: Exception) -> str:
     """Log and report a failed checkpoint (event + ``last_error``); returns its message."""
     log.error("checkpoint requested through the control API failed", exc_info=exc)
-    engine.report("checkpoint", exc)
+    core.report("checkpoint", exc)
     return str(exc) or type(exc).__name__
 
 

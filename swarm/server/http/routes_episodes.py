@@ -5,7 +5,7 @@ Claims and run keys need the control token or the client token (``swarm.server.a
 finish, abort and look-up accept either of those, the episode's own key, or the key of the run that
 opened it (any other key is a 403); the path names the episode by its id or by the id of a response
 recorded into it (``chatcmpl-…``, ``resp_…``: ``swarm.server.runs``), so a one-key framework posts
-its rewards by the response it saw. The engine does the work and raises the 4xx errors; these
+its rewards by the response it saw. The core does the work and raises the 4xx errors; these
 handlers only authenticate and translate.
 """
 
@@ -36,7 +36,7 @@ def _base_url(request: Request) -> str:
 
 @router.post("/episodes", response_model=Episode, dependencies=[Depends(require_client)])
 async def claim(body: ClaimRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Episode:
-    return await ctx.engine.claim(body, _base_url(request))
+    return await ctx.core.claim(body, _base_url(request))
 
 
 @router.post("/runs", response_model=RunKey, dependencies=[Depends(require_client)])

@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: ``POST /v1/chat/completions``, ``POST /v1/responses`` and ``GET /v1/models``.
 
-The routes parse requests and shape responses; the engine does the rest (``Completions.start``:
+The routes parse requests and shape responses; the core does the rest (``Completions.start``:
 render → generate → record). A call with an episode key is recorded into that episode's trace
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
 as sampled); a call with a run key is recorded into the episode its conversation continues or opens
@@ -58,7 +58,7 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": logged, never read by th
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, ctx: AppContext = Depends(app_context)) -> ModelList:
     ctx.keys.principal(request)
-    card = ModelCard(id=ctx.engine.generator.model_name, created=ctx.engine.created, max_model_len=ctx.max_context)
+    card = ModelCard(id=ctx.core.generator.model_name, created=ctx.core.created, max_model_len=ctx.max_context)
     return ModelList(data=[card])
 
 
@@ -104,13 +104,13 @@ def _named(call: ChatCall) -> dict[str, str]:
 
 def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], answer: Answer,
                 completion_id: str) -> ChatCompletion:
-    text = ctx.engine.generator.text
+    text = ctx.core.generator.text
     sampled = answer.sampled
     choices = [_choice(text, i, gen, reply, body.logprobs)
                for i, (gen, reply) in enumerate(zip(sampled.generations, answer.replies, strict=True))]
     completion_tokens = sum(len(g.token_ids) for g in sampled.generations)
     return ChatCompletion(
-        id=completion_id, created=int(time.time()), model=ctx.engine.generator.model_name,
+        id=completion_id, created=int(time.time()), model=ctx.core.generator.model_name,
         choices=choices, prompt_token_ids=prompt, policy_version=sampled.policy_version,
         usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion_tokens,
                     total_tokens=len(prompt) + completion_tokens),
@@ -163,7 +163,7 @@ async def _streamed_call(ctx: AppContext, request: Request, body: ChatCompletion
 
 
 def _row_stream(ctx: AppContext, call: ChatCall, stops: list[str]) -> RowStream:
-    return RowStream(decode=ctx.engine.generator.text.decode, stops=stops,
+    return RowStream(decode=ctx.core.generator.text.decode, stops=stops,
                      reply=ReplyStream(tool_parser=call.parsing.tool_parser,
                                        reasoning_parser=call.parsing.reasoning_parser))
 
@@ -176,7 +176,7 @@ def _sse(frames: Any, call: ChatCall) -> StreamingResponse:
 async def _stream(ctx: AppContext, request: Request, body: ChatCompletionRequest,
                   completion_id: str) -> StreamingResponse:
     call, tokens = await _streamed_call(ctx, request, body, completion_id)
-    generator = ctx.engine.generator
+    generator = ctx.core.generator
     writer = ChunkWriter(completion_id=completion_id, model=generator.model_name,
                          policy_version=generator.policy_version, text=generator.text,
                          with_logprobs=body.logprobs, episode_id=call.episode_id)
@@ -189,7 +189,7 @@ async def _stream(ctx: AppContext, request: Request, body: ChatCompletionRequest
 async def responses(body: ResponsesRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Response:
     """The Responses API over the chat path (module docstring); stateless, as with ``store=false``."""
     chat = chat_request(body)
-    generator = ctx.engine.generator
+    generator = ctx.core.generator
     shape = ResponseShape(body=body, model=generator.model_name, text=generator.text)
     if chat.stream:
         call, tokens = await _streamed_call(ctx, request, chat, shape.id)

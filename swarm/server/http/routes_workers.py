@@ -51,4 +51,4 @@ async def leave(worker_id: str, request: Request, ctx: AppContext = Depends(app_
 
 @router.get("", response_model=list[WorkerStatus], dependencies=[Depends(require_client)])
 async def members(request: Request, ctx: AppContext = Depends(app_context)) -> list[WorkerStatus]:
-    return ctx.engine.generator.workers()
+    return ctx.core.generator.workers()

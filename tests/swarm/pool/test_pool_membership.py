@@ -81,7 +81,7 @@ def test_a_worker_syncs_before_it_is_ready_then_drains_and_is_dropped(server: Ru
         from swarm.weights.shards import Manifest
 
         weights = decode(Manifest.model_validate(manifest), chunks)
-        trained = server.engine.trainer.export_weights()
+        trained = server.core.trainer.export_weights()
         assert set(weights) == set(trained) and all((weights[k] == trained[k]).all() for k in weights)
         beat = f"/api/v1/workers/{joined.worker_id}/heartbeat"
         syncing = http.post(beat, json={"version": None}).json()

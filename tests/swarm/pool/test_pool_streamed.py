@@ -98,7 +98,7 @@ def test_workers_join_a_streamed_server_and_get_each_version(
         wait_for(lambda: server.status()["step"] >= 2, 120, what="step 2 without workers", proc=run)
         assert exports == [], "a server without workers gathered a state dict"
         assert local.streamed
-        in_step = server.engine.trainer  # between a step's update and its publication they differ
+        in_step = server.core.trainer  # between a step's update and its publication they differ
         wait_for(lambda: local.policy_version == in_step.policy_version, 30, what="the stream at the trainer's version")
 
         worker = WorkerProcess(server, "w")  # type: ignore[arg-type]

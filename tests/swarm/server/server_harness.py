@@ -18,14 +18,14 @@ import uvicorn
 from support import free_port, wait_for
 
 from swarm.server import ServerConfig, ServerSettings, create_app
-from swarm.server.engine import Engine
+from swarm.server.core import ServerCore
 
 
 @dataclass
 class RunningServer:
     url: str
     token: str
-    engine: Engine
+    core: ServerCore
     state_dir: Path
     server: uvicorn.Server
     thread: threading.Thread
@@ -74,4 +74,4 @@ def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "
     if not server.started:
         raise RuntimeError("test server did not start: its uvicorn thread ended")
     return RunningServer(url=f"http://127.0.0.1:{settings.port}", token=app.state.token,
-                         engine=app.state.ctx.engine, state_dir=state_dir, server=server, thread=thread)
+                         core=app.state.ctx.core, state_dir=state_dir, server=server, thread=thread)

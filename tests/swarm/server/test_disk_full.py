@@ -65,7 +65,7 @@ def _exercise(server: RunningServer, control: httpx.Client, client: SwarmClient,
             _chat(server.url, handle)
             handle.finish(reward=float(n % 2))
             acknowledged.append(handle.episode_id)
-        wait_for(lambda n=n: server.engine.step == n, 60, what=f"step {n}")
+        wait_for(lambda n=n: server.core.step == n, 60, what=f"step {n}")
     assert control.post("/api/v1/control/checkpoint").json()["detail"]["path"].endswith("step-2")
     checkpoint = state / "checkpoints" / "step-2"
     whole = _digests(checkpoint)
@@ -117,7 +117,7 @@ def _exercise(server: RunningServer, control: httpx.Client, client: SwarmClient,
     for thread in threads:
         thread.join(timeout=8.0)  # longer than the 6 s lease: the refused finishes renew it
     assert all(thread.is_alive() for thread in threads)
-    assert server.engine.step == 2
+    assert server.core.step == 2
 
     filler.unlink()
     for thread in threads:
@@ -125,15 +125,15 @@ def _exercise(server: RunningServer, control: httpx.Client, client: SwarmClient,
     assert not any(thread.is_alive() for thread in threads)
     assert first.state == second.state == "finished"
     acknowledged += [first.episode_id, second.episode_id]
-    wait_for(lambda: server.engine.step == 5, 60, what="the parked step and the two retried ones")
+    wait_for(lambda: server.core.step == 5, 60, what="the parked step and the two retried ones")
 
-    store = server.engine.store
+    store = server.core.store
     assert all(store.known(episode_id) for episode_id in acknowledged)  # stored, or pruned by retention
     assert store.trained_counts() == dict.fromkeys(acknowledged, 1)
     with client.episode(task_id="after") as handle:  # claims work again, and training goes on
         _chat(server.url, handle)
         handle.finish(reward=1.0)
-    wait_for(lambda: server.engine.step == 6, 60, what="a step after the disk had room again")
+    wait_for(lambda: server.core.step == 6, 60, what="a step after the disk had room again")
     assert not server.status()["disk"]["full"]
     assert control.post("/api/v1/control/checkpoint").json()["detail"]["path"].endswith("step-6")
     from swarm.backends.torch import TorchBackend

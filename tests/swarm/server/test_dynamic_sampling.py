@@ -59,7 +59,7 @@ def test_groups_with_identical_rewards_are_dropped_recorded_and_counted(start_se
     assert row["train/clip_fraction"] == row["train/pg_clipfrac"] and "train/entropy" in row
 
     # In the buffer: the dropped episodes carry their reason and are never pending (nothing trains twice).
-    store = server.engine.store
+    store = server.core.store
     assert store.drop_reasons() == {UNIFORM_REASON: 6}
     assert {e for _, e, _ in store.training_log()} == set(varied)
     assert not {e.episode_id for e in store.untrained()} & set(same_ones + same_zeros)

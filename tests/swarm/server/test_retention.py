@@ -165,3 +165,36 @@ def test_ledger_keys_server_ids_compactly_and_old_buffers_upgrade(tmp_path: Path
     with sqlite3.connect(path) as db:
         keys = {type(key): key for (key,) in db.execute("SELECT key FROM pruned")}
     assert keys == {bytes: bytes.fromhex(served), str: "e2"}  # a server-made id takes 16 bytes
+
+
+def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_restart(
+        start_server, tmp_path: Path, monkeypatch) -> None:
+    """Days of steps must not grow the server's memory: it holds the newest rows (3 here), and
+    ``GET /metrics`` still serves every row from the buffer, before and after a restart. A held-out
+    round ending for a step older than memory holds merges into that step's stored row."""
+    from swarm.server import step_loop
+
+    monkeypatch.setattr(step_loop, "METRICS_IN_MEMORY", 3)
+    state = tmp_path / "state"
+    config = {**CONFIG, "retention": "all"}
+    server = start_server(state_dir=state, **config)
+    for n in range(1, 7):
+        _play(server, f"t{n}")
+        wait_for(lambda n=n: server.status()["step"] == n)
+
+    def served(running: RunningServer, since: int) -> list[int]:
+        with running.client() as http:
+            return [row["step"] for row in http.get("/api/v1/metrics", params={"since_step": since}).json()]
+
+    assert [m.step for m in server.core.metrics] == [4, 5, 6]
+    assert served(server, 0) == [1, 2, 3, 4, 5, 6] and served(server, 2) == [3, 4, 5, 6] and served(server, 5) == [6]
+    server.core.loop.add_metrics(1, {"eval/reward_mean": 0.5})  # an old step's held-out round ends
+    assert [m.step for m in server.core.metrics] == [4, 5, 6]
+    server.stop()
+
+    restarted = start_server(state_dir=state, **config)
+    assert [m.step for m in restarted.core.metrics] == [4, 5, 6]
+    with restarted.client() as http:
+        rows = http.get("/api/v1/metrics", params={"since_step": 0}).json()
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[0]["metrics"]["eval/reward_mean"] == 0.5 and "train/episodes_total" in rows[0]["metrics"]

@@ -132,7 +132,7 @@ def test_served_requests_join_mid_flight_and_seeded_choices_differ(start_server)
                 break
         short_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "seed": 3}
         short_alone = http.post("/v1/chat/completions", json=short_body).json()
-    stats = server.engine.worker.stats
+    stats = server.core.worker.stats
     batches, rows = _settled(stats)
     result: dict[str, dict] = {}
 

@@ -135,7 +135,7 @@ def _prompt_bounds(server: RunningServer, http: httpx.Client, probe: HealthProbe
 
 def _key_and_queue_bounds(server: RunningServer, http: httpx.Client) -> None:
     key = _claim(http, "busy")
-    stats = server.engine.worker.stats
+    stats = server.core.worker.stats
     admitted, generated = stats.rows, stats.tokens
     with ExitStack() as holders:
         # Four calls on one episode key run (max_batch_rows=4); four on the control token queue.
@@ -176,7 +176,7 @@ async def _burst(url: str, key: str, calls: int) -> list[httpx.Response]:
 def _disconnected_call_is_cancelled(server: RunningServer, http: httpx.Client) -> None:
     """A plain (non-streaming) call whose client goes away mid-generation stops generating."""
     before = _throughput(http)["cancelled_rows"]
-    stats = server.engine.worker.stats
+    stats = server.core.worker.stats
     admitted, generated = stats.rows, stats.tokens
     body = json.dumps(HOLD).encode()
     address = urlparse(server.url)
@@ -200,7 +200,7 @@ def _episode_token_cap(server: RunningServer, http: httpx.Client) -> None:
     error = answers[codes.index(409)].json()["error"]
     assert error["code"] == "conflict" and "max_episode_tokens" in error["message"]
     assert error["detail"]["max_episode_tokens"] == 200
-    recorded = server.engine.lifecycle.get(episode_id).trace.tokens
+    recorded = server.core.lifecycle.get(episode_id).trace.tokens
     assert recorded <= 200 and recorded + error["detail"]["call_tokens"] > 200
     _patch(http, max_episode_tokens=1_048_576)
 

@@ -27,10 +27,10 @@ def test_tool_loops_on_a_real_bpe_stay_one_exact_timeline(bpe_model: Path, start
                           max_inflight_per_key=4, lease_s=3600)
     with ThreadPoolExecutor(max_workers=16) as pool:
         loops = list(pool.map(lambda i: tool_loop(server.url, server.token, i), range(EPISODES)))
-    text = server.engine.generator.text
+    text = server.core.generator.text
     unrepeatable = repaired = 0
     for loop in loops:
-        trace = server.engine.lifecycle.get(loop.episode_id).trace
+        trace = server.core.lifecycle.get(loop.episode_id).trace
         assert_one_exact_timeline(loop, trace.timelines, trace.drift_forks)
         unrepeatable += non_canonical(text, loop)
         repaired += trace.drift_repaired
@@ -44,5 +44,5 @@ def test_tool_loops_on_a_real_bpe_stay_one_exact_timeline(bpe_model: Path, start
     edited = [dict(m) for m in loop.messages]
     edited[1] = {**edited[1], "content": "an edited reply"}
     loop.llm.chat.completions.create(model="policy", messages=edited, tools=[LOOKUP], max_tokens=4)
-    trace = server.engine.lifecycle.get(loop.episode_id).trace
+    trace = server.core.lifecycle.get(loop.episode_id).trace
     assert trace.drift_forks == 1 and len(trace.timelines) == 2

@@ -27,10 +27,10 @@ def _chat(server, api_key: str) -> dict:
 def test_published_version_reaches_the_generator_before_completions_carry_it(start_server, tiny_model: Path) -> None:
     trainer = TorchBackend.from_model(str(tiny_model), seed=0)
     server = start_server(trainer=trainer, group_size=1, min_group_size=1, batch_groups=1, lr=0.05)
-    generator = server.engine.generator.local
+    generator = server.core.generator.local
     assert generator.backend is not trainer  # two models: publication is a real copy
     events: list[tuple[str, dict]] = []
-    server.engine.add_listener(lambda type_, data: events.append((type_, dict(data))))
+    server.core.add_listener(lambda type_, data: events.append((type_, dict(data))))
 
     with server.client() as http:
         episode = http.post("/api/v1/episodes", json={"task_id": "t"}).json()
@@ -38,7 +38,7 @@ def test_published_version_reaches_the_generator_before_completions_carry_it(sta
     assert before["policy_version"] == 0
     with server.client(episode["api_key"]) as http:
         http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": 1.0}).raise_for_status()
-    wait_for(lambda: server.engine.step == 1)
+    wait_for(lambda: server.core.step == 1)
 
     published = [d for t, d in events if t == "weights.published"]
     assert [d["policy_version"] for d in published] == [1]
@@ -61,5 +61,5 @@ def test_published_version_reaches_the_generator_before_completions_carry_it(sta
                                     trainer.vocab_size)
     recomputed = logp[0, len(prompt) - 1:].tolist()
     assert max(abs(a - b) for a, b in zip(recomputed, reported, strict=True)) < 1e-4
-    metrics = server.engine.metrics[0].metrics
+    metrics = server.core.metrics[0].metrics
     assert "perf/weight_sync_s" in metrics

@@ -65,7 +65,7 @@ def test_multi_turn_calls_merge_into_one_exact_timeline(warm_model: Path, start_
     server = start_server(model_dir=warm_model, group_size=2, min_group_size=2, batch_groups=1)
     episode, llm = _episode(server)
     _, calls = _conversation(llm, turns=4)
-    trace = server.engine.lifecycle.get(episode["episode_id"]).trace
+    trace = server.core.lifecycle.get(episode["episode_id"]).trace
     assert len(trace.timelines) == 1 and trace.drift_forks == 0 and trace.calls == 4
     [timeline] = trace.timelines
     expected_tokens: list[int] = []
@@ -95,13 +95,13 @@ def test_rewritten_history_forks_and_counts_drift(warm_model: Path, start_server
         # Summarised memory: the agent rewrites its history before the next call.
         rewritten = [SYSTEM, {"role": "user", "content": "summary of turns 0-1"}]
         llm.chat.completions.create(model="tiny", messages=rewritten, max_tokens=8, temperature=0.0)
-        trace = server.engine.lifecycle.get(episode["episode_id"]).trace
+        trace = server.core.lifecycle.get(episode["episode_id"]).trace
         assert len(trace.timelines) == 2 and trace.drift_forks == 1
         episodes.append((episode, reward))
     for episode, reward in episodes:
         _finish(server, episode, reward)
-    wait_for(lambda: server.engine.step == 1)
-    metrics = server.engine.metrics[0].metrics
+    wait_for(lambda: server.core.step == 1)
+    metrics = server.core.metrics[0].metrics
     assert metrics["context/drift_forks"] == 2 and metrics["context/samples_per_episode"] == 2
 
 
@@ -110,8 +110,8 @@ def _train_one_group(server: RunningServer, turns: int) -> dict[str, float]:
         episode, llm = _episode(server)
         _conversation(llm, turns=turns, seed=100 * i)
         _finish(server, episode, reward)
-    wait_for(lambda: server.engine.step == 1)
-    return server.engine.metrics[0].metrics
+    wait_for(lambda: server.core.step == 1)
+    return server.core.metrics[0].metrics
 
 
 @pytest.mark.parametrize("turns", [1, 3])

@@ -63,7 +63,7 @@ def _metrics(server: RunningServer, since_step: int = 0) -> list[dict]:
 def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_their_round_ends(
         start_server) -> None:
     server = start_server(group_size=2, min_group_size=2, batch_groups=1)
-    engine = server.engine
+    engine = server.core
     with server.client() as http:  # grouping an eval episode is refused, and nothing changes
         refused = http.post("/api/v1/episodes", json={"task_id": "h0", "purpose": "eval", "group_id": "g"})
     assert refused.status_code == 422 and "never grouped" in refused.text
@@ -153,7 +153,7 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
     assert [m.step for m in metrics] == list(range(9))  # row 0: the untrained policy's evaluation
     assert all(m.metrics["train/episodes"] == 2 for m in metrics[1:])
     assert [m.metrics["train/episodes_total"] for m in metrics[1:]] == [2.0 * s for s in range(1, 9)]
-    assert server.engine.counts.finished == 16 and server.engine.evals.live == 0
+    assert server.core.counts.finished == 16 and server.core.evals.live == 0
 
     with pytest.raises(ValueError, match="appears twice"):
         client.run(iter([]), workflow, group_size=2, concurrency=1, heldout=heldout + heldout[:1], eval_every=1)
@@ -195,7 +195,7 @@ def test_async_rounds_fall_on_exact_multiples_and_training_ends_at_max_steps(sta
     assert summary.finished >= 32 and status.step == 6  # 6 steps of one group each + 4 tasks more, served untrained
     assert max(m.step for m in metrics) == 6
     assert [int(m.metrics["eval/step"]) for m in metrics if "eval/step" in m.metrics] == [0, 3, 6]
-    assert server.engine.evals.every == 3
+    assert server.core.evals.every == 3
 
 
 def test_max_steps_is_a_checked_config_key_and_eval_every_goes_with_eval_claims() -> None:
@@ -226,7 +226,7 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     for ep, reward in ((a, 0.0), (b, 1.0)):
         _chat(server, ep)
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
-    wait_for(lambda: server.engine.step == 1)  # the last training step
+    wait_for(lambda: server.core.step == 1)  # the last training step
     cursor = server.state_dir / "mlflow.json"  # the step's row went out to MLflow before the round
     wait_for(lambda: cursor.is_file() and json.loads(cursor.read_text())["delivered_step"] == 1, timeout=120)
     # The researcher's monitor polls the run (a real Launcher on the server as an external one).
@@ -255,7 +255,7 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     assert {k: v for k, v in row["metrics"].items() if k.startswith("eval/")} == expected
     with SwarmClient(server.url, token=server.token) as client:  # what `swarm metrics` shows
         assert client.metrics()[0].metrics == row["metrics"]
-    assert [json.loads(body)["metrics"] for body in server.engine.store.step_metrics(-1)] == [row["metrics"]]
+    assert [json.loads(body)["metrics"] for body in server.core.store.step_metrics(-1)] == [row["metrics"]]
     lines = poll()  # the monitor re-reads the logged step's row: its eval/* as a line of their own, once
     assert len(lines) == 2 and json.loads(lines[1])["metrics"] == expected and len(poll()) == 2
     curve = read_axes(run_dir, "eval/reward_mean")
@@ -271,7 +271,7 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
 
     server.stop()
     restarted = start_server(state_dir=server.state_dir, group_size=2, min_group_size=2, batch_groups=1)
-    assert restarted.engine.step == 1 and _metrics(restarted) == [row]
+    assert restarted.core.step == 1 and _metrics(restarted) == [row]
 
 
 def test_eval_book_ends_rounds_and_pools_a_step_s_later_rounds() -> None:

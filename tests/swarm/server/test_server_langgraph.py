@@ -80,13 +80,13 @@ def test_a_langgraph_react_agent_runs_its_tool_loop_as_one_sample(agent_model: P
     kinds = [m.type for m in result["messages"]]
     assert kinds == ["human", "ai", "tool", "ai"], kinds
     assert result["messages"][2].content == "5" and result["messages"][-1].content == ANSWER
-    trace = server.engine.lifecycle.get(episode["episode_id"]).trace
+    trace = server.core.lifecycle.get(episode["episode_id"]).trace
     assert trace.calls == 2 and trace.tool_calls == 1
 
     with server.client(episode["api_key"]) as http:
         finished = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": 1.0})
         assert finished.status_code == 200, finished.text
-    wait_for(lambda: server.engine.step >= 1, timeout=120)
-    metrics = server.engine.metrics[-1].metrics
+    wait_for(lambda: server.core.step >= 1, timeout=120)
+    metrics = server.core.metrics[-1].metrics
     assert metrics["context/samples_per_episode"] == 1.0 and metrics["context/drift_forks"] == 0
     print(json.dumps({k: metrics[k] for k in ("context/drift_repaired", "rollout/tool_calls")}))

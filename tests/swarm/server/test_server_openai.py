@@ -49,7 +49,7 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
     assert not any(s in stopped.choices[0].message.content for s in ("e", "a", "o"))
 
     # What the server recorded decodes to exactly what each client saw.
-    engine = server.engine
+    engine = server.core
     trace = engine.lifecycle.get(episode["episode_id"]).trace
     backend = engine.generator.local
     seen = [plain.choices[0], *list(many.choices), stopped.choices[0]]
@@ -82,7 +82,7 @@ def test_stream_equals_token_ids_decode(server) -> None:
                 finish = c.finish_reason or finish
         assert chunks >= 3 and finish in ("stop", "length")
         assert usage is not None and usage.completion_tokens == len(ids)
-        assert server.engine.generator.text.decode(ids) == text
+        assert server.core.generator.text.decode(ids) == text
         if stop:
             assert "b" not in text
         # The same request without streaming gives the same ids (same seed), hence the same text.
@@ -108,7 +108,7 @@ def test_control_token_serves_without_recording_and_models(server) -> None:
         models = http.get("/v1/models").json()
     assert response.status_code == 200 and response.json()["choices"][0]["token_ids"]
     assert models["data"][0]["id"] and models["data"][0]["max_model_len"] > 0
-    assert server.engine.status().episodes.claimed == 0
+    assert server.core.status().episodes.claimed == 0
 
 
 def test_tools_reach_the_chat_template(server) -> None:
@@ -116,7 +116,7 @@ def test_tools_reach_the_chat_template(server) -> None:
     with server.client() as http:
         bare = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).json()
         tooled = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "tools": tools}).json()
-    backend = server.engine.generator.local
+    backend = server.core.generator.local
     assert "calc" in backend.text.decode(tooled["prompt_token_ids"])
     assert "calc" not in backend.text.decode(bare["prompt_token_ids"])
 
@@ -130,9 +130,9 @@ def test_concurrent_requests_are_batched(server) -> None:
             r = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, "seed": i})
             return r.status_code
 
-    before = server.engine.worker.stats.batches
+    before = server.core.worker.stats.batches
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(call, range(16)))
     assert codes == [200] * 16
-    batches = server.engine.worker.stats.batches - before
+    batches = server.core.worker.stats.batches - before
     assert batches < 16  # several requests shared a forward pass

@@ -56,7 +56,7 @@ def server(tiny_model: Path, tmp_path: Path) -> Iterator[tuple[RunningServer, Fl
     thread.start()
     wait_for(lambda: uv.started, 30)
     port = uv.servers[0].sockets[0].getsockname()[1]
-    running = RunningServer(url=f"http://127.0.0.1:{port}", token="test-token", engine=app.state.ctx.engine,
+    running = RunningServer(url=f"http://127.0.0.1:{port}", token="test-token", core=app.state.ctx.core,
                             state_dir=tmp_path / "state", server=uv, thread=thread)
     yield running, generator_model
     generator_model.release.set()
@@ -81,7 +81,7 @@ def _finish(server: RunningServer, episode_id: str, key: str) -> None:
 
 def test_a_publication_that_raises_or_hangs_restarts_the_generator_on_the_new_version(server) -> None:
     running, model = server
-    engine = running.engine
+    engine = running.core
     events: list[tuple[str, dict]] = []
     engine.add_listener(lambda type_, data: events.append((type_, dict(data))))
 

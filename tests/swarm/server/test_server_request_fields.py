@@ -50,12 +50,12 @@ def test_continue_final_message_continues_the_given_text_token_exactly(server: R
     reply = _post(server, episode["api_key"], messages=messages, temperature=0.0, max_tokens=8,
                   add_generation_prompt=False, continue_final_message=True)
     assert reply["choices"][0]["message"]["content"] == " 5."  # the taught answer, "It is 5.", goes on
-    text = server.engine.generator.text
+    text = server.core.generator.text
     rendered = text.tokenizer.apply_chat_template(prepare_messages(messages), tools=[ADD],
                                                   continue_final_message=True, tokenize=False)
     assert rendered.endswith("<|im_start|>assistant\nIt is")
     assert reply["prompt_token_ids"] == text.encode(rendered)
-    [timeline] = server.engine.lifecycle.get(episode["episode_id"]).trace.timelines
+    [timeline] = server.core.lifecycle.get(episode["episode_id"]).trace.timelines
     assert timeline.tokens == reply["prompt_token_ids"] + reply["choices"][0]["token_ids"]
 
 
@@ -65,7 +65,7 @@ def test_reasoning_effort_reaches_the_chat_template(tool_model: Path, tmp_path: 
     template.write_text("{%- if reasoning_effort is defined -%}effort={{ reasoning_effort }};{%- endif -%}"
                         + template.read_text())
     server = start_server(model_dir=model)
-    text = server.engine.generator.text
+    text = server.core.generator.text
     plain = _post(server, max_tokens=1)["prompt_token_ids"]
     low = _post(server, max_tokens=1, reasoning_effort="low")["prompt_token_ids"]
     assert text.decode(low).startswith("effort=low;") and not text.decode(plain).startswith("effort")

@@ -35,12 +35,12 @@ def _episode(server: RunningServer) -> tuple[dict, openai.OpenAI]:
 
 def _finish_and_train(server: RunningServer, episode: dict) -> dict[str, float]:
     """Finish the episode (a group of one) and return the metrics of the step that trained it."""
-    step = server.engine.step
+    step = server.core.step
     with server.client(episode["api_key"]) as http:
         finished = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": 1.0})
         assert finished.status_code == 200, finished.text
-    wait_for(lambda: server.engine.step > step, timeout=120)
-    return server.engine.metrics[-1].metrics
+    wait_for(lambda: server.core.step > step, timeout=120)
+    return server.core.metrics[-1].metrics
 
 
 def test_a_tool_round_trip_plain_then_streamed_trains_one_sample(server: RunningServer) -> None:
@@ -64,7 +64,7 @@ def test_a_tool_round_trip_plain_then_streamed_trains_one_sample(server: Running
     assert {"response.output_item.added", "response.content_part.added", "response.output_text.done",
             "response.content_part.done", "response.output_item.done"} <= set(kinds)
 
-    trace = server.engine.lifecycle.get(episode["episode_id"]).trace
+    trace = server.core.lifecycle.get(episode["episode_id"]).trace
     assert trace.calls == 2 and len(trace.timelines) == 1 and trace.drift_forks == 0 and trace.drift_repaired == 1
     metrics = _finish_and_train(server, episode)
     assert metrics["context/samples_per_episode"] == 1.0 and metrics["context/drift_forks"] == 0
@@ -143,7 +143,7 @@ def test_an_agents_sdk_agent_on_its_default_model_trains_one_sample(server: Runn
         else:
             output = str(Runner.run_sync(agent, ASK, run_config=config, max_turns=4).final_output)
         assert output == ANSWER and calls[-1] == {"a": 2, "b": 3}
-        trace = server.engine.lifecycle.get(episode["episode_id"]).trace
+        trace = server.core.lifecycle.get(episode["episode_id"]).trace
         assert trace.calls == 2 and len(trace.timelines) == 1 and trace.drift_forks == 0
         metrics = _finish_and_train(server, episode)
         assert metrics["context/samples_per_episode"] == 1.0 and metrics["context/drift_forks"] == 0

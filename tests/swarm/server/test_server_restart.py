@@ -54,7 +54,7 @@ def test_restart_resumes_checkpoint_config_and_pending_episodes(start_server, tm
         http.patch("/api/v1/config", json={"values": {"batch_groups": 3}})
     pending = _episode(server, "c")
     _finish(server, pending, 0.25)
-    assert server.engine.episodes.held(first["episode_id"]) is None  # trained: evicted from memory
+    assert server.core.episodes.held(first["episode_id"]) is None  # trained: evicted from memory
     server.stop()  # no checkpoint on this path: step 2 is lost, as after a crash
 
     server = start_server(state_dir=state, group_size=1, min_group_size=1, batch_groups=1, max_staleness=64)

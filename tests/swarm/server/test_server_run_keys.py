@@ -70,31 +70,31 @@ def test_one_key_n_conversations_are_n_episodes_each_trained_as_one_sample(serve
     tool = {"tools": [ADD], "temperature": 0.0}
     seen: list[str] = []
     for _ in range(3):  # two interleaved tool loops on one prompt: one group, one step each
-        step = server.engine.step
+        step = server.core.step
         a, a1 = _chat(llm, QUESTION, **tool, max_tokens=64)
         b, b1 = _chat(llm, QUESTION, **tool, max_tokens=64)
-        assert a != b and server.engine.lifecycle.get(a).group_key == server.engine.lifecycle.get(b).group_key
+        assert a != b and server.core.lifecycle.get(a).group_key == server.core.lifecycle.get(b).group_key
         a_again, a2 = _chat(llm, _turn_two(a1), **tool, max_tokens=32)
         b_again, _b2 = _chat(llm, _turn_two(b1), **tool, max_tokens=32)
         assert (a_again, b_again) == (a, b) and a2.choices[0].message.content == ANSWER
         for episode in (a, b):
-            trace = server.engine.lifecycle.get(episode).trace
+            trace = server.core.lifecycle.get(episode).trace
             assert trace.calls == 2 and len(trace.timelines) == 1 and trace.drift_forks == 0
         assert _post(server, key, a2.id, 1.0).status_code == 200  # by the id of the response it answers
         assert _post(server, key, b, 0.0).status_code == 200  # by the episode the header named
-        wait_for(lambda s=step: server.engine.step > s, timeout=120, what="a step on the tool group")
-        assert (server.engine.store.get(a).reward, server.engine.store.get(b).reward) == (1.0, 0.0)
+        wait_for(lambda s=step: server.core.step > s, timeout=120, what="a step on the tool group")
+        assert (server.core.store.get(a).reward, server.core.store.get(b).reward) == (1.0, 0.0)
         seen += [a, b]
-    step = server.engine.step
+    step = server.core.step
     with SwarmClient(server.url, token=server.token, retry_for_s=10) as swarm:
         for seed in (1, 2):  # single-turn conversations on another prompt: their own group
             episode, reply = _chat(llm, [{"role": "user", "content": "Say hi."}], temperature=1.0, seed=seed,
                                    max_tokens=8)
             assert swarm.finish(reply.id, reward=float(seed)).state is EpisodeState.finished
             seen.append(episode)
-    wait_for(lambda: server.engine.step > step, timeout=120, what="a step on the single-turn group")
-    assert len(set(seen)) == len(seen) == 8 and server.engine.step >= 4
-    for row in server.engine.metrics[-4:]:
+    wait_for(lambda: server.core.step > step, timeout=120, what="a step on the single-turn group")
+    assert len(set(seen)) == len(seen) == 8 and server.core.step >= 4
+    for row in server.core.metrics[-4:]:
         assert row.metrics["context/samples_per_episode"] == 1.0 and row.metrics["context/drift_forks"] == 0
 
 
@@ -108,19 +108,19 @@ def test_sessions_keep_rollouts_whose_replies_are_the_same_apart(server: Running
         return _chat(llm, messages, tools=[ADD], temperature=0.0, max_tokens=max_tokens,
                      extra_headers={"X-Session-ID": session})
 
-    step = server.engine.step
+    step = server.core.step
     a, a1 = chat("rollout-a", QUESTION, 64)
     b, b1 = chat("rollout-b", QUESTION, 64)
     assert a != b and a1.choices[0].message.tool_calls[0].function == b1.choices[0].message.tool_calls[0].function
     b_again, _ = chat("rollout-b", _turn_two(b1), 32)  # b first: by prefix alone it would continue a, the oldest
     a_again, _ = chat("rollout-a", _turn_two(a1), 32)
     assert (a_again, b_again) == (a, b)
-    assert all(len(server.engine.lifecycle.get(e).trace.timelines) == 1 for e in (a, b))
+    assert all(len(server.core.lifecycle.get(e).trace.timelines) == 1 for e in (a, b))
     assert _post(server, server.token, "rollout-a", 1.0).status_code == 404  # a session is named by its run's key
     assert _post(server, key, "rollout-a", 1.0).status_code == 200
     assert _post(server, key, "rollout-b", 0.0).status_code == 200
-    wait_for(lambda: server.engine.step > step, timeout=120, what="a step on the two sessions")
-    assert (server.engine.store.get(a).reward, server.engine.store.get(b).reward) == (1.0, 0.0)
+    wait_for(lambda: server.core.step > step, timeout=120, what="a step on the two sessions")
+    assert (server.core.store.get(a).reward, server.core.store.get(b).reward) == (1.0, 0.0)
 
 
 def test_responses_and_streams_name_their_episode_and_the_unrewarded_expire(tool_model: Path,
@@ -140,7 +140,7 @@ def test_responses_and_streams_name_their_episode_and_the_unrewarded_expire(tool
                                        max_output_tokens=32, stream=True))
     final = events[-1].response
     assert final.output_text == ANSWER and final.model_extra["episode_id"] == episode
-    assert len(server.engine.lifecycle.get(episode).trace.timelines) == 1
+    assert len(server.core.lifecycle.get(episode).trace.timelines) == 1
     assert _post(server, key, final.id, 1.0).status_code == 200
 
     with llm.chat.completions.with_streaming_response.create(
@@ -148,7 +148,7 @@ def test_responses_and_streams_name_their_episode_and_the_unrewarded_expire(tool
         unrewarded = streamed.headers[HEADER]
         chunks = list(streamed.parse())
     assert unrewarded != episode and {c.model_extra["episode_id"] for c in chunks} == {unrewarded}
-    wait_for(lambda: server.engine.lifecycle.get(unrewarded).state is EpisodeState.expired, timeout=30,
+    wait_for(lambda: server.core.lifecycle.get(unrewarded).state is EpisodeState.expired, timeout=30,
              what="the unrewarded episode's lease to run out")
     late = _post(server, key, unrewarded, 1.0)
     assert late.status_code == 410 and "expired" in late.json()["error"]["message"]
@@ -159,11 +159,11 @@ def test_repeated_prompts_form_groups_of_the_servers_group_size(start_server) ->
     llm = _llm(_mint(server, "grpo"))
     episodes = [_chat(llm, [{"role": "user", "content": "Say hi."}], max_tokens=2)[0] for _ in range(3)]
     other, _ = _chat(llm, [{"role": "user", "content": "Say bye."}], max_tokens=2)
-    records = [server.engine.lifecycle.get(e) for e in [*episodes, other]]
+    records = [server.core.lifecycle.get(e) for e in [*episodes, other]]
     assert len({r.episode_id for r in records}) == 4
     assert records[0].group_key == records[1].group_key != records[2].group_key  # a third repeat: a new group
     assert records[0].group_id == records[2].group_id != records[3].group_id
-    assert {r.client_id for r in records} == {"run:grpo"} and server.engine.counts.claimed == 4
+    assert {r.client_id for r in records} == {"run:grpo"} and server.core.counts.claimed == 4
 
 
 def test_bad_keys_and_unknown_ids_are_clear_4xx_answers(start_server) -> None:
@@ -194,7 +194,7 @@ def test_bad_keys_and_unknown_ids_are_clear_4xx_answers(start_server) -> None:
     with server.client() as http:
         assert http.post("/api/v1/runs", json={"run": "a.b"}).status_code == 422
     assert _post(server, mine["api_key"], reply.id, 0.5).status_code == 200
-    assert server.engine.lifecycle.get(episode).state is EpisodeState.finished
+    assert server.core.lifecycle.get(episode).state is EpisodeState.finished
     assert _post(server, mine["api_key"], reply.id, 0.5).status_code == 200  # a retried finish is a no-op
 
 
@@ -206,4 +206,4 @@ def test_a_run_key_survives_a_restart(tiny_model: Path, start_server, tmp_path: 
     second = start_server(state_dir=state_dir)
     llm = openai.OpenAI(base_url=f"{second.url}/v1", api_key=minted["api_key"], max_retries=0)
     episode, _ = _chat(llm, [{"role": "user", "content": "hi"}], max_tokens=2)
-    assert second.engine.lifecycle.get(episode).client_id == "run:long"
+    assert second.core.lifecycle.get(episode).client_id == "run:long"

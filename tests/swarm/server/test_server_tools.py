@@ -72,7 +72,7 @@ def test_a_tool_loop_merges_into_one_timeline_and_an_edit_forks(server: RunningS
     second = llm.chat.completions.create(model="tiny", messages=[*QUESTION, resent, result], tools=[ADD],
                                          temperature=0.0, max_tokens=32)
     assert second.choices[0].message.content == ANSWER and second.choices[0].finish_reason == "stop"
-    trace = server.engine.lifecycle.get(episode_id).trace
+    trace = server.core.lifecycle.get(episode_id).trace
     # the template re-renders the compact call with spaces: repaired, not forked
     assert len(trace.timelines) == 1 and trace.drift_forks == 0 and trace.drift_repaired == 1
     sampled = first.choices[0].model_extra["token_ids"]
@@ -86,7 +86,7 @@ def test_a_tool_loop_merges_into_one_timeline_and_an_edit_forks(server: RunningS
                                         "function": {"name": "add", "arguments": '{"a": 4, "b": 3}'}}]}
     llm.chat.completions.create(model="tiny", messages=[*QUESTION, edited, result], tools=[ADD],
                                 temperature=0.0, max_tokens=8)
-    trace = server.engine.lifecycle.get(episode_id).trace
+    trace = server.core.lifecycle.get(episode_id).trace
     assert len(trace.timelines) == 2 and trace.drift_forks == 1
 
 

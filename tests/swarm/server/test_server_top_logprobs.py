@@ -17,7 +17,7 @@ def server(start_server):
 
 def _distribution(server, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)`` at every completion position, from one plain forward pass."""
-    backend = server.engine.generator.local.backend
+    backend = server.core.generator.local.backend
     with torch.no_grad():
         logits = backend.model(input_ids=torch.tensor([prompt + completion])).logits
     logits = logits[0, len(prompt) - 1 : -1, : backend.vocab_size]
@@ -28,7 +28,7 @@ def test_top_logprobs_are_the_sampling_distributions_best(server) -> None:
     with server.client() as http:
         episode = http.post("/api/v1/episodes", json={"task_id": "t"}).json()
     llm = openai.OpenAI(base_url=episode["base_url"], api_key=episode["api_key"], max_retries=0)
-    decode = server.engine.generator.text.decode
+    decode = server.core.generator.text.decode
     argmax_positions = sampled_elsewhere = 0
     for temperature, n in ((1.5, 3), (0.0, 1)):
         answer = llm.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, seed=11, n=n,

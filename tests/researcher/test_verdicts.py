@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from researcher.findings.verdict_rules import Verdict, answer_class, classify, resolved, settled
+from researcher.findings.verdicts import Verdict, answer_class, classify, resolved, settled
 
 Y, N, EQ, BELOW, INC = Verdict.YES, Verdict.NO, Verdict.NO_DIFFERENCE, Verdict.BELOW_MINIMUM, Verdict.INCONCLUSIVE
 

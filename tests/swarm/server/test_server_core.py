@@ -1,4 +1,4 @@
-"""Engine behaviour through the real server: grouping, drops, leases, idempotency, staleness,
+"""The server core's behaviour through the real server: grouping, drops, leases, idempotency, staleness,
 category mixing, sync drains, and the training step that the batch triggers."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_lease_expiry_discards_and_late_finish_is_gone(start_server) -> None:
             assert http.post(f"/api/v1/episodes/{kept['episode_id']}/heartbeat").status_code == 200
         time.sleep(0.1)
     wait_for(lambda: _status(server)["episodes"]["expired"] == 1, timeout=5)
-    assert server.engine.lifecycle.get(short["episode_id"]).trace.tokens == 0  # partial trace discarded
+    assert server.core.lifecycle.get(short["episode_id"]).trace.tokens == 0  # partial trace discarded
     with server.client(short["api_key"]) as http:
         late = http.post(f"/api/v1/episodes/{short['episode_id']}/finish", json={"reward": 1.0})
         chat = http.post("/v1/chat/completions", json={"messages": MESSAGES})
@@ -276,3 +276,20 @@ def test_sft_warm_up_lowers_the_loss(start_server) -> None:
                                                         "lr": 0.01}).json()
     assert result["steps"] == 6 and result["policy_version"] == 6
     assert result["loss_last"] < result["loss_first"]
+
+
+
+@pytest.mark.parametrize(("old_module", "old_name", "new_module", "new_name"), [
+    ("swarm.server.engine", "Engine", "swarm.server.core", "ServerCore"),
+    ("swarm.local.engines", "load_engines", "swarm.local.roles", "load_roles"),
+])
+def test_renamed_import_paths_still_work_with_a_deprecation_warning(old_module: str, old_name: str, new_module: str,
+                                                                    new_name: str) -> None:
+    """The names "engine" lost to ``--engine``'s meaning keep working for one release, with a warning."""
+    import importlib
+    import sys
+
+    sys.modules.pop(old_module, None)
+    with pytest.warns(DeprecationWarning, match=f"{new_module}.{new_name}"):
+        old = importlib.import_module(old_module)
+    assert getattr(old, old_name) is getattr(importlib.import_module(new_module), new_name)
