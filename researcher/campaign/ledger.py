@@ -3,7 +3,8 @@
 The ledger lists each claim with its verdict history as seeds accumulated (every look, with the MLflow
 runs behind its number), the CPU-hours spent on it, and which settled findings became a task's baseline.
 The scorecard is one line a claim and a ``RESULT`` line: decisive means Yes, No or No meaningful
-difference in the claim's ended study; agree means that verdict is the one the claim expected.
+difference in the claim's ended study; agree means that verdict is the one the claim expected. An open
+question's screen has a line (what it flagged) but is not a claim the RESULT counts.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def scorecard(spec: CampaignSpec, record: CampaignRecord) -> list[str]:
         lines.append(f"c{s.record.index + 1} expect {s.claim.expect!r}: {s.shown_verdict} · {_agree_word(s)} · "
                      f"{s.seeds} seeds an arm · {s.record.cpu_hours:.2f} CPU-h · {s.record.study_id} · "
                      f"{s.claim.topic}" + (f" ({s.claim.source})" if s.claim.source else ""))
+    rows = [s for s in rows if s.claim.expect != "screen"]  # a screen selects; its confirmations are the claims
     decisive = [s for s in rows if s.decisive]
     lines.append(f"RESULT claims={len(rows)} decisive={len(decisive)} agree={sum(s.agrees is True for s in decisive)} "
                  f"disagree={sum(s.agrees is False for s in decisive)} "

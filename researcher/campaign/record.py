@@ -78,6 +78,8 @@ class CampaignRecord(BaseModel):
     ended: str | None = None       # why the campaign ended ("" while it runs)
     baselines: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> config keys, settled
     baseline_sources: dict[str, list[str]] = Field(default_factory=dict)  # task -> study ids behind them
+    added: list[dict[str, Any]] = Field(default_factory=list)  # claims its screen added (spec.Claim fields)
+    screened: bool = False         # the screen's confirmations were added (once)
 
     @property
     def spent_s(self) -> float:

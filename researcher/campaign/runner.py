@@ -30,7 +30,7 @@ from pathlib import Path
 
 from researcher.campaign import allocate, ledger, record, standing, tracking
 from researcher.campaign.record import CampaignRecord, ClaimRecord, Session
-from researcher.campaign.spec import CampaignSpec, Claim, parse
+from researcher.campaign.spec import CONFIRM_SEED_BASE, CampaignSpec, Claim, parse
 from researcher.composition import build_settings
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
@@ -72,6 +72,7 @@ def create(spec: CampaignSpec, text: str, budget_s: float, window: tuple[str, fl
         raise ValueError(f"{studies_root / name} exists already: `researcher campaign resume {name}`, or rename "
                          "the campaign")
     settings = build_settings(studies_root, artifacts_root)
+    spec = spec.expanded([])
     offline = OfflinePlanner(sorted(catalog.examples(settings.examples_root))) if settings.llm is None else None
     tasks = [_task_of(claim, settings.examples_root, offline) for claim in spec.claim]
     for index in range(len(spec.claim)):
@@ -96,7 +97,7 @@ def load(studies_root: Path, name: str) -> tuple[CampaignSpec, CampaignRecord]:
     if rec is None:
         raise ValueError(f"no campaign {name!r} under {studies_root}")
     folder = record.folder(studies_root, name)
-    return parse((folder / record.SPEC_FILE).read_text(), str(folder / record.SPEC_FILE)), rec
+    return parse((folder / record.SPEC_FILE).read_text(), str(folder / record.SPEC_FILE)).expanded(rec.added), rec
 
 
 def _session_argv(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, window_s: float,
@@ -134,9 +135,14 @@ def _run_session(argv: list[str], window_s: float, log_path: Path, cwd: str) -> 
     return code
 
 
-def _refresh(rec: CampaignRecord, claim: ClaimRecord, studies_root: Path, artifacts_root: Path) -> None:
+def _refresh(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studies_root: Path,
+             artifacts_root: Path) -> None:
     """Read the claim's study back after a session: its phase, a new look's standing, its Answer once
-    ended, its CPU time; a settled direction becomes its task's baseline."""
+    ended, its CPU time; a settled direction becomes its task's baseline, and an ended screen adds its
+    confirmations (a screen's own winner is a selection, never a baseline)."""
+    if spec.claim[claim.index].expect == "screen":
+        _refresh_screen(spec, rec, claim, studies_root, artifacts_root)
+        return
     layout = StudyLayout(claim.study_id, studies_root, artifacts_root)
     state = read_state(layout) or {}
     if not state:
@@ -153,6 +159,31 @@ def _refresh(rec: CampaignRecord, claim: ClaimRecord, studies_root: Path, artifa
         if winner and claim.task and claim.study_id not in rec.baseline_sources.get(claim.task, []):
             rec.baselines[claim.task] = {**rec.baselines.get(claim.task, {}), **winner}
             rec.baseline_sources.setdefault(claim.task, []).append(claim.study_id)
+
+
+def _refresh_screen(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studies_root: Path,
+                    artifacts_root: Path) -> None:
+    """The screen's phase and CPU time; once it ended, each knob it flags as a claim of the campaign's,
+    on seeds the screen never used (added once: campaign.json says so)."""
+    layout = StudyLayout(claim.study_id, studies_root, artifacts_root)
+    state = read_state(layout) or {}
+    if not state:
+        return
+    claim.phase = state.get("phase", claim.phase)
+    claim.cpu_hours = standing.cpu_hours(layout)
+    claim.task = claim.task or standing.task(state)
+    if not claim.closed or rec.screened:
+        return
+    found = standing.confirmations(state) if claim.phase == "done" else []
+    claim.verdict = f"flagged {len(found)} knob(s)"
+    for topic, expect in found:
+        added = Claim(topic=topic, expect=expect, source=f"flagged by the screen {claim.study_id}",
+                      seed_base=CONFIRM_SEED_BASE)
+        rec.added.append(added.model_dump(exclude_none=True))
+        spec.claim.append(added)
+        index = len(rec.claims)
+        rec.claims.append(ClaimRecord(index=index, study_id=claim_study_id(rec.name, index), task=claim.task))
+    rec.screened = True
 
 
 def _write(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, tracking_uri: str | None) -> None:
@@ -177,7 +208,7 @@ def _finish_pending(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path,
     claim.spent_s += max(time.time() - session.started, 0.0)
     claim.sessions += 1
     rec.session = None
-    _refresh(rec, claim, studies_root, artifacts_root)
+    _refresh(spec, rec, claim, studies_root, artifacts_root)
 
 
 def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | None = None,
@@ -195,8 +226,8 @@ def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | N
             return rec
         _finish_pending(spec, rec, studies_root, artifacts_root, say)
         _write(spec, rec, studies_root, uri)
-        shares = [c.share for c in spec.claim]
         while True:
+            shares = [c.share for c in spec.claim]  # a screen adds claims as it ends
             left = rec.left_s if window_end is None else min(rec.left_s, window_end - time.time())
             claim = allocate.next_claim(rec.claims, shares, rec.budget_s)
             if claim is None:
@@ -220,7 +251,7 @@ def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | N
             claim.spent_s += time.time() - rec.session.started
             claim.sessions += 1
             rec.session = None
-            _refresh(rec, claim, studies_root, artifacts_root)
+            _refresh(spec, rec, claim, studies_root, artifacts_root)
             if code == 2 and claim.phase == "not started":
                 claim.phase, claim.note = "failed", "its study was refused at start (exit 2; see sessions.log)"
             latest = claim.looks[-1].verdict if claim.looks else "no look yet"

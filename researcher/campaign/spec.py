@@ -3,11 +3,16 @@
     [campaign]
     name = "grpo-replications"
     steps_per_run = 20            # optional: any of STUDY_KEYS, for every claim's study
+    question = "What makes the letters task learn faster?"   # optional: an open question (below)
     [[claim]]
     topic = "Does a KL coefficient of 0.1 slow learning on letters compared with 0?"
     expect = "yes"                # or "no", "no meaningful difference"
     source = "DAPO, arXiv 2503.14476"
     # optional: model, data, heldout, reward, prompt_key, answer_key, share, and any of STUDY_KEYS
+
+An open ``question`` (with or without claims) is screened first: its first claim is a screen of the task's
+knobs (``researcher.planner.screen``), and each knob the screen flags becomes a claim of its own, run on
+seeds the screen never used (``CONFIRM_SEED_BASE``), so the selection's luck does not enter its verdict.
 
 A broken file is refused whole (``ValueError`` naming the claim and the key), before anything is written.
 """
@@ -18,13 +23,15 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from researcher.study.layout import check_study_id
 
-Expectation = Literal["yes", "no", "no meaningful difference"]
+# "screen": the campaign's own claim for its open question (it expects no verdict; a file may not use it).
+Expectation = Literal["yes", "no", "no meaningful difference", "screen"]
 # Study options a campaign or one of its claims may set (``researcher start``'s flags of the same names).
-STUDY_KEYS = ("steps_per_run", "seeds", "max_runs", "max_iterations", "min_effect", "parallel_runs")
+STUDY_KEYS = ("steps_per_run", "seeds", "max_runs", "max_iterations", "min_effect", "parallel_runs", "seed_base")
+CONFIRM_SEED_BASE = 100_000  # a confirmation's seeds: far from the screen's (seed_base 0: 1000 + k, 2000 + k, ...)
 
 
 class StudyKnobs(BaseModel):
@@ -38,6 +45,7 @@ class StudyKnobs(BaseModel):
     max_iterations: int | None = Field(None, ge=1, le=50)
     min_effect: float | None = Field(None, ge=0)
     parallel_runs: int | None = Field(None, ge=1, le=16)
+    seed_base: int | None = Field(None, ge=0, le=1_000_000)
 
 
 class Claim(StudyKnobs):
@@ -62,6 +70,7 @@ class Claim(StudyKnobs):
 
 class CampaignHeader(StudyKnobs):
     name: str
+    question: str | None = Field(None, min_length=8, description="an open question, screened first")
 
     @field_validator("name")
     @classmethod
@@ -73,7 +82,23 @@ class CampaignSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     campaign: CampaignHeader
-    claim: list[Claim] = Field(min_length=1)
+    claim: list[Claim] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _something_to_study(self) -> CampaignSpec:
+        if not self.claim and not self.campaign.question:
+            raise ValueError("a campaign needs [[claim]] entries, or an open `question` in [campaign]")
+        if any(c.expect == "screen" for c in self.claim):
+            raise ValueError("expect = \"screen\" is the campaign's own claim for its `question`; a claim expects "
+                             "yes, no or no meaningful difference")
+        return self
+
+    def expanded(self, added: list[dict[str, object]]) -> CampaignSpec:
+        """Every claim the campaign runs, in its order: the screen of its question (when it has one), the
+        file's claims, then the confirmations the screen added (``added``, kept in campaign.json)."""
+        screen = ([Claim(topic=self.campaign.question, expect="screen", source="the campaign's open question")]
+                  if self.campaign.question else [])
+        return self.model_copy(update={"claim": [*screen, *self.claim, *(Claim.model_validate(c) for c in added)]})
 
     def knobs(self, index: int) -> dict[str, object]:
         """Claim ``index``'s study options: its own, else the campaign's (unset ones are not given)."""

@@ -9,7 +9,10 @@ from typing import Any
 
 from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
+from researcher.findings.records import Effect
 from researcher.operations import overview
+from researcher.planner import screen
+from researcher.planner.schema import Framing
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -63,7 +66,7 @@ def cpu_hours(layout: StudyLayout, now: float | None = None) -> float:
 def task(state: StudyState) -> str | None:
     """The example task the study's framing starts from (letters, digits, …)."""
     framing = state.get("framing") or {}
-    return framing.get("example") or None
+    return framing.get("base") or framing.get("task") or None
 
 
 def winner_settings(state: StudyState) -> dict[str, Any] | None:
@@ -80,3 +83,13 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
     return dict(better.overrides) if better is not None and better.overrides else None
 
 
+
+
+def confirmations(state: StudyState) -> list[tuple[str, str]]:
+    """A screen's flagged knobs as claims to confirm (topic, expected direction), from its last analysis."""
+    history = summaries(state)
+    study = history[-1].study if history else None
+    if not state.get("framing") or study is None:
+        return []
+    effects = [Effect.model_validate(e) for e in (study.dump().get("effects") or [])]
+    return screen.confirmations(Framing.model_validate(state["framing"]), effects)

@@ -20,9 +20,9 @@ import re
 from typing import Any, Literal, NamedTuple
 
 from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
-from researcher.findings.records import Comparison, JsonObject
+from researcher.findings.records import Comparison, Effect, JsonObject
 from researcher.findings.verdicts import Verdict, classify, settled
-from researcher.planner import catalog, ladder
+from researcher.planner import catalog, ladder, screen
 from researcher.planner.schema import (
     ClientCode,
     Decision,
@@ -75,18 +75,16 @@ class OfflinePlanner:
 
     def _frame(self, topic: str, catalog_text: str) -> Reply[Framing]:
         question = parse(topic)
+        if question.knob is None and question.open:
+            task = self._task(question, catalog_text)
+            return free(screen.framing(question, task))
         if question.knob is None:
             raise TopicNotMappable(
                 f"The offline planner cannot map this topic onto an experiment: {topic!r}.\n"
                 "Name one of the knobs below (optionally a task), e.g. \"Does a larger group size make "
                 "the letters task learn faster?\", or configure an LLM planner (RESEARCHER_LLM_BASE_URL, "
                 "RESEARCHER_LLM_MODEL).\n" + catalog_text)
-        knob, task = catalog.knob(question.knob), question.task
-        if not question.task_named and catalog.DATA_TASK in self.available_tasks:
-            task = catalog.DATA_TASK  # a study on the user's data: a topic naming no example task is about it
-        if task not in self.available_tasks:
-            raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
-                                   f"(found: {self.available_tasks}).\n" + catalog_text)
+        knob, task = catalog.knob(question.knob), self._task(question, catalog_text)
         # The axis the verdict is judged on (per episode consumed for group and batch sizes), so the
         # question printed above the answer asks what the answer answers.
         curve = "reward" if knob.metric == catalog.REWARD_METRIC else f"`{knob.metric}`"
@@ -112,10 +110,22 @@ class OfflinePlanner:
         return free(Framing(answerable=True, reason=reason, question=text, task=task, knob=knob.key,
                             metric=knob.metric))
 
+    def _task(self, question: TopicQuestion, catalog_text: str) -> str:
+        """The example task a topic runs on; a study on the user's data when the topic names none."""
+        task = question.task
+        if not question.task_named and catalog.DATA_TASK in self.available_tasks:
+            task = catalog.DATA_TASK  # a study on the user's data: a topic naming no example task is about it
+        if task not in self.available_tasks:
+            raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
+                                   f"(found: {self.available_tasks}).\n" + catalog_text)
+        return task
+
     # ------------------------------------------------------------------ plan
 
     def plan(self, framing: Framing, context: PlannerContext) -> Reply[Plan]:
         """The first design the topic asks for; later, more seeds for an unresolved difference, else a refinement."""
+        if screen.is_screen(framing):
+            return free(screen.plan(framing, int(context.get("iteration", 1))))
         knob = _catalog_knob(framing, "plan")
         question = _question(framing, context)
         iteration = int(context.get("iteration", 1))
@@ -157,7 +167,9 @@ class OfflinePlanner:
     def decide(self, framing: Framing, context: PlannerContext) -> Reply[Decision]:
         """Never concludes "plateau" or "best" from an unresolved difference: that one gets more seeds. A
         framing on a knob outside the catalog (an LLM's, when this planner takes a step over) is concluded
-        where refining it would need the knob's ladder."""
+        where refining it would need the knob's ladder. A screen ends after its one look (``screen.decide``)."""
+        if screen.is_screen(framing):
+            return free(screen.decide(framing, [Effect.model_validate(e) for e in context["last"].get("effects") or []]))
         question = _question(framing, context)
         last, tested = context["last"], context.get("tested_values", [])
         min_effect = float(context.get("min_effect", 0.02))

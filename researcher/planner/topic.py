@@ -41,6 +41,8 @@ _SWEEP = re.compile(r"\bhow (?:does|do|did|will|would|much|many|far|strongly|sen
 _IDENTICAL = re.compile(r"(?<![a-z0-9_])a/a(?![a-z0-9_])|\ba-a (?:test|check)|\baa (?:test|check)|\bidentical "
                         r"(?:arms?|configurations?|configs?|runs?|setups?|settings?|experiments?)\b|\bsame "
                         r"(?:configuration|config|setup|settings?|experiment)s? (?:twice|two times)\b")
+# An open question names no knob and asks what helps: "What makes the letters task learn faster?"
+_OPEN = re.compile(r"^\s*(?:what|which)\b.*\b(?:learn\w*|help\w*|speeds?|faster|improv\w*|matters?|knobs?|settings?)\b")
 _RANGE_GAP = re.compile(r"\s*(?:to|-|through|up to|and)\s*")
 _UNKNOWN_TASK = (re.compile(r"\bthe ([a-z][a-z0-9_-]*) (?:task|benchmark|dataset|environment)\b"),
                  re.compile(r"\b(?:task|benchmark|dataset) (?:called |named )?['\"]?([a-z][a-z0-9_-]*)"),
@@ -64,12 +66,13 @@ class TopicQuestion:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # other knobs the topic pins ("at lr 1e-3")
     assumptions: tuple[str, ...] = ()
     identical: bool = False          # an A/A check: two arms of one configuration, different names
+    open: bool = False               # an open question naming no knob ("what makes X learn faster?"): a screen
 
     def summary(self) -> dict[str, Any]:
         """The reading as plain data (planner context, plan.json)."""
         return {"knob": self.knob, "task": self.task, "task_named": self.task_named, "values": list(self.values),
                 "shape": self.shape, "span": self.span, "fixed": dict(self.fixed),
-                "identical": self.identical, "assumptions": list(self.assumptions)}
+                "identical": self.identical, "open": self.open, "assumptions": list(self.assumptions)}
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def parse(topic: str) -> TopicQuestion:
                            f"reported under {IDENTICAL_KNOB}, set to the same value in both")
         return TopicQuestion(topic, IDENTICAL_KNOB, task, task_named, assumptions=tuple(assumptions), identical=True)
     if not mentions:
-        return TopicQuestion(topic, None, task, task_named, assumptions=tuple(assumptions))
+        return TopicQuestion(topic, None, task, task_named, assumptions=tuple(assumptions),
+                             open=_OPEN.search(text) is not None)
     numbers, stray = _numbers(text, mentions)
     knob = _primary(mentions, numbers)
     task, task_named, assumptions = _task(text, knob)

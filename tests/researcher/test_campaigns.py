@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -40,7 +41,9 @@ def test_a_broken_campaign_file_is_refused_with_where_and_why() -> None:
                       'steps_per_run = 5\n')
     assert good.claim[0].expect == "yes" and good.knobs(0) == {"steps_per_run": 5, "seeds": 2}
     for text, words in (
-        ('[campaign]\nname = "c"\n', "claim: Field required"),
+        ('[campaign]\nname = "c"\n', "a campaign needs [[claim]] entries, or an open `question`"),
+        ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "screen"\n',
+         "is the campaign's own claim for its `question`"),
         ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "maybe"\n', "claim.0.expect"),
         ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "no"\nlr = 1\n',
          "claim.0.lr: Extra inputs are not permitted"),
@@ -49,7 +52,7 @@ def test_a_broken_campaign_file_is_refused_with_where_and_why() -> None:
          '[[claim]]\ntopic = "Does kl 0.1 slow it?"\nexpect = "no"\nshare = 0.7\n', "add up to 1.4"),
         ("[campaign\n", "is not TOML"),
     ):
-        with pytest.raises(ValueError, match=words.replace(".", r"\.").replace("(", r"\(")):
+        with pytest.raises(ValueError, match=re.escape(words)):
             spec.parse(text)
 
 
@@ -98,9 +101,9 @@ def test_the_ledger_and_scorecard_word_every_claim_from_the_record() -> None:
 
 
 def test_a_campaign_with_a_claim_the_planner_cannot_map_writes_nothing(cli, tmp_path: Path) -> None:
-    bad = campaign_file(tmp_path / "c.toml", "refused", (LETTERS_CLAIMS[0], ("What makes letters learn faster?", "yes", "")))
+    bad = campaign_file(tmp_path / "c.toml", "refused", (LETTERS_CLAIMS[0], ("Is the moon relevant to letters?", "yes", "")))
     done = cli.run("campaign", "start", str(bad), "--budget", "5m", *cli.dirs, timeout=120)
-    assert done.returncode == 2 and "What makes letters learn faster?" in done.stdout and "cannot map" in done.stdout
+    assert done.returncode == 2 and "Is the moon relevant to letters?" in done.stdout and "cannot map" in done.stdout
     assert not (cli.studies / "refused").exists() and not list(cli.studies.glob("refused-c*"))
     broken = tmp_path / "broken.toml"
     broken.write_text('[campaign]\nname = "x"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "maybe"\n')
