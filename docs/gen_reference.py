@@ -137,7 +137,7 @@ def openapi_schema() -> dict[str, Any]:
         settings = ServerSettings(model="tiny", state_dir=Path(state), token="reference")
         app = create_app(settings, load_backend("tiny", settings.config, seed=0))
         schema = app.openapi()
-        app.state.ctx.engine.store.close()
+        app.state.ctx.core.store.close()
     return schema
 
 
