@@ -150,7 +150,7 @@ class ServerCore:
         for name in EpisodeCounts.model_fields:  # in place: the lifecycle counts into the same object
             setattr(self.counts, name, getattr(restored.counts, name))
         self.lifecycle.drop_reasons.update(restored.drop_reasons)
-        self.loop.restore_metrics()
+        self.loop.rows.restore()
         for group in restored.ready:
             self.groups.ready.append(group)
             for member in group.members:
@@ -177,7 +177,7 @@ class ServerCore:
 
     @property
     def metrics(self) -> list[StepMetrics]:
-        return self.loop.metrics
+        return self.loop.rows.rows
 
     @property
     def in_flight(self) -> int:
@@ -362,14 +362,6 @@ class ServerCore:
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:
-        """The rows of steps after ``since_step``; from the start (0) also row 0, the held-out
-        evaluation of the untrained policy, which no later step reports any more. Rows older than
-        memory holds come from the buffer (the rows in memory win: a full disk may have kept one
-        from the buffer)."""
-        rows = self.metrics
-        if self.loop.metrics_trimmed and (not rows or since_step < rows[0].step):
-            after = -1 if since_step == 0 else since_step  # from the start: row 0 too
-            stored = (StepMetrics.model_validate_json(body) for body in self.store.step_metrics(after))
-            rows = sorted({**{m.step: m for m in stored}, **{m.step: m for m in rows}}.values(), key=lambda m: m.step)
-        return [m for m in rows if m.step > since_step or m.step == since_step == 0]
+        """The rows of steps after ``since_step`` (``StepRows.since``)."""
+        return self.loop.rows.since(since_step)
 

@@ -61,6 +61,7 @@ from swarm.server.registry import EpisodeRegistry
 from swarm.server.retention import enforce_retention
 from swarm.server.sft import run_sft
 from swarm.server.step_commits import StepCommit, StepCommits
+from swarm.server.step_rows import StepRows
 from swarm.server.stepstats import step_metrics
 from swarm.server.store import EpisodeStore, store_safely
 from swarm.server.view import ServerView
@@ -72,9 +73,6 @@ T = TypeVar("T")
 # Cumulative per-step metrics (see StepLoop._totals).
 TOTAL_EPISODES = "train/episodes_total"
 TOTAL_SAMPLES = "train/samples_total"
-# The newest step rows held in memory (a row is a few KB; days of steps would be hundreds of MB). Older
-# rows are read back from the buffer, which keeps them all (``ServerCore.metrics_since``).
-METRICS_IN_MEMORY = 1000
 
 RunBlocking = Callable[[Callable[[], T]], Awaitable[T]]
 
@@ -119,8 +117,7 @@ class StepLoop:
         self.run_blocking = run_blocking
         self.checkpoints = checkpoints
         self.step = 0
-        self.metrics: list[StepMetrics] = []  # the newest METRICS_IN_MEMORY rows
-        self.metrics_trimmed = False  # older rows than ``metrics`` holds are in the buffer only
+        self.rows = StepRows(store)  # the step metrics: the newest in memory, all in the buffer
         self.training = False
         self.batch: list[Group] = []  # the groups the running step trains
         self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
@@ -334,8 +331,7 @@ class StepLoop:
         self.step, self._disk_waits = step, False
         self._last_step_at = now
         self._trained(kept, stale, reason)  # counted; they leave memory (the store keeps the durable copy)
-        self.metrics.append(record)
-        self.trim_metrics()
+        self.rows.append(record)
         view.emit("step.finished", step=step, metrics=metrics)
         view.emit("weights.updated", policy_version=view.policy_version, step=step)
 
@@ -343,45 +339,17 @@ class StepLoop:
         """Cumulative counts through ``step``: the x-axis for judging learning per episode consumed
         (MLflow plots against step or time only). They continue the last committed row before
         ``step``, so a restart that retrains steps after its checkpoint counts them once."""
-        before = next((m.metrics for m in reversed(self.metrics) if m.step < step and TOTAL_EPISODES in m.metrics), {})
+        before = next((m.metrics for m in reversed(self.rows.rows) if m.step < step and TOTAL_EPISODES in m.metrics),
+                      {})
         return {TOTAL_EPISODES: before.get(TOTAL_EPISODES, 0.0) + episodes,
                 TOTAL_SAMPLES: before.get(TOTAL_SAMPLES, 0.0) + samples}
 
-    def restore_metrics(self) -> None:
-        """After a restart: the newest rows from the buffer (row 0, when kept, holds the held-out
-        evaluation of the untrained policy)."""
-        newest = self.store.newest_step_metrics(METRICS_IN_MEMORY + 1)
-        self.metrics = [StepMetrics.model_validate_json(body) for body in newest]
-        self.trim_metrics()
-
-    def trim_metrics(self) -> None:
-        """Keep the newest METRICS_IN_MEMORY rows in memory; the buffer keeps every row."""
-        extra = len(self.metrics) - METRICS_IN_MEMORY
-        if extra > 0:
-            del self.metrics[:extra]
-            self.metrics_trimmed = True
-
     def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
         """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
-        after its step committed), creating the row if there is none (step 0: the untrained policy),
-        and write the row to the buffer at once, so every reader sees it and a restart keeps it."""
+        after its step committed), creating the row if there is none (step 0: the untrained policy)."""
         view = self.view
-        index = next((i for i in range(len(self.metrics) - 1, -1, -1) if self.metrics[i].step <= step), -1)
-        if index < 0 and self.metrics_trimmed:  # a row older than memory holds: merge into the stored one
-            stored = self.store.step_metrics(step - 1, limit=1)
-            old = StepMetrics.model_validate_json(stored[0]) if stored else None
-            row = (old.model_copy(update={"metrics": {**old.metrics, **extra}}) if old and old.step == step
-                   else StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=extra))
-        elif index >= 0 and self.metrics[index].step == step:
-            old = self.metrics[index]
-            row = old.model_copy(update={"metrics": {**old.metrics, **extra}})
-            self.metrics[index] = row
-        else:
-            row = StepMetrics(step=step, policy_version=view.policy_version, time=view.clock(), metrics=extra)
-            self.metrics.insert(index + 1, row)
-        store_safely(f"save the metrics of step {step}",
-                            lambda: self.store.save_step_metrics(step, row.model_dump_json()))
-        return row
+        return self.rows.merge(step, extra, lambda metrics: StepMetrics(
+            step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics))
 
     async def checkpoint(self) -> Path:
         """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a

@@ -172,9 +172,9 @@ def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_resta
     """Days of steps must not grow the server's memory: it holds the newest rows (3 here), and
     ``GET /metrics`` still serves every row from the buffer, before and after a restart. A held-out
     round ending for a step older than memory holds merges into that step's stored row."""
-    from swarm.server import step_loop
+    from swarm.server import step_rows
 
-    monkeypatch.setattr(step_loop, "METRICS_IN_MEMORY", 3)
+    monkeypatch.setattr(step_rows, "IN_MEMORY", 3)
     state = tmp_path / "state"
     config = {**CONFIG, "retention": "all"}
     server = start_server(state_dir=state, **config)
