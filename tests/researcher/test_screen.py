@@ -100,3 +100,25 @@ def test_a_campaign_question_is_screened_first_and_each_flagged_knob_becomes_a_c
     assert argv[argv.index("--steps-per-run") + 1] == "5"
     lines = ledger.scorecard(reloaded, rec)
     assert lines[0].startswith("c1 expect 'screen': flagged 1 knob(s)") and lines[-1].startswith("RESULT claims=1 ")
+
+
+@pytest.mark.study
+@pytest.mark.timeout(5400)
+def test_an_open_question_on_letters_is_screened_then_confirmed_on_fresh_seeds(cli, tmp_path: Path) -> None:
+    """Acceptance (#49): a campaign from an open question on letters runs its screen through the CLI, adds
+    a claim for each knob the screen flags, and runs the confirmations on seeds the screen never used."""
+    import json
+
+    from researcher.runs import record as runs
+
+    file = tmp_path / "open.toml"
+    file.write_text(f'[campaign]\nname = "open"\nquestion = "{QUESTION}"\nsteps_per_run = 10\nseeds = 2\n')
+    done = cli.run("campaign", "start", str(file), "--budget", "45m", *cli.dirs, timeout=4800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rec = json.loads((cli.studies / "open" / "campaign.json").read_text())
+    assert rec["screened"] and rec["claims"][0]["phase"] == "done", rec
+    assert len(rec["claims"]) >= 2, "the screen flagged nothing: " + (cli.studies / "open-c1" / "LOG.md").read_text()
+    screen_seeds = {r.seed for r in runs.all_records(cli.artifacts / "open-c1" / "runs")}
+    confirm_seeds = {r.seed for c in rec["claims"][1:] for r in runs.all_records(cli.artifacts / c["study_id"] / "runs")}
+    assert len(screen_seeds) == 2 and confirm_seeds and not screen_seeds & confirm_seeds
+    print(done.stdout[-3000:])
