@@ -33,12 +33,11 @@ from researcher.planner.schema import TopicNotMappable
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.runs.ray_launcher import RayLauncher
-from researcher.settings import StudyOptions
 from researcher.study import datatask, events, flags, store
 from researcher.study import files as studyfiles
 from researcher.study.flags import parse_duration
 from researcher.study.layout import StudyLayout, check_study_id
-from researcher.study.state import StudyState
+from researcher.study.state import StudyState, study_options
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from researcher.watchdogs import is_disk_full
@@ -220,7 +219,7 @@ def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str
     check_study_id(study_id)
     layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
     state = store.read_state(layout) or {}
-    options = StudyOptions(**state["options"]) if state.get("options") else None
+    options = study_options(state) if state.get("options") else None
     if options is not None and options.data is not None:  # the same data, or no resume
         datatask.check_unchanged(options)
         settings = settings.model_copy(update={"examples_root": datatask.root(layout.study_dir)})

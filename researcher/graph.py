@@ -34,7 +34,7 @@ from researcher.nodes import (
     write_report,
 )
 from researcher.study.events import NODE_DOING
-from researcher.study.state import StudyState
+from researcher.study.state import StudyState, study_options
 from researcher.watchdogs import FailStudy, ParkStudy, is_disk_full, is_transient
 
 
@@ -124,7 +124,7 @@ def build(ctx: StudyContext) -> StateGraph[StudyState]:
             # Runs queued for resources are retried after the monitor returns (a run ended, or a poll
             # passed with none running), never straight after launch_runs queued them.
             waiting = "pending" in statuses or "parked" in statuses or (after_monitor and "queued" in statuses)
-            if waiting and running < state["options"]["parallel_runs"] and not ctx.stop_requested():
+            if waiting and running < study_options(state).parallel_runs and not ctx.stop_requested():
                 return "launch_runs"
             if ctx.stop_requested() and "queued" in statuses and not running:
                 return "launch_runs"  # it ends the queued runs

@@ -16,7 +16,7 @@ from researcher.planner.schema import Framing
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState, summaries
+from researcher.study.state import StudyState, study_options, summaries
 
 NO_VERDICT = "no verdict yet"
 
@@ -92,4 +92,4 @@ def confirmations(state: StudyState) -> list[tuple[str, str]]:
     if not state.get("framing") or study is None:
         return []
     effects = [Effect.model_validate(e) for e in (study.dump().get("effects") or [])]
-    return screen.confirmations(Framing.model_validate(state["framing"]), effects)
+    return screen.confirmations(Framing.model_validate(state["framing"]), effects, study_options(state).min_effect)

@@ -19,7 +19,7 @@ from researcher.evidence import stats
 from researcher.evidence.looks import final_nominal
 from researcher.findings.records import Comparison, LookPlan, SequentialDesign
 from researcher.study import budget
-from researcher.study.state import StudyState
+from researcher.study.state import StudyState, study_options
 
 SPENDING = "obrien-fleming"  # strict early, close to a fixed design's 1.96 at the last look
 VALIDATE_S = 30.0  # a look's smoke run before its runs start
@@ -50,7 +50,7 @@ class Room:
 def room_now(state: StudyState, now: float, arms: int = 2) -> Room:
     """What the study's budget holds for a look now: the time before the report reserve, the measured
     seconds a run takes, its parallel runs and the runs left."""
-    return Room(budget.time_left(state, now), budget.run_estimate_s(state), state["options"]["parallel_runs"],
+    return Room(budget.time_left(state, now), budget.run_estimate_s(state), study_options(state).parallel_runs,
                 budget.runs_left(state), arms)
 
 

@@ -19,7 +19,7 @@ from researcher.runs import record as runs
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState, summaries
+from researcher.study.state import StudyState, study_options, summaries
 
 
 def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRun]:
@@ -69,7 +69,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     # framing's metric (a free-text metric an LLM wrote into a hypothesis names no curve: the framing's then).
     registered = next((h.metric for h in plan.hypotheses if h.metric in (analysis.EVAL_METRIC, framing.metric)),
                       framing.metric)
-    judging = analysis.Judging(framing.knob, registered, plan.steps_per_run, state["options"]["min_effect"],
+    judging = analysis.Judging(framing.knob, registered, plan.steps_per_run, study_options(state).min_effect,
                                plan.shape, look)
     trials = [analysis.TrialRun(experiment=t["experiment"], run_dir=t["run_dir"], status=t["status"], seed=t["seed"])
               for t in state["trials"]]

@@ -14,16 +14,16 @@ from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import DecisionRecord, StudyState, summaries
+from researcher.study.state import DecisionRecord, StudyState, study_options, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    options, history = state["options"], summaries(state)
+    options, history = study_options(state), summaries(state)
     last = history[-1]
     left = budget.time_left(state, ctx.clock())
     # The next look needs at least one more seed of a pair of arms within the time and runs left.
     room = sizing.room_now(state, ctx.clock())
-    _size_after_pilot(ctx, last.comparison, room, options["min_effect"])
+    _size_after_pilot(ctx, last.comparison, room, options.min_effect)
     hard = None
     if ctx.stop_requested():
         hard = "a stop was requested"
@@ -49,14 +49,14 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                             # and a factorial's main effects and interactions with their intervals
                             **{k: study.get(k) for k in ("metric", "axis", "noise_floor", "effects")}},
                    "tested_values": [e.value for s in history for e in s.experiments],
-                   "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options["min_effect"]}
+                   "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options.min_effect}
         reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)
         usage = add_usage(usage, reply.usage)
         decision = {"action": reply.value.action, "reason": reply.value.reason}
     studyfiles.log(ctx.layout, f"Decision after iteration {state['iteration']}: {decision['action']} — "
                                f"{decision['reason']}.")
     ctx.say("decided", **decision)
-    if decision["action"] == "continue" and options.get("park_after_look"):
+    if decision["action"] == "continue" and options.park_after_look:
         # A campaign's study: the campaign gives the next look's seeds to whichever hypothesis is closest
         # to settling, and resumes this one when it is its turn (the registered looks are unchanged).
         ctx.park(f"look {state['iteration']} done: the campaign decides which hypothesis gets the next seeds")

@@ -22,7 +22,7 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study.state import StudyState, Trial, advance_trial, study_options, sync_trial
 from researcher.tracking import review_view
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ EPISODE_SLACK = 1.75
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    options = state["options"]
+    options = study_options(state)
     trials: list[Trial] = [t.copy() for t in state["trials"]]
     launched_total = _count_launched(ctx)
     for trial in trials:
@@ -49,7 +49,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         if trial["status"] not in (RunStatus.PENDING, RunStatus.QUEUED):
             continue
         active = sum(1 for t in trials if t["status"] == RunStatus.RUNNING)
-        if active >= options["parallel_runs"]:
+        if active >= options.parallel_runs:
             break
         if ctx.stop_requested():
             advance_trial(trial, RunStatus.STOPPED)
@@ -97,7 +97,7 @@ def _unpark(state: StudyState, ctx: StudyContext, trials: list[Trial], run_dir: 
     elif budget.time_left(state, ctx.clock()) <= 0:
         ctx.launcher.end_parked(run_dir, record, RunStatus.CUT,
                                 f"deadline reached while parked at step {record.last_step}")
-    elif sum(1 for t in trials if t["status"] == RunStatus.RUNNING) >= state["options"]["parallel_runs"]:
+    elif sum(1 for t in trials if t["status"] == RunStatus.RUNNING) >= study_options(state).parallel_runs:
         sync_trial(trial, record)  # parked
         return
     elif not ctx.launcher.reserve(run_dir, record):
@@ -146,7 +146,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     group_size = int(config.get("group_size", 8))
     planned = studyfiles.read_plan(ctx.layout).iteration(state["iteration"]).experiment(trial["experiment"])
     # The arm's own step target where arms are matched on episodes consumed (``planner.arm_budgets``).
-    steps = planned.steps if planned and planned.steps else state["options"]["steps_per_run"]
+    steps = planned.steps if planned and planned.steps else study_options(state).steps_per_run
     eval_every = planned.eval_every if planned else None
     batch = int(config.get("batch_groups", 4)) * group_size
     episodes = int(steps * batch * EPISODE_SLACK) + batch
@@ -168,7 +168,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                        eval_every=eval_every,
                        concurrency=batch, threads=ctx.launcher.threads,
                        external=external, url=url, mlflow_run_id=child,
-                       resources={} if external else resources.request_for(state["options"], config,
+                       resources={} if external else resources.request_for(study_options(state).model_dump(), config,
                                                                            len(ctx.launcher.gpus)).amounts)
     return ctx.launcher.register(Path(trial["run_dir"]), record)
 

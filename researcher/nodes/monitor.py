@@ -39,7 +39,7 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Trial, advance_trial, sync_trial
+from researcher.study.state import StudyState, Trial, advance_trial, study_options, sync_trial
 from swarm import tracking
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
@@ -49,7 +49,7 @@ _MLFLOW_STATUS = {"finished": "FINISHED", "cut": "FINISHED", "stopped": "KILLED"
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    options = state["options"]
+    options = study_options(state)
     trials: list[Trial] = [t.copy() for t in state["trials"]]
     seconds = list(state.get("run_seconds") or [])
     while True:
@@ -76,9 +76,9 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         running = [t for t in trials if t["status"] == RunStatus.RUNNING]
         if ended_now or not running:
             if not running and not ended_now and any(t["status"] == RunStatus.QUEUED for t in trials):
-                time.sleep(options["poll_interval_s"])  # all wait for resources held elsewhere: retry soon
+                time.sleep(options.poll_interval_s)  # all wait for resources held elsewhere: retry soon
             break
-        time.sleep(options["poll_interval_s"])
+        time.sleep(options.poll_interval_s)
     return {"trials": trials, "run_seconds": seconds, "phase": "running"}
 
 
@@ -150,7 +150,7 @@ def _deadline(poll: Poll) -> Ending | None:
 
 
 def _stalled(poll: Poll) -> Ending | None:
-    limit = poll.state["options"]["stall_timeout_s"]
+    limit = study_options(poll.state).stall_timeout_s
     if poll.now - poll.record.last_progress_at > limit:
         return "stalled", f"no training step for {limit:.0f} s (at step {poll.record.last_step})"
     return None
@@ -167,7 +167,7 @@ def _client_gave_up(poll: Poll) -> Ending | None:
     and trains between the kills is not crashed for it."""
     record, launcher = poll.record, poll.ctx.launcher
     if launcher.client_alive(record) or launcher.client_used_up(poll.run_dir, record) \
-            or _failures_in_a_row(record) < poll.state["options"]["max_client_restarts"]:
+            or _failures_in_a_row(record) < study_options(poll.state).max_client_restarts:
         return None
     return "crashed", (f"client failed {_failures_in_a_row(record) + 1} times in a row at step {record.last_step}:\n"
                        f"{launcher.client_log(poll.run_dir)}")
@@ -301,7 +301,7 @@ def _restart_hung_client(poll: Poll) -> None:
     ctx, record, status, now = poll.ctx, poll.record, poll.status, poll.now
     if status is None:
         return
-    limit = poll.state["options"].get("client_stuck_s", 600.0)
+    limit = study_options(poll.state).client_stuck_s
     finished = status.episodes.finished
     waiting = status.state.value == "running"  # serving, not training or paused: it needs episodes
     if watchdogs.client_stuck(finished_now=finished, finished_before=record.finished_seen,

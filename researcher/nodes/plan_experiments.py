@@ -14,10 +14,9 @@ that process.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from researcher.context import StudyContext
 from researcher.evidence import factorial, sizing
@@ -25,10 +24,11 @@ from researcher.findings.records import IterationPlan, IterationSummary, JsonObj
 from researcher.planner import arm_budgets, catalog, topic
 from researcher.planner.schema import Experiment, Framing, Plan, Planner, PlannerContext
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
+from researcher.settings import StudyOptions
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import run_key
-from researcher.study.state import StudyState, Trial, summaries
+from researcher.study.state import StudyState, Trial, study_options, summaries
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 
@@ -98,7 +98,7 @@ def config_check(swarm_command: Sequence[str], base_config: Path) -> ConfigCheck
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     framing = Framing.model_validate(state["framing"])
-    options = state["options"]
+    options = study_options(state)
     iteration = state.get("iteration", 0) + 1
     history = summaries(state)
     question = topic.parse(state["topic"])
@@ -131,7 +131,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the run budget does not fit a comparison "
                                    f"({len(experiments)} configuration(s)); concluding.")
         return {"phase": "reporting", "llm": usage, "decision": {"action": "conclude", "reason": "run budget spent"}}
-    arm_plans = _arm_budgets(experiments, options["steps_per_run"], example, notes)
+    arm_plans = _arm_budgets(experiments, options.steps_per_run, example, notes)
     assumptions = _unique([*question.assumptions, *plan.assumptions, *notes])
     written = IterationPlan.model_validate({
         "rationale": plan.rationale, "shape": plan.shape, "stage": plan.stage, "assumptions": assumptions,
@@ -139,7 +139,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
         "question": {k: v for k, v in question.summary().items() if k != "assumptions"},
         "hypotheses": [h.model_dump() for h in plan.hypotheses],
         "experiments": [{**e.model_dump(), **arm_plans[e.name]} for e in experiments],
-        "seeds": [_seed(options, iteration, k) for k in range(seeds)], "steps_per_run": options["steps_per_run"],
+        "seeds": [_seed(options, iteration, k) for k in range(seeds)], "steps_per_run": options.steps_per_run,
         **({"look": look.dump()} if design else {})})
     studyfiles.write_plan(ctx.layout, iteration, written, framing.model_dump(), design)
     trials: list[Trial] = []
@@ -176,35 +176,35 @@ def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSumm
     """The study's decision rule, this iteration's look and the seeds it adds, registered before its runs:
     the design and the pilot on the first iteration; later, each look's seeds within the budget the pilot
     sized the study to (``decide`` sizes it; look None: no seed fits)."""
-    options = state["options"]
+    options = study_options(state)
     plan_file = studyfiles.read_plan(ctx.layout)
     design = plan_file.design
     if not history:
-        design = sizing.register(state["budget"]["max_iterations"], options["seeds"])
-        return design, sizing.pilot_look(design), options["seeds"]
+        design = sizing.register(state["budget"]["max_iterations"], options.seeds)
+        return design, sizing.pilot_look(design), options.seeds
     previous = plan_file.iteration(state.get("iteration", 0)).look
     if design is None or previous is None:  # a study registered before sequential looks: fixed seeds
-        return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options["seeds"]), options["seeds"]
+        return None, LookPlan(look=state.get("iteration", 0) + 1, seeds=options.seeds), options.seeds
     room = sizing.room_now(state, ctx.clock(), max(arms, 1))
     look = sizing.next_look(design, previous, room)
     return design, look, look.seeds - previous.seeds if look else 0
 
 
-def _seed(options: Mapping[str, Any], iteration: int, k: int) -> int:
+def _seed(options: StudyOptions, iteration: int, k: int) -> int:
     """The k-th seed of an iteration: fresh per iteration, shifted by the study's ``seed_base``."""
-    return int(options.get("seed_base") or 0) + iteration * SEED_STRIDE + k
+    return options.seed_base + iteration * SEED_STRIDE + k
 
 
 def _context(state: StudyState, ctx: StudyContext, framing: Framing, question: topic.TopicQuestion,
              history: list[IterationSummary], example_config: Path | None) -> JsonObject:
     """What the planner plans from: the question's reading, the budget, the task's config and the
     study's history (each iteration's pooled comparison, values and factorial effects)."""
-    options = state["options"]
+    options = study_options(state)
     earlier = studyfiles.read_plan(ctx.layout).iterations
     context: PlannerContext = {
         "iteration": state.get("iteration", 0) + 1, "topic": state["topic"], "named": question.summary(),
-        "seeds_per_experiment": options["seeds"], "steps_per_run": options["steps_per_run"],
-        "min_effect": options["min_effect"],
+        "seeds_per_experiment": options.seeds, "steps_per_run": options.steps_per_run,
+        "min_effect": options.min_effect,
         "task_config": studyfiles.server_config(example_config, {}) if example_config else {},
         "tested_values": [e.value for s in history for e in s.experiments],
         "best_value": history[-1].best_value if history else None,
@@ -240,12 +240,12 @@ def _runnable(plan: Plan, used_names: set[str], runs_left: int, seeds: int) -> t
 def _record_plan(state: StudyState, ctx: StudyContext, framing: Framing, plan: Plan, experiments: list[Experiment],
                  assumptions: list[str], seeds: int) -> str:
     """The plan in LOG.md and on a new MLflow parent run of the iteration (returned), with plan.json."""
-    options, iteration = state["options"], state.get("iteration", 0) + 1
+    options, iteration = study_options(state), state.get("iteration", 0) + 1
     hypotheses = "; ".join(f"{h.id}: {h.statement} Expected: {h.expected_effect}" for h in plan.hypotheses)
     studyfiles.log(ctx.layout, f"Iteration {iteration} planned ({plan.shape}, {plan.stage}; {plan.rationale}) "
                                f"Hypotheses, written before running: {hypotheses} Experiments: "
                                + ", ".join(_show(e) for e in experiments)
-                               + f"; {seeds} seeds each, {options['steps_per_run']} steps per run."
+                               + f"; {seeds} seeds each, {options.steps_per_run} steps per run."
                                + (" Assumed: " + "; ".join(assumptions) + "." if assumptions else ""))
     if plan.code_change:
         studyfiles.log(ctx.layout, f"Iteration {iteration} changes the client code: {plan.code_change}")
@@ -257,7 +257,7 @@ def _record_plan(state: StudyState, ctx: StudyContext, framing: Framing, plan: P
     # ``planned_metric``: analysis may judge on another (eval/* when held-out rounds suffice); the
     # parent's ``researcher.metric`` tag names the one the verdict used.
     ctx.tracker.log_params(parent, {"knob": framing.knob, "task": framing.task, "planned_metric": framing.metric,
-                                    "seeds": seeds, "steps_per_run": options["steps_per_run"],
+                                    "seeds": seeds, "steps_per_run": options.steps_per_run,
                                     "shape": plan.shape, "stage": plan.stage,
                                     "experiments": ",".join(e.name for e in experiments),
                                     **({"base": framing.base} if framing.base else {}),

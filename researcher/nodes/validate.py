@@ -19,7 +19,7 @@ from researcher.context import StudyContext
 from researcher.runs import preflight
 from researcher.runs.preflight import Failure
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Validation
+from researcher.study.state import StudyState, Validation, study_options
 
 FULL_BYTES = 16 * 2**20  # below this free under the artifacts, a failed probe or smoke run is the disk's doing
 
@@ -83,11 +83,11 @@ def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, att
         return probe
     passed.append(f"data probe (tasks(seed) deterministic and seed-dependent over the first {probe.tasks_per_seed} "
                   f"tasks of seeds {', '.join(map(str, probe.seeds))}; {probe.heldout} held-out tasks, disjoint)")
-    episodes, group = preflight.smoke_size(state["options"]["smoke_episodes"])
+    episodes, group = preflight.smoke_size(study_options(state).smoke_episodes)
     rewards_file = work_dir / preflight.REWARDS_FILE
     server = ctx.settings.servers[0] if ctx.settings.servers else None
     smoke_error = ctx.launcher.smoke(client, config, work_dir, episodes=episodes, group_size=group,
-                                     timeout_s=state["options"]["smoke_timeout_s"], server_url=server,
+                                     timeout_s=study_options(state).smoke_timeout_s, server_url=server,
                                      rewards_out=rewards_file)
     records = preflight.read_rewards(rewards_file)
     # Rewards outside the range explain an abort (a NaN is refused) better than the abort count does.

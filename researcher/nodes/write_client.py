@@ -22,7 +22,7 @@ from researcher.planner.usage import add_usage, new_usage
 from researcher.runs import preflight
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Validation
+from researcher.study.state import StudyState, Validation, study_options
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -36,7 +36,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plans = studyfiles.read_plan(ctx.layout)
     plan = plans.iteration(iteration)
     try:
-        baseline = state["options"].get("baseline") or {}  # a campaign's settled findings: the arms' own win
+        baseline = study_options(state).baseline or {}  # a campaign's settled findings: the arms' own win
         configs = {exp.name: studyfiles.server_config(example.config, {**baseline, **exp.overrides})
                    for exp in plan.experiments}
     except ValueError as exc:
@@ -92,8 +92,8 @@ def _context(state: StudyState, framing: Framing, plan: IterationPlan, validatio
              continued: bool, now: float) -> JsonObject:
     """What the client writer and the repair step need beyond the code: the change asked for, the client
     factors and the budget left (repair rounds, runs, time, the smoke run's size)."""
-    options = state["options"]
-    episodes, group = preflight.smoke_size(options["smoke_episodes"])  # what validate's smoke run really runs
+    options = study_options(state)
+    episodes, group = preflight.smoke_size(options.smoke_episodes)  # what validate's smoke run really runs
     return {"iteration": state["iteration"], "task": framing.task, "base_example": framing.example,
             "new_task": framing.task != framing.example,
             "starting_code": "the previous iteration's client" if continued else f"the {framing.example} example",
@@ -101,7 +101,7 @@ def _context(state: StudyState, framing: Framing, plan: IterationPlan, validatio
             "client_factors": {name: f.levels for name, f in framing.client_factors().items()},
             "budget": {"repair_rounds_left": max(state["budget"]["max_repairs"] - validation.get("attempts", 0), 0),
                        "runs_left": budget.runs_left(state), "time_left_s": round(budget.time_left(state, now)),
-                       "steps_per_run": options["steps_per_run"],
-                       "seeds_per_experiment": options["seeds"],
+                       "steps_per_run": options.steps_per_run,
+                       "seeds_per_experiment": options.seeds,
                        "smoke_run": {"episodes": episodes, "group_size": group,
-                                     "timeout_s": options["smoke_timeout_s"]}}}
+                                     "timeout_s": options.smoke_timeout_s}}}

@@ -17,13 +17,13 @@ from researcher.runs import record as runs
 from researcher.study import events
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import Phase, StudyState, summaries
+from researcher.study.state import Phase, StudyState, study_options, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
     usage = state.get("llm") or new_usage()
     # A state from before pooled evidence: recompute it from the runs on disk (else "No answer").
-    min_effect = (state.get("options") or {}).get("min_effect", 0.02)
+    min_effect = study_options(state).min_effect
     history = analysis.backfill(summaries(state), ctx.layout, min_effect)
     framing = Framing.model_validate(state["framing"]) if state.get("framing") is not None else None
     phase = state.get("phase")

@@ -169,7 +169,8 @@ class OfflinePlanner:
         framing on a knob outside the catalog (an LLM's, when this planner takes a step over) is concluded
         where refining it would need the knob's ladder. A screen ends after its one look (``screen.decide``)."""
         if screen.is_screen(framing):
-            return free(screen.decide(framing, [Effect.model_validate(e) for e in context["last"].get("effects") or []]))
+            effects = [Effect.model_validate(e) for e in context["last"].get("effects") or []]
+            return free(screen.decide(framing, effects, float(context.get("min_effect", 0.02))))
         question = _question(framing, context)
         last, tested = context["last"], context.get("tested_values", [])
         min_effect = float(context.get("min_effect", 0.02))

@@ -80,7 +80,8 @@ def plan(framing: Framing, iteration: int) -> Plan:
     hypothesis = Hypothesis(id=f"h{iteration}", metric=EVAL_METRIC, statement=(
         f"At least one of {', '.join(f.name for f in framing.factors)} changes how fast the {framing.task} task "
         "learns; each main effect is the mean of the arms at the knob's second level minus the mean at its first"),
-        expected_effect="unknown: a screen registers no direction; it flags effects whose 95% interval excludes 0")
+        expected_effect="unknown: a screen registers no direction; it flags main effects whose 95% interval excludes 0 "
+                        "and whose estimate is beyond the minimum effect of interest")
     experiments = [Experiment(name=f"it{iteration}-arm{i + 1}", hypothesis=hypothesis.id, overrides=overrides)
                    for i, overrides in enumerate(arms(framing.factors))]
     size = len(experiments)
@@ -91,27 +92,31 @@ def plan(framing: Framing, iteration: int) -> Plan:
                 if size < 2 ** len(framing.factors) else [])
 
 
-def flagged(effects: list[Effect]) -> list[Effect]:
-    """The main effects a screen flags for confirmation: a 95% interval that excludes 0, largest first."""
-    mains = [e for e in effects if e.kind == "main" and e.resolved and e.estimate is not None]
+def flagged(effects: list[Effect], min_effect: float) -> list[Effect]:
+    """The main effects a screen flags for confirmation, largest first: a 95% interval that excludes 0 and
+    an estimate beyond ±``min_effect`` (as the verdict rules: a resolved difference below the minimum of
+    interest is no finding to confirm)."""
+    mains = [e for e in effects if e.kind == "main" and e.resolved and e.estimate is not None
+             and abs(e.estimate) > min_effect]
     return sorted(mains, key=lambda e: -abs(e.estimate or 0.0))
 
 
-def decide(framing: Framing, effects: list[Effect]) -> Decision:
+def decide(framing: Framing, effects: list[Effect], min_effect: float) -> Decision:
     """A screen ends after its one look: more seeds of it would only sharpen a selection, which the
     confirmations on fresh seeds do without the winner's curse."""
-    found = flagged(effects)
+    found = flagged(effects, min_effect)
     if not found:
-        return Decision(action="conclude", reason="the screen flags no knob: no main effect's 95% interval excludes 0")
+        return Decision(action="conclude", reason=f"the screen flags no knob: no main effect's 95% interval excludes 0 "
+                                                  f"with an estimate beyond ±{min_effect}")
     listed = ", ".join(f"{e.name} ({e.estimate or 0.0:+.3f} ± {e.hw or 0.0:.3f})" for e in found)
     return Decision(action="conclude", reason=f"the screen flags {listed}: each is confirmed on fresh seeds, not here")
 
 
-def confirmations(framing: Framing, effects: list[Effect]) -> list[tuple[str, str]]:
+def confirmations(framing: Framing, effects: list[Effect], min_effect: float) -> list[tuple[str, str]]:
     """Each flagged knob as a comparison to confirm: its topic and the direction the screen saw."""
     out = []
     by_name = {f.name: f for f in framing.factors}
-    for effect in flagged(effects):
+    for effect in flagged(effects, min_effect):
         factor = by_name.get(effect.name)
         if factor is None:
             continue

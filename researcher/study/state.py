@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from researcher.findings.records import IterationSummary
 from researcher.planner.usage import LLMUsage
 from researcher.runs.status import RunStatus, check
+from researcher.settings import StudyOptions
 
 if TYPE_CHECKING:
     from researcher.runs.record import RunRecord
@@ -77,6 +78,12 @@ class StudyState(TypedDict, total=False):
     stop_requested: bool
     parked: Parked | None            # where a parked study re-enters
 
+
+
+def study_options(state: StudyState) -> StudyOptions:
+    """The study's options, typed (the state holds their JSON; keys a later version dropped are ignored)."""
+    raw = state.get("options") or {}
+    return StudyOptions.model_validate({k: v for k, v in raw.items() if k in StudyOptions.model_fields})
 
 
 def summaries(state: StudyState) -> list[IterationSummary]:

@@ -49,16 +49,18 @@ def test_the_screen_flags_the_knob_that_moves_the_reward_and_names_its_confirmat
     assert len(state["trials"]) == 16, state.get("error")
     state |= write_client.run(state, ctx)  # type: ignore[arg-type]
     overrides = {e.name: e.overrides for e in studyfiles.read_plan(ctx.layout).iteration(1).experiments}
-    # lr 3e-3 learns 0.2 faster, every other knob changes nothing; a seed's noise is ±0.01.
+    # lr 3e-3 learns 0.2 faster; temperature 1.3 a resolved 0.01 slower, below the minimum of interest (0.02);
+    # every other knob changes nothing; a seed's noise is ±0.01.
     finish_trials(state, lambda t: 0.3 + (0.2 if overrides[t["experiment"]]["lr"] > 1e-3 else 0.0)
-                  + 0.01 * (t["seed"] % 2))
+                  - (0.01 if overrides[t["experiment"]]["temperature"] > 1 else 0.0) + 0.01 * (t["seed"] % 2))
     state |= analyze.run(state, ctx)  # type: ignore[arg-type]
-    effects = [Effect.model_validate(e) for e in state["iterations"][-1]["study"]["effects"]]
-    assert [e.name for e in screen.flagged(effects)] == ["lr"], [(e.name, e.estimate, e.hw) for e in effects if e.kind == "main"]
+    effects = {e.name: e for e in (Effect.model_validate(e) for e in state["iterations"][-1]["study"]["effects"])}
+    assert effects["temperature"].resolved and abs(effects["temperature"].estimate + 0.01) < 1e-9
+    assert [e.name for e in screen.flagged(list(effects.values()), 0.02)] == ["lr"]
     state |= decide.run(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "conclude" and "the screen flags lr (+0.200" in state["decision"]["reason"]
     framing = OfflinePlanner(["letters"]).frame(QUESTION, "").value
-    assert screen.confirmations(framing, effects) == [
+    assert screen.confirmations(framing, list(effects.values()), 0.02) == [
         ("Does lr = 0.003 make the letters task learn faster than lr = 0.0003?", "yes")]
 
 
