@@ -175,7 +175,7 @@ def _refresh_screen(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord,
     if not claim.closed or rec.screened:
         return
     found = standing.confirmations(state) if claim.phase == "done" else []
-    claim.verdict = f"flagged {len(found)} knob(s)"
+    claim.verdict = f"flagged {len(found)} knob(s)" if claim.phase == "done" else None
     for topic, expect in found:
         added = Claim(topic=topic, expect=expect, source=f"flagged by the screen {claim.study_id}",
                       seed_base=CONFIRM_SEED_BASE)
