@@ -7,6 +7,10 @@ launch_runs runs again (after a run ends, or each poll while nothing runs). ``pa
 
 Idempotent: a trial whose run.json records a launch is re-attached to, never started twice (the
 crash test counts ``launches``). Each run gets an MLflow child run under the iteration's parent.
+
+The run's client is not started here: its server takes 15-30 s to come up, and launch_runs does not
+wait. ``monitor`` starts it on the first poll that finds the server ready
+(``monitor._start_client_when_ready``), and restarts or tops it up from then on.
 """
 
 from __future__ import annotations
