@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: parallel.rank(item.nodeid))
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (-p no:xdist) skips it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under ``-n``: each group of ``support.parallel`` goes to one worker whole. A scheduler of our own
     rather than ``xdist_group`` marks: xdist 3.8 groups by a suffix it writes into ``item._nodeid``,
