@@ -37,6 +37,7 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
 from researcher.study.files import write_atomic
 from researcher.study.layout import StudyLayout
+from researcher.study.state import StudyState
 from researcher.study.store import is_locked, read_state, study_lock
 from swarm import stopping
 
@@ -140,19 +141,20 @@ def _refresh(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studie
     """Read the claim's study back after a session: its phase, a new look's standing, its Answer once
     ended, its CPU time; a settled direction becomes its task's baseline, and an ended screen adds its
     confirmations (a screen's own winner is a selection, never a baseline)."""
-    if spec.claim[claim.index].expect == "screen":
-        _refresh_screen(spec, rec, claim, studies_root, artifacts_root)
-        return
     layout = StudyLayout(claim.study_id, studies_root, artifacts_root)
     state = read_state(layout) or {}
     if not state:
         return
     claim.phase = state.get("phase", claim.phase)
+    claim.cpu_hours = standing.cpu_hours(layout)
+    claim.task = claim.task or standing.task(state)
+    if spec.claim[claim.index].expect == "screen":
+        if claim.closed and not rec.screened:
+            _add_confirmations(spec, rec, claim, state)
+        return
     look = standing.latest_look(layout, state)
     if look is not None and (not claim.looks or look.look > claim.looks[-1].look):
         claim.looks.append(look)
-    claim.cpu_hours = standing.cpu_hours(layout)
-    claim.task = claim.task or standing.task(state)
     if claim.closed:
         claim.verdict = standing.answer_class(layout)
         winner = standing.winner_settings(state) if claim.phase == "done" else None
@@ -161,19 +163,9 @@ def _refresh(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studie
             rec.baseline_sources.setdefault(claim.task, []).append(claim.study_id)
 
 
-def _refresh_screen(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studies_root: Path,
-                    artifacts_root: Path) -> None:
-    """The screen's phase and CPU time; once it ended, each knob it flags as a claim of the campaign's,
-    on seeds the screen never used (added once: campaign.json says so)."""
-    layout = StudyLayout(claim.study_id, studies_root, artifacts_root)
-    state = read_state(layout) or {}
-    if not state:
-        return
-    claim.phase = state.get("phase", claim.phase)
-    claim.cpu_hours = standing.cpu_hours(layout)
-    claim.task = claim.task or standing.task(state)
-    if not claim.closed or rec.screened:
-        return
+def _add_confirmations(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -> None:
+    """An ended screen: each knob it flags as a claim of the campaign's, on seeds the screen never used
+    (added once: campaign.json says so)."""
     found = standing.confirmations(state) if claim.phase == "done" else []
     claim.verdict = f"flagged {len(found)} knob(s)" if claim.phase == "done" else None
     for topic, expect in found:

@@ -9,7 +9,6 @@ from typing import Any
 
 from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
-from researcher.findings.records import Effect
 from researcher.operations import overview
 from researcher.planner import screen
 from researcher.planner.schema import Framing
@@ -91,5 +90,4 @@ def confirmations(state: StudyState) -> list[tuple[str, str]]:
     study = history[-1].study if history else None
     if not state.get("framing") or study is None:
         return []
-    effects = [Effect.model_validate(e) for e in (study.dump().get("effects") or [])]
-    return screen.confirmations(Framing.model_validate(state["framing"]), effects, study_options(state).min_effect)
+    return screen.confirmations(Framing.model_validate(state["framing"]), study.effects, study_options(state).min_effect)

@@ -83,11 +83,12 @@ def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, att
         return probe
     passed.append(f"data probe (tasks(seed) deterministic and seed-dependent over the first {probe.tasks_per_seed} "
                   f"tasks of seeds {', '.join(map(str, probe.seeds))}; {probe.heldout} held-out tasks, disjoint)")
-    episodes, group = preflight.smoke_size(study_options(state).smoke_episodes)
+    options = study_options(state)
+    episodes, group = preflight.smoke_size(options.smoke_episodes)
     rewards_file = work_dir / preflight.REWARDS_FILE
     server = ctx.settings.servers[0] if ctx.settings.servers else None
     smoke_error = ctx.launcher.smoke(client, config, work_dir, episodes=episodes, group_size=group,
-                                     timeout_s=study_options(state).smoke_timeout_s, server_url=server,
+                                     timeout_s=options.smoke_timeout_s, server_url=server,
                                      rewards_out=rewards_file)
     records = preflight.read_rewards(rewards_file)
     # Rewards outside the range explain an abort (a NaN is refused) better than the abort count does.

@@ -54,6 +54,11 @@ class Knob:
         return (*self.keywords, self.key, self.key.replace("_", " "))
 
 
+def show(value: Any) -> str:
+    """A knob value as the planners write it in questions and arm names (floats compact: 0.0003, 3e-05)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 KNOBS: tuple[Knob, ...] = (
     Knob("group_size", "GRPO group size", ("group size", "group-size", "groupsize", "samples per prompt",
                                            "rollouts per prompt", "group"),

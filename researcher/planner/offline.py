@@ -23,6 +23,7 @@ from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
 from researcher.findings.records import Comparison, Effect, JsonObject
 from researcher.findings.verdicts import Verdict, classify, settled
 from researcher.planner import catalog, ladder, screen
+from researcher.planner.catalog import show as _show
 from researcher.planner.schema import (
     ClientCode,
     Decision,
@@ -45,10 +46,6 @@ def _value_name(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")
-
-
-def _show(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _shows(values: list[Any]) -> str:
@@ -77,7 +74,7 @@ class OfflinePlanner:
         question = parse(topic)
         if question.knob is None and question.open:
             task = self._task(question, catalog_text)
-            return free(screen.framing(question, task))
+            return free(screen.framing(task))
         if question.knob is None:
             raise TopicNotMappable(
                 f"The offline planner cannot map this topic onto an experiment: {topic!r}.\n"

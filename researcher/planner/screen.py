@@ -18,7 +18,6 @@ from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
 from researcher.findings.records import Effect
 from researcher.planner import catalog
 from researcher.planner.schema import Decision, Experiment, Factor, Framing, Hypothesis, Plan
-from researcher.planner.topic import TopicQuestion
 
 __all__ = ["arms", "confirmations", "decide", "flagged", "framing", "is_screen", "knobs", "plan"]
 
@@ -61,12 +60,12 @@ def arms(factors: list[Factor]) -> list[dict[str, Any]]:
     return [{f.name: f.levels[(s + 1) // 2] for f, s in zip(factors, row, strict=True)} for row in signs]
 
 
-def framing(question: TopicQuestion, task: str) -> Framing:
+def framing(task: str) -> Framing:
     """The open question framed as a screen of the task's knobs."""
     chosen = knobs(task)
     factors = [Factor(name=k.key, where="server", levels=levels(k)) for k in chosen]
     size = len(arms(factors))
-    names = ", ".join(f"{k.key} ({_show(levels(k)[0])} or {_show(levels(k)[1])})" for k in chosen)
+    names = ", ".join(f"{k.key} ({catalog.show(levels(k)[0])} or {catalog.show(levels(k)[1])})" for k in chosen)
     text = (f"Which of {names} make the {task} task learn faster, measured as the area under the held-out reward "
             f"curve {AXIS_TEXT['step']}? A screen: two levels of each knob in a two-level "
             f"{'fractional ' if size < 2 ** len(chosen) else ''}factorial of {size} arms; what it flags is confirmed "
@@ -120,11 +119,7 @@ def confirmations(framing: Framing, effects: list[Effect], min_effect: float) ->
         factor = by_name.get(effect.name)
         if factor is None:
             continue
-        low, high = (_show(v) for v in factor.levels)
+        low, high = (catalog.show(v) for v in factor.levels)
         out.append((f"Does {factor.name} = {high} make the {framing.task} task learn faster than {factor.name} = "
                     f"{low}?", "yes" if (effect.estimate or 0.0) > 0 else "no"))
     return out
-
-
-def _show(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
