@@ -148,11 +148,14 @@ def test_serve_and_worker_refuse_an_uncached_name_before_serving(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.study  # loads SmolLM2 (about a minute, 1.5 GB): run with `pytest -m study`
-@pytest.mark.timeout(600)
-def test_serve_answers_from_a_hub_snapshot(hub_cache: Path, tmp_path: Path) -> None:
-    """A bare ``swarm serve --model HuggingFaceTB/SmolLM2-135M-Instruct``: the snapshot refs/main
-    names, pinned to its commit, greedy arithmetic right, and the defaults scaled to 135M parameters."""
-    server = ServeProcess(port=free_port(), state_dir=tmp_path / "state", model=REPO, env=_offline(hub_cache))
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("engine", ["torch", "vllm"])
+def test_serve_answers_from_a_hub_snapshot(hub_cache: Path, tmp_path: Path, engine: str) -> None:
+    """A bare ``swarm serve --model HuggingFaceTB/SmolLM2-135M-Instruct`` (``--engine torch`` or
+    ``vllm``: the vLLM child loads the same snapshot folder): the snapshot refs/main names, pinned to
+    its commit, greedy arithmetic right, and the defaults scaled to 135M parameters."""
+    server = ServeProcess(port=free_port(), state_dir=tmp_path / "state", model=REPO, env=_offline(hub_cache),
+                          extra_args=("--engine", engine))
     server.start(timeout_s=300)
     try:
         assert json.loads((server.state_dir / "server.json").read_text())["model"] == f"{REPO}@{MAIN}"
