@@ -20,11 +20,10 @@ from researcher.runs import record as runs
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.study  # about 140 s a case on 2 cores; the config-file path they take is every knob's (CI time, #51)
 @pytest.mark.parametrize(("topic", "key", "other", "server_says"), [
     ("Does vLLM rollout change learning on the letters task?", "engine", "vllm", "vLLM up at"),
-    # The verl case takes the same config-file path as vLLM's (about 140 s on 2 cores): on request, -m study.
-    pytest.param("Does training on verl change learning on the letters task?", "trainer", "verl",
-                 "verl trainer: 1 FSDP2 worker", marks=pytest.mark.study),
+    ("Does training on verl change learning on the letters task?", "trainer", "verl", "verl trainer: 1 FSDP2 worker"),
 ])
 def test_study_runs_an_experiment_on_another_engine(cli, tmp_path: Path, no_leftover_servers: Callable[[Path], None],
                                                     topic: str, key: str, other: str, server_says: str) -> None:
