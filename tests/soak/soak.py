@@ -387,14 +387,18 @@ def main(argv: list[str] | None = None) -> int:
         "the studies' artifacts on a tmpfs (needs root), filled at random times for a while, then freed"))
     parser.add_argument("--disk-mb", type=int, default=1024,
                         help="the tmpfs' size (above the researcher's own 500 MB disk watchdog)")
-    parser.add_argument("--fill-every", type=float, nargs=2, default=(20.0, 60.0), metavar=("MIN", "MAX"),
-                        help="seconds from one full-disk spell's end to the next one's start, drawn uniformly")
+    parser.add_argument("--fill-every", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="seconds from one full-disk spell's end to the next one's start, drawn uniformly "
+                        "(default 20-60 s; with --engine vllm 240-480 s: a vLLM run needs minutes to start "
+                        "on 2 cores, and a study parks on each spell, so closer spells leave it no progress)")
     parser.add_argument("--fill-hold", type=float, nargs=2, default=(5.0, 20.0), metavar=("MIN", "MAX"),
                         help="seconds a full-disk spell lasts, drawn uniformly")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (printed) for a post-mortem")
     args = parser.parse_args(argv)
     if args.ray:
         parser.error("--ray is not part of this soak yet")
+    if args.fill_every is None:
+        args.fill_every = (240.0, 480.0) if args.engine == "vllm" else (20.0, 60.0)
     if args.engine == "vllm":
         from swarm.backends.vllm.process import VllmStartError, find_vllm_python
 
