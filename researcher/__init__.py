@@ -12,6 +12,6 @@ its nodes (one verb a module) live in ``researcher.nodes``. The packages, by job
 - ``tracking``: the MLflow side: the tracker, its spool, planner traces and the UI's saved view.
 - ``operations``: running studies over time and watching them: scheduler, daemon, watch, status.
 
-At the top: the CLI, the composition root, settings, the context, the graph, the session that runs it
-and the watchdogs; ``ray_entry`` and ``scheduler`` keep old module paths that persisted data names.
+At the top: the CLI, the composition root, settings, the context, a study's preparation, the graph,
+the session that runs it and the watchdogs; ``ray_entry`` and ``scheduler`` keep old module paths that persisted data names.
 """

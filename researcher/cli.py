@@ -1,5 +1,7 @@
-"""``researcher …``: the command-line verbs, one function each. Settings and a study's wiring are
-``researcher.composition``'s, terminal output ``researcher.operations.terminal``'s.
+"""``researcher …``: the command-line verbs, one function each: flags parsed, one call, output and exit
+code. A study's preparation (settings, options, data, its checks) is ``researcher.preparation``'s, which
+``researcher.session``'s ``start_study`` and ``resume_study`` run first; terminal output is
+``researcher.operations.terminal``'s.
 
 Environment read here: RESEARCHER_RAY_ADDRESS (place runs on a Ray cluster, like --ray-address); the
 rest is listed in ``researcher.composition``.
@@ -16,28 +18,21 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
 from researcher.campaign import commands as campaign_commands
-from researcher.composition import build_context, build_settings, default_dir
-from researcher.context import StudyContext
+from researcher.composition import build_settings
 from researcher.evidence import run_table
 from researcher.operations import overview, scheduler, terminal
-from researcher.planner import catalog
-from researcher.planner.offline import OfflinePlanner
-from researcher.planner.schema import TopicNotMappable
-from researcher.runs import resources
+from researcher.preparation import DataFlags, Prepared, Refused, StartRequest
 from researcher.runs.launcher import Launcher
-from researcher.runs.ray_launcher import RayLauncher
-from researcher.study import datatask, events, flags, store
-from researcher.study import files as studyfiles
+from researcher.study import events, store
 from researcher.study.flags import parse_duration
 from researcher.study.layout import StudyLayout, check_study_id
-from researcher.study.state import StudyState, study_options
+from researcher.study.state import StudyState, framing_metric
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from researcher.watchdogs import is_disk_full
@@ -59,19 +54,6 @@ ArtifactsDir = Annotated[Path, typer.Option("--artifacts-dir", help="where run o
 def _fail(message: str, code: int = 1) -> NoReturn:
     out.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
-
-
-def _check_cluster(ctx: StudyContext) -> None:
-    """A Ray study must keep its checkpoints and MLflow where every node sees them (exit 2 if not)."""
-    launcher = ctx.launcher
-    if not isinstance(launcher, RayLauncher):
-        return
-    try:
-        launcher.check_shared(ctx.settings.artifacts_root, ctx.settings.mlflow_uri())
-    except ValueError as exc:  # a malformed --ray-address, or ClusterNotShared: nodes that cannot see our files
-        _fail(str(exc), 2)
-    except (ConnectionError, RuntimeError) as exc:
-        _fail(f"cannot reach the Ray cluster at {launcher.address}: {exc}", 2)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -155,52 +137,30 @@ def start(
 
     _setup_logging(verbose)
     stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
+    request = StartRequest(
+        topic=topic, studies_dir=studies_dir, artifacts_dir=artifacts_dir, budget=budget, until=until,
+        study_id=study_id, servers=server, window=window,
+        options={"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds, "seed_base": seed_base,
+                 "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
+                 "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost, "model": model,
+                 "gpus_per_run": gpus_per_run, "run_resources": run_resources,
+                 "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
+                 "park_after_look": park_after_look or None, "baseline": baseline},
+        data=None if data is None else DataFlags(source=data, reward=reward, heldout=heldout, prompt_key=prompt_key,
+                                                 answer_key=answer_key, warmup_steps=warmup_steps, config=data_config))
     try:
-        deadline = flags.deadline(budget, until, time.time())
-        settings = build_settings(studies_dir, artifacts_dir, server)
-        options = flags.study_options({"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds,
-                                       "seed_base": seed_base,
-                                       "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
-                                       "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost,
-                                       "model": flags.run_model(model),
-                                       "gpus_per_run": gpus_per_run,
-                                       "run_resources": resources.parse_run_resources(run_resources) or None,
-                                       "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
-                                       "park_after_look": park_after_look or None,
-                                       "baseline": flags.json_object(baseline, "--baseline")},
-                                      server)
-        if options.baseline:
-            studyfiles.check_overrides(options.baseline)  # unknown config keys: exit 2, nothing written
-        sid = flags.study_id(study_id, topic, dt.datetime.now())
-        window_s = parse_duration(window) if window else None
-        if data is not None:
-            layout = StudyLayout(sid, settings.studies_root, settings.artifacts_root)
-            if layout.study_toml.is_file():
-                raise ValueError(f"study {sid} already exists; use `researcher resume {sid}` or pick another --study-id")
-            options = options.model_copy(update=datatask.options_for(
-                data, heldout, reward, warmup_steps, prompt_key=prompt_key, answer_key=answer_key,
-                snapshot_dir=datatask.root(layout.study_dir) / catalog.DATA_TASK))
-            base = data_config or default_dir("studies/examples/arith") / "config.toml"
-            task_root = datatask.write_task(options, layout.study_dir, base, scale_to_model=data_config is None)
-            settings = settings.model_copy(update={"examples_root": task_root})
-    except (ValueError, OSError) as exc:
+        state, layout = session.start_study(request, printer=terminal.printer(), announce=_announce)
+    except (Refused, FileExistsError, store.StudyBusy) as exc:
         _fail(str(exc), 2)
-    ctx = build_context(settings, sid, options, printer=terminal.printer(), window_s=window_s)
-    _check_cluster(ctx)
-    if isinstance(ctx.planner, OfflinePlanner):
-        try:  # refuse an unmappable topic before anything is written (the planner keeps this framing)
-            ctx.planner.frame(topic, catalog.describe(settings.examples_root))
-        except TopicNotMappable as exc:
-            _fail(str(exc), 2)
-    out.print(f"study [bold]{sid}[/bold] · planner {ctx.planner.name} · deadline "
-              f"{dt.datetime.fromtimestamp(deadline):%H:%M:%S} · studies {ctx.layout.study_dir}")
-    try:
-        state = session.start(ctx, topic, options, deadline)
-    except (FileExistsError, store.StudyBusy) as exc:
-        _fail(str(exc), 2)
-    except KeyboardInterrupt:
-        _interrupted(sid)
-    _finish(state, ctx.layout)
+    except session.Interrupted as exc:
+        _interrupted(exc.study_id)
+    _finish(state, layout)
+
+
+def _announce(prepared: Prepared) -> None:
+    ctx = prepared.ctx
+    out.print(f"study [bold]{ctx.layout.study_id}[/bold] · planner {ctx.planner.name} · deadline "
+              f"{dt.datetime.fromtimestamp(prepared.deadline):%H:%M:%S} · studies {ctx.layout.study_dir}")
 
 
 def _interrupted(study_id: str) -> NoReturn:
@@ -210,33 +170,18 @@ def _interrupted(study_id: str) -> NoReturn:
           f"(`researcher stop {study_id}` ends them)", 130)
 
 
-def resume_study(study_id: str, studies_dir: str = "studies", artifacts_dir: str = "artifacts",
-                 verbose: bool = False, window_s: float | None = None) -> StudyState:
-    """Resume a study by id, for ``window_s`` seconds if given (then it parks)."""
-    from researcher import session
-
-    settings = build_settings(Path(studies_dir), Path(artifacts_dir))
-    check_study_id(study_id)
-    layout = StudyLayout(study_id, settings.studies_root, settings.artifacts_root)
-    state = store.read_state(layout) or {}
-    options = study_options(state) if state.get("options") else None
-    if options is not None and options.data is not None:  # the same data, or no resume
-        datatask.check_unchanged(options)
-        settings = settings.model_copy(update={"examples_root": datatask.root(layout.study_dir)})
-    ctx = build_context(settings, study_id, options, printer=terminal.printer() if verbose else None, window_s=window_s)
-    return session.resume(ctx)
-
-
 @app.command()
 def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
            window: Annotated[str | None, typer.Option(help="end this session after this long, e.g. 8h (park)")] = None,
            verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Continue a study from its last checkpoint (re-attaching to runs that are still alive)."""
+    from researcher import session
+
     _setup_logging(verbose)
     stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
     try:
         window_s = parse_duration(window) if window else None
-        state = resume_study(study_id, str(studies_dir), str(artifacts_dir), verbose=True, window_s=window_s)
+        state = session.resume_study(study_id, studies_dir, artifacts_dir, terminal.printer(), window_s)
     except (ValueError, store.StudyNotFound, store.StudyBusy) as exc:
         _fail(str(exc), 2)
     except KeyboardInterrupt:
@@ -287,7 +232,7 @@ def report(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
     if not layout.graph_db.is_file() and not layout.study_toml.is_file():
         _fail(f"no study {study_id!r} under {studies_dir} / {artifacts_dir}", 2)
     state = store.read_state(layout) or {}
-    written = run_table.write(layout, (state.get("framing") or {}).get("metric", "train/reward_mean"))
+    written = run_table.write(layout, framing_metric(state))
     if mlflow:
         settings = build_settings(studies_dir, artifacts_dir)
         tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")

@@ -1,6 +1,6 @@
 """The composition root: settings from flags and the environment, and a study's collaborators
-(planner, tracker, launcher, event log) wired into its ``StudyContext``. ``researcher.cli`` calls it;
-nothing else chooses the planner or the placement.
+(planner, tracker, launcher, event log) wired into its ``StudyContext``. A study's preparation
+(``researcher.preparation``) calls it; nothing else chooses the planner or the placement.
 
 Environment: RESEARCHER_LLM_BASE_URL, RESEARCHER_LLM_MODEL, OPENAI_API_KEY (the LLM planner, with the
 offline planner taking any step it fails: ``researcher.planner.fallback``; without them the offline

@@ -1,6 +1,6 @@
 """What every node needs besides the state: settings, the study's paths and its collaborators.
 
-Built once by the composition root (``researcher.composition``, which ``researcher.cli`` calls) and bound to
+Built once by the composition root (``researcher.composition``, which a study's preparation calls) and bound to
 the nodes by ``graph.py``; nodes never build their own planner, tracker or launcher. Building it
 also wires the planner to the tracker: every LLM planner call becomes an MLflow trace on the
 study's iteration run (``researcher.tracking.llm_traces``).

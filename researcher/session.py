@@ -1,5 +1,8 @@
 """A study session: start a study's graph or resume it, under the study's one-writer file lock.
 
+``start_study`` and ``resume_study`` are what the CLI's verbs call: the study prepared
+(``researcher.preparation``: settings, options, data, context and their checks), then run.
+
 The graph is checkpointed to ``artifacts/<id>/graph.db`` (SQLite, ``durability="sync"`` so a hard
 kill loses no finished node) with thread id = study id. Resume re-enters the graph with
 ``invoke(None)``, after closing the MLflow runs a crash left RUNNING that nothing re-attaches to.
@@ -18,11 +21,15 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from researcher.composition import Emit
 from researcher.context import StudyContext
 from researcher.graph import build
 from researcher.planner.usage import new_usage
+from researcher.preparation import Prepared, StartRequest, prepare_resume, prepare_start
 from researcher.runs import record as runs
 from researcher.runs import smoke
 from researcher.settings import StudyOptions
@@ -40,6 +47,33 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ENDED_PHASES = ("done", "failed", "stopped")
 SPOOL_WAIT_S = 60.0  # how long an ended study's session waits for MLflow to take its spooled writes
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, ``swarm.stopping``) while a study's session ran: its last checkpoint stands."""
+
+    def __init__(self, study_id: str) -> None:
+        super().__init__(study_id)
+        self.study_id = study_id
+
+
+def start_study(request: StartRequest, printer: Emit | None = None,
+                announce: Callable[[Prepared], None] | None = None) -> tuple[StudyState, StudyLayout]:
+    """``researcher start``: prepare the study (refusals are ``preparation.Refused``), show it to
+    ``announce``, then start it; its ending state and layout. ``Interrupted`` once it has begun."""
+    prepared = prepare_start(request, printer)
+    if announce is not None:
+        announce(prepared)
+    try:
+        return start(prepared.ctx, prepared.topic, prepared.options, prepared.deadline), prepared.ctx.layout
+    except KeyboardInterrupt:
+        raise Interrupted(prepared.ctx.layout.study_id) from None
+
+
+def resume_study(study_id: str, studies_dir: Path, artifacts_dir: Path, printer: Emit | None = None,
+                 window_s: float | None = None) -> StudyState:
+    """``researcher resume``: continue a study by id, for ``window_s`` seconds if given (then it parks)."""
+    return resume(prepare_resume(study_id, studies_dir, artifacts_dir, printer, window_s))
 
 
 def initial_state(study_id: str, topic: str, options: StudyOptions, deadline: float, now: float) -> StudyState:

@@ -34,7 +34,7 @@ from researcher.campaign.spec import CONFIRM_SEED_BASE, CampaignSpec, Claim, par
 from researcher.composition import build_settings
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
-from researcher.planner.schema import TopicNotMappable
+from researcher.preparation import Refused, offline_framing
 from researcher.study.files import write_atomic
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState
@@ -58,9 +58,9 @@ def _task_of(claim: Claim, examples_root: Path, offline: OfflinePlanner | None) 
         return f"data:{claim.data}"
     if offline is None:
         return None
-    try:
-        return offline.frame(claim.topic, catalog.describe(examples_root)).value.example
-    except TopicNotMappable as exc:
+    try:  # the check a start makes: a claim the offline planner cannot map is refused here, not later
+        return offline_framing(offline, claim.topic, examples_root).example
+    except Refused as exc:
         raise ValueError(f"claim {claim.topic!r}: {exc}") from None
 
 

@@ -11,11 +11,10 @@ from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
 from researcher.operations import overview
 from researcher.planner import screen
-from researcher.planner.schema import Framing
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState, study_options, summaries
+from researcher.study.state import StudyState, last_summary, study_framing, study_options, summaries
 
 NO_VERDICT = "no verdict yet"
 
@@ -64,15 +63,15 @@ def cpu_hours(layout: StudyLayout, now: float | None = None) -> float:
 
 def task(state: StudyState) -> str | None:
     """The example task the study's framing starts from (letters, digits, …)."""
-    framing = state.get("framing") or {}
-    return framing.get("base") or framing.get("task") or None
+    framing = study_framing(state)
+    return (framing.example or None) if framing is not None else None
 
 
 def winner_settings(state: StudyState) -> dict[str, Any] | None:
     """The better arm's config overrides when the study's verdict resolved a direction (Yes or No): the
     finding a later claim on the task starts from. None for any other verdict."""
-    history = summaries(state)
-    study = history[-1].study if history else None
+    last = last_summary(state)
+    study = last.study if last else None
     if study is None or study.comparison is None:
         return None
     verdict = _verdict(state)
@@ -86,8 +85,8 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
 
 def confirmations(state: StudyState) -> list[tuple[str, str]]:
     """A screen's flagged knobs as claims to confirm (topic, expected direction), from its last analysis."""
-    history = summaries(state)
-    study = history[-1].study if history else None
-    if not state.get("framing") or study is None:
+    last, framing = last_summary(state), study_framing(state)
+    study = last.study if last else None
+    if framing is None or study is None:
         return []
-    return screen.confirmations(Framing.model_validate(state["framing"]), study.effects, study_options(state).min_effect)
+    return screen.confirmations(framing, study.effects, study_options(state).min_effect)

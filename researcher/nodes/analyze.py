@@ -14,12 +14,11 @@ from researcher.context import StudyContext
 from researcher.evidence import analysis, factorial, looks, plots, sizing
 from researcher.findings import verdicts
 from researcher.findings.records import Cell, Evidence, IterationSummary, PlanFile
-from researcher.planner.schema import Framing
 from researcher.runs import record as runs
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState, study_options, summaries
+from researcher.study.state import StudyState, framed, study_options, summaries
 
 
 def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRun]:
@@ -56,7 +55,7 @@ def _pilot_alone(state: StudyState, ctx: StudyContext, plan_file: PlanFile) -> N
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    iteration, framing = state["iteration"], Framing.model_validate(state["framing"])
+    iteration, framing = state["iteration"], framed(state)
     _pilot_alone(state, ctx, studyfiles.read_plan(ctx.layout))
     plan_file = studyfiles.read_plan(ctx.layout)
     plan = plan_file.iteration(iteration)

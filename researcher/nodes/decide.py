@@ -10,11 +10,10 @@ from __future__ import annotations
 from researcher.context import StudyContext
 from researcher.evidence import sizing
 from researcher.findings.records import Comparison
-from researcher.planner.schema import Framing
 from researcher.planner.usage import add_usage, new_usage
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import DecisionRecord, StudyState, study_options, summaries
+from researcher.study.state import DecisionRecord, StudyState, framed, study_options, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -50,7 +49,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
                             **{k: study.get(k) for k in ("metric", "axis", "noise_floor", "effects")}},
                    "tested_values": [e.value for s in history for e in s.experiments],
                    "time_left_s": round(left), "runs_left": budget.runs_left(state), "min_effect": options.min_effect}
-        reply = ctx.planner.decide(Framing.model_validate(state["framing"]), context)
+        reply = ctx.planner.decide(framed(state), context)
         usage = add_usage(usage, reply.usage)
         decision = {"action": reply.value.action, "reason": reply.value.reason}
     studyfiles.log(ctx.layout, f"Decision after iteration {state['iteration']}: {decision['action']} — "

@@ -39,7 +39,7 @@ from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Trial, advance_trial, study_options, sync_trial
+from researcher.study.state import StudyState, Trial, advance_trial, framing_metric, study_options, sync_trial
 from swarm import tracking
 from swarm.client import SwarmError
 from swarm.protocol import Status, StepMetrics
@@ -263,7 +263,7 @@ def _fetch(poll: Poll) -> None:
     step = max(poll.status.step, record.logged_step) - record.base_step
     if step > record.last_step:
         record.last_step, record.last_progress_at = step, poll.now
-        reward = poll.new[-1].metrics.get(poll.state["framing"]["metric"]) if poll.new else None
+        reward = poll.new[-1].metrics.get(framing_metric(poll.state)) if poll.new else None
         ctx.say("progress", key=record.key, experiment=record.experiment, seed=record.seed, step=step,
                 target=record.target_step - record.base_step, reward=reward,
                 train_reward=poll.new[-1].metrics.get("train/reward_mean") if poll.new else None)

@@ -28,7 +28,7 @@ from researcher.settings import StudyOptions
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import run_key
-from researcher.study.state import StudyState, Trial, study_options, summaries
+from researcher.study.state import StudyState, Trial, framed, study_options, summaries
 
 SEED_STRIDE = 1000  # iteration i uses seeds i*1000 + k: fresh seeds for every iteration
 
@@ -97,7 +97,7 @@ def config_check(swarm_command: Sequence[str], base_config: Path) -> ConfigCheck
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    framing = Framing.model_validate(state["framing"])
+    framing = framed(state)
     options = study_options(state)
     iteration = state.get("iteration", 0) + 1
     history = summaries(state)

@@ -22,11 +22,11 @@ from researcher.planner.usage import add_usage, new_usage
 from researcher.runs import preflight
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.state import StudyState, Validation, study_options
+from researcher.study.state import StudyState, Validation, framed, study_options
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
-    framing = Framing.model_validate(state["framing"])
+    framing = framed(state)
     iteration = state["iteration"]
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
     if example is None:

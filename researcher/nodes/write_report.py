@@ -11,13 +11,13 @@ from researcher.evidence import analysis, factorial, run_table, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.findings import verdicts
 from researcher.findings.records import Cell, Comparison, Evidence, IterationPlan, IterationSummary, SequentialDesign
-from researcher.planner.schema import Framing, PlannerError
+from researcher.planner.schema import PlannerError
 from researcher.planner.usage import LLMUsage, add_usage, new_usage
 from researcher.runs import record as runs
 from researcher.study import events
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import Phase, StudyState, study_options, summaries
+from researcher.study.state import Phase, StudyState, study_framing, study_options, summaries
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -25,7 +25,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     # A state from before pooled evidence: recompute it from the runs on disk (else "No answer").
     min_effect = study_options(state).min_effect
     history = analysis.backfill(summaries(state), ctx.layout, min_effect)
-    framing = Framing.model_validate(state["framing"]) if state.get("framing") is not None else None
+    framing = study_framing(state)
     phase = state.get("phase")
     final_phase: Phase = "stopped" if ctx.stop_requested() else ("failed" if phase == "failed" else "done")
     if framing is None:
@@ -134,11 +134,11 @@ def headline(text: str, limit: int) -> str:
 
 def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContext, answer: str, caveats: str,
             usage: LLMUsage, phase: str) -> str:
-    framing = state.get("framing") or {}
+    framing = study_framing(state)
     plan = studyfiles.read_plan(ctx.layout)
     records = runs.all_records(ctx.layout.runs_dir)
     out = [f"# Study {state['study_id']}", "",
-           f"**Topic:** {state['topic']}  ", f"**Question:** {framing.get('question', 'n/a')}  ",
+           f"**Topic:** {state['topic']}  ", f"**Question:** {framing.question if framing else 'n/a'}  ",
            f"**Status:** {phase} · written {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}", "",
            "## Answer", "", answer, ""]
     last = history[-1].study if history else None

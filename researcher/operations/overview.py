@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from researcher.findings import verdicts
-from researcher.findings.records import LookPlan, SequentialDesign
+from researcher.findings.records import IterationSummary, LookPlan, SequentialDesign
 from researcher.operations import scheduler
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState
+from researcher.study.state import StudyState, last_summary, study_options
 from researcher.study.store import is_locked, read_state
 
 
@@ -33,11 +33,9 @@ def summary(layout: StudyLayout) -> dict[str, Any]:
     meta = studyfiles.read_study_toml(layout).get("study")
     meta = meta if isinstance(meta, dict) else {}
     answer = None
-    history = state.get("iterations") or []
-    if history:
-        best = history[-1]
-        answer = f"{standing(best, (state.get('options') or {}).get('min_effect', 0.02))}: {best.get('best')} " \
-                 f"({best.get('knob')}={best.get('best_value')})"
+    last = last_summary(state)
+    if last is not None:
+        answer = f"{standing(last, study_options(state).min_effect)}: {last.best} ({last.knob}={last.best_value})"
     reported = report_answer(layout)
     if reported is not None:
         answer = reported[:400]
@@ -83,14 +81,17 @@ def describe_looks(design: SequentialDesign | None, look: LookPlan | None) -> st
         f"; {design.sizing}" if design.sizing else "")
 
 
-def standing(summary: dict[str, Any], min_effect: float) -> str:
-    """How the current leader stands, by the verdict rules: never "best" from an unsettled comparison."""
-    c, study = summary.get("comparison"), summary.get("study") or {}
+def standing(summary: IterationSummary, min_effect: float) -> str:
+    """How the current leader stands, by the verdict rules: never "best" from an unsettled comparison.
+    ``min_effect``: the study's, for a summary whose evidence does not record the one it was judged by."""
+    c, study = summary.comparison, summary.study
     if c is None:
         return "best so far"
-    if study.get("short"):
+    if study is not None and study.short:
         return "leading so far (no verdict: too few points in an arm's window)"
-    verdict = verdicts.classify(c["diff"], c.get("hw"), study.get("min_effect", min_effect))
+    if study is not None and "min_effect" in study.model_fields_set:
+        min_effect = study.min_effect
+    verdict = verdicts.classify(c.diff, c.hw, min_effect)
     return "best so far" if verdicts.resolved(verdict) else f"leading so far ({verdict.lower()})"
 
 

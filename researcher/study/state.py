@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from researcher.findings.records import IterationSummary
+from researcher.planner.schema import Framing
 from researcher.planner.usage import LLMUsage
 from researcher.runs.status import RunStatus, check
 from researcher.settings import StudyOptions
@@ -61,10 +62,10 @@ class StudyState(TypedDict, total=False):
     study_id: str
     topic: str
     phase: Phase
-    options: dict[str, Any]          # StudyOptions as a dict
+    options: dict[str, Any]          # StudyOptions as a dict (read with study_options())
     budget: Budget
     iteration: int
-    framing: dict[str, Any]          # planner.schema.Framing as a dict
+    framing: dict[str, Any]          # planner.schema.Framing as a dict (read with study_framing())
     experiments: list[str]           # names of this iteration's experiments (files under studies/)
     validation: Validation
     trials: list[Trial]              # this iteration's runs
@@ -79,16 +80,45 @@ class StudyState(TypedDict, total=False):
     parked: Parked | None            # where a parked study re-enters
 
 
-
 def study_options(state: StudyState) -> StudyOptions:
     """The study's options, typed (the state holds their JSON; keys a later version dropped are ignored)."""
     raw = state.get("options") or {}
     return StudyOptions.model_validate({k: v for k, v in raw.items() if k in StudyOptions.model_fields})
 
 
+def study_framing(state: StudyState) -> Framing | None:
+    """The study's framing, typed; None before the topic was framed (or when it could not be). The state
+    holds its JSON; keys a later version dropped are ignored."""
+    raw = state.get("framing")
+    if not raw:
+        return None
+    return Framing.model_validate({k: v for k, v in raw.items() if k in Framing.model_fields})
+
+
+def framed(state: StudyState) -> Framing:
+    """The framing of a study past its framing node (every node after ``frame_topic``); a ``ValueError``
+    for a state without one."""
+    framing = study_framing(state)
+    if framing is None:
+        raise ValueError(f"study {state.get('study_id')!r} has no framing in phase {state.get('phase')!r}")
+    return framing
+
+
+def framing_metric(state: StudyState) -> str:
+    """The metric the study judges: its framing's, or the default one before it is framed."""
+    framing = study_framing(state)
+    return framing.metric if framing is not None else str(Framing.model_fields["metric"].default)
+
+
 def summaries(state: StudyState) -> list[IterationSummary]:
-    """The state's per-iteration summaries, read into models (the state holds their JSON)."""
+    """The state's per-iteration summaries, read into models (the state holds their JSON; none: [])."""
     return IterationSummary.load_all(state.get("iterations") or [])
+
+
+def last_summary(state: StudyState) -> IterationSummary | None:
+    """The latest iteration's summary (None before the first analysis)."""
+    history = summaries(state)
+    return history[-1] if history else None
 
 
 def sync_trial(trial: Trial, record: RunRecord | None) -> RunStatus:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from researcher.findings.records import IterationSummary
 from researcher.operations.overview import describe_runs, standing
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
@@ -48,7 +49,9 @@ def test_describe_runs() -> None:
 def test_status_names_a_best_only_where_the_verdict_rules_resolve_one() -> None:
     """The ``researcher status`` answer line before the report: "best" only for a Yes/No of the rules."""
     def line(diff: float, hw: float | None, **study: object) -> str:
-        return standing({"comparison": {"diff": diff, "hw": hw}, "study": {"min_effect": 0.02, **study}}, 0.05)
+        return standing(IterationSummary.model_validate({
+            "iteration": 1, "knob": "lr", "comparison": {"better": "a", "worse": "b", "diff": diff, "hw": hw},
+            "study": {"knob": "lr", "metric": "train/reward_mean", "min_effect": 0.02, **study}}), 0.05)
 
     assert line(0.104, 0.05) == "best so far"
     assert line(0.012, 0.010) == "leading so far (a difference below the minimum of interest)"
@@ -56,4 +59,4 @@ def test_status_names_a_best_only_where_the_verdict_rules_resolve_one() -> None:
     assert line(0.09, 0.142) == line(0.3, None) == "leading so far (inconclusive)"
     expected = "leading so far (no verdict: too few points in an arm's window)"
     assert line(0.104, 0.05, short="No verdict per training step: …") == expected
-    assert standing({"comparison": None}, 0.02) == "best so far"  # one arm: nothing to compare
+    assert standing(IterationSummary(iteration=1, knob="lr"), 0.02) == "best so far"  # one arm: nothing to compare
