@@ -20,6 +20,14 @@ os.environ.setdefault("SWARM_MODEL_CACHE", str(Path(__file__).resolve().parents[
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``tiny`` preset's folder, built once per session (the backend unit tests and the engine tests)."""
+    from swarm.models.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-0", seed=0)
+
+
+@pytest.fixture(scope="session")
 def bpe_model(tmp_path_factory: pytest.TempPathFactory):
     """The ``tiny-bpe`` preset (Qwen's real BPE on a tiny random model), built once per session."""
     from swarm.models.resolve import resolve_model_folder

@@ -94,6 +94,7 @@ def test_a_dead_ray_worker_is_reported_with_its_stderr_and_raylet_lines(tmp_path
 def test_the_parallel_groups_name_modules_that_exist_and_put_the_long_ones_first() -> None:
     root = Path(__file__).resolve().parents[1]
     assert all((root / module).is_file() for module in parallel.RAY_MODULES), "a renamed Ray module left its group"
-    ids = ["tests/swarm/test_plan.py::t", "tests/researcher/test_stop.py::t", "tests/swarm/engines/test_verl_server.py::t"]
-    assert [parallel.group(i) for i in ids] == ["tests/swarm/test_plan.py", "tests/researcher/test_stop.py", "ray"]
+    ids = ["tests/unit/swarm/test_plan.py::t", "tests/e2e/researcher/test_stop.py::t",
+           "tests/e2e/engines/test_verl_server.py::t"]
+    assert [parallel.group(i) for i in ids] == ["tests/unit/swarm/test_plan.py", "tests/e2e/researcher/test_stop.py", "ray"]
     assert sorted(ids, key=parallel.rank) == [ids[2], ids[1], ids[0]]

@@ -1,6 +1,6 @@
 """Benchmark: 200 concurrent clients on loopback against a real server process, bounded time.
 
-Each client loops claim → chat (openai SDK) → finish (``tests/swarm/reliability/rel_load.py``); the
+Each client loops claim → chat (openai SDK) → finish (``tests/e2e/reliability/rel_load.py``); the
 server (``swarm serve`` subprocess, tiny model) trains while they run. Reports requests, failed
 requests that were not the clients' fault (must be 0), latency percentiles, and the server's RSS
 after warm-up versus at the end (memory must stay flat: trained episodes are evicted).

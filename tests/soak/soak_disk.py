@@ -6,7 +6,7 @@ A spell is counted as observed (``disk_full_events``) when, while the disk was f
 server said so in its status (``disk.full``: claims, and finishes it cannot commit, answer 507) or a
 study's events.jsonl got a ``disk_full`` event (a session that parked for want of space). The MLflow
 server (the audit's evidence) and the undisturbed reference study stay on the ordinary disk, and the
-study folders too (LOG.md and report.md are checked on a full disk by tests/researcher/test_disk_full.py).
+study folders too (LOG.md and report.md are checked on a full disk by tests/e2e/researcher/test_study_disk_full.py).
 
 Mounting needs root (or CAP_SYS_ADMIN): without it the soak stops before it starts, saying so.
 """

@@ -4,7 +4,7 @@ needs as a process it can SIGKILL.
 
 ``ServeProcess(port, state_dir, ...)`` is the one harness every test that needs a server *process*
 uses (client, study, engine, reliability, pool and researcher tests); tests of the server's insides run
-the app in-process instead (``tests/swarm/server/server_harness.py``). ``WorkerProcess`` is the same for
+the app in-process instead (``tests/integration/swarm_server/server_harness.py``). ``WorkerProcess`` is the same for
 ``swarm worker``, and ``ManagedProcess`` what both are built on: output appended to ``log_path`` (across
 restarts) for post-mortems, ``kill`` a crash (SIGKILL), ``stop`` a clean end (SIGTERM, then SIGKILL
 after a grace period); a start that fails or times out shows the log's tail.

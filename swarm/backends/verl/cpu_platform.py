@@ -18,7 +18,7 @@ Inside the Ray worker processes the platform must exist before verl code first a
 verl modules read it at import), so ``worker_env()`` names ``swarm.backends.verl._cpu_plugin`` in
 ``VERL_USE_EXTERNAL_MODULES``: ``import verl`` then imports that module, which calls ``activate()``.
 The driver process calls ``activate()`` itself. Any other verl version is refused
-(``check_verl_version``); ``tests/swarm/backends/test_verl_cpu_platform.py`` fails loudly when one
+(``check_verl_version``); ``tests/unit/swarm/backends/test_verl_cpu_platform.py`` fails loudly when one
 of the verl internals used here moves.
 """
 
