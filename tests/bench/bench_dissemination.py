@@ -40,7 +40,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared `support` package
-# The repository before tests/: there tests/swarm (a namespace folder) would shadow the swarm package.
+# The repository before tests/, so that `swarm` is always the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support import ROOT, free_port, wait_for

@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="skip the GRPO iteration against TRL")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    # The process harness (support); swarm is imported first, or tests/swarm would shadow it as a namespace.
+    # The process harness (support); swarm is imported first, so that it is the package.
     sys.path.append(str(ROOT / "tests"))
 
     folder = resolve_model_folder("smollm2-135m")

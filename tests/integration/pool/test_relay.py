@@ -28,7 +28,7 @@ from swarm.weights.shards import Manifest, ShardError, decode, encode
 
 TOKEN = "worker-token"
 TESTS = Path(__file__).resolve().parents[2]
-# The repository first: with tests/ alone on the path, tests/swarm (a namespace folder) would shadow swarm.
+# The repository first, so that `swarm` is always the package, whatever folders the path holds.
 _NODE_PATH = os.pathsep.join([str(TESTS.parent), str(TESTS)])
 
 
