@@ -327,9 +327,9 @@ def _start_client_when_ready(ctx: StudyContext, run_dir: Path, record: RunRecord
         return ctx.launcher.stop(run_dir, record, "crashed",
                                  f"server exited while starting:\n{ctx.launcher.server_log(run_dir)}")
     waited = now - max(record.started_at, record.resumed_at or 0.0)
-    if record.queued_at is None and waited > ctx.launcher.ready_timeout_s:  # queued: its wait is not start-up
-        return ctx.launcher.stop(run_dir, record, "crashed",
-                                 f"server not ready after {ctx.launcher.ready_timeout_s:.0f} s:\n"
+    limit = ctx.launcher.ready_timeout_for(record)
+    if record.queued_at is None and waited > limit:  # queued: its wait is not start-up
+        return ctx.launcher.stop(run_dir, record, "crashed", f"server not ready after {limit:.0f} s:\n"
                                  f"{ctx.launcher.server_log(run_dir)}")
     return record
 

@@ -35,6 +35,11 @@ TOKEN_FILE, CLIENT_TOKEN_FILE = "token", "client_token"  # written there by `swa
 _NOT_FOR_SERVERS = ("SWARM_TOKEN", sandbox.CLIENT_TOKEN_ENV, "MLFLOW_TRACKING_URI")
 
 
+# A vLLM child or a verl worker group on Ray: 30-90 s on a GPU (CUDA graphs, compile), and past 120 s on
+# a busy 2-core machine (a 60-minute soak's reference study lost two of its six vLLM runs to 120 s).
+SLOW_START_S = 600.0
+
+
 class LaunchError(RuntimeError):
     """A server did not come up (its log tail is in the message)."""
 
@@ -125,8 +130,14 @@ class RunProcesses:
         # "" rather than None: never fall back to a SWARM_TOKEN meant for external servers.
         return SwarmClient(record.url, token=self.control_token(record) or "", timeout=timeout, retry_for_s=0)
 
+    def ready_timeout_for(self, record: RunRecord) -> float:
+        """How long ``record``'s server may take to answer its health check: longer where it starts
+        vLLM (``engine = "vllm"``) or Ray (``trainer = "verl"``)."""
+        slow = record.config.get("engine") == "vllm" or record.config.get("trainer") == "verl"
+        return max(self.ready_timeout_s, SLOW_START_S) if slow else self.ready_timeout_s
+
     def wait_ready(self, run_dir: Path, record: RunRecord) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
+        deadline = time.monotonic() + self.ready_timeout_for(record)
         with self.client_for(record, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 if client.health():
