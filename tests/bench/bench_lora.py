@@ -9,7 +9,9 @@ warm-up step, then ``--steps`` timed ones (medians). Each variant runs in its ow
 peak RSS (``ru_maxrss``) is its own: LoRA saves the full model's gradients and AdamW moments (about
 3x the weights in fp32) and pays for the adapters' extra matmuls in every forward pass.
 
-Ends with ``RESULT lora_step_s_ratio=<lora / full step seconds> lora_peak_rss_ratio=<lora / full peak RSS>``.
+Ends with ``RESULT lora_step_s_ratio=<lora / full step seconds> lora_peak_rss_ratio=<lora / full peak RSS>
+lora_step_cpu_s_ratio=<lora / full step CPU seconds>``: the variants run one after the other, so on a
+shared machine their wall times meet different loads; the CPU seconds each process spent do not.
 
     .venv/bin/python tests/bench/bench_lora.py [--model smollm2-135m] [--rank 16] [--threads 2]
 """
@@ -54,12 +56,12 @@ def child(args: argparse.Namespace) -> None:
     rng = random.Random(0)
     prompts = [backend.render_prompt([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], None)
                for i in range(args.prompts)]
-    timings: dict[str, list[float]] = {"generate_s": [], "train_s": [], "publish_s": [], "step_s": []}
+    timings: dict[str, list[float]] = {"generate_s": [], "train_s": [], "publish_s": [], "step_s": [], "step_cpu_s": []}
     for step in range(args.steps + 1):
         rows = [p for p in prompts for _ in range(args.group)]
         params = [SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=1000 * step + i, ignore_eos=True)
                   for i in range(len(rows))]
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         gens = backend.generate(rows, params)
         generated = time.perf_counter()
         groups = [str(i // args.group) for i in range(len(rows))]
@@ -70,12 +72,13 @@ def child(args: argparse.Namespace) -> None:
         metrics = backend.train_step(samples, config)
         trained = time.perf_counter()
         published = backend.export_weights()
-        done = time.perf_counter()
+        done, done_cpu = time.perf_counter(), time.process_time()
         del published
         if step == 0:
             continue  # warm-up
         for key, seconds in (("generate_s", generated - begin), ("train_s", trained - generated),
-                             ("publish_s", done - trained), ("step_s", done - begin)):
+                             ("publish_s", done - trained), ("step_s", done - begin),
+                             ("step_cpu_s", done_cpu - begin_cpu)):
             timings[key].append(seconds)
     trainable = sum(p.numel() for p in backend.model.parameters() if p.requires_grad)
     print(json.dumps({"variant": args.child, "rank": rank, "loaded_gb": loaded_gb, "peak_gb": _peak_gb(),
@@ -110,7 +113,8 @@ def main() -> None:
     lora, full = results["lora"], results["full"]
     print(f"model {args.model}, {args.prompts} x {args.group} rows x {args.tokens} tokens, {args.threads} threads")
     print(f"RESULT lora_step_s_ratio={lora['step_s'] / full['step_s']:.3f} "
-          f"lora_peak_rss_ratio={lora['peak_gb'] / full['peak_gb']:.3f}")
+          f"lora_peak_rss_ratio={lora['peak_gb'] / full['peak_gb']:.3f} "
+          f"lora_step_cpu_s_ratio={lora['step_cpu_s'] / full['step_cpu_s']:.3f}")
 
 
 if __name__ == "__main__":
