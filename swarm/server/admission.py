@@ -40,7 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarm.server.capacity import CapacityMeter
-from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import RetryLater
 from swarm.server.view import ServerView
 
@@ -115,10 +114,10 @@ class Admission:
                                f"{config.max_staleness} versions after it starts")
         self._check_duration(client_id)
 
-    def first_call(self, episode: EpisodeRecord) -> None:
-        """The first chat call of a training episode (its samples will carry today's version)."""
+    def first_call(self, client_id: str) -> None:
+        """The first chat call of a training episode of ``client_id`` (its samples will carry today's version)."""
         if self._applies():
-            self._check_duration(episode.client_id)
+            self._check_duration(client_id)
 
     def _applies(self) -> bool:
         return self._view.config.admission and self._active()

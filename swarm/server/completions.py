@@ -97,7 +97,7 @@ class Completions:
     ``live(episode_id)`` is the core's check that an episode may still take calls (else a 4xx)."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
-                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[EpisodeRecord], None]) -> None:
+                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[str], None]) -> None:
         self.view = view
         self.episodes = episodes
         self.live = live
@@ -114,7 +114,7 @@ class Completions:
         recorded into that episode; without, it is served only."""
         episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if episode is not None and not episode.is_eval and episode.calls_started == 0:
-            self.admit_first(episode)  # it fixes the episode's version: 429 if it could not train in time
+            self.admit_first(episode.client_id)  # it fixes the episode's version: 429 if it could not train in time
             episode.first_call_at = self.view.clock()
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
