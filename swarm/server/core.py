@@ -2,23 +2,23 @@
 
 It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
 its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
-(``swarm.server.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
-could not train within ``max_staleness`` by ``admission``, ``swarm.server.admission``), heartbeats,
-finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls
-through ``completions`` (render → generate → record, ``swarm.server.completions``; a run key's calls
-find their episodes through ``runs``, ``swarm.server.runs``), training through
-``loop`` (collect → advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out
-evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+(``swarm.server.episodes.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
+could not train within ``max_staleness`` by ``admission``, ``swarm.server.flow.admission``), heartbeats,
+finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.episodes.lifecycle``), chat calls
+through ``completions`` (render → generate → record, ``swarm.server.episodes.completions``; a run key's calls
+find their episodes through ``runs``, ``swarm.server.episodes.runs``), training through
+``loop`` (collect → advantages → update → publish → commit, ``swarm.server.training.step_loop``) and held-out
+evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.episodes.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
 
-Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished episode is committed to
+Durability (``swarm.server.durability.store``/``checkpoints``/``recovery``): a finished episode is committed to
 the SQLite buffer before ``finish`` returns; each training step commits what it trained and dropped
 in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
 checkpoint. Every state change calls ``self.emit(type, **data)`` (listeners: ``add_listener``).
-A full disk under the state dir (``disk``, ``swarm.server.diskspace``) refuses claims with 507 and
+A full disk under the state dir (``disk``, ``swarm.server.durability.diskspace``) refuses claims with 507 and
 shows in the status' ``disk``; the writes that meet it roll back and are retried (``lifecycle``, ``loop``).
 """
 
@@ -47,22 +47,22 @@ from swarm.protocol import (
     Status,
     StepMetrics,
 )
-from swarm.server.admission import Admission, Backlog
 from swarm.server.auth import KeyRing
-from swarm.server.capacity import CapacityMeter
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.claims import Claims
-from swarm.server.completions import Completions
-from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor
-from swarm.server.episodes import EpisodeRecord, GroupBook
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor
+from swarm.server.durability.recovery import CONFIG_KEY, Restored
+from swarm.server.durability.store import EpisodeStore, store_safely
+from swarm.server.episodes.claims import Claims
+from swarm.server.episodes.completions import Completions
+from swarm.server.episodes.evaluation import Evaluation
+from swarm.server.episodes.lifecycle import Lifecycle
+from swarm.server.episodes.runs import RunEpisodes
 from swarm.server.errors import BadRequest, InsufficientStorage, RetryLater
-from swarm.server.evaluation import Evaluation
-from swarm.server.lifecycle import Lifecycle
-from swarm.server.recovery import CONFIG_KEY, Restored
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.runs import RunEpisodes
-from swarm.server.step_loop import RunBlocking, StepLoop
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.flow.admission import Admission, Backlog
+from swarm.server.flow.capacity import CapacityMeter
+from swarm.server.records.episode import EpisodeRecord, GroupBook
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.training.step_loop import RunBlocking, StepLoop
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +191,9 @@ class ServerCore:
     # ------------------------------------------------------------------ episodes
 
     async def claim(self, request: ClaimRequest, base_url: str) -> Episode:
-        """Admit a claim (``swarm.server.claims``) and answer with its episode; a retried claim (same
+        """Admit a claim (``swarm.server.episodes.claims``) and answer with its episode; a retried claim (same
         ``request_id``) gets the episode the first one created. An eval claim that arrives while a
-        step trains waits for it to end (``swarm.server.evaluation``)."""
+        step trains waits for it to end (``swarm.server.episodes.evaluation``)."""
         if request.purpose == "eval":
             await self.loop.between_steps()
         retried = self.episodes.by_request(request.request_id)
@@ -252,7 +252,7 @@ class ServerCore:
         return self.config.mode == "async" or self.in_flight == 0
 
     def _backlog(self) -> Backlog:
-        """The work held toward future steps, in the batch's unit (``swarm.server.admission``). The
+        """The work held toward future steps, in the batch's unit (``swarm.server.flow.admission``). The
         running step's batch counts where work admitted now could be sampled before its update (a
         trainer on its own thread, pool workers, an update not queued yet); not once sampling can only
         follow the update (one device thread for both: what it samples next carries the new version)."""

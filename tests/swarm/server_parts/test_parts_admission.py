@@ -1,4 +1,4 @@
-"""Admission's rules (``swarm.server.admission``): the capacity bound keeps every admitted group within
+"""Admission's rules (``swarm.server.flow.admission``): the capacity bound keeps every admitted group within
 ``max_staleness``, the duration rule refuses what would be stale before it ends, refusals are 429s
 with a bounded ``retry_after``, and nothing is refused with admission off or past ``max_steps``."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from swarm.config import ServerConfig
-from swarm.server.admission import FULL, LONG, Admission, Backlog, outlasts, over_capacity, retry_after
-from swarm.server.capacity import CapacityMeter
 from swarm.server.errors import RetryLater
+from swarm.server.flow.admission import FULL, LONG, Admission, Backlog, outlasts, over_capacity, retry_after
+from swarm.server.flow.capacity import CapacityMeter
 
 
 def test_capacity_bound_counts_training_waiting_and_in_flight() -> None:

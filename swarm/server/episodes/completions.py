@@ -10,7 +10,7 @@ its rows in the generator (nothing is recorded for a generation that did not fin
 
 Bounds, so one request, credential or episode cannot stall or exhaust the server (limits in
 ``ServerConfig``): a training episode's first chat call passes admission first (it fixes the policy
-version the episode's samples carry: 429 if they could not train in time, ``swarm.server.admission``);
+version the episode's samples carry: 429 if they could not train in time, ``swarm.server.flow.admission``);
 the text size is checked before any tokenising (``max_prompt_chars``); rendering runs in a thread,
 never on the event loop (``/healthz`` and other clients' heartbeats do not wait on it); a call
 holds an ``InFlight`` slot (per credential, and rows in the generation queue) from before rendering
@@ -41,10 +41,10 @@ from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sam
 from swarm.config import PROMPT_CHARS_PER_TOKEN
 from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
-from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
-from swarm.server.inflight import InFlight
-from swarm.server.registry import EpisodeRegistry
+from swarm.server.flow.inflight import InFlight
+from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation
 from swarm.text.parsers import ParsedReply, parse_reply, resolve_tool_parser

@@ -13,9 +13,9 @@ and dropped episodes, the version and the step's metrics in one transaction. A c
 update and the commit therefore loses the whole step (its episodes train again after a restart) and
 never half of it. Checkpoints (``checkpoint_every``) never interleave with an update.
 
-A full disk (``swarm.server.diskspace``) parks training, never ends it: a batch whose version cannot
+A full disk (``swarm.server.durability.diskspace``) parks training, never ends it: a batch whose version cannot
 be reserved goes back to the front of the queue, a commit that cannot be written waits in order
-(``swarm.server.step_commits``), and no step or checkpoint starts until it is written; the loop
+(``swarm.server.training.step_commits``), and no step or checkpoint starts until it is written; the loop
 tries again every ``RETRY_AFTER_S`` and goes on by itself once space is back.
 
 Errors training survives (a failed update, publication or periodic checkpoint) are logged with
@@ -33,9 +33,9 @@ that fails too, it is reported as well and the next step publishes again. Each s
 
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
 policy they were claimed under), nor, for ``eval_hold_s`` at most, after a step the clients evaluate
-at whose round was not claimed yet (aligned rounds, see ``swarm.server.evaluation``); a round that
+at whose round was not claimed yet (aligned rounds, see ``swarm.server.episodes.evaluation``); a round that
 ends adds its ``eval/*`` metrics to the row of the step it evaluated (``add_metrics``, called by
-``swarm.server.evaluation``). No step starts past ``max_steps``.
+``swarm.server.episodes.evaluation``). No step starts past ``max_steps``.
 """
 
 from __future__ import annotations
@@ -51,19 +51,19 @@ from swarm.backends.base import Trainer, TrainSample
 from swarm.config import ServerConfig
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
-from swarm.server.capacity import CapacityMeter
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook, stale_reason
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
+from swarm.server.durability.recovery import MAX_VERSION_KEY
+from swarm.server.durability.retention import enforce_retention
+from swarm.server.durability.store import EpisodeStore, store_safely
 from swarm.server.errors import BadRequest
-from swarm.server.recovery import MAX_VERSION_KEY
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.retention import enforce_retention
-from swarm.server.sft import run_sft
-from swarm.server.step_commits import StepCommit, StepCommits
-from swarm.server.step_rows import StepRows
-from swarm.server.stepstats import step_metrics
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.flow.capacity import CapacityMeter
+from swarm.server.records.episode import EpisodeRecord, Group, GroupBook, stale_reason
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.training.sft import run_sft
+from swarm.server.training.step_commits import StepCommit, StepCommits
+from swarm.server.training.step_rows import StepRows
+from swarm.server.training.stepstats import step_metrics
 from swarm.server.view import ServerView
 
 log = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class StepLoop:
             path = await self.run_blocking(lambda: self.checkpoints.save(
                 step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
         view.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
-        # Bounded storage: episodes no kept checkpoint can train again go (swarm.server.retention).
+        # Bounded storage: episodes no kept checkpoint can train again go (swarm.server.durability.retention).
         pruned = await asyncio.to_thread(enforce_retention, self.store, self.checkpoints, view.config,
                                          self.store.path.parent)
         if pruned is not None:

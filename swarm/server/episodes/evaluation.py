@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.protocol import ClaimRequest, EpisodeState
-from swarm.server.episodes import EpisodeRecord
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
 
 __all__ = ["EvalBook", "EvalRound", "Evaluation"]

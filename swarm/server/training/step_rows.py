@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from swarm.protocol import StepMetrics
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.durability.store import EpisodeStore, store_safely
 
 IN_MEMORY = 1000
 
