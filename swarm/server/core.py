@@ -24,6 +24,7 @@ shows in the status' ``disk``; the writes that meet it roll back and are retried
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -63,6 +64,7 @@ from swarm.server.flow.capacity import CapacityMeter
 from swarm.server.records.episode import EpisodeRecord, GroupBook
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.training.step_loop import RunBlocking, StepLoop
+from swarm.server.training.step_rows import StepRows
 
 log = logging.getLogger(__name__)
 
@@ -101,19 +103,24 @@ class ServerCore:
         # while a step trains waits for the update, so it samples (and is tagged with) the new version.
         self._update_blocks_sampling = run_blocking is None
         # The parts get what they use; what changes while serving they read through ``ServerView``.
+        # They are built in dependency order, each from parts that exist: what two of them share (the
+        # step loop's wake-up, the step-metrics rows) is made first and handed to both.
+        wake = asyncio.Event()  # the step loop waits on it; an ended episode, a resume or a config change sets it
+        rows = StepRows(store, self)  # the step loop appends its rows; a held-out round merges its eval/* in
+        self.evals = Evaluation(self, episodes=self.episodes, publish=rows.add)
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
-                                   capacity=self.capacity, disk=self.disk, eval_ended=lambda e, state: self.evals.ended(e, state),
-                                   wake=lambda: self.loop.wake.set())
-        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
-                                   active=lambda: not self.loop.past_max_steps())
-        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
-                             category_ratios=config.category_ratios, admission=self.admission)
+                                   capacity=self.capacity, disk=self.disk, eval_ended=self.evals.ended, wake=wake.set)
+        evals = self.evals
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
-                             capacity=self.capacity, disk=self.disk, may_step=self._may_step, eval_live=lambda: self.evals.live,
-                             eval_due=lambda step: self.evals.due(step),
-                             drop=self.lifecycle.drop, trained=self._trained)
-        self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
+                             capacity=self.capacity, disk=self.disk, rows=rows, wake=wake, may_step=self._may_step,
+                             eval_live=lambda: evals.live, eval_due=evals.due, drop=self.lifecycle.drop,
+                             trained=self._trained)
+        loop = self.loop
+        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
+                                   active=lambda: not loop.past_max_steps())
+        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
+                             category_ratios=config.category_ratios, admission=self.admission)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
                                        live=self.lifecycle.live, admit_first=self.admission.first_call)
         self.runs = RunEpisodes(

@@ -34,7 +34,7 @@ that fails too, it is reported as well and the next step publishes again. Each s
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
 policy they were claimed under), nor, for ``eval_hold_s`` at most, after a step the clients evaluate
 at whose round was not claimed yet (aligned rounds, see ``swarm.server.episodes.evaluation``); a round that
-ends adds its ``eval/*`` metrics to the row of the step it evaluated (``add_metrics``, called by
+ends adds its ``eval/*`` metrics to the row of the step it evaluated (``StepRows.add``, called by
 ``swarm.server.episodes.evaluation``). No step starts past ``max_steps``.
 """
 
@@ -85,7 +85,8 @@ class StepLoop:
     """Runs training steps whenever the core has a ready batch; checkpoints; supervised warm-ups.
 
     The core gives it what a step touches: the trainer, generator, store, checkpoints, the group
-    book (``take_batch``), the episode registry (evictions), the capacity meter, and three
+    book (``take_batch``), the episode registry (evictions), the capacity meter, the step-metrics
+    rows it appends to (shared with held-out evaluation), the ``wake`` event it waits on, and three
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
     step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running
@@ -96,8 +97,9 @@ class StepLoop:
 
     def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
-                 capacity: CapacityMeter, disk: DiskMonitor, may_step: Callable[[], bool], eval_live: Callable[[], int],
-                 eval_due: Callable[[int], bool], drop: Drop, trained: Trained) -> None:
+                 capacity: CapacityMeter, disk: DiskMonitor, rows: StepRows, wake: asyncio.Event,
+                 may_step: Callable[[], bool], eval_live: Callable[[], int], eval_due: Callable[[int], bool],
+                 drop: Drop, trained: Trained) -> None:
         self.view = view
         self.store = store
         self.groups = groups
@@ -117,12 +119,12 @@ class StepLoop:
         self.run_blocking = run_blocking
         self.checkpoints = checkpoints
         self.step = 0
-        self.rows = StepRows(store)  # the step metrics: the newest in memory, all in the buffer
+        self.rows = rows  # the step metrics: the newest in memory, all in the buffer
         self.training = False
         self.batch: list[Group] = []  # the groups the running step trains
         self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
         self.last_error: LastError | None = None
-        self.wake = asyncio.Event()
+        self.wake = wake  # set by whatever may let a step start (an episode ended, a resume, a config change)
         self.idle = asyncio.Event()  # set while no step trains (eval claims wait on it)
         self.idle.set()
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
@@ -343,13 +345,6 @@ class StepLoop:
                       {})
         return {TOTAL_EPISODES: before.get(TOTAL_EPISODES, 0.0) + episodes,
                 TOTAL_SAMPLES: before.get(TOTAL_SAMPLES, 0.0) + samples}
-
-    def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
-        """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
-        after its step committed), creating the row if there is none (step 0: the untrained policy)."""
-        view = self.view
-        return self.rows.merge(step, extra, lambda metrics: StepMetrics(
-            step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics))
 
     async def checkpoint(self) -> Path:
         """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a
