@@ -28,15 +28,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol
 
-from swarm.backends.base import (
-    SOURCE_DIFF_PREFIX,
-    Generator,
-    GeneratorUnavailable,
-    Sampled,
-    SamplingParams,
-    TokenSink,
-    Weights,
-)
+from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.mismatch import SOURCE_DIFF_PREFIX
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
