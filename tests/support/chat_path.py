@@ -11,7 +11,8 @@ runs between the request arriving and its tokens being recorded in the episode's
 An idle window of the same length, with no request, is profiled too: a module seen there is the
 server's background work (the step loop, sweepers), not the chat path, and is listed apart.
 
-Run by hand (tiny model built into a temporary folder, about half a minute on a CPU)::
+Run by hand (tiny model built into a temporary folder, about half a minute on a CPU); it ends with
+a ``RESULT chat_path_modules=…`` line, as the benchmarks do (docs/benchmarks.md, "The chat path")::
 
     PYTHONPATH=. .venv/bin/python tests/support/chat_path.py
 """
@@ -133,6 +134,7 @@ def main() -> None:
     for name in path.chat:
         print(f"  {name}{'  (also idle)' if name in path.idle else ''}")
     print(f"{len(path.path_only)} of them not entered by background work alone; idle window: {len(path.idle)}")
+    print(f"RESULT chat_path_modules={len(path.chat)} chat_path_only={len(path.path_only)}")
 
 
 if __name__ == "__main__":
