@@ -48,7 +48,7 @@ class ServerConfig(TrainConfig):
     max_staleness: int = Field(1, ge=0, le=64, description="async: oldest policy lag a sample may have")
     admission: bool = Field(True, description="refuse (429 + Retry-After) claims and first chat calls that could "
                             "not finish within max_staleness instead of dropping them at the step "
-                            "(swarm.server.admission); false: admit all, drop what is stale")
+                            "(swarm.server.flow.admission); false: admit all, drop what is stale")
     # Generation defaults (used when a request leaves them unset).
     temperature: float = Field(1.0, ge=0.0, le=4.0, description="sampling temperature of calls that set none")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of calls that set none")
@@ -84,7 +84,7 @@ class ServerConfig(TrainConfig):
                                        "streams; more get 429 + Retry-After")
     # Durability.
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only on request/stop")
-    # Storage (swarm.server.retention). The default bounds a run of days: a restart resumes from a kept
+    # Storage (swarm.server.durability.retention). The default bounds a run of days: a restart resumes from a kept
     # checkpoint, and nothing trained at or before the oldest one can train again, so its trace and row
     # are kept for audit only; export them (retention_export_dir, or `swarm export`) to keep them.
     retention: Literal["all", "since_checkpoint"] = Field(

@@ -37,7 +37,7 @@ def view_name(metric: str) -> str:
     return f"By arm, {metric} first"
 
 
-# The server's cumulative episodes through each step (swarm.server.step_loop.TOTAL_EPISODES): the x-axis of a
+# The server's cumulative episodes through each step (swarm.server.training.step_loop.TOTAL_EPISODES): the x-axis of a
 # verdict judged per episode consumed (arms matched on episodes train different steps).
 EPISODES_METRIC = "train/episodes_total"
 

@@ -126,19 +126,6 @@ def validate_samples(samples: Sequence[TrainSample], vocab_size: int, max_contex
         raise ValueError("samples have no trainable tokens (loss_mask is 0 everywhere after the first token)")
 
 
-# A trainer reports the worst log-prob mismatch of each pool member's samples under this prefix
-# (``<prefix><member id>``), so the server can drain a member that serves the wrong model.
-SOURCE_DIFF_PREFIX = "pool/logprob_diff_max/"
-
-
-def worst_by_source(worst: dict[str, float], sources: Sequence[str], row_max: Sequence[float]) -> None:
-    """Fold each row's worst mismatch into ``worst`` under the pool member that sampled the row (rows
-    without a known member, "", and any rows past ``sources`` are skipped)."""
-    for source, value in zip(sources, row_max):
-        if source:
-            worst[source] = max(worst.get(source, 0.0), value)
-
-
 RolloutIS = Literal["off", "token", "sequence"]
 ROLLOUT_IS_HELP = "importance weights against the rollout log-probs: off, per token or per sequence"
 

@@ -1,4 +1,4 @@
-"""``swarm export``: a state dir's finished episodes as Parquet or JSON Lines (``swarm.server.export``).
+"""``swarm export``: a state dir's finished episodes as Parquet or JSON Lines (``swarm.server.durability.export``).
 
 Reads the buffer read-only, so it runs beside a live server. Text is decoded only when a tokenizer is
 at hand cheaply: ``--tokenizer auto`` takes the newest checkpoint's model folder when it holds tokenizer
@@ -33,7 +33,11 @@ def export(
         fail(f"unknown --format {format_!r}: parquet or jsonl", 2)
     if not state_dir.is_dir():
         fail(f"no state dir at {state_dir}", 2)
-    from swarm.server.export import BUFFER_FILE, ExportError, export_episodes  # the server package: only here
+    from swarm.server.durability.export import (  # the server package: only here
+        BUFFER_FILE,
+        ExportError,
+        export_episodes,
+    )
 
     decode = _decoder(state_dir, tokenizer)
     try:

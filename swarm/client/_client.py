@@ -160,7 +160,7 @@ class SwarmClient:
 
     def run_key(self, run: str) -> RunKey:
         """One key for a whole run: a framework that takes one ``base_url`` and ``api_key`` for all
-        its rollouts gets an episode per conversation (``swarm.server.runs``); post each reward with
+        its rollouts gets an episode per conversation (``swarm.server.episodes.runs``); post each reward with
         ``finish`` by the episode (``x-swarm-episode``) or the id of the response it answers."""
         response = self._transport.request("POST", f"{API_PREFIX}/runs", body=RunKeyRequest(run=run), as_client=True)
         return RunKey.model_validate_json(response.content)

@@ -3,7 +3,7 @@
 Each task becomes ``group_size`` episodes sharing a fresh group id (``"{task_id}:{hex}"``), claimed
 in order so a group's members are in flight together and complete together: the worker holding a
 group's first member claims it, and the workers holding its other members wait for that claim and
-then claim at once, so a group the server admits late (``swarm.server.admission`` refuses a new
+then claim at once, so a group the server admits late (``swarm.server.flow.admission`` refuses a new
 group until the next step when the backlog is full) still starts all together, never with members
 left behind on their own retry timers (those would train versions later, as stale). A workflow's
 exception aborts only its own episode (logged and counted); a failed *claim* (server gone past the

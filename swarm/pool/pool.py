@@ -28,15 +28,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol
 
-from swarm.backends.base import (
-    SOURCE_DIFF_PREFIX,
-    Generator,
-    GeneratorUnavailable,
-    Sampled,
-    SamplingParams,
-    TokenSink,
-    Weights,
-)
+from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
+from swarm.mismatch import SOURCE_DIFF_PREFIX
 from swarm.pool.members import Bound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
@@ -189,14 +182,36 @@ class GeneratorPool(Generator):
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                        sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
-        """Route the call (see the module docstring); a lost remote member's rows are continued on
-        another from the tokens it produced; every member tried and none left: 503."""
+        """Route the call (see the module docstring). The local member runs it as it came: it is never
+        continued elsewhere, so there is nothing to stitch. A remote member's rows are kept as they
+        stream (``swarm.pool.stitch``) so that a lost member's rows continue on another from the tokens
+        it produced; every member tried and none left: 503."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        if not prompts:
+            return Sampled(generations=[], policy_version=self.policy_version)
+        member = self.choose(affinity, rows=len(prompts))
+        if member.remote:
+            return await self._stitched(member, prompts, params, sink, affinity)
+        member.in_flight += len(prompts)
+        try:
+            sampled = await member.engine.generate(prompts, params, sink, affinity=affinity)
+        finally:
+            member.in_flight -= len(prompts)
+        member.produced(sum(len(g.token_ids) for g in sampled.generations))
+        return Sampled(generations=sampled.generations, policy_version=sampled.policy_version, source=member.id)
+
+    async def _stitched(self, first: Member, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                        sink: TokenSink | None, affinity: str | None) -> Sampled:
+        """A call that starts on the remote member ``first``, its rows continued on others if it fails."""
         rows = Rows(prompts, params, eos=self.eos_token_id, decode=self.text.decode)
         tried: set[str] = set()
         versions: list[int] = []
         source: str | None = None
+        chosen: Member | None = first
         while pending := rows.pending():
-            member = self.choose(affinity, exclude=tried, rows=len(pending))
+            member = chosen if chosen is not None else self.choose(affinity, exclude=tried, rows=len(pending))
+            chosen = None
             rows.mark()
             cont = [rows.rows[i].rest() for i in pending]
             member.in_flight += len(pending)

@@ -75,7 +75,7 @@ RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # a run's name: no dots, so its 
 
 
 class RunKeyRequest(_Wire):
-    """``POST /api/v1/runs``: one key for a whole run (``swarm.server.runs``: an episode per conversation)."""
+    """``POST /api/v1/runs``: one key for a whole run (``swarm.server.episodes.runs``: an episode per conversation)."""
 
     run: str = Field(pattern=RUN_NAME, description="the run's name: letters, digits, _ and -, at most 64")
 

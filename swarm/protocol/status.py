@@ -14,7 +14,7 @@ __all__ = ["ConfigDefaults", "DiskStatus", "EpisodeCounts", "LastError", "Recent
 class EpisodeCounts(BaseModel):
     """Training episodes. ``dropped_stale``: of ``dropped``, those older than ``max_staleness`` at their
     step; ``refused_stale``: claims and first chat calls answered 429 because they could not have
-    finished within ``max_staleness`` (``swarm.server.admission``; since the process started, a retry
+    finished within ``max_staleness`` (``swarm.server.flow.admission``; since the process started, a retry
     refused again counts again)."""
 
     claimed: int = 0

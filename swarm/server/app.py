@@ -4,7 +4,7 @@ The core is composed of a generator and a trainer (``swarm.backends.base``). The
 them ready-made so tests and tools drive the real code path with any model: either one ``backend``
 that plays both roles (the default torch engine: one model, one device thread), or an explicit
 ``generator=`` and ``trainer=`` pair; ``serve`` builds them from settings. Building the app opens the state dir's durable buffer
-(``buffer.db``) and checkpoints and resumes from them (``swarm.server.recovery``). The app's
+(``buffer.db``) and checkpoints and resumes from them (``swarm.server.durability.recovery``). The app's
 lifespan starts the device thread and the generator, publishes the trainer's (restored) weights to
 the generator when they differ, starts the engine's training loop and the lease sweeper, and stops
 them in reverse order. Events go to an ``EventBus`` persisted in the buffer, so ids continue across
@@ -38,9 +38,12 @@ from swarm.server.auth import (
     resolve_token,
     resolve_worker_token,
 )
-from swarm.server.checkpoints import CheckpointManager
 from swarm.server.core import ServerCore
-from swarm.server.diskspace import DiskMonitor
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import DiskMonitor
+from swarm.server.durability.recovery import Restored, restore
+from swarm.server.durability.store import EpisodeStore
+from swarm.server.episodes.lifecycle import Lifecycle
 from swarm.server.errors import ERROR_RESPONSES, BodyLimitMiddleware, install_error_handlers
 from swarm.server.events import SSE_EVENT_SCHEMA, EventBus, events_router
 from swarm.server.http.context import AppContext
@@ -48,11 +51,8 @@ from swarm.server.http.routes_control import router as control_router
 from swarm.server.http.routes_episodes import router as episodes_router
 from swarm.server.http.routes_openai import router as openai_router
 from swarm.server.http.routes_workers import router as workers_router
-from swarm.server.lifecycle import Lifecycle
 from swarm.server.mlflow_sink import ServerRun
-from swarm.server.recovery import Restored, restore
-from swarm.server.store import EpisodeStore
-from swarm.server.trainer_thread import TrainerThread
+from swarm.server.training.trainer_thread import TrainerThread
 from swarm.weights.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 
 log = logging.getLogger(__name__)

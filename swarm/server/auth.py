@@ -13,7 +13,7 @@ Five credentials, from most to least powerful:
 - an **episode key** ``ep.<episode_id>.<hmac>`` opens only the episode whose id it carries (chat
   completions recorded into it, heartbeat, finish, abort): the server checks it without a lookup table;
 - a **run key** ``run.<name>.<hmac>`` (``POST /api/v1/runs``) is one credential for a whole run: each
-  conversation it sends is an episode of its own (``swarm.server.runs``), and it opens only those.
+  conversation it sends is an episode of its own (``swarm.server.episodes.runs``), and it opens only those.
 
 Everything a restart must keep lives in the state dir, readable by the owner only (0600): ``secret``
 (so episode and run keys stay valid), ``token``, ``client_token`` and ``worker_token`` (so clients
@@ -281,7 +281,7 @@ def require_client(request: Request) -> Principal:
 
 
 def require_episode(request: Request, episode_id: str) -> str:
-    """Dependency: the episode the path names (``swarm.server.runs.resolve``) once the caller may open it
+    """Dependency: the episode the path names (``swarm.server.episodes.runs.resolve``) once the caller may open it
     (``KeyRing.for_episode``). A 401 comes before any look-up, a 404 before a 403."""
     keys, runs = _keys(request), request.app.state.ctx.runs
     target: str = runs.resolve(episode_id, keys.authenticate(request).run)

@@ -2,28 +2,29 @@
 
 It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
 its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
-(``swarm.server.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
-could not train within ``max_staleness`` by ``admission``, ``swarm.server.admission``), heartbeats,
-finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.lifecycle``), chat calls
-through ``completions`` (render → generate → record, ``swarm.server.completions``; a run key's calls
-find their episodes through ``runs``, ``swarm.server.runs``), training through
-``loop`` (collect → advantages → update → publish → commit, ``swarm.server.step_loop``) and held-out
-evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.evaluation``).
+(``swarm.server.episodes.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
+could not train within ``max_staleness`` by ``admission``, ``swarm.server.flow.admission``), heartbeats,
+finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.episodes.lifecycle``), chat calls
+through ``completions`` (render → generate → record, ``swarm.server.episodes.completions``; a run key's calls
+find their episodes through ``runs``, ``swarm.server.episodes.runs``), training through
+``loop`` (collect → advantages → update → publish → commit, ``swarm.server.training.step_loop``) and held-out
+evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.episodes.evaluation``).
 All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
 
-Durability (``swarm.server.store``/``checkpoints``/``recovery``): a finished episode is committed to
+Durability (``swarm.server.durability.store``/``checkpoints``/``recovery``): a finished episode is committed to
 the SQLite buffer before ``finish`` returns; each training step commits what it trained and dropped
 in one transaction right after the update, before any checkpoint of that step; aborted, expired and
 dropped episodes are recorded too. ``restore`` (called once before serving) resumes from the latest
 checkpoint. Every state change calls ``self.emit(type, **data)`` (listeners: ``add_listener``).
-A full disk under the state dir (``disk``, ``swarm.server.diskspace``) refuses claims with 507 and
+A full disk under the state dir (``disk``, ``swarm.server.durability.diskspace``) refuses claims with 507 and
 shows in the status' ``disk``; the writes that meet it roll back and are retried (``lifecycle``, ``loop``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -47,22 +48,23 @@ from swarm.protocol import (
     Status,
     StepMetrics,
 )
-from swarm.server.admission import Admission, Backlog
 from swarm.server.auth import KeyRing
-from swarm.server.capacity import CapacityMeter
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.claims import Claims
-from swarm.server.completions import Completions
-from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor
-from swarm.server.episodes import EpisodeRecord, GroupBook
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor
+from swarm.server.durability.recovery import CONFIG_KEY, Restored
+from swarm.server.durability.store import EpisodeStore, store_safely
+from swarm.server.episodes.claims import Claims
+from swarm.server.episodes.completions import Completions
+from swarm.server.episodes.evaluation import Evaluation
+from swarm.server.episodes.lifecycle import Lifecycle
+from swarm.server.episodes.runs import RunEpisodes
 from swarm.server.errors import BadRequest, InsufficientStorage, RetryLater
-from swarm.server.evaluation import Evaluation
-from swarm.server.lifecycle import Lifecycle
-from swarm.server.recovery import CONFIG_KEY, Restored
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.runs import RunEpisodes
-from swarm.server.step_loop import RunBlocking, StepLoop
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.flow.admission import Admission, Backlog
+from swarm.server.flow.capacity import CapacityMeter
+from swarm.server.records.episode import EpisodeRecord, GroupBook
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.training.step_loop import RunBlocking, StepLoop
+from swarm.server.training.step_rows import StepRows
 
 log = logging.getLogger(__name__)
 
@@ -101,19 +103,24 @@ class ServerCore:
         # while a step trains waits for the update, so it samples (and is tagged with) the new version.
         self._update_blocks_sampling = run_blocking is None
         # The parts get what they use; what changes while serving they read through ``ServerView``.
+        # They are built in dependency order, each from parts that exist: what two of them share (the
+        # step loop's wake-up, the step-metrics rows) is made first and handed to both.
+        wake = asyncio.Event()  # the step loop waits on it; an ended episode, a resume or a config change sets it
+        rows = StepRows(store, self)  # the step loop appends its rows; a held-out round merges its eval/* in
+        self.evals = Evaluation(self, episodes=self.episodes, publish=rows.add)
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
-                                   capacity=self.capacity, disk=self.disk, eval_ended=lambda e, state: self.evals.ended(e, state),
-                                   wake=lambda: self.loop.wake.set())
-        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
-                                   active=lambda: not self.loop.past_max_steps())
-        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
-                             category_ratios=config.category_ratios, admission=self.admission)
+                                   capacity=self.capacity, disk=self.disk, eval_ended=self.evals.ended, wake=wake.set)
+        evals = self.evals
         self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
                              checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
-                             capacity=self.capacity, disk=self.disk, may_step=self._may_step, eval_live=lambda: self.evals.live,
-                             eval_due=lambda step: self.evals.due(step),
-                             drop=self.lifecycle.drop, trained=self._trained)
-        self.evals = Evaluation(self, episodes=self.episodes, publish=self.loop.add_metrics)
+                             capacity=self.capacity, disk=self.disk, rows=rows, wake=wake, may_step=self._may_step,
+                             eval_live=lambda: evals.live, eval_due=evals.due, drop=self.lifecycle.drop,
+                             trained=self._trained)
+        loop = self.loop
+        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
+                                   active=lambda: not loop.past_max_steps())
+        self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
+                             category_ratios=config.category_ratios, admission=self.admission)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
                                        live=self.lifecycle.live, admit_first=self.admission.first_call)
         self.runs = RunEpisodes(
@@ -191,9 +198,9 @@ class ServerCore:
     # ------------------------------------------------------------------ episodes
 
     async def claim(self, request: ClaimRequest, base_url: str) -> Episode:
-        """Admit a claim (``swarm.server.claims``) and answer with its episode; a retried claim (same
+        """Admit a claim (``swarm.server.episodes.claims``) and answer with its episode; a retried claim (same
         ``request_id``) gets the episode the first one created. An eval claim that arrives while a
-        step trains waits for it to end (``swarm.server.evaluation``)."""
+        step trains waits for it to end (``swarm.server.episodes.evaluation``)."""
         if request.purpose == "eval":
             await self.loop.between_steps()
         retried = self.episodes.by_request(request.request_id)
@@ -252,7 +259,7 @@ class ServerCore:
         return self.config.mode == "async" or self.in_flight == 0
 
     def _backlog(self) -> Backlog:
-        """The work held toward future steps, in the batch's unit (``swarm.server.admission``). The
+        """The work held toward future steps, in the batch's unit (``swarm.server.flow.admission``). The
         running step's batch counts where work admitted now could be sampled before its update (a
         trainer on its own thread, pool workers, an update not queued yet); not once sampling can only
         follow the update (one device thread for both: what it samples next carries the new version)."""

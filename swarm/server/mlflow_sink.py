@@ -14,7 +14,7 @@ status back to RUNNING); else a new run in ``--mlflow-experiment``. The delivery
 and its retries are ``swarm.tracking.MlflowRunWriter``'s; nothing here waits on MLflow.
 
 Late rows: a held-out round that ends after its step's row went out adds ``eval/*`` to that row
-(``swarm.server.evaluation``), always the newest step's. Its ``eval.finished`` event rewinds the
+(``swarm.server.episodes.evaluation``), always the newest step's. Its ``eval.finished`` event rewinds the
 writer by that one step, so the row goes out again; a start rewinds by one step too, for a round
 that ended just before a crash or stop, before delivery. Resending a step costs one small batch,
 and MLflow keeps one copy of each point sent twice.
@@ -30,7 +30,7 @@ from typing import Any
 
 from swarm.config import ServerSettings
 from swarm.protocol import StepMetrics
-from swarm.server.checkpoints import Checkpoint
+from swarm.server.durability.checkpoints import Checkpoint
 from swarm.tracking import SERVER_CURSOR_FILE, MlflowRunWriter
 
 __all__ = ["CURSOR_FILE", "ServerRun", "server_params"]

@@ -2,7 +2,7 @@
 
 Writes ``<state_dir>/server.json`` (url, pid, model) so tools can find a running server, and
 ``<state_dir>/token`` when the token was generated. On an existing state dir the server resumes (see
-``swarm.server.recovery``): the latest checkpoint's weights and step, the episodes finished but not
+``swarm.server.durability.recovery``): the latest checkpoint's weights and step, the episodes finished but not
 yet trained, and the live config as last patched — the ``--config`` values only seed a fresh state
 dir, so a restart never silently undoes a ``PATCH /api/v1/config``. Use a new ``--state-dir`` (or
 ``swarm config`` after the restart) to change settings. Torch thread counts are the CLI's business;
@@ -10,7 +10,7 @@ nothing here imports torch.
 
 Errors that must end ``swarm serve`` with one clear line (the CLI exits with code 2) are raised as
 ``ValueError``: a state dir whose ``buffer.db`` is not a swarm buffer (checked before the slow model
-load), checkpoints none of which loads (``swarm.server.recovery``), a generator that does not come
+load), checkpoints none of which loads (``swarm.server.durability.recovery``), a generator that does not come
 up, and a ``stop`` whose final checkpoint failed (the server still exits, within the graceful
 shutdown, but not with code 0: the state dir lacks the checkpoint the caller asked for).
 """
@@ -31,7 +31,7 @@ from swarm.config import ServerSettings
 from swarm.local.roles import load_roles
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 

@@ -251,7 +251,7 @@ def _letters_deltas(steps: int, lr: float | None, chunk_bytes: int) -> dict[str,
     from swarm.backends import SamplingParams, load_backend
     from swarm.models.tiny import build_tiny
     from swarm.server import ServerConfig
-    from swarm.server.timeline import EpisodeTrace
+    from swarm.server.records.timeline import EpisodeTrace
     from swarm.weights.shards import decode, encode
 
     spec = importlib.util.spec_from_file_location("letters_client", LETTERS / "client.py")

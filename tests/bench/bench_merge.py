@@ -29,8 +29,8 @@ from swarm.backends import SamplingParams, TrainSample, load_backend
 from swarm.models.tiny import build_tiny
 from swarm.protocol import SftExample
 from swarm.server import ServerConfig
-from swarm.server.sft import minibatches, sft_samples
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.timeline import EpisodeTrace
+from swarm.server.training.sft import minibatches, sft_samples
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in a few words."}
 

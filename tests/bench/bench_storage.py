@@ -201,9 +201,9 @@ def _ledger_bytes(rows: int, work: Path) -> None:
     trained over many steps and pruned through the real store, measured with ``dbstat``."""
     import uuid
 
-    from swarm.server.records import FinishedEpisode
-    from swarm.server.store import EpisodeStore
-    from swarm.server.timeline import Timeline
+    from swarm.server.durability.store import EpisodeStore
+    from swarm.server.records.finished import FinishedEpisode
+    from swarm.server.records.timeline import Timeline
 
     timeline = Timeline(tokens=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25], versions=[0], calls=1)
     per_step = 32

@@ -2,7 +2,7 @@
 
 - **Episodes**: a client logs ``finished episode <id>`` once the server acknowledged its finish
   (``swarm.client._runner``); the run's server keeps every finished episode and which live step
-  trained it in ``<state dir>/buffer.db`` (``swarm.server.store``). *Lost*: acknowledged by a client,
+  trained it in ``<state dir>/buffer.db`` (``swarm.server.durability.store``). *Lost*: acknowledged by a client,
   absent from the store. *Twice*: trained by more than one step of the final lineage (a step rolled
   back by a restart from an older checkpoint does not count).
 - **Runs**: each run's ``run.json`` counts its server launches (``launches`` > 1: launched twice), and
@@ -24,7 +24,7 @@ from researcher.runs import record as runs
 from researcher.runs.logs import CLIENT_LOG
 from researcher.study.layout import StudyLayout
 from researcher.tracking.spool import LOCAL_PREFIX, Spool
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 FINISHED = re.compile(r"finished episode (\S+) \(task")
 

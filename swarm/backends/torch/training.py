@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from swarm import algorithms
-from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample, validate_samples, worst_by_source
+from swarm.backends.base import TrainConfig, TrainSample, validate_samples
 from swarm.backends.torch.logprobs import token_logprobs
+from swarm.mismatch import SOURCE_DIFF_PREFIX, worst_by_source
 
 logger = logging.getLogger(__name__)
 

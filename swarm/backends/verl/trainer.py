@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, Trainer, TrainSample, Weights, worst_by_source
+from swarm.backends.base import TrainConfig, Trainer, TrainSample, Weights
 from swarm.backends.verl import batch as batching
 from swarm.backends.verl import knobs
 from swarm.backends.verl.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from swarm.backends.verl.knobs import actor_config, check_supported, loss_scale, optimizer_settings
 from swarm.backends.verl.ray_cluster import LocalRay
+from swarm.mismatch import SOURCE_DIFF_PREFIX, worst_by_source
 from swarm.weights.verl_sender import VerlNcclSender
 
 if TYPE_CHECKING:

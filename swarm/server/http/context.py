@@ -11,10 +11,10 @@ from fastapi import Request
 from swarm.config import ServerSettings
 from swarm.pool.roster import Roster
 from swarm.server.auth import KeyRing
-from swarm.server.completions import Completions
 from swarm.server.core import ServerCore
-from swarm.server.lifecycle import Lifecycle
-from swarm.server.runs import RunEpisodes
+from swarm.server.episodes.completions import Completions
+from swarm.server.episodes.lifecycle import Lifecycle
+from swarm.server.episodes.runs import RunEpisodes
 
 
 @dataclass

@@ -35,7 +35,7 @@ from swarm.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from swarm.server.completions import Answer
+from swarm.server.episodes.completions import Answer
 from swarm.server.errors import BadRequest
 from swarm.server.http.replyshape import token_logprobs
 from swarm.text.parsers import ParsedReply

@@ -25,7 +25,7 @@ from typing import Any
 
 from swarm.protocol import ErrorCode
 from swarm.protocol.responses import OutputMessage, OutputText, ReasoningItem, ReasoningText
-from swarm.server.completions import Answer
+from swarm.server.episodes.completions import Answer
 from swarm.server.errors import ApiError
 from swarm.server.http.responses import ResponseShape, function_call
 from swarm.server.http.streaming import Delta, RowStream, StreamedToken

@@ -3,7 +3,7 @@
 Everything here except ``/healthz`` needs the control token (an episode key is a 403); ``status``
 also accepts the client token (read-only; a study's ``setup`` checks it). ``checkpoint``
 answers with the checkpoint directory (``path``) and its loadable model folder (``weights``); if
-writing it fails the answer is a 507 ``disk_full`` error for want of space (``swarm.server.diskspace``),
+writing it fails the answer is a 507 ``disk_full`` error for want of space (``swarm.server.durability.diskspace``),
 else a 500 ``internal`` one, naming the cause; the failure is an ``error`` event (``where=checkpoint``)
 and the status' ``last_error``, the previous checkpoint stays whole, and the server runs on.
 ``stop`` writes a checkpoint and then asks the hosting uvicorn server to exit through
@@ -33,7 +33,7 @@ from swarm.protocol import (
 )
 from swarm.server.auth import Principal, Role, require_client, require_control
 from swarm.server.core import ServerCore
-from swarm.server.diskspace import RETRY_AFTER_S
+from swarm.server.durability.diskspace import RETRY_AFTER_S
 from swarm.server.errors import ApiError, Forbidden, InsufficientStorage
 from swarm.server.http.context import AppContext, app_context
 

@@ -4,7 +4,7 @@ under ``/api/v1/runs``.
 Claims and run keys need the control token or the client token (``swarm.server.auth``). Heartbeat,
 finish, abort and look-up accept either of those, the episode's own key, or the key of the run that
 opened it (any other key is a 403); the path names the episode by its id or by the id of a response
-recorded into it (``chatcmpl-…``, ``resp_…``: ``swarm.server.runs``), so a one-key framework posts
+recorded into it (``chatcmpl-…``, ``resp_…``: ``swarm.server.episodes.runs``), so a one-key framework posts
 its rewards by the response it saw. The core does the work and raises the 4xx errors; these
 handlers only authenticate and translate.
 """

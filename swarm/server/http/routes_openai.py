@@ -4,7 +4,7 @@ The routes parse requests and shape responses; the core does the rest (``Complet
 render → generate → record). A call with an episode key is recorded into that episode's trace
 token-exactly (prompt ids from the server's own chat-template rendering, completion ids and log-probs
 as sampled); a call with a run key is recorded into the episode its conversation continues or opens
-(``swarm.server.runs``); a call with the control token is served without recording. Responses carry
+(``swarm.server.episodes.runs``); a call with the control token is served without recording. Responses carry
 vLLM's extra fields (``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that
 generated them and, when recorded, the ``episode_id`` (also the ``x-swarm-episode`` header).
 
@@ -38,13 +38,13 @@ from swarm.protocol import (
     Usage,
 )
 from swarm.protocol.responses import ResponsesRequest
-from swarm.server.completions import Answer, ChatCall
+from swarm.server.episodes.completions import Answer, ChatCall
+from swarm.server.episodes.runs import SESSION_HEADER
 from swarm.server.http.context import AppContext, app_context
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
 from swarm.server.http.responses import ResponseShape, chat_request
 from swarm.server.http.responses_stream import stream_response
 from swarm.server.http.streaming import ChunkWriter, RowStream, StreamedToken, stream_completion
-from swarm.server.runs import SESSION_HEADER
 from swarm.text.parsers import ParsedReply, ReplyStream
 from swarm.text.templates import ChatText
 
@@ -82,7 +82,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 async def _start(ctx: AppContext, request: Request, body: ChatCompletionRequest, response_id: str,
                  sink: TokenSink | None = None) -> ChatCall:
     """Start a chat call for the caller's credential: an episode key's calls go to its episode, a run
-    key's to the episode it continues or opens (``swarm.server.runs``; one whose first call fails is
+    key's to the episode it continues or opens (``swarm.server.episodes.runs``; one whose first call fails is
     aborted), the control token's nowhere. The response id then names the episode."""
     session = request.headers.get(SESSION_HEADER)
     episode_id, opened = await ctx.runs.target(ctx.keys.principal(request), body, session)

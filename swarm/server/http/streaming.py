@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from swarm.backends.base import Generation, TopAlternatives
 from swarm.protocol import ErrorCode
-from swarm.server.completions import Answer
+from swarm.server.episodes.completions import Answer
 from swarm.server.errors import ApiError, dumps_error
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
 from swarm.text.parsers import ParsedReply, ReplyStream

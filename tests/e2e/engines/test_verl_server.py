@@ -7,7 +7,7 @@ watchdog) is gone within 20 s; a restarted server resumes from the checkpoint wi
 version and trains on; and in the end every finished episode of a complete group was trained exactly
 once in the live lineage (the rolled-back step's episodes once more, flagged in the audit), while the
 finished half of a group whose other member died with the server is dropped on the record
-(``swarm.server.recovery`` judges a group on what finished), never silently lost. Each server start
+(``swarm.server.durability.recovery`` judges a group on what finished), never silently lost. Each server start
 takes ~15-60 s here (Ray and two workers), so the test costs two starts.
 
 A config naming a knob verl cannot honour fails at start, naming it, before Ray is started.
@@ -27,7 +27,7 @@ import pytest
 from support import ServeProcess, free_port, wait_for
 
 from swarm.client import SwarmClient, SwarmHTTPError
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

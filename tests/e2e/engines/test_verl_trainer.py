@@ -18,7 +18,8 @@ import pytest
 import torch
 from support import wait_for
 
-from swarm.backends.base import SOURCE_DIFF_PREFIX, TrainConfig, TrainSample
+from swarm.backends.base import TrainConfig, TrainSample
+from swarm.mismatch import SOURCE_DIFF_PREFIX
 
 # Non-trivial on purpose: with one on-policy epoch the vanilla loss is just -mean(advantage), so the
 # second epoch (clipping, a moved policy), the KL term and the importance weights are what compare.

@@ -19,7 +19,7 @@ import pytest
 from support import ServeProcess, free_port, wait_for
 
 from swarm.client import SwarmClient
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -13,7 +13,7 @@ import pytest
 from support import ServeProcess, free_port
 from support.tool_loop import assert_one_exact_timeline, non_canonical, tool_loop
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 from swarm.text.templates import ChatText, load_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

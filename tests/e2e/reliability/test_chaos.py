@@ -24,7 +24,7 @@ import pytest
 from rel_harness import start_server
 from support import free_port, wait_for
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 CLIENT = Path(__file__).with_name("rel_chaos_client.py")
 CONFIG = {"group_size": 2, "min_group_size": 1, "batch_groups": 2, "lease_s": 2.0, "checkpoint_every": 3,

@@ -10,7 +10,7 @@ from pathlib import Path
 from rel_harness import start_server, toml
 from support import ServeProcess, free_port, wait_for
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 # max_staleness: a restart gives the restored weights a fresh version id, and the restored episodes
 # must still count as fresh enough to train (as in test_server_restart).

@@ -15,7 +15,7 @@ import pytest
 from rel_harness import start_server
 from support import ServeProcess, free_port, wait_for
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 1, "max_tokens": 4, "checkpoint_every": 1,
           "max_staleness": 64}
@@ -120,8 +120,8 @@ def test_no_loadable_checkpoint_refuses_to_start(rel_model: Path, tmp_path: Path
     load) and names what it quarantined; a start after that begins from the base weights."""
     from swarm.backends import load_backend
     from swarm.config import ServerConfig
-    from swarm.server.checkpoints import CheckpointManager
-    from swarm.server.recovery import RecoveryError, restore
+    from swarm.server.durability.checkpoints import CheckpointManager
+    from swarm.server.durability.recovery import RecoveryError, restore
 
     config = ServerConfig()
     backend = load_backend(str(rel_model), config, seed=0)

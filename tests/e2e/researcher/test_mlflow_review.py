@@ -20,7 +20,7 @@ from researcher.nodes.launch_runs import _arm_letter
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from swarm.protocol import StepMetrics
-from swarm.server.step_loop import TOTAL_EPISODES
+from swarm.server.training.step_loop import TOTAL_EPISODES
 
 
 def test_context_metrics_are_logged_only_once_they_move(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, ServeProcess, WorkerProcess, free_port, study_run, wait_for
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 LETTERS = ROOT / "studies" / "examples" / "letters"
 CONFIG = """lr = 1e-3

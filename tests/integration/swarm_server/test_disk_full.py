@@ -23,7 +23,7 @@ from support.disks import fill, small_disk
 from typer.testing import CliRunner
 
 from swarm.client import EpisodeHandle, SwarmClient
-from swarm.server.checkpoints import CheckpointManager
+from swarm.server.durability.checkpoints import CheckpointManager
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 1, "max_tokens": 4, "max_staleness": 64,

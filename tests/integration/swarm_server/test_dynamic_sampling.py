@@ -14,7 +14,7 @@ import httpx
 from server_harness import RunningServer
 from support import wait_for
 
-from swarm.server.episodes import UNIFORM_REASON
+from swarm.server.records.episode import UNIFORM_REASON
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 

@@ -24,8 +24,8 @@ from support import wait_for
 
 from swarm.client import EpisodeHandle, SwarmClient
 from swarm.protocol import ClaimRequest
-from swarm.server.completions import eval_seed
-from swarm.server.evaluation import EvalBook
+from swarm.server.episodes.completions import eval_seed
+from swarm.server.episodes.evaluation import EvalBook
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 

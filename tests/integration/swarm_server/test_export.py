@@ -14,7 +14,7 @@ from support import wait_for
 from typer.testing import CliRunner
 
 from swarm.cli import app
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 1, "max_staleness": 64, "max_tokens": 4,
           "retention": "all"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from server_harness import RunningServer
 from support import wait_for
 
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.store import EpisodeStore
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 

@@ -1,6 +1,6 @@
-"""Retention (``swarm.server.retention``): after real checkpoints a server prunes exactly the episodes no kept
+"""Retention (``swarm.server.durability.retention``): after real checkpoints a server prunes exactly the episodes no kept
 checkpoint can train again (exported first when asked), each leaving its record in the pruned ledger
-(``swarm.server.store_pruned``), and a restart from its oldest kept checkpoint still finds, and trains
+(``swarm.server.durability.store_pruned``), and a restart from its oldest kept checkpoint still finds, and trains
 once, every episode it rolled back; an audit finds every acknowledged id stored or pruned, trained once.
 Store-level cases use a real store and real checkpoint directories."""
 
@@ -17,12 +17,12 @@ from server_harness import RunningServer
 from support import wait_for
 
 from swarm.config import ServerConfig
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.records import FinishedEpisode
-from swarm.server.retention import enforce_retention, safe_step
-from swarm.server.store import PRUNED_KEY, EpisodeStore, StoreError
-from swarm.server.store_schema import SCHEMA_VERSION
-from swarm.server.timeline import Timeline
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.retention import enforce_retention, safe_step
+from swarm.server.durability.store import PRUNED_KEY, EpisodeStore, StoreError
+from swarm.server.durability.store_schema import SCHEMA_VERSION
+from swarm.server.records.finished import FinishedEpisode
+from swarm.server.records.timeline import Timeline
 
 CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 1, "max_staleness": 64, "max_tokens": 4,
           "checkpoint_every": 1, "retention_export_dir": "exported"}
@@ -172,7 +172,7 @@ def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_resta
     """Days of steps must not grow the server's memory: it holds the newest rows (3 here), and
     ``GET /metrics`` still serves every row from the buffer, before and after a restart. A held-out
     round ending for a step older than memory holds merges into that step's stored row."""
-    from swarm.server import step_rows
+    from swarm.server.training import step_rows
 
     monkeypatch.setattr(step_rows, "IN_MEMORY", 3)
     state = tmp_path / "state"
@@ -188,7 +188,7 @@ def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_resta
 
     assert [m.step for m in server.core.metrics] == [4, 5, 6]
     assert served(server, 0) == [1, 2, 3, 4, 5, 6] and served(server, 2) == [3, 4, 5, 6] and served(server, 5) == [6]
-    server.core.loop.add_metrics(1, {"eval/reward_mean": 0.5})  # an old step's held-out round ends
+    server.core.loop.rows.add(1, {"eval/reward_mean": 0.5})  # an old step's held-out round ends
     assert [m.step for m in server.core.metrics] == [4, 5, 6]
     server.stop()
 

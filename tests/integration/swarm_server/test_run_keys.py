@@ -2,7 +2,7 @@
 framework (verifiers' ``vf-eval``) holds it. Each new conversation opens its own episode in the
 group of its prompt, a conversation's later turns continue it (a tool round trip merges into one
 sample), every response names its episode, rewards go in by episode or response id, and an episode
-nobody rewards expires by its lease (``swarm.server.runs``)."""
+nobody rewards expires by its lease (``swarm.server.episodes.runs``)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.backends.base import TrainConfig, TrainSample
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.timeline import EpisodeTrace
 
 
 def _merged_sample() -> TrainSample:

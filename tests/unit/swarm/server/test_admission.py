@@ -1,21 +1,19 @@
-"""Admission's rules (``swarm.server.admission``): the capacity bound keeps every admitted group within
+"""Admission's rules (``swarm.server.flow.admission``): the capacity bound keeps every admitted group within
 ``max_staleness``, the duration rule refuses what would be stale before it ends, refusals are 429s
 with a bounded ``retry_after``, and nothing is refused with admission off or past ``max_steps``."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from swarm.config import ServerConfig
-from swarm.server.admission import FULL, LONG, Admission, Backlog, outlasts, over_capacity, retry_after
-from swarm.server.capacity import CapacityMeter
-from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import RetryLater
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.flow.admission import FULL, LONG, Admission, Backlog, outlasts, over_capacity, retry_after
+from swarm.server.flow.capacity import CapacityMeter
 
 
 def test_capacity_bound_counts_training_waiting_and_in_flight() -> None:
@@ -139,16 +137,13 @@ def test_a_client_whose_episodes_outlast_the_bound_is_refused_until_steps_slow()
     for _ in range(4):
         meter.episode_finished("slow", duration_s=2.5)  # 2.5 steps of 1 s: stale before it ends
         meter.episode_finished("fast", duration_s=0.5)
-    episode = EpisodeRecord(episode_id="e", task_id="t", group_key="g#1", group_id="g", category=None,
-                            client_id="slow", lease_s=60.0, lease_expires_at=0.0, trace=EpisodeTrace(merge=True),
-                            claimed_version=0)
     with pytest.raises(RetryLater) as refused:
-        admission.first_call(episode)
+        admission.first_call("slow")
     assert refused.value.detail == {"reason": LONG, "step": 0}
     with pytest.raises(RetryLater):
         admission.claim("slow", group_size=8)
     admission.claim("fast", group_size=8)
-    admission.first_call(replace(episode, client_id="fast"))
+    admission.first_call("fast")
     clock.now += 1.5  # the learner has not stepped for 1.5 s: 2.5 s is less than two such steps now
-    admission.first_call(episode)
+    admission.first_call("slow")
     assert admission.refused == {LONG: 2}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.server.checkpoints import CheckpointError, CheckpointManager
+from swarm.server.durability.checkpoints import CheckpointError, CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -100,7 +100,7 @@ def test_bad_keep_is_refused(tmp_path: Path) -> None:
 _SLOW_SAVER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from swarm.server.checkpoints import CheckpointManager
+    from swarm.server.durability.checkpoints import CheckpointManager
     manager = CheckpointManager(sys.argv[1], keep=3)
     def fast(d):
         (d / "model.bin").write_bytes(b"A" * 100_000)

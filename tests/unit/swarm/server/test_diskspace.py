@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from support.disks import fill, small_disk
 
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.diskspace import DiskMonitor, is_disk_full
-from swarm.server.step_commits import StepCommit, StepCommits
-from swarm.server.store import EpisodeStore, FinishedEpisode
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import DiskMonitor, is_disk_full
+from swarm.server.durability.store import EpisodeStore, FinishedEpisode
+from swarm.server.records.timeline import EpisodeTrace
+from swarm.server.training.step_commits import StepCommit, StepCommits
 
 MiB = 2**20
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from swarm.protocol import Event
+from swarm.server.durability.store import EpisodeStore
 from swarm.server.events import EventBus
-from swarm.server.store import EpisodeStore
 
 
 async def _take(stream, n: int, timeout: float = 5.0) -> list[Event]:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.store import EpisodeStore
 
 ROOT = Path(__file__).resolve().parents[4]
 TOTAL = 90
@@ -34,9 +34,9 @@ LOOKAHEAD = 3
 _ENGINE = textwrap.dedent("""
     import json, signal, sys
     from pathlib import Path
-    from swarm.server.checkpoints import CheckpointManager
-    from swarm.server.store import EpisodeStore, FinishedEpisode
-    from swarm.server.timeline import Timeline
+    from swarm.server.durability.checkpoints import CheckpointManager
+    from swarm.server.durability.store import EpisodeStore, FinishedEpisode
+    from swarm.server.records.timeline import Timeline
 
     state, total, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     store = EpisodeStore(state / "buffer.db")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from swarm.server.episodes import EpisodeRecord, Group
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.episode import EpisodeRecord, Group
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.records.timeline import EpisodeTrace
 
 
 def _episode(episode_id: str) -> EpisodeRecord:

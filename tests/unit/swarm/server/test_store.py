@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm.server.store import EpisodeConflict, EpisodeStore, FinishedEpisode, StoreError
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.durability.store import EpisodeConflict, EpisodeStore, FinishedEpisode, StoreError
+from swarm.server.records.timeline import EpisodeTrace
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -209,8 +209,8 @@ def test_two_threads_save_and_train_concurrently(tmp_path: Path) -> None:
 
 _WRITER = textwrap.dedent("""
     import sys
-    from swarm.server.store import EpisodeStore, FinishedEpisode
-    from swarm.server.timeline import Timeline
+    from swarm.server.durability.store import EpisodeStore, FinishedEpisode
+    from swarm.server.records.timeline import Timeline
     store = EpisodeStore(sys.argv[1])
     i = 0
     while True:

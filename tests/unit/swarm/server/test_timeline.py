@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.timeline import EpisodeTrace
 
 
 def _call(trace: EpisodeTrace, prompt: list[int], completion: list[int], version: int = 0) -> None:

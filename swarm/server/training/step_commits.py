@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.server.diskspace import DiskMonitor, is_disk_full
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.diskspace import DiskMonitor, is_disk_full
+from swarm.server.durability.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from swarm.protocol import StepMetrics
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.durability.store import EpisodeStore, store_safely
+from swarm.server.view import ServerView
 
 IN_MEMORY = 1000
 
 
 class StepRows:
-    """Rows by step, in step order; the step loop appends, held-out rounds merge, readers read."""
+    """Rows by step, in step order; the step loop appends, held-out rounds merge (``add``), readers
+    read. ``view`` gives a new row its policy version and time."""
 
-    def __init__(self, store: EpisodeStore) -> None:
+    def __init__(self, store: EpisodeStore, view: ServerView) -> None:
         self.store = store
+        self.view = view
         self.rows: list[StepMetrics] = []  # the newest IN_MEMORY rows
         self.trimmed = False  # the buffer holds rows older than ``rows``
 
@@ -34,6 +37,13 @@ class StepRows:
         """A committed step's row (the step loop writes it to the buffer in the step's commit)."""
         self.rows.append(row)
         self._trim()
+
+    def add(self, step: int, extra: dict[str, float]) -> StepMetrics:
+        """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
+        after its step committed), creating the row if there is none (step 0: the untrained policy)."""
+        view = self.view
+        return self.merge(step, extra, lambda metrics: StepMetrics(
+            step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics))
 
     def merge(self, step: int, extra: dict[str, float], new_row: Callable[[dict[str, float]], StepMetrics]) -> StepMetrics:
         """Merge ``extra`` into the row of ``step``, creating it with ``new_row`` if there is none (step 0:

@@ -7,10 +7,10 @@ one a 409, also for an episode already trained and evicted (the store answers th
 expired and dropped episodes are recorded too (best effort). Ended episodes leave memory through
 the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The core gives it
 the registry, the group book, the store, the counters, the capacity meter, the disk monitor, and two callbacks:
-``eval_ended`` (an eval episode's round, ``swarm.server.evaluation``) and ``wake`` (the step loop
+``eval_ended`` (an eval episode's round, ``swarm.server.episodes.evaluation``) and ``wake`` (the step loop
 may have a batch now).
 
-A finish whose commit fails for want of space (``swarm.server.diskspace``) is a 507 with
+A finish whose commit fails for want of space (``swarm.server.durability.diskspace``) is a 507 with
 ``retry_after``: the episode stays CLAIMED and unacknowledged, its lease is renewed (the client is
 alive and retrying), and the same finish sent again once space is back commits it.
 """
@@ -22,13 +22,13 @@ from collections.abc import Callable
 from functools import partial
 
 from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
-from swarm.server.capacity import CapacityMeter
-from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
-from swarm.server.episodes import DROP_REASONS, EpisodeRecord, Group, GroupBook, is_stale
+from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
+from swarm.server.durability.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
 from swarm.server.errors import BadRequest, Conflict, Gone, InsufficientStorage, NotFound
-from swarm.server.records import FinishedEpisode
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
+from swarm.server.flow.capacity import CapacityMeter
+from swarm.server.records.episode import DROP_REASONS, EpisodeRecord, Group, GroupBook, is_stale
+from swarm.server.records.finished import FinishedEpisode
+from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 
 __all__ = ["Lifecycle"]
@@ -131,7 +131,7 @@ class Lifecycle:
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         """A retried finish of an episode already trained (evicted) or from before a restart: the
         same body is the usual no-op, a different one a 409; an episode never finished is a 404. One
-        retention pruned (``swarm.server.store_pruned``) has no body left to compare: any retried
+        retention pruned (``swarm.server.durability.store_pruned``) has no body left to compare: any retried
         finish of it is accepted as the no-op (``finished``, no reward), never stored again."""
         stored = self.store.get(episode_id)
         if stored is None and self.store.known(episode_id):

@@ -13,9 +13,9 @@ and dropped episodes, the version and the step's metrics in one transaction. A c
 update and the commit therefore loses the whole step (its episodes train again after a restart) and
 never half of it. Checkpoints (``checkpoint_every``) never interleave with an update.
 
-A full disk (``swarm.server.diskspace``) parks training, never ends it: a batch whose version cannot
+A full disk (``swarm.server.durability.diskspace``) parks training, never ends it: a batch whose version cannot
 be reserved goes back to the front of the queue, a commit that cannot be written waits in order
-(``swarm.server.step_commits``), and no step or checkpoint starts until it is written; the loop
+(``swarm.server.training.step_commits``), and no step or checkpoint starts until it is written; the loop
 tries again every ``RETRY_AFTER_S`` and goes on by itself once space is back.
 
 Errors training survives (a failed update, publication or periodic checkpoint) are logged with
@@ -33,9 +33,9 @@ that fails too, it is reported as well and the next step publishes again. Each s
 
 Held-out evaluation: a step does not start while eval episodes are live (their round evaluates the
 policy they were claimed under), nor, for ``eval_hold_s`` at most, after a step the clients evaluate
-at whose round was not claimed yet (aligned rounds, see ``swarm.server.evaluation``); a round that
-ends adds its ``eval/*`` metrics to the row of the step it evaluated (``add_metrics``, called by
-``swarm.server.evaluation``). No step starts past ``max_steps``.
+at whose round was not claimed yet (aligned rounds, see ``swarm.server.episodes.evaluation``); a round that
+ends adds its ``eval/*`` metrics to the row of the step it evaluated (``StepRows.add``, called by
+``swarm.server.episodes.evaluation``). No step starts past ``max_steps``.
 """
 
 from __future__ import annotations
@@ -51,19 +51,19 @@ from swarm.backends.base import Trainer, TrainSample
 from swarm.config import ServerConfig
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import LastError, SftRequest, SftResult, StepMetrics
-from swarm.server.capacity import CapacityMeter
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
-from swarm.server.episodes import EpisodeRecord, Group, GroupBook, stale_reason
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
+from swarm.server.durability.recovery import MAX_VERSION_KEY
+from swarm.server.durability.retention import enforce_retention
+from swarm.server.durability.store import EpisodeStore, store_safely
 from swarm.server.errors import BadRequest
-from swarm.server.recovery import MAX_VERSION_KEY
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.retention import enforce_retention
-from swarm.server.sft import run_sft
-from swarm.server.step_commits import StepCommit, StepCommits
-from swarm.server.step_rows import StepRows
-from swarm.server.stepstats import step_metrics
-from swarm.server.store import EpisodeStore, store_safely
+from swarm.server.flow.capacity import CapacityMeter
+from swarm.server.records.episode import EpisodeRecord, Group, GroupBook, stale_reason
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.training.sft import run_sft
+from swarm.server.training.step_commits import StepCommit, StepCommits
+from swarm.server.training.step_rows import StepRows
+from swarm.server.training.stepstats import step_metrics
 from swarm.server.view import ServerView
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class StepLoop:
     """Runs training steps whenever the core has a ready batch; checkpoints; supervised warm-ups.
 
     The core gives it what a step touches: the trainer, generator, store, checkpoints, the group
-    book (``take_batch``), the episode registry (evictions), the capacity meter, and three
+    book (``take_batch``), the episode registry (evictions), the capacity meter, the step-metrics
+    rows it appends to (shared with held-out evaluation), the ``wake`` event it waits on, and three
     callbacks: ``may_step`` (a batch is ready and the engine's state allows a step), ``drop``
     (episodes set aside with a reason) and ``trained`` (the kept and stale episodes of a committed
     step and the stale ones' drop reason, for the engine's counts). ``batch`` is what the running
@@ -96,8 +97,9 @@ class StepLoop:
 
     def __init__(self, view: ServerView, *, trainer: Trainer, generator: GeneratorPool, run_blocking: RunBlocking[Any],
                  checkpoints: CheckpointManager, store: EpisodeStore, groups: GroupBook, episodes: EpisodeRegistry,
-                 capacity: CapacityMeter, disk: DiskMonitor, may_step: Callable[[], bool], eval_live: Callable[[], int],
-                 eval_due: Callable[[int], bool], drop: Drop, trained: Trained) -> None:
+                 capacity: CapacityMeter, disk: DiskMonitor, rows: StepRows, wake: asyncio.Event,
+                 may_step: Callable[[], bool], eval_live: Callable[[], int], eval_due: Callable[[int], bool],
+                 drop: Drop, trained: Trained) -> None:
         self.view = view
         self.store = store
         self.groups = groups
@@ -117,12 +119,12 @@ class StepLoop:
         self.run_blocking = run_blocking
         self.checkpoints = checkpoints
         self.step = 0
-        self.rows = StepRows(store)  # the step metrics: the newest in memory, all in the buffer
+        self.rows = rows  # the step metrics: the newest in memory, all in the buffer
         self.training = False
         self.batch: list[Group] = []  # the groups the running step trains
         self.update_queued = False  # its update is queued to run (a chat call after it samples the new weights)
         self.last_error: LastError | None = None
-        self.wake = asyncio.Event()
+        self.wake = wake  # set by whatever may let a step start (an episode ended, a resume, a config change)
         self.idle = asyncio.Event()  # set while no step trains (eval claims wait on it)
         self.idle.set()
         self._update_lock = asyncio.Lock()  # a checkpoint or warm-up never interleaves with an update
@@ -344,13 +346,6 @@ class StepLoop:
         return {TOTAL_EPISODES: before.get(TOTAL_EPISODES, 0.0) + episodes,
                 TOTAL_SAMPLES: before.get(TOTAL_SAMPLES, 0.0) + samples}
 
-    def add_metrics(self, step: int, extra: dict[str, float]) -> StepMetrics:
-        """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
-        after its step committed), creating the row if there is none (step 0: the untrained policy)."""
-        view = self.view
-        return self.rows.merge(step, extra, lambda metrics: StepMetrics(
-            step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics))
-
     async def checkpoint(self) -> Path:
         """Write ``checkpoints/step-<N>/`` (the trainer's weights + optimizer in ``weights/``, a
         loadable model folder; step, policy version, live config and buffer cursor in ``meta.json``).
@@ -365,7 +360,7 @@ class StepLoop:
             path = await self.run_blocking(lambda: self.checkpoints.save(
                 step, version, lambda d: self.trainer.save(str(d)), engine_state, config=config))
         view.emit("checkpoint.saved", step=step, policy_version=version, path=str(path))
-        # Bounded storage: episodes no kept checkpoint can train again go (swarm.server.retention).
+        # Bounded storage: episodes no kept checkpoint can train again go (swarm.server.durability.retention).
         pruned = await asyncio.to_thread(enforce_retention, self.store, self.checkpoints, view.config,
                                          self.store.path.parent)
         if pruned is not None:

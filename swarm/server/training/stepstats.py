@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from swarm.backends.base import TrainSample
-from swarm.server.episodes import EpisodeRecord
+from swarm.server.records.episode import EpisodeRecord
 
 
 def step_metrics(episodes: Sequence[EpisodeRecord], groups: int, samples: Sequence[TrainSample],

@@ -6,8 +6,8 @@ episode (reward, metadata and its token-exact trace) is committed here *before* 
 and every training step records which episodes it consumed (``training_log``). On restart the core
 restores checkpoint step ``S``, calls ``rollback_after(S)`` (updates after ``S`` were lost with the
 process, so their episodes become untrained again) and rebuilds its pending groups from
-``untrained()``. Rolled-back log rows are kept, flagged, for audit. Retention (``swarm.server.retention``)
-moves episodes no restart can train again into a compact ledger (``swarm.server.store_pruned``).
+``untrained()``. Rolled-back log rows are kept, flagged, for audit. Retention (``swarm.server.durability.retention``)
+moves episodes no restart can train again into a compact ledger (``swarm.server.durability.store_pruned``).
 
 Durability choice: WAL journal with ``synchronous=NORMAL`` (the default here). A commit in WAL mode
 ``write()``s the transaction's frames, including the commit frame, into the ``-wal`` file before
@@ -16,7 +16,7 @@ already handed to the kernel with it: the page cache belongs to the OS, and the 
 the WAL. So NORMAL survives process kills (the target), and only an OS crash or power loss could drop
 the last few commits. Pass ``synchronous="FULL"`` to fsync every commit when that matters too.
 
-Traces are stored compactly (``swarm.server.records``): tokens and versions int32, loss masks one
+Traces are stored compactly (``swarm.server.records.finished``): tokens and versions int32, loss masks one
 byte per token, log-probs **float32** (the round trip is exact for tokens, masks and versions;
 log-probs come back within float32 precision, about 1e-7 relative).
 
@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from swarm.protocol import Event
-from swarm.server.records import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
-from swarm.server.store_pruned import PRUNED_KEY, TRACE_PRUNED, is_pruned, prune, pruned_ids, rollback_pruned, totals
-from swarm.server.store_schema import SCHEMA, SCHEMA_VERSION, UPGRADES_FROM
-from swarm.server.timeline import Timeline
+from swarm.server.durability import store_pruned as ledger
+from swarm.server.durability.store_pruned import PRUNED_KEY, TRACE_PRUNED
+from swarm.server.durability.store_schema import SCHEMA, SCHEMA_VERSION, UPGRADES_FROM
+from swarm.server.records.finished import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
+from swarm.server.records.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class EpisodeStore:
                 if row[0] == digest:
                     return False
                 raise EpisodeConflict(f"episode {record.episode_id} was already finished with a different body")
-            if is_pruned(db, record.episode_id):
+            if ledger.is_pruned(db, record.episode_id):
                 return False
             cur = db.execute(
                 "INSERT INTO episodes(episode_id, task_id, group_id, group_key, group_size, category, client_id,"
@@ -185,10 +186,10 @@ class EpisodeStore:
         return found[0] if found else None
 
     def known(self, episode_id: str) -> bool:
-        """This id finished here: stored, or pruned by retention (``swarm.server.store_pruned``)."""
+        """This id finished here: stored, or pruned by retention (``swarm.server.durability.store_pruned``)."""
         with self._lock:
             row = self._db.execute("SELECT 1 FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
-            return row is not None or is_pruned(self._db, episode_id)
+            return row is not None or ledger.is_pruned(self._db, episode_id)
 
     def untrained(self) -> list[FinishedEpisode]:
         """Finished episodes no live step consumed and the core did not drop, in finish order."""
@@ -253,7 +254,7 @@ class EpisodeStore:
         their episodes become untrained again (those retention pruned cannot: dropped, ``trace
         pruned``); log rows are kept with ``rolled_back=1``. Returns how many episodes were reset."""
         with self._tx() as db:
-            rollback_pruned(db, step)
+            ledger.rollback_pruned(db, step)
             reset = db.execute("UPDATE episodes SET trained_step=NULL WHERE trained_step > ?", (step,)).rowcount
             db.execute("UPDATE training_log SET rolled_back=1 WHERE rolled_back=0 AND step > ?", (step,))
             db.execute("DELETE FROM step_metrics WHERE step > ?", (step,))
@@ -279,14 +280,14 @@ class EpisodeStore:
             sql += " WHERE rolled_back=0"
         with self._lock:
             counts = dict(self._db.execute(sql + " GROUP BY episode_id").fetchall())
-            counts.update({e: 1 for e, step in pruned_ids(self._db).items() if step is not None})
+            counts.update({e: 1 for e, step in ledger.pruned_ids(self._db).items() if step is not None})
         return counts
 
     def pruned_steps(self) -> dict[str, int | None]:
         """Every episode retention pruned -> the step that trained it (None: a rollback undid it, so
         it counts as dropped). Reads the whole ledger: for audits."""
         with self._lock:
-            return pruned_ids(self._db)
+            return ledger.pruned_ids(self._db)
 
     def training_log(self) -> list[tuple[int, str, bool]]:
         """Every ``(step, episode_id, rolled_back)`` row in the order written, less those of pruned
@@ -295,15 +296,15 @@ class EpisodeStore:
             rows = self._db.execute("SELECT step, episode_id, rolled_back FROM training_log ORDER BY id").fetchall()
         return [(s, e, bool(r)) for s, e, r in rows]
 
-    # -- retention (swarm.server.retention)
+    # -- retention (swarm.server.durability.retention)
 
     def prune(self, through_step: int) -> tuple[int, int]:
         """Move the episodes trained at steps <= ``through_step`` to the pruned ledger: their traces,
-        rows and log rows go, one compact record each stays (``swarm.server.store_pruned``); records the
+        rows and log rows go, one compact record each stays (``swarm.server.durability.store_pruned``); records the
         mark (``PRUNED_KEY``). Returns ``(episodes, timelines)`` removed. SQLite reuses the freed pages,
         so the file reaches a steady size rather than shrinking."""
         with self._tx() as db:
-            return prune(db, through_step)
+            return ledger.prune(db, through_step)
 
     # -- aborted / expired episodes (no trace is kept; they are counted and audited)
 
@@ -321,7 +322,7 @@ class EpisodeStore:
             stored, trained, dropped = self._db.execute(
                 "SELECT COUNT(*), COUNT(trained_step), COUNT(dropped) FROM episodes").fetchone()
             closed = dict(self._db.execute("SELECT state, COUNT(*) FROM closed_episodes GROUP BY state").fetchall())
-            pruned = totals(self._db)  # the ledger's episodes are finished, and trained or dropped
+            pruned = ledger.totals(self._db)  # the ledger's episodes are finished, and trained or dropped
         return {"finished": stored + pruned["trained"] + pruned["dropped"], "trained": trained + pruned["trained"],
                 "untrained": stored - trained - dropped, "dropped": dropped + pruned["dropped"],
                 "aborted": closed.get("aborted", 0), "expired": closed.get("expired", 0)}
@@ -331,7 +332,7 @@ class EpisodeStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT dropped, COUNT(*) FROM episodes WHERE dropped IS NOT NULL GROUP BY dropped").fetchall()
-            pruned = totals(self._db)["dropped"]
+            pruned = ledger.totals(self._db)["dropped"]
         reasons = {str(reason): int(n) for reason, n in rows}
         return reasons | ({TRACE_PRUNED: reasons.get(TRACE_PRUNED, 0) + pruned} if pruned else {})
 
@@ -400,7 +401,7 @@ _SELECT = (
 def _last_step(db: sqlite3.Connection) -> int:
     """The newest live training step, pruned episodes' steps included (0 before the first)."""
     value = db.execute("SELECT MAX(step) FROM training_log WHERE rolled_back=0").fetchone()[0]
-    return max(int(value or 0), totals(db)["last_step"])
+    return max(int(value or 0), ledger.totals(db)["last_step"])
 
 
 def _mark_trained(db: sqlite3.Connection, ids: list[str], step: int) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from swarm.server.episodes import EpisodeRecord, Group
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.episode import EpisodeRecord, Group
+from swarm.server.records.timeline import EpisodeTrace
 
 __all__ = ["EpisodeRegistry"]
 

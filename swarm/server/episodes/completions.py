@@ -10,7 +10,7 @@ its rows in the generator (nothing is recorded for a generation that did not fin
 
 Bounds, so one request, credential or episode cannot stall or exhaust the server (limits in
 ``ServerConfig``): a training episode's first chat call passes admission first (it fixes the policy
-version the episode's samples carry: 429 if they could not train in time, ``swarm.server.admission``);
+version the episode's samples carry: 429 if they could not train in time, ``swarm.server.flow.admission``);
 the text size is checked before any tokenising (``max_prompt_chars``); rendering runs in a thread,
 never on the event loop (``/healthz`` and other clients' heartbeats do not wait on it); a call
 holds an ``InFlight`` slot (per credential, and rows in the generation queue) from before rendering
@@ -41,10 +41,10 @@ from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sam
 from swarm.config import PROMPT_CHARS_PER_TOKEN
 from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
-from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
-from swarm.server.inflight import InFlight
-from swarm.server.registry import EpisodeRegistry
+from swarm.server.flow.inflight import InFlight
+from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation
 from swarm.text.parsers import ParsedReply, parse_reply, resolve_tool_parser
@@ -97,7 +97,7 @@ class Completions:
     ``live(episode_id)`` is the core's check that an episode may still take calls (else a 4xx)."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
-                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[EpisodeRecord], None]) -> None:
+                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[str], None]) -> None:
         self.view = view
         self.episodes = episodes
         self.live = live
@@ -114,7 +114,7 @@ class Completions:
         recorded into that episode; without, it is served only."""
         episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if episode is not None and not episode.is_eval and episode.calls_started == 0:
-            self.admit_first(episode)  # it fixes the episode's version: 429 if it could not train in time
+            self.admit_first(episode.client_id)  # it fixes the episode's version: 429 if it could not train in time
             episode.first_call_at = self.view.clock()
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))

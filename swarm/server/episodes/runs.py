@@ -34,9 +34,9 @@ from collections.abc import Callable
 
 from swarm.protocol import ChatCompletionRequest, ClaimRequest, EpisodeState
 from swarm.server.auth import Principal
-from swarm.server.episodes import EpisodeRecord
 from swarm.server.errors import BadRequest, NotFound
-from swarm.server.registry import EpisodeRegistry
+from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation, Splice
 

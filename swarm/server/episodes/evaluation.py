@@ -8,7 +8,7 @@ starts meanwhile), and a step waits for the live eval episodes (in both modes; s
 eval claims while a batch waits for its drain, since the drain waits for them).
 
 Publication: the moment a round's last live episode ends, its ``eval/*`` metrics are merged into
-the metrics row of the step whose policy it evaluated (``StepLoop.add_metrics``): that is the newest
+the metrics row of the step whose policy it evaluated (``StepRows.add``): that is the newest
 committed step, since no step starts while a round is live, and row 0 for the untrained policy.
 The row is written to the durable buffer at once, so ``/api/v1/metrics``, the MLflow writer and a
 restarted server all see it, also when it ends after the run's last training step; an
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.protocol import ClaimRequest, EpisodeState
-from swarm.server.episodes import EpisodeRecord
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
 
 __all__ = ["EvalBook", "EvalRound", "Evaluation"]
@@ -92,7 +92,7 @@ class EvalBook:
 
 class Evaluation:
     """The held-out side: eval claims, their rounds, and the rounds' publication through
-    ``publish(step, metrics)`` (``StepLoop.add_metrics``). When an eval claim may come in (between
+    ``publish(step, metrics)`` (``StepRows.add``). When an eval claim may come in (between
     steps, admitted) is the engine's and the step loop's to say."""
 
     def __init__(self, view: ServerView, *, episodes: EpisodeRegistry,

@@ -7,7 +7,7 @@ it is dropped. Claims beyond a group's size open a fresh group with the same id,
 runs the same task again later gets a new group rather than joining a closed one.
 
 Held-out evaluation episodes (``purpose="eval"``) join no group: their rounds are
-``swarm.server.evaluation``'s. A dropped episode carries its reason everywhere it is counted (the
+``swarm.server.episodes.evaluation``'s. A dropped episode carries its reason everywhere it is counted (the
 buffer, the status' ``drop_reasons``); ``stale_reason`` names the drop of one older than ``max_staleness``.
 
 ``batch_mode = "varied_groups"`` is DAPO's dynamic sampling: a complete group whose finished members
@@ -25,7 +25,7 @@ from typing import Literal
 
 from swarm.backends.base import TrainSample
 from swarm.protocol import EPISODE_TRANSITIONS, EpisodeState, FinishRequest, Purpose
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.records.timeline import EpisodeTrace
 from swarm.text.drift import ReplyBook
 
 _STALE = "older than max_staleness"

@@ -1,7 +1,7 @@
 """Rollouts to take away: a state dir's finished episodes as Parquet or JSON Lines, one row an episode.
 
-Why: the durable buffer (``swarm.server.store``) is the server's private bookkeeping, in a compact
-binary encoding, and retention (``swarm.server.retention``) drops the traces of old trained
+Why: the durable buffer (``swarm.server.durability.store``) is the server's private bookkeeping, in a compact
+binary encoding, and retention (``swarm.server.durability.retention``) drops the traces of old trained
 episodes. People want the exact rollouts for offline analysis, SFT/DPO data or an audit, so this
 reads the buffer **read-only** (``mode=ro``; WAL readers never block the server's writer, so it works
 while a server runs) inside one read transaction (a consistent snapshot even while the server
@@ -21,7 +21,7 @@ trains or prunes) and writes what the store holds, faithfully:
 
 ``since_step=N`` keeps episodes trained at step >= N; untrained and dropped episodes have no step and
 are left out then (without it every stored episode is written). Episodes retention already pruned
-(``swarm.server.store_pruned``: only their id and step are left) are counted, not written. Rows
+(``swarm.server.durability.store_pruned``: only their id and step are left) are counted, not written. Rows
 stream in batches (bounded memory), into a temporary file renamed over ``out`` at the end, so a
 failed export leaves no half-written file.
 """
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from swarm.server.records import unpack_array
-from swarm.server.store import PRUNED_KEY
+from swarm.server.durability.store import PRUNED_KEY
+from swarm.server.records.finished import unpack_array
 
 __all__ = ["BUFFER_FILE", "PRUNED_KEY", "ExportError", "ExportFormat", "ExportResult", "export_episodes",
            "iter_episode_rows"]

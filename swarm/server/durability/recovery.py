@@ -2,7 +2,7 @@
 
 Why: ``swarm serve`` on an existing state dir must resume where the last run left off, lose no
 episode whose ``finish`` returned and train none twice. The protocol (store + checkpoints, see
-``swarm.server.store``): load the newest complete checkpoint (weights, optimizer, step, live config),
+``swarm.server.durability.store``): load the newest complete checkpoint (weights, optimizer, step, live config),
 forget every training step after it (``rollback_after``: those updates died with the process, so
 their episodes are untrained again), then re-file the untrained finished episodes as trainable
 groups. Members that were still claimed at the crash are gone; a group is judged on what finished.
@@ -32,10 +32,10 @@ from typing import Any
 from swarm.backends.base import Trainer
 from swarm.config import ServerConfig
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
-from swarm.server.checkpoints import Checkpoint, CheckpointManager
-from swarm.server.episodes import EpisodeRecord, Group, is_stale
-from swarm.server.records import FinishedEpisode
-from swarm.server.store import EpisodeStore
+from swarm.server.durability.checkpoints import Checkpoint, CheckpointManager
+from swarm.server.durability.store import EpisodeStore
+from swarm.server.records.episode import EpisodeRecord, Group, is_stale
+from swarm.server.records.finished import FinishedEpisode
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 its episodes take, and what was finished, dropped or refused over the last minute.
 
 These are the inputs of ECHO-2's provisioning rule (``swarm plan``) and of admission
-(``swarm.server.admission``): ``perf/learner_busy`` is the fraction of wall time the trainer spent
+(``swarm.server.flow.admission``): ``perf/learner_busy`` is the fraction of wall time the trainer spent
 updating rather than waiting for a batch, between the end of one step and the end of the next;
 ``perf/rollout_eps_per_client`` is the episodes finished per second per client over a recent window
 (at least ``MIN_WINDOW_S``, so a learner that steps every few hundred milliseconds still sees a

@@ -1,17 +1,17 @@
 """Bounded storage: after each checkpoint, drop the episodes no restart can train again.
 
 Why: a server left running for days records every episode's token timeline in its buffer
-(``swarm.server.store``); kept forever, the state dir grows with every episode until the disk fills.
-A restart resumes from one of the kept checkpoints (``swarm.server.checkpoints`` keeps the newest
+(``swarm.server.durability.store``); kept forever, the state dir grows with every episode until the disk fills.
+A restart resumes from one of the kept checkpoints (``swarm.server.durability.checkpoints`` keeps the newest
 ``keep``) and rolls back only the steps after it (``EpisodeStore.rollback_after``), so an episode trained
 at or before the **oldest kept checkpoint's step** stays trained whichever kept checkpoint loads: its
 trace and rows are audit material only. With ``retention = "since_checkpoint"`` (the default) those
 episodes are pruned right after a checkpoint is written: their timelines, ``episodes`` rows and
 ``training_log`` rows go, and a ~40-byte record each stays in the buffer's pruned ledger
-(``swarm.server.store_pruned``), so counts and the exactly-once audit still hold and a retried finish
+(``swarm.server.durability.store_pruned``), so counts and the exactly-once audit still hold and a retried finish
 is still the usual no-op. Untrained, dropped and later-trained episodes are never touched.
 ``retention_export_dir`` writes the episodes about to go to a Parquet file first
-(``swarm.server.export``); if that fails nothing is dropped. ``retention = "all"`` keeps everything.
+(``swarm.server.durability.export``); if that fails nothing is dropped. ``retention = "all"`` keeps everything.
 
 Space: SQLite does not shrink a file when rows go; it reuses the freed pages, so the buffer reaches a
 steady size (the episodes of about ``keep x checkpoint_every`` steps) plus the ledger's ~40 bytes an
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.config import ServerConfig
-from swarm.server.checkpoints import CheckpointManager
-from swarm.server.export import export_episodes
-from swarm.server.store import PRUNED_KEY, EpisodeStore
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.export import export_episodes
+from swarm.server.durability.store import PRUNED_KEY, EpisodeStore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The finished-episode record the durable buffer stores, and its compact binary encoding.
 
 ``FinishedEpisode`` is what the core hands to ``EpisodeStore.save_finished``: the claim's fields,
-the client's finish body and the token-exact trace (``swarm.server.timeline``). ``from_trace`` and
+the client's finish body and the token-exact trace (``swarm.server.records.timeline``). ``from_trace`` and
 ``trace()`` convert both ways without loss. Arrays are stored little-endian: token ids and policy
 versions as int32, log-probs as **float32** (exact enough for importance ratios; about 1e-7
 relative), loss masks as one byte per token.
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.server.timeline import EpisodeTrace, Timeline
+from swarm.server.records.timeline import EpisodeTrace, Timeline
 
 __all__ = ["FinishedEpisode", "InvalidEpisode", "body_digest", "pack_array", "unpack_array"]
 

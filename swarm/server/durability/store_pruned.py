@@ -1,7 +1,7 @@
-"""The pruned-episode ledger of the durable buffer (``swarm.server.store``): what retention keeps of an
+"""The pruned-episode ledger of the durable buffer (``swarm.server.durability.store``): what retention keeps of an
 episode once it deleted the episode's trace and rows.
 
-Why: retention (``swarm.server.retention``) deletes, after each checkpoint, everything stored of the
+Why: retention (``swarm.server.durability.retention``) deletes, after each checkpoint, everything stored of the
 episodes trained at or before the oldest kept checkpoint's step: their timelines, their ``episodes``
 row and their ``training_log`` rows (rolled-back ones included). Without this ledger the buffer would
 still grow by an episode row (about 300 bytes) per episode for the life of the run. With it, what stays
@@ -13,7 +13,7 @@ meta (``PRUNED_TOTALS_KEY``), updated in the same transaction, so counting needs
 
 What is gone with the rows: reward, metrics, metadata and the body digest. A retried finish of a
 pruned episode is therefore accepted as the usual no-op without comparing bodies (it answers
-``finished`` with no reward; ``swarm.server.lifecycle``). A rollback below the mark (a restore older
+``finished`` with no reward; ``swarm.server.episodes.lifecycle``). A rollback below the mark (a restore older
 than the oldest kept checkpoint, when the newer ones failed to load) cannot train those episodes
 again, their traces being gone: their ledger step becomes NULL and they count as dropped, reason
 ``trace pruned`` (``TRACE_PRUNED``).

@@ -3,9 +3,9 @@
 A claim is refused with 429 + ``retry_after`` (never queued) while the server stops or is paused,
 in sync mode while a weight update waits for in-flight episodes to drain, when it would start
 a group of a category ahead of its configured ratio (``CategoryThrottle``), and when a new group
-could not train within ``max_staleness`` (``swarm.server.admission``). A training claim joins
+could not train within ``max_staleness`` (``swarm.server.flow.admission``). A training claim joins
 the open group of its ``group_id`` (or starts one); an eval claim is ``Evaluation``'s and waits for
-a running step instead (``swarm.server.evaluation``). A retried claim (same ``request_id``) answers
+a running step instead (``swarm.server.episodes.evaluation``). A retried claim (same ``request_id``) answers
 with the episode the first one created. ``ServerCore.claim`` runs these checks in that order; this
 module holds the training side (throttle, group, record) and the claim's answer.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import uuid
 
 from swarm.protocol import ClaimRequest, Episode
-from swarm.server.admission import Admission
 from swarm.server.auth import KeyRing
-from swarm.server.category_mix import CategoryThrottle
-from swarm.server.episodes import EpisodeRecord, GroupBook
 from swarm.server.errors import RetryLater
-from swarm.server.registry import EpisodeRegistry
-from swarm.server.timeline import EpisodeTrace
+from swarm.server.flow.admission import Admission
+from swarm.server.flow.category_mix import CategoryThrottle
+from swarm.server.records.episode import EpisodeRecord, GroupBook
+from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
 
 __all__ = ["Claims"]

@@ -1,7 +1,7 @@
-"""The durable buffer's SQLite schema (``swarm.server.store``): finished episodes and their
+"""The durable buffer's SQLite schema (``swarm.server.durability.store``): finished episodes and their
 timelines, the training log (which step consumed which episode; rolled-back rows kept for audit),
 closed episodes, the event log, step metrics, key/value meta and the ledger of episodes retention
-pruned (``swarm.server.store_pruned``). Every statement is idempotent (``IF NOT EXISTS``), so opening
+pruned (``swarm.server.durability.store_pruned``). Every statement is idempotent (``IF NOT EXISTS``), so opening
 an existing buffer runs it again harmlessly.
 
 Versions: 2 added ``pruned``. A buffer of a version in ``UPGRADES_FROM`` is upgraded in place when
