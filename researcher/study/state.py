@@ -105,9 +105,10 @@ def framed(state: StudyState) -> Framing:
 
 
 def framing_metric(state: StudyState) -> str:
-    """The metric the study judges: its framing's, or the default one before it is framed."""
-    framing = study_framing(state)
-    return framing.metric if framing is not None else str(Framing.model_fields["metric"].default)
+    """The metric the study judges: its framing's, or the default one before it is framed. Read on its own
+    (the monitor polls with it on every tick), so a framing another version wrote in part still answers."""
+    metric = (state.get("framing") or {}).get("metric")
+    return str(metric) if metric else str(Framing.model_fields["metric"].default)
 
 
 def summaries(state: StudyState) -> list[IterationSummary]:

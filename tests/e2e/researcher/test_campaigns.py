@@ -153,7 +153,11 @@ def test_a_campaign_sigkilled_mid_session_resumes_and_ends_with_its_ledger_and_s
     assert rec["claims"][0]["sessions"] >= 2 and rec["claims"][0]["spent_s"] > 0
     assert lines[-1].startswith("ledger: ") and lines[-2].startswith("RESULT claims=2 decisive=")
     assert lines[-4].startswith("c1 expect 'yes': ") and "camp-c1" in lines[-4]
-    assert "waiting for the session of camp-c1 a killed campaign left running" in lines[0]
+    # The session the kill left either still ran when the campaign resumed (it waited for it) or had parked
+    # already (on a loaded machine the resume can come after its pilot's 3 steps): its time is booked either way
+    # (spent_s above), and no run launched twice.
+    waited = "waiting for the session of camp-c1 a killed campaign left running" in lines[0]
+    assert waited or lines[0].split(" ", 1)[1].startswith("c"), lines[:3]
     ledger_md = (cli.studies / "camp" / "ledger.md").read_text()
     run_ids = {r.mlflow_run_id for r in records if r.study_id == "camp-c1"}
     assert any(run_id in ledger_md for run_id in run_ids) and "## c2: A/A check" in ledger_md
