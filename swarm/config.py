@@ -95,6 +95,12 @@ class ServerConfig(TrainConfig):
     retention_export_dir: str | None = Field(None, description="since_checkpoint: first write the episodes about "
                                              "to be pruned to <dir>/episodes-steps-A-B.parquet (`swarm export`'s "
                                              "rows; relative to the state dir); a failed export drops nothing")
+    # The spurious-rewards control (arXiv 2506.10947): does the model learn from the reward, or from training
+    # at all? The trainer's advantages come from a seeded coin flip per episode; every report stays the posted one.
+    random_reward: float = Field(0.0, ge=0.0, lt=1.0, description="above 0: train on a coin flip per episode "
+                                 "paying 1 with this probability (seeded by the episode id) instead of its posted "
+                                 "reward, the spurious-rewards control; train/reward_mean and held-out rounds still "
+                                 "report the posted rewards; 0: off")
     # Where training ends: no step past this one (episodes are still served; 0: no limit). A run
     # stopped from outside at a target step still trained whatever fit between two polls.
     max_steps: int = Field(0, ge=0, description="train no step past this one; 0 = no limit")
@@ -194,6 +200,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "max_event_subscribers"),
     "schedule": ("max_steps", "checkpoint_every", "eval_hold_s", "publish_timeout_s"),
     "storage": ("retention", "retention_export_dir"),
+    "rewards": ("random_reward",),
     "pool": ("full_sync_every", "worker_lease_s", "disseminate_timeout_s", "max_worker_logprob_diff"),
     "engines": ENGINE_KEYS,
 }

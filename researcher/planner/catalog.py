@@ -98,6 +98,12 @@ KNOBS: tuple[Knob, ...] = (
          ("none", "dr_grpo"), ("none", "dr_grpo"), reference="none", metric="train/response_length_neg_mean",
          aliases=(("dr. grpo", "dr_grpo"), ("dr grpo", "dr_grpo"), ("drgrpo", "dr_grpo"), ("dr_grpo", "dr_grpo"),
                   ("dr.grpo", "dr_grpo"), ("grpo", "none"))),
+    # The spurious-rewards control (arXiv 2506.10947): judged on the posted reward, which train/reward_mean
+    # keeps reporting while the trainer sees coin flips.
+    Knob("random_reward", "random reward (the spurious-rewards control)",
+         ("random reward", "random rewards", "spurious reward", "spurious rewards", "coin-flip reward",
+          "coin flip reward"),
+         (0.0, 0.5), (0.0, 0.5), bounds=(0.0, 0.9), reference=0.0),
     Knob("batch_groups", "batch size (groups per step)", ("batch size", "batch-size", "groups per step"),
          (1, 2, 4, 8), (2, 8), bounds=(1, 32), log_scale=True),
     Knob("max_staleness", "maximum sample staleness (async policy lag)",
@@ -141,6 +147,7 @@ CONFIG_KEYS: dict[str, str] = {
     "rollout_is": "off | token | sequence", "rollout_is_threshold": "float > 0",
     "retention": "since_checkpoint | all (episode traces kept after the oldest checkpoint)",
     "retention_export_dir": "str: export pruned episodes there first (relative to the state dir)",
+    "random_reward": "float [0, 1): train on a coin flip paying 1 with this probability (0: the posted reward)",
     "group_size": "int 1-1024, GRPO samples per prompt", "batch_groups": "int 1-4096, complete groups per step",
     "min_group_size": "int >= 1, <= group_size",
     "batch_mode": "groups | episodes | varied_groups (DAPO dynamic sampling: groups with all-equal rewards dropped)",

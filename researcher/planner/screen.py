@@ -28,7 +28,8 @@ _GENERATORS = ((0, 1), (0, 2), (1, 2), (0, 1, 2))
 MAX_KNOBS = 3 + len(_GENERATORS)
 # Engines are set for a run's life and need other installs; group and batch sizes change the episodes a
 # step consumes, so no single axis compares them with the rest (they get a comparison of their own).
-_LEFT_OUT = {"engine", "trainer", "group_size", "batch_groups"}
+# A random reward is a control (does the model learn from the reward at all?), not a setting to choose.
+_LEFT_OUT = {"engine", "trainer", "group_size", "batch_groups", "random_reward"}
 
 
 def knobs(task: str) -> list[catalog.Knob]:

@@ -60,6 +60,7 @@ from swarm.server.errors import BadRequest
 from swarm.server.flow.capacity import CapacityMeter
 from swarm.server.records.episode import EpisodeRecord, Group, GroupBook, stale_reason
 from swarm.server.records.registry import EpisodeRegistry
+from swarm.server.training.rewards import training_rewards
 from swarm.server.training.sft import run_sft
 from swarm.server.training.step_commits import StepCommit, StepCommits
 from swarm.server.training.step_rows import StepRows
@@ -223,7 +224,7 @@ class StepLoop:
         episodes = [m for g in groups for m in g.finished]
         view.emit("step.started", step=self.step + 1, groups=len(groups), episodes=len(episodes))
         try:
-            rewards = [float(e.reward or 0.0) for e in episodes]
+            rewards = training_rewards(episodes, config.random_reward)  # posted, or the spurious-rewards coin
             keys = [e.group_key for e in episodes]
             advantages = await self.run_blocking(lambda: self.trainer.advantages(rewards, keys, config))  # advantages
             samples, kept, stale = self._samples(episodes, advantages, config)
@@ -250,6 +251,8 @@ class StepLoop:
             return False
         update["perf/weight_sync_s"] = await self.publish()                                     # publish
         update["perf/generator_lag"] = float(self.trainer.policy_version - self.generator.policy_version)
+        if config.random_reward > 0:  # what the advantages came from; train/reward_mean stays the posted rewards
+            update["train/trained_reward_mean"] = sum(rewards) / len(rewards)
         self.generator.after_step(update, self.view.config.max_worker_logprob_diff)  # pool metrics, mismatch drain
         self._commit(len(groups), kept, stale, samples, update, started, config)                # commit
         return True

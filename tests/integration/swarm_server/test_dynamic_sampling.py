@@ -1,6 +1,9 @@
 """DAPO's dynamic sampling (``batch_mode = "varied_groups"``) and the per-step metrics the DAPO and
 Dr. GRPO claims are judged on, through a real server on loopback with the tiny model.
 
+With ``random_reward`` (the spurious-rewards control) the trainer sees coin flips while the reward
+metrics keep the posted rewards.
+
 A reward function gives every member of some groups the same reward: those groups are dropped when
 they complete (recorded in the buffer with their reason, counted in the status and in the next
 step's ``train/groups_dropped_uniform``), and the step trains only the groups whose rewards differ.
@@ -15,6 +18,7 @@ from server_harness import RunningServer
 from support import wait_for
 
 from swarm.server.records.episode import UNIFORM_REASON
+from swarm.server.training.rewards import coin
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 
@@ -79,3 +83,13 @@ def test_without_dynamic_sampling_uniform_groups_train(start_server) -> None:
     row = _metrics(server)[-1]["metrics"]
     assert row["train/groups"] == 2.0 and row["train/groups_dropped_uniform"] == 0.0
     assert server.status()["groups_dropped_uniform"] == 0
+
+
+def test_random_reward_trains_on_coin_flips_and_reports_the_posted_rewards(start_server) -> None:
+    server = start_server(group_size=4, min_group_size=2, batch_groups=2, mode="sync", random_reward=0.5)
+    ids = _play_group(server, "easy", 4, lambda i: 1.0) + _play_group(server, "also-easy", 4, lambda i: 1.0)
+    wait_for(lambda: server.status()["step"] == 1)
+    row = _metrics(server)[-1]["metrics"]
+    assert row["train/reward_mean"] == 1.0  # what the clients posted
+    # The coins of these (random) ids: below 1.0 unless all eight come up 1 (p = 1/256).
+    assert row["train/trained_reward_mean"] == sum(coin(e, 0.5) for e in ids) / len(ids)
