@@ -193,13 +193,19 @@ class GeneratorPool(Generator):
         member = self.choose(affinity, rows=len(prompts))
         if member.remote:
             return await self._stitched(member, prompts, params, sink, affinity)
+        sampled = await self._run(member, prompts, params, sink, affinity)
+        return Sampled(generations=sampled.generations, policy_version=sampled.policy_version, source=member.id)
+
+    async def _run(self, member: Member, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                   sink: TokenSink | None, affinity: str | None) -> Sampled:
+        """One call on one member: counted in its load while it runs, and in its output once it returns."""
         member.in_flight += len(prompts)
         try:
             sampled = await member.engine.generate(prompts, params, sink, affinity=affinity)
         finally:
             member.in_flight -= len(prompts)
         member.produced(sum(len(g.token_ids) for g in sampled.generations))
-        return Sampled(generations=sampled.generations, policy_version=sampled.policy_version, source=member.id)
+        return sampled
 
     async def _stitched(self, first: Member, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                         sink: TokenSink | None, affinity: str | None) -> Sampled:
@@ -214,11 +220,10 @@ class GeneratorPool(Generator):
             chosen = None
             rows.mark()
             cont = [rows.rows[i].rest() for i in pending]
-            member.in_flight += len(pending)
             try:
-                sampled = await member.engine.generate([c[0] for c in cont], [c[1] for c in cont],
-                                                       rows.sink(pending, sink) if member.remote else
-                                                       _forward(pending, sink), affinity=affinity)
+                sampled = await self._run(member, [c[0] for c in cont], [c[1] for c in cont],
+                                          rows.sink(pending, sink) if member.remote else _forward(pending, sink),
+                                          affinity)
             except (WorkerLost, WorkerBusy) as exc:
                 tried.add(member.id)
                 if isinstance(exc, WorkerLost):
@@ -226,10 +231,7 @@ class GeneratorPool(Generator):
                 log.warning("pool member %s failed a call (%s); %d row(s) continue on another", member.id, exc,
                             len(pending))
                 continue
-            finally:
-                member.in_flight -= len(pending)
             rows.finish(pending, sampled.generations, streamed=member.remote)
-            member.produced(sum(len(g.token_ids) for g in sampled.generations))
             versions.append(sampled.policy_version)
             source = member.id
         version = min(versions) if versions else self.policy_version
