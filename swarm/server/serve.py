@@ -17,11 +17,14 @@ shutdown, but not with code 0: the state dir lacks the checkpoint the caller ask
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -31,6 +34,7 @@ from swarm.config import ServerSettings
 from swarm.local.roles import load_roles
 from swarm.server.app import create_app
 from swarm.server.auth import resolve_token
+from swarm.server.durability.diskspace import RETRY_AFTER_S, is_disk_full
 from swarm.server.durability.store import EpisodeStore
 
 log = logging.getLogger(__name__)
@@ -89,9 +93,32 @@ class _Server(uvicorn.Server):
         if self.should_exit:  # binding failed; uvicorn reports it
             return
         url = f"http://{_display_host(self.settings.host)}:{_bound_port(self, self.settings.port)}"
-        (self.settings.state_dir / "server.json").write_text(json.dumps(
-            {"url": url, "pid": os.getpid(), "model": self.settings.model, "started": time.time()}, indent=2))
-        log.info("ready: swarm server for %s at %s", self.settings.model, url)
+        info = {"url": url, "pid": os.getpid(), "model": self.settings.model, "started": time.time()}
+        if await announce(self.settings.state_dir / "server.json", info, lambda: self.should_exit):
+            log.info("ready: swarm server for %s at %s", self.settings.model, url)
+
+
+async def announce(path: Path, info: dict[str, object], stopping_now: Callable[[], bool]) -> bool:
+    """Write ``server.json`` whole (a temporary file renamed over it). On a full disk, wait for room
+    rather than exit: the engines are up (vLLM's start alone takes minutes on a busy CPU) and the
+    server already answers, reporting the full disk; a full disk is a state, not a crash (the soak
+    found a server exiting here). False if the server stopped first."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    waiting = False
+    while not stopping_now():
+        try:
+            tmp.write_text(json.dumps(info, indent=2))
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if not is_disk_full(exc):
+                raise
+            if not waiting:
+                log.warning("disk full: cannot write %s (%s); retrying every %.0f s", path, exc, RETRY_AFTER_S)
+                waiting = True
+            await asyncio.sleep(RETRY_AFTER_S)
+    return False
 
 
 def _bound_port(server: uvicorn.Server, requested: int) -> int:

@@ -44,7 +44,7 @@ from swarm.backends.sampling_params import validate_requests
 from swarm.backends.vllm.chat import ChatTokenizer
 from swarm.backends.vllm.completions import completion_body, request_row
 from swarm.backends.vllm.errors import GeneratorUnavailable, VllmStartError
-from swarm.backends.vllm.process import AttachedVllm, VllmProcess
+from swarm.backends.vllm.process import START_TIMEOUT_S, AttachedVllm, VllmProcess
 from swarm.backends.vllm.publishing import WeightPublishing
 from swarm.text.templates import ChatText
 from swarm.weights.folder import reload_from_folder
@@ -91,7 +91,7 @@ class VllmGenerator(WeightPublishing, Generator):
         policy_version: int = 0,
         mode: SyncMode = "sync",
         max_context: int | None = None,
-        start_timeout: float = 180.0,
+        start_timeout: float = START_TIMEOUT_S,
         request_timeout: float = 600.0,
         transfer: WeightTransfer | None = None,
         transfer_reason: str = "",

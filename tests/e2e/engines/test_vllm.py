@@ -354,6 +354,20 @@ def test_missing_vllm_fails_fast_with_install_hint(tiny_dir: Path, tmp_path: Pat
     assert not process.alive()
 
 
+def test_a_start_that_hangs_ends_at_its_timeout_without_the_install_line(tiny_dir: Path, tmp_path: Path) -> None:
+    """A vLLM that runs but never answers /health (a busy machine) is cut at the timeout, and the error
+    does not tell the user to install what is installed."""
+    hanging = tmp_path / "python"
+    hanging.write_text("#!/bin/sh\nexec sleep 120\n")
+    hanging.chmod(0o755)
+    process = VllmProcess(tiny_dir, tmp_path / "vllm.log", python=str(hanging))
+    with pytest.raises(VllmStartError) as failure:
+        asyncio.run(process.start(timeout=2))
+    message = str(failure.value)
+    assert "did not become healthy within 2 s" in message and "setup-vllm" not in message
+    assert not process.alive()
+
+
 _ORPHAN_SCRIPT = """
 import asyncio, sys
 from swarm.backends.vllm import VllmProcess

@@ -122,3 +122,39 @@ def test_a_checkpoint_the_disk_cannot_hold_leaves_the_previous_one_whole(tmp_pat
         assert (latest.weights_dir / "model.bin").read_bytes() == before
         filler.unlink()
         assert manager.save(2, 2, lambda d: (d / "model.bin").write_bytes(b"w2" * 1000), {"cursor": 2}).name == "step-2"
+
+
+def test_server_json_waits_for_room_on_a_full_disk_and_is_never_half_written(tmp_path: Path) -> None:
+    """``swarm serve`` announces itself in server.json once its engines are up; a full disk then (vLLM
+    can take minutes to start) made it exit. Now it waits, writes the file whole once space returns,
+    and gives up quietly when the server is stopped first."""
+    import asyncio
+    import json
+
+    from swarm.server.serve import announce
+
+    info = {"url": "http://127.0.0.1:1", "pid": 1, "model": "tiny", "started": 0.0}
+    with small_disk(tmp_path / "disk", 4) as disk:
+        filler = fill(disk)
+        path = disk / "server.json"
+
+        async def free_later() -> bool:
+            writing = asyncio.create_task(announce(path, info, lambda: False))
+            await asyncio.sleep(2.5)
+            assert not writing.done() and not path.exists() and not list(disk.glob(".server.json*"))
+            filler.unlink()
+            return await asyncio.wait_for(writing, 10)
+
+        assert asyncio.run(free_later()) is True
+        assert json.loads(path.read_text()) == info
+        path.unlink()
+        filler = fill(disk)
+        stop = {"now": False}
+
+        async def stopped_first() -> bool:
+            writing = asyncio.create_task(announce(path, info, lambda: stop["now"]))
+            await asyncio.sleep(1.5)
+            stop["now"] = True
+            return await asyncio.wait_for(writing, 5)
+
+        assert asyncio.run(stopped_first()) is False and not path.exists()
