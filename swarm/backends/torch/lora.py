@@ -1,12 +1,15 @@
-"""LoRA on the torch backend: peft adapters injected into the one model that generates and trains.
+"""LoRA on the torch backend: peft adapters injected into the model that trains.
 
 Design: ``peft.get_peft_model`` replaces the targeted ``nn.Linear`` layers of the transformers model
 in place with LoRA layers (frozen ``base_layer`` + ``lora_A``/``lora_B``). The backend keeps using
-the transformers model itself (``PeftModel.get_base_model()``), not the ``PeftModel`` wrapper, so
-sampling, the KV-cache paths (``running``, ``slots``, CUDA graphs), grouped decode attention and the
-trainer's log-prob recomputation (which reaches into ``model.base_model`` and the output head) run
-unchanged, through the same adapted layers: the recorded log-probs and the recomputed ones cannot
-disagree. Only the adapter parameters require gradients, so only they get optimizer state.
+the transformers model itself (``PeftModel.get_base_model()``), not the ``PeftModel`` wrapper, so the
+trainer's log-prob recomputation (which reaches into ``model.base_model`` and the output head) runs
+unchanged through the adapted layers. Only the adapter parameters require gradients, so only they get
+optimizer state. Generation reads a plain copy of the model holding the merged weights, refreshed
+after every update (the backend's ``serving``): one matmul a layer at every decoded token instead of
+three. Merged and factored fp32 arithmetic differ only by rounding, so the recorded log-probs meet the
+trainer's within the bound full fine-tuning meets. In bf16 the serving copy keeps the adapters
+factored: a merged bf16 weight would round a small update away.
 
 What leaves the backend is always plain weights: ``merged`` publishes ``W + alpha/r * B @ A`` under
 the base names (``swarm.weights.lora``), and a checkpoint holds those merged weights as its loadable

@@ -1,5 +1,6 @@
-"""LoRA on the torch trainer (``lora_rank`` > 0): generation and training run through the same adapted
-model (recorded log-probs equal the trainer's recomputation), only the adapters train, published
+"""LoRA on the torch trainer (``lora_rank`` > 0): generation reads the adapters merged (in fp32; factored
+in a bf16 copy) and the recorded log-probs equal the trainer's recomputation through them within the
+full fine-tuning bound, only the adapters train, published
 weights are peft's ``merge_and_unload()`` weights, and a checkpoint resume restores the adapter and
 its optimizer state. The verl trainer gets the same keys as verl's own LoRA settings."""
 
@@ -31,7 +32,7 @@ def _adapters(backend: TorchBackend) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("decode_cache", ["dynamic", "static"])  # the growing cache and the slot cache (a GPU's)
-def test_generation_and_training_run_through_the_same_adapters(tiny_dir: Path, decode_cache: str) -> None:
+def test_generation_serves_the_trained_adapters_merged_and_training_agrees(tiny_dir: Path, decode_cache: str) -> None:
     backend = TorchBackend.from_model(str(tiny_dir), LORA, seed=0, decode_cache=decode_cache)
     base = {name: p.detach().clone() for name, p in backend.model.named_parameters() if ".lora_" not in name}
     trained = {id(p) for p in backend.model.parameters() if p.requires_grad}  # only the adapters get optimizer state
@@ -49,6 +50,10 @@ def test_generation_and_training_run_through_the_same_adapters(tiny_dir: Path, d
     assert any(float(p.detach().abs().max()) > 0 for name, p in backend.model.named_parameters() if ".lora_B." in name)
     after = backend.generate([prompt], [SamplingParams(max_tokens=12, seed=3)])[0]
     assert after.logprobs != before.logprobs  # generation reads the trained adapters
+    # ... as plain merged weights (one matmul a layer), the very ones the backend publishes.
+    served = backend.serving.state_dict()
+    assert backend.serving is not backend.model and not any(".lora_" in name or "base_layer" in name for name in served)
+    assert all(torch.equal(served[name], tensor) for name, tensor in backend.export_weights().items())
 
 
 def test_bfloat16_serves_the_trained_adapters_and_leaves_the_base_copy_alone(tiny_dir: Path) -> None:
