@@ -379,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--budget", default="30m", help="each study's budget (a study ends well within it)")
     parser.add_argument("--every", type=float, default=15.0, help="the daemon's schedule period, seconds")
-    parser.add_argument("--interval", type=float, nargs=2, default=(10.0, 40.0), metavar=("MIN", "MAX"),
-                        help="seconds between kills, drawn uniformly")
+    parser.add_argument("--interval", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="seconds between kills, drawn uniformly (default 10-40 s; with --engine vllm 40-120 s: "
+                        "each kind comes up about every sixth kill, and a run whose server restarts three times "
+                        "without training a step ends crashed, which a vLLM restart of minutes made the rule)")
     parser.add_argument("--every-kind", action="store_true",
                         help="go on past the duration until every kind has been killed at least once")
     parser.add_argument("--fill-disk", action="store_true", help=(
@@ -397,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ray:
         parser.error("--ray is not part of this soak yet")
+    if args.interval is None:
+        args.interval = (40.0, 120.0) if args.engine == "vllm" else (10.0, 40.0)
     if args.fill_every is None:
         args.fill_every = (240.0, 480.0) if args.engine == "vllm" else (20.0, 60.0)
     if args.engine == "vllm":
