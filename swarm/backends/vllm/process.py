@@ -55,12 +55,32 @@ START_TIMEOUT_S = 480.0
 # it while vLLM was starting (vLLM binds with SO_REUSEADDR before it listens, so both can hold it).
 _NOT_VLLM = (401, 403, 404)
 # Runs first in the child: ask Linux to SIGTERM it when the process that started it dies (even by
-# SIGKILL, when no cleanup code runs), then become vLLM's server. The setting survives the exec.
+# SIGKILL, when no cleanup code runs), then become vLLM's server. The setting survives the exec. vLLM
+# ignores that SIGTERM at times (while it starts), which left orphans holding 2 GB each under the vLLM
+# soak: so a watchdog (double-forked: no one's child, in vLLM's process group) waits for vLLM to be
+# reparented, the sign its server died, and SIGKILLs the group after a grace. It ends when vLLM ends
+# or with the group.
 _PARENT_DEATH_SHIM = (
-    "import ctypes, os, signal, sys\n"
+    "import ctypes, os, signal, sys, time\n"
+    "server, vllm = int(sys.argv[1]), os.getpid()\n"
     "ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
+    "if os.getppid() != server:\n"
     "    sys.exit('the server that started vLLM is gone')\n"
+    "def parent_of(pid):\n"
+    "    with open(f'/proc/{pid}/stat') as stat:\n"
+    "        return int(stat.read().rsplit(')', 1)[1].split()[1])\n"
+    "middle = os.fork()\n"
+    "if middle == 0:\n"
+    "    if os.fork() == 0:\n"
+    "        try:\n"
+    "            while parent_of(vllm) == server:\n"
+    "                time.sleep(2)\n"
+    "            time.sleep(10)  # the SIGTERM's grace\n"
+    "            os.killpg(0, signal.SIGKILL)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    os._exit(0)\n"
+    "os.waitpid(middle, 0)\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
 )
 
