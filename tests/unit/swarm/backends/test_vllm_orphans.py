@@ -12,7 +12,7 @@ import time
 
 from support import wait_for
 
-from swarm.backends.vllm.process import _PARENT_DEATH_SHIM
+from swarm.backends.vllm.process import _PARENT_DEATH_SHIM, _group_alive
 
 _SERVER = """
 import os, subprocess, sys, time
@@ -24,14 +24,6 @@ time.sleep(600)
 """
 _STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 _BRIEF = "import time; time.sleep(2)"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def _start(child: str) -> tuple[subprocess.Popen[str], int]:
