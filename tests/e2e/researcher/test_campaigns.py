@@ -1,6 +1,6 @@
 """Campaigns (issue #49): the file refused whole when broken, the next look given to the claim closest to
 settling, the ledger and scorecard worded from campaign.json, and a real campaign on letters through
-the CLI, SIGKILLed mid-session and resumed: nothing lost, no run launched twice, every claim's looks
+the CLI, SIGKILLed mid-session and resumed (`-m study`): nothing lost, no run launched twice, every claim's looks
 and MLflow runs in the ledger, the scorecard's RESULT line, the campaign's MLflow experiment."""
 
 from __future__ import annotations
@@ -138,12 +138,14 @@ def _check_nothing_twice(cli, name: str, claims: int) -> list[runs.RunRecord]:
     return everything
 
 
-@pytest.mark.slow
+@pytest.mark.study
 @pytest.mark.timeout(1500)
 def test_a_campaign_sigkilled_mid_session_resumes_and_ends_with_its_ledger_and_scorecard(cli, tmp_path: Path) -> None:
     """Two letters claims of a seed an arm and 3 steps a run (too few points for a verdict: this checks the
-    campaign's mechanics, the study-marked test below its answers): the first at most two looks, the
-    second one (its pilot is its only look)."""
+    campaign's mechanics, the 30-minute test below its answers): the first at most two looks, the second one
+    (its pilot is its only look). Four to seven minutes on 2 cores, so `-m study` (issue #51's CI time): the
+    default run keeps the campaign's parts (the file, the allocation, the ledger, the scheduled resume, a
+    campaign study's baseline and park) and the study's own SIGKILL and resume (test_crash_resume)."""
     claims = (LETTERS_CLAIMS[0], (*LETTERS_CLAIMS[1], "max_iterations = 1\n"))
     lines, rec = _run_killed_and_resumed(cli, tmp_path, "camp", claims, "20m", steps_per_run=3, seeds=1,
                                          max_iterations=2, max_runs=4)

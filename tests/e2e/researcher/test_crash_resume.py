@@ -1,4 +1,5 @@
-"""The offline study end to end, with a SIGKILL of the researcher mid-study and a resume.
+"""The offline study end to end, with a SIGKILL of the researcher mid-study and a resume, followed live
+by `researcher watch` and the daemon's SSE stream across the kill (live_view.py).
 
 Real everything: `researcher start` as a process, `swarm serve` + `swarm run` processes with the tiny
 model, LangGraph's SQLite checkpointer and an MLflow SQLite store. The resumed study must continue
@@ -17,13 +18,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from live_view import LiveView
 from support import free_port, wait_for
 from support.stops import terminate
 
 from researcher.runs import record as runs
+from researcher.study.events import read_events
 from researcher.tracking import review_view
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
+
+
+def _check_killed_and_resumed(cli, sid: str, tmp_path: Path) -> None:
+    """Killed mid-study, the state says running and nobody holds the lock; `researcher resume` ends it."""
+    status = cli.run("status", sid, "--json", *cli.dirs)
+    assert status.returncode == 0, status.stderr
+    row = json.loads(status.stdout)
+    assert row["state"] == "running" and row["active"] is False and row["iteration"] == 1
+    assert row["runs"]["launched"] >= 1 and row["deadline"]
+    resumed = cli.run("resume", sid, *cli.dirs, timeout=480)
+    assert resumed.returncode == 0, (tmp_path / "start.log").read_text()[-2000:] + resumed.stdout + resumed.stderr
 
 
 def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.RunRecord]:
@@ -36,28 +50,29 @@ def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.Run
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # about 250 s alone on 2 cores; 300 s on a busy machine
 def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path,
                                                                no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "crash-study"
     runs_dir = cli.artifacts / sid / "runs"
-    proc = cli.popen("start", "--topic", TOPIC, "--budget", "8m", "--study-id", sid, "--steps-per-run", "6",
-                     "--seeds", "2", "--parallel", "2", "--max-iterations", "1", *cli.dirs, log=tmp_path / "start.log")
+    live = LiveView(cli, tmp_path, sid)
     try:
-        before = _wait_mid_study(runs_dir, proc)
+        proc = cli.popen("start", "--topic", TOPIC, "--budget", "8m", "--study-id", sid, "--steps-per-run", "6",
+                         "--seeds", "2", "--parallel", "2", "--max-iterations", "1", *cli.dirs,
+                         log=tmp_path / "start.log")
+        try:
+            live.attach(proc)
+            before = _wait_mid_study(runs_dir, proc)
+            live.check_launches_shown_within_5_s(proc)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        launched_before = {r.key: r.launches for r in before}
+        last_event_before = read_events(live.events_file)[-1]["id"]
+        _check_killed_and_resumed(cli, sid, tmp_path)
+        live.check_after_resume(last_event_before)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    launched_before = {r.key: r.launches for r in before}
-
-    # Killed mid-study: the state says running, nobody holds the lock, runs were left RUNNING in MLflow.
-    status = cli.run("status", sid, "--json", *cli.dirs)
-    assert status.returncode == 0, status.stderr
-    row = json.loads(status.stdout)
-    assert row["state"] == "running" and row["active"] is False and row["iteration"] == 1
-    assert row["runs"]["launched"] >= 1 and row["deadline"]
-
-    resumed = cli.run("resume", sid, *cli.dirs, timeout=480)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        live.close()
 
     records = runs.all_records(runs_dir)
     assert len(records) == 4  # 2 configurations x 2 seeds, each exactly once

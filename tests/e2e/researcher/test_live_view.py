@@ -1,31 +1,20 @@
 """The live view of a study: its event log, `researcher watch` and the daemon's SSE endpoint.
 
-Real processes: writers racing on one log; then one short offline study on the tiny model, watched by
-`researcher watch` (a pipe) and streamed by `researcher daemon`, SIGKILLed mid-study and resumed.
+Real processes: writers racing on one log. The live view of a real study, followed across a SIGKILL of
+its researcher by `researcher watch` and the daemon's SSE stream, is checked on test_crash_resume's
+study (live_view.py), so that it costs no study of its own.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
-import pytest
-from support import wait_for
-
-from researcher.runs import record as runs
 from researcher.study.events import EventLog, Follower, llm_call_listener, read_events, recorder
 from researcher.study.layout import StudyLayout
 
-TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 _WRITER = """
 import sys
 from pathlib import Path
@@ -108,122 +97,6 @@ def test_the_view_folds_events_into_node_decisions_runs_and_recent() -> None:
     text = console.export_text()
     assert "monitor, left at " in text and " for " not in text.split("doing")[0], text
     assert "done (phase now analyzing)" in text
-
-
-def _sse(response: httpx.Response) -> Iterator[dict]:
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if "data" in fields:
-                event = json.loads(fields["data"])
-                assert int(fields["id"]) == event["id"]
-                yield event
-            fields = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            fields[name] = value.lstrip(" ")
-
-
-@pytest.mark.slow
-def test_watch_and_sse_follow_a_study_across_a_sigkill(cli, tmp_path: Path,
-                                                       no_leftover_servers: Callable[[Path], None]) -> None:
-    sid = "live-study"
-    events_file = cli.artifacts / sid / "events.jsonl"
-    procs: list[subprocess.Popen] = []
-    daemon = cli.popen("daemon", "--port", "0", "--poll", "600", *cli.dirs, log=tmp_path / "daemon.log")
-    procs.append(daemon)
-    try:
-        study = cli.popen("start", "--topic", TOPIC, "--budget", "5m", "--study-id", sid, "--steps-per-run", "4",
-                          "--seeds", "1", "--parallel", "2", "--max-iterations", "1", *cli.dirs,
-                          log=tmp_path / "start.log")
-        procs.append(study)
-        wait_for(events_file.exists, 60, what="the study's first event", proc=study, interval=0.2)
-        watcher = subprocess.Popen(cli.argv("watch", sid, *cli.dirs), env=cli.env, cwd=cli.cwd, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        procs.append(watcher)
-        seen: list[tuple[float, str]] = []
-        threading.Thread(target=lambda: seen.extend((time.time(), line) for line in watcher.stdout),
-                         daemon=True).start()
-
-        # The daemon's SSE: token from its 0600 file, address from daemon.json.
-        address = cli.artifacts / "daemon.json"
-        wait_for(address.exists, 60, what="the daemon's events server", proc=daemon, interval=0.2)
-        url = json.loads(address.read_text())["url"]
-        token_file = cli.artifacts / "daemon.token"
-        assert token_file.stat().st_mode & 0o777 == 0o600
-        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-        assert httpx.get(f"{url}/studies/{sid}/events", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(f"{url}/studies/{sid}/events").status_code == 401
-        assert httpx.get(f"{url}/studies/no-such-study/events", headers=auth).status_code == 404
-        first: list[dict] = []
-        with httpx.stream("GET", f"{url}/studies/{sid}/events", headers=auth, timeout=60) as response:
-            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-            for event in _sse(response):
-                first.append(event)
-                if len(first) == 8:
-                    break  # disconnect mid-study
-
-        # A run's launch shows in `researcher watch` within 5 s of its server being started.
-        launched = wait_for(lambda: [(t, line) for t, line in seen if " launched " in line], 120, what="a launched run",
-                            proc=study, interval=0.2)
-        for t_seen, line in launched:
-            key = line.split("key=")[1].split()[0]
-            _, iteration, trial = key.split("/")
-            record = runs.load(cli.artifacts / sid / "runs" / f"{int(iteration):02d}-{int(trial):02d}")
-            assert t_seen - record.started_at < 5, (t_seen - record.started_at, line)
-
-        # SIGKILL the researcher while its runs train, then resume it to the end.
-        wait_for(lambda: any(e["kind"] == "progress" for e in read_events(events_file)), 120, what="a training step",
-                 proc=study, interval=0.2)
-        os.kill(study.pid, signal.SIGKILL)
-        study.wait()
-        before = read_events(events_file)[-1]["id"]
-        resumed = cli.run("resume", sid, *cli.dirs, timeout=300)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        events = read_events(events_file)
-        ids = [e["id"] for e in events]
-        assert ids == list(range(1, len(ids) + 1))  # increasing across the restart, no gap
-        [restart] = [e for e in events if e["kind"] == "session" and e["action"] == "resume"]
-        assert restart["id"] > before and events[-1]["kind"] == "node" and events[-1]["phase"] == "done"
-
-        # Resume the stream after the last event received: the rest, without gaps or repeats.
-        rest: list[dict] = []
-        with httpx.stream("GET", f"{url}/studies/{sid}/events", timeout=30,
-                          headers={**auth, "Last-Event-ID": str(first[-1]["id"])}) as response:
-            for event in _sse(response):
-                rest.append(event)
-                if event["id"] == ids[-1]:
-                    break
-        assert [e["id"] for e in first + rest] == ids
-        assert first + rest == events
-        if shutil.which("curl"):
-            middle = ids[len(ids) // 2]
-            curl = subprocess.run(["curl", "-sN", "--max-time", "3", "-H", f"Authorization: {auth['Authorization']}",
-                                   "-H", f"Last-Event-ID: {middle}", f"{url}/studies/{sid}/events"],
-                                  capture_output=True, text=True)
-            got = [int(line[3:]) for line in curl.stdout.splitlines() if line.startswith("id:")]
-            assert got == ids[ids.index(middle) + 1:], curl.stdout[-2000:]
-
-        # The watcher, started before the kill, saw the resumed session too; `--once` draws the view
-        # (the study picked by default: the only one).
-        wait_for(lambda: any("session action=resume" in line for _, line in seen), 10,
-                 what="the resumed session in watch", interval=0.2)
-        view = cli.run("watch", "--once", *cli.dirs, timeout=60)
-        assert view.returncode == 0, view.stdout + view.stderr
-        assert sid in view.stdout and "1/0" in view.stdout and "finished" in view.stdout
-        assert all(len(line) <= 100 for line in view.stdout.splitlines())  # piped: at most 100 columns
-        assert "decided to conclude" in view.stdout
-        no_leftover_servers(cli.artifacts / sid / "runs")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-    assert daemon.returncode == 0, (tmp_path / "daemon.log").read_text()[-2000:]
 
 
 def test_at_80_columns_arms_stay_apart_and_curves_share_one_step_axis() -> None:
