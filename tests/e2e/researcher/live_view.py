@@ -81,6 +81,7 @@ class LiveView:
         for t_seen, line in launched:
             _, iteration, trial = line.split("key=")[1].split()[0].split("/")
             record = runs.load(self.cli.artifacts / self.sid / "runs" / f"{int(iteration):02d}-{int(trial):02d}")
+            assert record is not None, line
             assert t_seen - record.started_at < 5, (t_seen - record.started_at, line)
 
     def check_after_resume(self, last_id_before: int) -> None:
