@@ -50,7 +50,7 @@ def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.Run
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # about 250 s alone on 2 cores; 300 s on a busy machine
+@pytest.mark.timeout(600)  # 160-250 s on 2 cores; over 300 s on a busy machine
 def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Path,
                                                                no_leftover_servers: Callable[[Path], None]) -> None:
     sid = "crash-study"
