@@ -40,8 +40,8 @@ class LiveView:
     def __init__(self, cli, tmp_path: Path, sid: str) -> None:
         self.cli, self.sid = cli, sid
         self.events_file = cli.artifacts / sid / "events.jsonl"
-        self.daemon = cli.popen("daemon", "--port", "0", "--poll", "600", *cli.dirs, log=tmp_path / "daemon.log")
         self.daemon_log = tmp_path / "daemon.log"
+        self.daemon = cli.popen("daemon", "--port", "0", "--poll", "600", *cli.dirs, log=self.daemon_log)
         self.procs: list[subprocess.Popen] = [self.daemon]
         self.seen: list[tuple[float, str]] = []
         self.first: list[dict] = []
