@@ -3,8 +3,9 @@
 The ledger lists each claim with its verdict history as seeds accumulated (every look, with the MLflow
 runs behind its number), the CPU-hours spent on it, and which settled findings became a task's baseline.
 The scorecard is one line a claim and a ``RESULT`` line: decisive means Yes, No or No meaningful
-difference in the claim's ended study; agree means that verdict is the one the claim expected. An open
-question's screen has a line (what it flagged) but is not a claim the RESULT counts.
+difference as the answer to the claim's own question (``standing.as_claimed`` turns the study's Answer
+where the two ask opposite ways); agree means that verdict is the one the claim expected. An open question's
+screen has a line (what it flagged) but is not a claim the RESULT counts.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def render(spec: CampaignSpec, record: CampaignRecord) -> str:
                 f"Expected: {s.claim.expect}" + (f" ({s.claim.source})" if s.claim.source else "")
                 + f" · study `{s.record.study_id}` ({s.record.phase}) · {s.record.sessions} session(s), "
                 f"{_duration(s.record.spent_s)} · {s.record.cpu_hours:.2f} CPU-h."]
+        study_said = s.record.study_verdict
+        if study_said and s.record.verdict and study_said != s.record.verdict:
+            out += ["", f"Its study's Answer to the study's own Question is {study_said}; to this claim's question "
+                        f"it is {s.record.verdict}."]
         if s.record.baseline:
             settings = ", ".join(f"{k}={v}" for k, v in s.record.baseline.items())
             out += ["", f"Started from the baseline {settings} (settled in {', '.join(s.record.baseline_from)})."]

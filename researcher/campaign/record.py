@@ -49,7 +49,8 @@ class ClaimRecord(BaseModel):
     sessions: int = 0
     looks: list[LookEntry] = Field(default_factory=list)
     phase: str = "not started"     # its study's phase after the last session
-    verdict: str | None = None     # the study's Answer class once it ended
+    verdict: str | None = None     # once its study ended: the answer to the claim's own question
+    study_verdict: str | None = None  # the study's Answer class (to the study's Question), which verdict turns
     cpu_hours: float = 0.0         # its runs' wall time x their torch threads
     baseline: dict[str, Any] | None = None  # settled findings it started from
     baseline_from: list[str] = Field(default_factory=list)  # the study ids they came from

@@ -156,7 +156,10 @@ def _refresh(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studie
     if look is not None and (not claim.looks or look.look > claim.looks[-1].look):
         claim.looks.append(look)
     if claim.closed:
-        claim.verdict = standing.answer_class(layout)
+        answered = standing.answer_class(layout)
+        claimed = standing.claim_verdict(state, answered) if answered is not None else None
+        claim.study_verdict = answered.value if answered else None
+        claim.verdict = claimed.value if claimed else None
         winner = standing.winner_settings(state) if claim.phase == "done" else None
         if winner and claim.task and claim.study_id not in rec.baseline_sources.get(claim.task, []):
             rec.baselines[claim.task] = {**rec.baselines.get(claim.task, {}), **winner}

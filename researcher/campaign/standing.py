@@ -1,6 +1,6 @@
-"""Where a claim's study stands, read from its files only: its phase, the latest look's verdict (worded by
-the same code as the report's Answer), the seeds it has and needs, its runs' MLflow ids and CPU time, and
-the configuration a settled finding makes the task's baseline."""
+"""Where a claim's study stands, read from its files only: its phase, the latest look's verdict (classed by
+the same code as the report's Answer, then turned to answer the claim's own question), the seeds it has and
+needs, its runs' MLflow ids and CPU time, and the configuration a settled finding makes the task's baseline."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
+from researcher.findings.records import Evidence
 from researcher.operations import overview
-from researcher.planner import screen
+from researcher.planner import screen, topic
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -19,17 +20,48 @@ from researcher.study.state import StudyState, last_summary, study_framing, stud
 NO_VERDICT = "no verdict yet"
 
 
-def answer_class(layout: StudyLayout) -> str | None:
+def answer_class(layout: StudyLayout) -> verdicts.Verdict | None:
     """The class of the study's Answer in report.md (None before the report, or an unclassed Answer)."""
     answer = overview.report_answer(layout)
-    found = verdicts.answer_class(answer) if answer is not None else None
-    return found.value if found else None
+    return verdicts.answer_class(answer) if answer is not None else None
 
 
-def _verdict(state: StudyState) -> verdicts.Verdict | None:
+def study_verdict(state: StudyState) -> verdicts.Verdict | None:
     """The class of the Answer the study's evidence so far gives (worded as the report words it)."""
     answer, _ = verdicts.verdict(state.get("topic") or "", summaries(state))
     return verdicts.answer_class(answer)
+
+
+def as_claimed(claim_topic: str, verdict: verdicts.Verdict | None, study: Evidence | None) -> verdicts.Verdict | None:
+    """The study's verdict as the answer to its claim's own question.
+
+    A study signs its difference "larger minus smaller" (a number knob) or "better minus worse" (a named
+    one), while a claim asks about the value it names first, and asks for a higher metric, a lower one, the
+    same or any difference (``topic.parse``'s ``asks``): "Does a KL coefficient of 0.2 slow learning…?" is
+    answered Yes by the study's "No: the larger kl_coef learned slower", and "Does a group size of 2 match
+    8?" No by any resolved difference. Only a resolved direction turns; the other classes answer either
+    question alike.
+    """
+    if verdict is None or not verdicts.resolved(verdict) or study is None or study.comparison is None:
+        return verdict
+    asked = topic.parse(claim_topic)
+    if asked.identical or not asked.values:
+        return verdict
+    if asked.asks in ("same", "different"):
+        return verdicts.Verdict.NO if asked.asks == "same" else verdicts.Verdict.YES
+    subject = next((a for a in study.arms if topic.same_value(a.value, asked.values[0])), None)
+    if subject is None:
+        return verdict
+    ahead = subject.name == study.comparison.better
+    return verdicts.Verdict.YES if ahead == (asked.asks == "higher") else verdicts.Verdict.NO
+
+
+def claim_verdict(state: StudyState, answered: verdicts.Verdict | None = None) -> verdicts.Verdict | None:
+    """The verdict the claim (the study's topic) gets from the study's ``answered``, by default the one
+    the study's evidence so far gives."""
+    last = last_summary(state)
+    found = answered if answered is not None else study_verdict(state)
+    return as_claimed(state.get("topic") or "", found, last.study if last else None)
 
 
 def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
@@ -37,7 +69,7 @@ def latest_look(layout: StudyLayout, state: StudyState) -> LookEntry | None:
     history = summaries(state)
     if not history:
         return None
-    verdict = _verdict(state)
+    verdict = claim_verdict(state)
     comparison = history[-1].study.comparison if history[-1].study else None
     design = studyfiles.read_plan(layout).design
     return LookEntry(look=len(history), seeds=comparison.seeds if comparison else 0,
@@ -74,7 +106,7 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
     study = last.study if last else None
     if study is None or study.comparison is None:
         return None
-    verdict = _verdict(state)
+    verdict = study_verdict(state)
     if verdict is None or not verdicts.resolved(verdict):
         return None
     better = next((a for a in study.arms if a.name == study.comparison.better), None)

@@ -43,6 +43,18 @@ _IDENTICAL = re.compile(r"(?<![a-z0-9_])a/a(?![a-z0-9_])|\ba-a (?:test|check)|\b
                         r"(?:configuration|config|setup|settings?|experiment)s? (?:twice|two times)\b")
 # An open question names no knob and asks what helps: "What makes the letters task learn faster?"
 _OPEN = re.compile(r"^\s*(?:what|which)\b.*\b(?:learn\w*|help\w*|speeds?|faster|improv\w*|matters?|knobs?|settings?)\b")
+# What a comparison asks of its subject (the first value it names) against the other: a higher metric (the
+# default: "beat", "learn faster"), a lower one ("Does a KL coefficient of 0.2 slow learning…?", "…keep wrong
+# answers shorter…?"), the same ("Does a group size of 2 match 8?") or any difference ("Does X change…?").
+# Read only after the knob's first mention, so an adjective naming the subject ("Does a lower lr of 1e-4 beat
+# 1e-3?") is not taken for the effect asked about.
+Asks = Literal["higher", "lower", "same", "different"]
+_ASKS: tuple[tuple[Asks, re.Pattern[str]], ...] = (
+    ("same", re.compile(r"\b(?:match(?:es)?|equals?|same as|as (?:good|well|fast) as|on par with)\b")),
+    ("lower", re.compile(r"\b(?:slow(?:s|er|ing)?|hurts?|harms?|worse|shorter|lowers|reduc(?:e|es|ing)|"
+                         r"decreas(?:e|es|ing)|shrinks?|delays?|degrad(?:e|es|ing))\b")),
+    ("different", re.compile(r"\b(?:change|changes|differ|differs|different|affects?|matters?)\b")),
+)
 _RANGE_GAP = re.compile(r"\s*(?:to|-|through|up to|and)\s*")
 _UNKNOWN_TASK = (re.compile(r"\bthe ([a-z][a-z0-9_-]*) (?:task|benchmark|dataset|environment)\b"),
                  re.compile(r"\b(?:task|benchmark|dataset) (?:called |named )?['\"]?([a-z][a-z0-9_-]*)"),
@@ -67,12 +79,13 @@ class TopicQuestion:
     assumptions: tuple[str, ...] = ()
     identical: bool = False          # an A/A check: two arms of one configuration, different names
     open: bool = False               # an open question naming no knob ("what makes X learn faster?"): a screen
+    asks: Asks = "higher"            # what a comparison asks of its first-named value against the other
 
     def summary(self) -> dict[str, Any]:
         """The reading as plain data (planner context, plan.json)."""
         return {"knob": self.knob, "task": self.task, "task_named": self.task_named, "values": list(self.values),
                 "shape": self.shape, "span": self.span, "fixed": dict(self.fixed),
-                "identical": self.identical, "open": self.open, "assumptions": list(self.assumptions)}
+                "identical": self.identical, "open": self.open, "asks": self.asks, "assumptions": list(self.assumptions)}
 
 
 @dataclass(frozen=True)
@@ -131,7 +144,9 @@ def parse(topic: str) -> TopicQuestion:
     sweep_cue = _SWEEP.search(text) is not None
     span = sweep_cue and len(runnable) == 2 and len(tokens) == 2 and _is_range(text, tokens)
     shape: Shape = "sweep" if sweep_cue and (len(runnable) != 2 or span) else "comparison"
-    return TopicQuestion(topic, knob.key, task, task_named, tuple(runnable), shape, span, fixed, tuple(assumptions))
+    asks: Asks = next((kind for kind, words in _ASKS if words.search(text, mentions[0].start)), "higher")
+    return TopicQuestion(topic, knob.key, task, task_named, tuple(runnable), shape, span, fixed, tuple(assumptions),
+                         asks=asks)
 
 
 def fit(knob: catalog.Knob, value: Any) -> tuple[Any, str | None]:

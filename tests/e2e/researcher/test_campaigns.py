@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher.campaign import allocate, ledger, spec
+from researcher.campaign import allocate, ledger, spec, standing
 from researcher.campaign.record import CampaignRecord, ClaimRecord, LookEntry
+from researcher.findings.verdicts import Verdict
 from researcher.runs import record as runs
 
 LETTERS_CLAIMS = (
@@ -235,3 +236,27 @@ def test_a_campaign_study_starts_from_the_baseline_and_parks_after_its_look(tmp_
     state |= decide.run(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "continue" and state["phase"] == "planning"  # the pilot decides nothing
     assert ctx.should_park() == "look 1 done: the campaign decides which hypothesis gets the next seeds"
+
+
+def test_a_claim_that_asks_for_a_slowdown_is_scored_on_its_own_question(tmp_path: Path) -> None:
+    """KL 0.2 learns slower than 0 over two looks: the study answers its Question ("Which of kl_coef = 0.2
+    or 0 makes letters learn faster?") with No, the larger learned slower; the claim ("Does a KL coefficient
+    of 0.2 slow learning…?") reads Yes, in the look the campaign books and in its ended verdict."""
+    from node_study import finish_trials, node_study
+
+    from researcher.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.settings import StudyOptions
+
+    topic = "Does a KL coefficient of 0.2 slow learning on letters compared with 0?"
+    options = StudyOptions(seeds=4, max_iterations=2, park_after_look=True)
+    ctx, state = node_study(tmp_path, "camp-kl", topic, options, run_s=60.0, runs_launched=6, budget_s=3600)
+    for _ in range(2):  # the pilot, then a look that decides
+        state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+        state |= write_client.run(state, ctx)  # type: ignore[arg-type]
+        finish_trials(state, lambda trial: (0.30 if "0_2" in trial["experiment"] else 0.40) + 0.002 * (trial["trial"] % 3))
+        state |= analyze.run(state, ctx)  # type: ignore[arg-type]
+        state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    assert standing.study_verdict(state) is Verdict.NO  # the study's own sign: larger minus smaller
+    look = standing.latest_look(ctx.layout, state)
+    assert look is not None and look.look == 2 and look.verdict == "Yes" and look.better == "kl_coef=0.0"
+    assert standing.claim_verdict(state, Verdict.NO) is Verdict.YES
