@@ -9,9 +9,11 @@ from typing import Any
 
 from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
+from researcher.findings.axes import EVAL_METRIC
 from researcher.findings.records import Evidence
 from researcher.operations import overview
 from researcher.planner import screen, topic
+from researcher.planner.catalog import REWARD_METRIC
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -100,11 +102,12 @@ def task(state: StudyState) -> str | None:
 
 
 def winner_settings(state: StudyState) -> dict[str, Any] | None:
-    """The better arm's config overrides when the study's verdict resolved a direction (Yes or No): the
-    finding a later claim on the task starts from. None for any other verdict."""
+    """The better arm's config overrides when the study's verdict resolved a direction (Yes or No) on the
+    task's reward: the finding a later claim on the task starts from. None for any other verdict, and for a
+    claim judged on another metric (entropy, answer length), whose "better" arm is only the higher curve."""
     last = last_summary(state)
     study = last.study if last else None
-    if study is None or study.comparison is None:
+    if study is None or study.comparison is None or study.metric not in (REWARD_METRIC, EVAL_METRIC):
         return None
     verdict = study_verdict(state)
     if verdict is None or not verdicts.resolved(verdict):

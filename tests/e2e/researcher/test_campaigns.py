@@ -260,3 +260,8 @@ def test_a_claim_that_asks_for_a_slowdown_is_scored_on_its_own_question(tmp_path
     look = standing.latest_look(ctx.layout, state)
     assert look is not None and look.look == 2 and look.verdict == "Yes" and look.better == "kl_coef=0.0"
     assert standing.claim_verdict(state, Verdict.NO) is Verdict.YES
+    # the settled finding (KL 0 learns faster) becomes letters' baseline; judged on entropy or answer
+    # length instead, the "better" arm is only the higher curve and sets no baseline
+    assert standing.winner_settings(state) == {"kl_coef": 0.0}
+    state["iterations"][-1]["study"]["metric"] = "train/entropy"
+    assert standing.winner_settings(state) is None
