@@ -280,7 +280,7 @@ def _pair_evidence(study: Evidence, rows: list[Arm], c: Comparison) -> str:
     high, low, d, _ = _ordered(study, rows, c)
     axis = study.axis
     return (f"area under the `{study.metric}` curve {AXIS_TEXT[axis]} over {_over(study)}: {high.label} "
-            f"{_est(high.axes[axis])} vs {low.label} {_est(low.axes[axis])}; final reward "
+            f"{_est(high.axes[axis])} vs {low.label} {_est(low.axes[axis])}; {_final_word(study)} "
             f"{_est(high.final)} vs {_est(low.final)}; difference {_ci(c, d)}; seeds {_seeds(rows)}")
 
 
@@ -299,8 +299,24 @@ def _final_clause(study: Evidence, ahead: Arm, behind: Arm) -> str:
         why = (f"the final reward is read after each run's own {study.horizon} steps, by which {behind.label} had "
                f"used {behind.reach.get(axis, 0):.0f} {unit} against {ahead.reach.get(axis, 0):.0f}, while the "
                f"verdict compares both over the first {study.budgets[axis]:.0f} {unit}")
-    return (f"; {behind.label} ends with the higher final reward ({behind.final.mean:.3f} vs "
+    return (f"; {behind.label} ends with the higher {_final_word(study)} ({behind.final.mean:.3f} vs "
             f"{ahead.final.mean:.3f}) because {why}")
+
+
+def _is_reward(study: Evidence) -> bool:
+    return "reward" in study.metric
+
+
+def _moved(study: Evidence, up: bool) -> str:
+    """How an arm ahead (``up``) or behind moved: learning speed for a reward, else the metric's height
+    (clip-higher is judged on entropy, Dr. GRPO on the length of wrong answers: neither "learns")."""
+    if _is_reward(study):
+        return f"learned {'faster' if up else 'slower'}"
+    return f"kept `{study.metric}` {'higher' if up else 'lower'}"
+
+
+def _final_word(study: Evidence) -> str:
+    return "final reward" if _is_reward(study) else f"final `{study.metric}`"
 
 
 def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
@@ -320,11 +336,11 @@ def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:
         return (f"No meaningful difference: the whole 95% CI of the difference lies within ±{study.min_effect}"
                 f"{clause} — {evidence}.")
     if verdict is Verdict.BELOW_MINIMUM:
-        return (f"{verdict}: {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]} (the 95% CI "
+        return (f"{verdict}: {who} {_moved(study, d > 0)} {AXIS_TEXT[axis]} (the 95% CI "
                 f"excludes 0), but by less than the minimum effect {study.min_effect}, so neither Yes nor No"
                 f"{clause} — {evidence}.")
     if resolved(verdict):
-        return f"{verdict}: {who} learned {'faster' if d > 0 else 'slower'} {AXIS_TEXT[axis]}{clause} — {evidence}."
+        return f"{verdict}: {who} {_moved(study, d > 0)} {AXIS_TEXT[axis]}{clause} — {evidence}."
     return (f"Inconclusive: {c.better_label} was ahead on average but the 95% CI of the "
             f"difference includes 0; {seeds_text(c, noise)}{clause} — {evidence}.")
 

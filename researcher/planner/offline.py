@@ -84,7 +84,8 @@ class OfflinePlanner:
         knob, task = catalog.knob(question.knob), self._task(question, catalog_text)
         # The axis the verdict is judged on (per episode consumed for group and batch sizes), so the
         # question printed above the answer asks what the answer answers.
-        curve = "reward" if knob.metric == catalog.REWARD_METRIC else f"`{knob.metric}`"
+        reward = knob.metric == catalog.REWARD_METRIC
+        curve = "reward" if reward else f"`{knob.metric}`"
         measure = f"measured as the area under the {curve} curve {AXIS_TEXT[primary_axis(knob.key)[0]]}"
         values = [_show(v) for v in question.values]
         named = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
@@ -96,10 +97,12 @@ class OfflinePlanner:
             over = f" over {knob.key} = {', '.join(values)}" if values else ""
             text = (f"How does the {knob.label} (`{knob.key}`) affect how fast the {task} task learns (a dose-response "
                     f"curve{over}), {measure}?")
-        elif len(values) >= 2:
-            text = f"Which of {knob.key} = {named} makes the {task} task learn faster, {measure}?"
+        elif len(values) >= 2:  # a claim judged on entropy or lengths asks for a height, not for speed
+            does = f"makes the {task} task learn faster" if reward else f"keeps the {task} task's {curve} higher"
+            text = f"Which of {knob.key} = {named} {does}, {measure}?"
         elif values:
-            text = f"Does setting {knob.key} to {named} change how fast the {task} task learns, {measure}?"
+            change = f"how fast the {task} task learns" if reward else f"the {task} task's {curve}"
+            text = f"Does setting {knob.key} to {named} change {change}, {measure}?"
         else:
             text = f"Does changing the {knob.label} (`{knob.key}`) change how fast the {task} task learns, {measure}?"
         reason = (f"topic asks for an A/A check, reported under {knob.key}" if question.identical else

@@ -37,6 +37,8 @@ def test_clip_higher_is_framed_onto_its_knob_and_judged_on_entropy() -> None:
     framing, plan = _frame_and_plan(CLIP_TOPIC)
     assert (framing.knob, framing.task, framing.metric) == ("clip_ratio_high", "letters", "train/entropy")
     assert "`train/entropy` curve" in framing.question
+    assert "keeps the letters task's `train/entropy` higher" in framing.question  # a height, not "learn faster"
+    assert "learn faster" not in framing.question
     assert [e.overrides for e in plan.experiments] == [{"clip_ratio_high": 0.28}, {"clip_ratio_high": 0.2}]
     assert {h.metric for h in plan.hypotheses} == {"train/entropy"}
     assert "train/entropy" in plan.hypotheses[0].expected_effect
