@@ -101,7 +101,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     options = study_options(state)
     iteration = state.get("iteration", 0) + 1
     history = summaries(state)
-    question = topic.parse(state["topic"])
+    question = topic.on_task(topic.parse(state["topic"]), framing.task)
     example = catalog.examples(ctx.settings.examples_root).get(framing.example)
     context = _context(state, ctx, framing, question, history, example.config if example else None)
     check = None

@@ -18,6 +18,7 @@ range, an unknown task, no task named) it says in ``assumptions``, which end up 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -366,8 +367,21 @@ def _task(text: str, knob: catalog.Knob | None) -> tuple[str, bool, list[str]]:
         notes.append(f"the topic names the task {unknown!r}, which is not an example study (known: {known}); ran "
                      f"{catalog.DEFAULT_TASK}, the default")
     else:
-        notes.append(f"the topic names no task; ran {catalog.DEFAULT_TASK}, the default example study")
+        notes.append(_DEFAULT_TASK_NOTE)
     return catalog.DEFAULT_TASK, False, notes
+
+
+_DEFAULT_TASK_NOTE = f"the topic names no task; ran {catalog.DEFAULT_TASK}, the default example study"
+
+
+def on_task(question: TopicQuestion, task: str) -> TopicQuestion:
+    """The reading of a topic that names no task, run on ``task`` (the study's own data) instead of the
+    default example: its note then says so rather than that the default ran."""
+    if question.task_named or task == question.task:
+        return question
+    notes = [n for n in question.assumptions if n != _DEFAULT_TASK_NOTE]
+    notes.append(f"the topic names no example task; ran the study's own {task} task")
+    return dataclasses.replace(question, task=task, assumptions=tuple(notes))
 
 
 def _distinct(values: Sequence[Any]) -> list[Any]:

@@ -277,3 +277,14 @@ def test_plan_node_refuses_a_plan_that_keeps_dropping_a_named_value(tmp_path: Pa
     # Nothing was planned: no plan.json, no MLflow run; LOG.md says why, twice.
     assert not layout.plan_json.exists() and not (tmp_path / "mlflow.db").exists()
     assert layout.log_md.read_text().count("the planner's plan was refused") == 2
+
+
+def test_a_topic_naming_no_task_run_on_the_users_data_says_so() -> None:
+    """A campaign claim with ``data`` runs the user's data task: the plan's notes must not say letters ran."""
+    reading = topic.parse("Does a random reward of 0.5 slow learning compared with 0?")
+    assert reading.task == catalog.DEFAULT_TASK and "ran letters" in " ".join(reading.assumptions)
+    on_data = topic.on_task(reading, catalog.DATA_TASK)
+    notes = " ".join(on_data.assumptions)
+    assert on_data.task == catalog.DATA_TASK and "ran letters" not in notes and "own data task" in notes
+    named = topic.parse(KL_TOPIC)
+    assert topic.on_task(named, catalog.DATA_TASK) is named  # a task the topic names stays its task
