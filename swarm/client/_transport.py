@@ -155,12 +155,12 @@ class Transport:
                 if not _retryable(response.status_code, error, idempotent):
                     raise error
                 problem, hint = error, error.retry_after
-                if hint is not None:  # a live server's "wait": the window starts again (module docstring)
-                    deadline = time.monotonic() + window
                 if hint is not None and while_refused is not None:
                     began = time.monotonic()
                     while_refused(error)
                     hint = max(0.0, hint - (time.monotonic() - began))
+                if hint is not None:  # a live server's "wait": the window starts again (module docstring),
+                    deadline = time.monotonic() + window  # after the work the refusal asked for, however long
             self._back_off(method, path, window, deadline, attempt, problem, hint)
 
     def _back_off(self, method: str, path: str, window: float, deadline: float, attempt: int, problem: Exception,

@@ -60,6 +60,23 @@ def test_refusals_longer_than_the_window_are_waited_out(server: ThreadingHTTPSer
     transport.close()
 
 
+def test_work_done_while_refused_does_not_count_against_the_window(server: ThreadingHTTPServer) -> None:
+    """``while_refused`` plays the held-out round the refusal's step waits for: minutes for a real model on
+    a busy CPU. That is the server's own pacing at work; a claim that counted it against the window gave up
+    ("still failing after 30 s (2 attempts)") while its server was healthy, and stopped the run."""
+    server.script[:] = [(429, 0.05)] * 3  # type: ignore[attr-defined]
+    transport = _transport(server, window=0.3)
+    played: list[float] = []
+
+    def held_out_round(error: Exception) -> None:
+        played.append(time.monotonic())
+        time.sleep(0.5)  # longer than the whole window
+
+    assert transport.request("GET", "/api/v1/episodes", while_refused=held_out_round).json() == {"ok": True}
+    assert len(played) == 3
+    transport.close()
+
+
 def test_a_failing_server_still_ends_the_call_after_the_window(server: ThreadingHTTPServer) -> None:
     server.script[:] = [(500, None)] * 1000  # type: ignore[attr-defined]
     transport = _transport(server, window=0.5)
