@@ -9,11 +9,10 @@ from typing import Any
 
 from researcher.campaign.record import LookEntry
 from researcher.findings import verdicts
-from researcher.findings.axes import EVAL_METRIC
+from researcher.findings.axes import REWARD_METRICS
 from researcher.findings.records import Evidence
 from researcher.operations import overview
 from researcher.planner import screen, topic
-from researcher.planner.catalog import REWARD_METRIC
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -107,7 +106,7 @@ def winner_settings(state: StudyState) -> dict[str, Any] | None:
     claim judged on another metric (entropy, answer length), whose "better" arm is only the higher curve."""
     last = last_summary(state)
     study = last.study if last else None
-    if study is None or study.comparison is None or study.metric not in (REWARD_METRIC, EVAL_METRIC):
+    if study is None or study.comparison is None or study.metric not in REWARD_METRICS:
         return None
     verdict = study_verdict(state)
     if verdict is None or not verdicts.resolved(verdict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 TRAIN_METRIC = "train/reward_mean"  # the sampled training batch's reward: a point every step
 EVAL_METRIC = "eval/reward_mean"  # held-out evaluation, every few steps: what the example studies register
+REWARD_METRICS = (TRAIN_METRIC, EVAL_METRIC)  # the task's reward; a claim may be judged on another (entropy, lengths)
 AXES = ("step", "episode", "second", "token")
 AXIS_TEXT = {"step": "per training step", "episode": "per episode consumed", "second": "per wall-clock second",
              "token": "per generated token"}

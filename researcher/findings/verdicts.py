@@ -38,7 +38,7 @@ import math
 import re
 from enum import StrEnum
 
-from researcher.findings.axes import AXIS_TEXT, AXIS_UNIT, primary_axis
+from researcher.findings.axes import AXIS_TEXT, AXIS_UNIT, REWARD_METRICS, primary_axis
 from researcher.findings.records import (
     OK_STATUSES,
     Arm,
@@ -303,20 +303,16 @@ def _final_clause(study: Evidence, ahead: Arm, behind: Arm) -> str:
             f"{ahead.final.mean:.3f}) because {why}")
 
 
-def _is_reward(study: Evidence) -> bool:
-    return "reward" in study.metric
-
-
 def _moved(study: Evidence, up: bool) -> str:
     """How an arm ahead (``up``) or behind moved: learning speed for a reward, else the metric's height
     (clip-higher is judged on entropy, Dr. GRPO on the length of wrong answers: neither "learns")."""
-    if _is_reward(study):
+    if study.metric in REWARD_METRICS:
         return f"learned {'faster' if up else 'slower'}"
     return f"kept `{study.metric}` {'higher' if up else 'lower'}"
 
 
 def _final_word(study: Evidence) -> str:
-    return "final reward" if _is_reward(study) else f"final `{study.metric}`"
+    return "final reward" if study.metric in REWARD_METRICS else f"final `{study.metric}`"
 
 
 def _pair_answer(study: Evidence, rows: list[Arm], c: Comparison) -> str:

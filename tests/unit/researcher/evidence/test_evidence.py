@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from evidence_inputs import evidence, summarize
+from evidence_inputs import evidence, finished_trials, summarize
 
 from researcher.context import StudyContext
 from researcher.evidence import analysis, plots
@@ -101,15 +101,9 @@ def test_a_large_effect_ends_yes_or_no_with_the_right_direction(tmp_path: Path) 
 def test_a_claim_judged_on_entropy_is_answered_in_its_metric_not_in_learning_speed(tmp_path: Path) -> None:
     """Clip-higher is judged on `train/entropy`: its Answer says which arm kept entropy higher (nothing
     "learned faster"), and its evidence names the final entropy, not a final reward."""
-    trials = []
-    for name, height in (("wide", 5.2), ("narrow", 4.6)):
-        for seed in range(3):
-            run_dir = tmp_path / f"{name}-{seed}"
-            run_dir.mkdir()
-            runs.append_metrics(run_dir, [StepMetrics(step=i, policy_version=i, time=1_700_000_000 + i, metrics={
-                "train/entropy": height - 0.05 * i + 0.01 * seed, "train/reward_mean": 0.3, "train/episodes": 32.0})
-                for i in range(1, STEPS + 1)])
-            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    height = {"wide": 5.2, "narrow": 4.6}
+    trials = finished_trials(tmp_path, ["wide", "narrow"], 3, STEPS, lambda name, seed, step: {
+        "train/entropy": height[name] - 0.05 * step + 0.01 * seed, "train/reward_mean": 0.3, "train/episodes": 32.0})
     experiments = [_exp("wide", clip_ratio_high=0.28), _exp("narrow", clip_ratio_high=0.2)]
     answer, _ = verdicts.verdict("q", [summarize(1, "clip_ratio_high", "train/entropy", STEPS, experiments, trials,
                                                  0.02, None)])

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from evidence_inputs import summarize
+from evidence_inputs import finished_trials, summarize
 
 from researcher.evidence import sizing
 from researcher.findings.records import Comparison, Evidence, IterationSummary, LookPlan
@@ -143,15 +143,10 @@ def test_the_report_shows_every_look_and_the_answer_says_why_the_study_ended() -
 
 
 def test_a_knob_that_changes_tokens_per_episode_offers_per_generated_token(tmp_path: Path) -> None:
-    trials = []
-    for name, tokens in (("short", 8.0), ("long", 32.0)):
-        for seed in range(2):
-            run_dir = tmp_path / f"{name}-{seed}"
-            run_dir.mkdir()
-            runs.append_metrics(run_dir, [StepMetrics(step=s, policy_version=s, time=100.0 + s, metrics={
-                "train/reward_mean": 0.1 * s + 0.01 * seed, "train/episodes": 32.0,
-                "context/generated_tokens": 32 * tokens}) for s in range(1, 9)])
-            trials.append({"experiment": name, "seed": seed, "run_dir": str(run_dir), "status": "finished"})
+    tokens = {"short": 8.0, "long": 32.0}
+    trials = finished_trials(tmp_path, ["short", "long"], 2, 8, lambda name, seed, step: {
+        "train/reward_mean": 0.1 * step + 0.01 * seed, "train/episodes": 32.0,
+        "context/generated_tokens": 32 * tokens[name]})
     experiments = [{"name": "short", "overrides": {"max_tokens": 8}}, {"name": "long", "overrides": {"max_tokens": 32}}]
     study = summarize(1, "max_tokens", "train/reward_mean", 8, experiments, trials, 0.02).study
     assert study is not None and study.measured == ["step", "episode", "second", "token"]
