@@ -1,13 +1,17 @@
-"""The study review: one comparison table of every training run and one plot of all reward curves.
+"""The study review: one comparison table of every training run and one figure of the verdict's curves.
 
 Table columns: iteration, hypothesis, experiment, config (the overrides it tests), seed, status,
 steps, final and best reward, AUC per training step, per episode and per wall-clock second (of the
-metric the iteration's verdict used), wall time, cost (core-seconds: wall time x torch threads) and a
-verdict: ``keep`` (the study's best configuration, pooled over iterations, when that iteration was
-analysed), ``discard`` (usable but not best) or ``crashed`` (no usable curve: crashed, stalled,
-diverged, stopped). Written as review.md, review.csv and review.png (overlaid curves on a shared
-step axis), logged to every iteration's MLflow parent run, with lineage tags (study, iteration,
-hypothesis, run key, verdict) on the child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
+metric the verdict used), wall time, cost (core-seconds: wall time x torch threads) and a verdict:
+``keep`` (a run of the study's best configuration, pooled over iterations), ``discard`` (usable but not
+best) or ``crashed`` (no usable curve: crashed, stalled, diverged, stopped).
+
+The numbers are the report's: each run's AUCs and final reward come from ``analysis.evidence`` over the
+trials the latest analysis pooled, judged on its metric and windows, so a run's row repeats the score
+the verdict averaged (never a curve cut at another axis' horizon). Written as review.md, review.csv
+and figures/review.png (the verdict-axis figure, its data in figures/review.csv), logged to every
+iteration's MLflow parent run, with lineage tags (study, iteration, hypothesis, run key, verdict) on the
+child runs so MLflow's search and compare views work. ``researcher report`` renders the same.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from researcher.evidence import analysis, stats
-from researcher.findings.records import IterationPlan, IterationSummary
+from researcher.evidence import analysis, curves, plots, stats
+from researcher.findings.records import Arm, Evidence, IterationPlan, IterationSummary
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
@@ -75,44 +79,75 @@ def _analyses(layout: StudyLayout) -> dict[int, IterationSummary]:
     return found
 
 
-def table(layout: StudyLayout, metric: str = "train/reward_mean") -> list[RunRow]:
-    """One row per training run of the study, in run-key order."""
+def planned_trials(layout: StudyLayout, before: int) -> list[analysis.TrialRun]:
+    """The runs of the iterations before ``before`` as evidence, with their arm's settings (plan.json)."""
     plan = studyfiles.read_plan(layout)
+    found = []
+    for record in runs.all_records(layout.runs_dir):
+        exp = plan.iteration(record.iteration).experiment(record.experiment) if record.iteration < before else None
+        if exp is not None:
+            found.append(analysis.TrialRun(experiment=record.experiment, overrides=exp.settings,
+                                           iteration=record.iteration, seed=record.seed, status=record.status,
+                                           run_dir=str(layout.run_dir(record.iteration, record.trial))))
+    return found
+
+
+def judged(layout: StudyLayout) -> Evidence | None:
+    """The latest analysis' pooled evidence recomputed from its runs on disk, run dirs included (the stored
+    summary keeps numbers only): the same metric, knob and step horizon, hence the same windows and scores."""
     analyses = _analyses(layout)
-    return [_row(layout, record, plan.iteration(record.iteration), analyses.get(record.iteration), metric)
+    last = analyses[max(analyses)] if analyses else None
+    if last is None or last.study is None:
+        return None
+    study = last.study
+    judging = analysis.Judging(study.knob, study.metric, study.horizon, study.min_effect)
+    return analysis.evidence(judging, planned_trials(layout, last.iteration + 1))
+
+
+@dataclass(frozen=True)
+class _Scored:
+    arm: Arm
+    index: int  # the run's place in the arm's runs, scores and finals
+
+
+def table(layout: StudyLayout, metric: str = "train/reward_mean", study: Evidence | None = None) -> list[RunRow]:
+    """One row per training run of the study, in run-key order; scored as ``study`` (default ``judged``)
+    scored them."""
+    plan = studyfiles.read_plan(layout)
+    study = study if study is not None else judged(layout)
+    scored = {run: _Scored(arm, i) for arm in (study.arms if study else []) for i, run in enumerate(arm.runs)}
+    best = study.best if study else None
+    return [_row(layout, record, plan.iteration(record.iteration), study.metric if study else metric,
+                 scored.get(str(layout.run_dir(record.iteration, record.trial))), best)
             for record in runs.all_records(layout.runs_dir)]
 
 
-def _row(layout: StudyLayout, record: runs.RunRecord, planned: IterationPlan, summary: IterationSummary | None,
-         metric: str) -> RunRow:
+def _row(layout: StudyLayout, record: runs.RunRecord, planned: IterationPlan, metric: str, scored: _Scored | None,
+         best: str | None) -> RunRow:
     experiment = planned.experiment(record.experiment)
     hypotheses = {h.id: h.statement for h in planned.hypotheses}
     hyp_id = experiment.hypothesis if experiment else ""
-    horizon, used = (summary.horizon, summary.metric) if summary else (None, metric)
-    budgets = summary.study.budgets if summary and summary.study else {}
-    curve = analysis.read_axes(layout.run_dir(record.iteration, record.trial), used, horizon)
-    steps, values = curve.steps, curve.values
-    on_axis = {a: round(stats.auc_until(curve.axis(a), curve.values, budgets[a]), 4)
-               for a in ("episode", "second") if budgets.get(a) and curve.values}
-    least = analysis.MIN_EVAL_POINTS if used == analysis.EVAL_METRIC else analysis.MIN_POINTS
-    usable = record.status in analysis.OK_STATUSES and len(steps) >= least
-    if not usable:
+    values = analysis.read_axes(layout.run_dir(record.iteration, record.trial), metric).values
+
+    def score(axis: str) -> float | None:
+        kept = scored.arm.scores.get(axis, []) if scored else []
+        return round(kept[scored.index], 4) if scored and scored.index < len(kept) else None
+
+    if scored is None:
         verdict = "crashed" if record.ended else record.status
-    elif summary is not None and summary.best == record.experiment:
-        verdict = "keep"
+        final = round(stats.final_level(values), 4) if values and not record.ended else None
     else:
-        verdict = "discard"
+        verdict = "keep" if scored.arm.name == best else "discard"
+        final = round(scored.arm.finals[scored.index], 4)
     wall = record.wall_s
     return RunRow(
         iteration=record.iteration,
         hypothesis=f"{hyp_id}: {hypotheses.get(hyp_id, '')}".strip(": ") if hyp_id else "",
         hypothesis_id=hyp_id, experiment=record.experiment,
         config=json.dumps(experiment.overrides if experiment else {}, sort_keys=True),
-        seed=record.seed, status=str(record.status), steps=record.last_step,
-        final_reward=round(stats.final_level(values), 4) if values else None,
+        seed=record.seed, status=str(record.status), steps=record.last_step, final_reward=final,
         best_reward=round(max(values), 4) if values else None,
-        auc=round(stats.auc(steps, values, horizon), 4) if values else None,
-        auc_episode=on_axis.get("episode"), auc_second=on_axis.get("second"),
+        auc=score("step"), auc_episode=score("episode"), auc_second=score("second"),
         wall_s=round(wall, 1) if wall is not None else None,
         cost_core_s=round(wall * record.threads, 1) if wall is not None else None,
         verdict=verdict, run_key=record.key, mlflow_run_id=record.mlflow_run_id,
@@ -149,42 +184,23 @@ def to_markdown(study_id: str, rows: list[RunRow], plot_name: str | None, extra:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[RunRow], path: Path, metric: str, title: str) -> Path:
-    """All runs' curves on one shared step axis: one colour per experiment, dashed when discarded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    colors: dict[str, str] = {}
+def plot(rows: list[RunRow], study: Evidence | None, path: Path, metric: str, title: str) -> Path:
+    """The verdict's figure: each arm's runs on the verdict axis over the judged window (``plots``); before
+    any analysis, each run's curve of ``metric`` per training step, one colour per experiment."""
+    if study is not None:
+        return plots.verdict_curves(study, path, title)
+    shown = []
     for row in rows:
         steps, values = runs.read_curve(Path(row.run_dir), metric)
-        if not steps:
-            continue
-        color = colors.setdefault(row.experiment, f"C{len(colors) % 10}")
-        style = {"keep": "-", "discard": "--"}.get(row.verdict, ":")
-        label = f"{row.experiment} ({row.verdict})"
-        shown = {h.get_label() for h in ax.get_legend_handles_labels()[0]}
-        ax.plot(steps, values, color=color, linestyle=style, linewidth=1.4, alpha=0.85,
-                label=None if label in shown else label)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(metric)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        shown.append(curves.SeedCurve(row.seed, [float(s) for s in steps], list(values), row.experiment))
+    return plots.raw_curves(shown, path, metric, title)
 
 
 def write(layout: StudyLayout, metric: str = "train/reward_mean") -> Review:
-    """Write review.md/.csv/.png into the study folder (figures/) and return their paths."""
-    rows = table(layout, metric)
-    png = plot(rows, layout.study_dir / "figures" / "review.png", metric, f"{layout.study_id} · every run")
+    """Write review.md/.csv and figures/review.png (with figures/review.csv) into the study folder."""
+    study = judged(layout)
+    rows = table(layout, metric, study)
+    png = plot(rows, study, layout.study_dir / "figures" / "review.png", metric, f"{layout.study_id} · every run")
     csv_path = layout.study_dir / "review.csv"
     studyfiles.write_atomic(csv_path, to_csv(rows))
     md_path = layout.study_dir / "review.md"

@@ -11,29 +11,12 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.evidence import analysis, factorial, looks, plots, sizing
+from researcher.evidence import analysis, factorial, looks, plots, run_table, sizing
 from researcher.findings import verdicts
 from researcher.findings.records import Cell, Evidence, IterationSummary, PlanFile
-from researcher.runs import record as runs
 from researcher.study import budget
 from researcher.study import files as studyfiles
-from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState, framed, study_options, summaries
-
-
-def earlier_trials(layout: StudyLayout, iteration: int) -> list[analysis.TrialRun]:
-    """Runs of the iterations before ``iteration`` with their arm's settings (from plan.json)."""
-    plan = studyfiles.read_plan(layout)
-    found = []
-    for record in runs.all_records(layout.runs_dir):
-        if record.iteration >= iteration:
-            continue
-        exp = plan.iteration(record.iteration).experiment(record.experiment)
-        if exp is not None:
-            found.append(analysis.TrialRun(experiment=record.experiment, overrides=exp.settings,
-                                           iteration=record.iteration, seed=record.seed, status=record.status,
-                                           run_dir=str(layout.run_dir(record.iteration, record.trial))))
-    return found
 
 
 def _pilot_alone(state: StudyState, ctx: StudyContext, plan_file: PlanFile) -> None:
@@ -73,7 +56,7 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     trials = [analysis.TrialRun(experiment=t["experiment"], run_dir=t["run_dir"], status=t["status"], seed=t["seed"])
               for t in state["trials"]]
     summary = analysis.summarize(judging, analysis.IterationRuns(iteration, plan.experiments, trials, previous,
-                                                                 earlier_trials(ctx.layout, iteration)))
+                                                                 run_table.planned_trials(ctx.layout, iteration)))
     study = summary.study
     assert study is not None  # summarize always pools
     title = f"{state['study_id']} · {framing.knob}"
@@ -85,6 +68,10 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     if study.sweep and sum(1 for r in study.arms if r.scored) >= 2:
         study.plots["curve"] = _figure(ctx, plots.dose_response(study, ctx.layout.plots_dir / "dose-response.png",
                                                                 f"{title} · dose-response"))
+    looked = plots.looks([*history, summary], ctx.layout.plots_dir / "looks.png", f"{title} · each look's z "
+                         "against its boundary")
+    if looked is not None:
+        study.plots["looks"] = _figure(ctx, looked)
     summary = summary.without_runs()  # run dirs stay in run.json; the state keeps numbers only
     analysis_file = ctx.layout.artifacts_dir / f"analysis-{iteration}.json"
     studyfiles.write_atomic(analysis_file, json.dumps(summary.dump(), indent=2, default=str))
@@ -140,7 +127,8 @@ def _log_parent(ctx: StudyContext, parent: str, summary: IterationSummary, analy
     ctx.tracker.log_table(parent, evidence_table(values), "analysis/evidence.json")
     ctx.tracker.set_tags(parent, evidence_tags(study))
     # Under figures/, as report.md (logged to the same run) references them, so MLflow renders them.
-    figures = [ctx.layout.study_dir / p for p in [summary.plot or "", *study.plots.values()]]
+    plotted = [ctx.layout.study_dir / p for p in [summary.plot or "", *study.plots.values()] if p]
+    figures = [*plotted, *(p.with_suffix(".csv") for p in plotted)]
     ctx.tracker.log_files(parent, figures, "figures")
     ctx.tracker.log_files(parent, [analysis_file, ctx.layout.log_md], "analysis")
     if ctx.layout.llm_calls_dir.is_dir():
@@ -154,10 +142,12 @@ def _fmt(cell: Cell | None) -> str:
 
 
 def _figure(ctx: StudyContext, plot: Path) -> str:
-    """Copy a plot into the study folder's figures/ (beside report.md) and return its relative path."""
+    """Copy a plot and its data (``<name>.csv``) into the study folder's figures/ (beside report.md) and
+    return the plot's relative path."""
     figure = ctx.layout.study_dir / "figures" / plot.name
     figure.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(plot, figure)
+    shutil.copyfile(plot.with_suffix(".csv"), figure.with_suffix(".csv"))
     return f"figures/{plot.name}"
 
 

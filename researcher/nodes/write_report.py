@@ -265,7 +265,9 @@ def evidence_section(study: Evidence) -> list[str]:
         if plots.get("curve"):
             out += ["", f"![dose-response curve of {knob}]({plots['curve']})"]
     if plots.get("axes"):
-        out += ["", f"![reward curves per step, per episode and per second]({plots['axes']})"]
+        out += ["", f"![each arm's runs, mean and 95% band on every axis over its judged window]({plots['axes']})"]
+    if plots.get("looks"):
+        out += ["", f"![each look's z against its boundary]({plots['looks']})"]
     return [*out, ""]
 
 
