@@ -1,0 +1,286 @@
+"""Discovery: a campaign that writes its own claims, round by round, around an incumbent configuration.
+
+A goal fixes a task and an objective (an AUC on an axis). The incumbent starts as the task's defaults.
+A round is a sequence of stages, each an ordinary study:
+
+1. **screen** the knobs at two levels around the incumbent's values (a two-level factorial); it flags
+   the knobs whose main effect is resolved and beyond the minimum effect;
+2. **confirm** each flagged knob, strongest first: its better level against the incumbent;
+3. **refine** each confirmed knob: a dose-response over at least 3 levels around its confirmed level;
+   the best becomes its level;
+4. **combine**: the incumbent with every refined change, against the incumbent. If it holds, it is the
+   new incumbent; if not, the best single confirmed change is.
+
+The next round screens around the new incumbent. The search converges when a screen flags nothing (or
+nothing it flags holds); it ends when the budget does. A last **verify** stage compares the final
+incumbent with the defaults; its estimate is the campaign's headline.
+
+Three rules keep it honest:
+- every stage draws seeds no stage before it used (``seed_base``), so seeds that selected a change never
+  confirm it;
+- confirmations (confirm, combine, verify) share one ``ErrorBudget``: at most a 5% chance of any false
+  confirmation over the whole campaign;
+- the headline gain is the verify stage's, measured on fresh seeds, never the best score seen in search.
+
+Pure: ``next_stage`` says what to run and ``record`` folds its outcome in. The campaign runner maps a
+stage to a study; the simulated test maps it to a synthetic landscape, so the same decisions run both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from researcher.campaign.error_budget import ErrorBudget
+from researcher.planner import screen
+from researcher.planner.schema import Factor
+
+StageKind = Literal["screen", "confirm", "refine", "combine", "verify"]
+Config = dict[str, Any]
+SEED_STRIDE = 1000  # each stage's seeds start at its own multiple of this: no two stages share one
+MIN_LEVELS = 3  # a dose-response's levels at least
+
+
+class Knob(BaseModel):
+    """A knob the search may move: its config key and its ordered ladder of values."""
+
+    key: str
+    ladder: list[Any]
+
+
+class Change(BaseModel):
+    knob: str
+    value: Any
+
+
+class Stage(BaseModel):
+    """What to run next. ``arms[0]`` is the control (the incumbent, or the defaults for verify) in a
+    comparison; ``alpha`` is the one-sided level a confirmation is tested at (None: no test, a selection)."""
+
+    round: int
+    kind: StageKind
+    arms: list[Config]
+    seed_base: int
+    knob: str | None = None
+    alpha: float | None = None
+
+
+class Effect(BaseModel):
+    """A screen's main effect of a knob: the mean at ``high`` minus the mean at ``low``, and whether it is
+    resolved (its 95% interval excludes 0)."""
+
+    knob: str
+    low: Any
+    high: Any
+    estimate: float
+    resolved: bool
+
+
+class Comparison(BaseModel):
+    """A comparison's outcome: treatment minus control, its confidence bounds at the stage's level."""
+
+    diff: float
+    low: float
+    high: float
+
+
+class Test(BaseModel):
+    """A confirmation as run: what it changed, at which level, and what it found."""
+
+    round: int
+    kind: StageKind
+    changes: list[Change]
+    alpha: float
+    diff: float
+    low: float
+    high: float
+    held: bool
+
+
+class Discovery(BaseModel):
+    """A discovery campaign's search state (kept in campaign.json)."""
+
+    knobs: list[Knob]
+    defaults: Config
+    incumbent: Config = Field(default_factory=dict)
+    min_effect: float = 0.02
+    round: int = 1
+    step: StageKind = "screen"
+    stages_run: int = 0
+    flagged: list[Change] = Field(default_factory=list)  # this round's, strongest first, still to confirm
+    confirmed: list[Test] = Field(default_factory=list)  # this round's confirmations that held
+    refining: list[Change] = Field(default_factory=list)  # confirmed changes still to refine
+    refined: list[Change] = Field(default_factory=list)
+    tests: list[Test] = Field(default_factory=list)
+    budget: ErrorBudget = Field(default_factory=ErrorBudget)
+    converged: str = ""
+    verified: Test | None = None
+
+    def model_post_init(self, _context: Any) -> None:
+        if not self.incumbent:
+            self.incumbent = dict(self.defaults)
+
+    # ----------------------------------------------------------------- what to run
+
+    def next_stage(self) -> Stage | None:
+        """The stage to run next; None once the search has converged and the incumbent is verified."""
+        seed_base = SEED_STRIDE * (self.stages_run + 1)
+        if self.converged:
+            if self.verified is not None or self.incumbent == self.defaults:
+                return None
+            return Stage(round=self.round, kind="verify", arms=[dict(self.defaults), dict(self.incumbent)],
+                         seed_base=seed_base, alpha=self.budget.next_level())
+        if self.step == "screen":
+            return Stage(round=self.round, kind="screen", seed_base=seed_base,
+                         arms=[{**self.incumbent, **arm} for arm in screen_arms(self.screen_factors())])
+        if self.step == "confirm":
+            change = self.flagged[0]
+            return Stage(round=self.round, kind="confirm", knob=change.knob, seed_base=seed_base,
+                         arms=[dict(self.incumbent), self._with([change])], alpha=self.budget.next_level())
+        if self.step == "refine":
+            change = self.refining[0]
+            levels = refine_levels(self._knob(change.knob), change.value, self.incumbent.get(change.knob))
+            return Stage(round=self.round, kind="refine", knob=change.knob, seed_base=seed_base,
+                         arms=[self._with([Change(knob=change.knob, value=v)]) for v in levels])
+        return Stage(round=self.round, kind="combine", seed_base=seed_base, alpha=self.budget.next_level(),
+                     arms=[dict(self.incumbent), self._with(self.refined)])
+
+    def screen_factors(self) -> list[tuple[str, list[Any]]]:
+        """Each knob with its two screen levels around the incumbent's value (``screen_pair``)."""
+        return [(k.key, screen_pair(k, self.incumbent.get(k.key))) for k in self.knobs]
+
+    # ----------------------------------------------------------------- outcomes
+
+    def record_screen(self, effects: Sequence[Effect]) -> None:
+        """The screen's main effects: the knobs to confirm, strongest first, at their better level."""
+        self._ran("screen")
+        flagged = sorted((e for e in effects if e.resolved and abs(e.estimate) > self.min_effect),
+                         key=lambda e: -abs(e.estimate))
+        self.flagged = [Change(knob=e.knob, value=e.high if e.estimate > 0 else e.low) for e in flagged]
+        self.flagged = [c for c in self.flagged if c.value != self.incumbent.get(c.knob)]
+        if not self.flagged:
+            self.converged = f"round {self.round}'s screen flagged no knob"
+            return
+        self.step = "confirm"
+
+    def record_comparison(self, outcome: Comparison) -> None:
+        """A confirm, combine or verify stage's comparison (treatment − control) at its stage's level."""
+        stage = self.next_stage()
+        if stage is None or stage.alpha is None:
+            raise ValueError("no comparison is expected now")
+        held = outcome.low > 0
+        self.budget.record(stage.alpha, held)
+        changes = [Change(knob=k, value=v) for k, v in stage.arms[1].items() if stage.arms[0].get(k) != v]
+        test = Test(round=self.round, kind=stage.kind, changes=changes, alpha=stage.alpha, diff=outcome.diff,
+                    low=outcome.low, high=outcome.high, held=held)
+        self.tests.append(test)
+        self.stages_run += 1
+        if stage.kind == "verify":
+            self.verified = test
+        elif stage.kind == "confirm":
+            self.flagged.pop(0)
+            if held:
+                self.confirmed.append(test)
+                self.refining.append(test.changes[0])
+            if not self.flagged:
+                self._after_confirmations()
+        else:
+            self._adopt(test)
+
+    def record_refine(self, best: Any) -> None:
+        """The dose-response's best level of the knob being refined (a selection: no test)."""
+        self._ran("refine")
+        change = self.refining.pop(0)
+        self.refined.append(Change(knob=change.knob, value=best))
+        if not self.refining:
+            self.step = "combine"
+
+    def stop(self, why: str) -> None:
+        """The budget ended the search (the verify stage may still run, if it fits)."""
+        self.converged = self.converged or why
+
+    # ----------------------------------------------------------------- the headline
+
+    def headline(self) -> str:
+        """The ledger's line: the verified gain over the defaults on seeds never used to select it."""
+        v = self.verified
+        if self.incumbent == self.defaults:
+            why = self.converged or "the search is still running"
+            return f"Nothing beat the baseline: {why}."
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(self.incumbent.items()) if self.defaults.get(k) != v)
+        if v is None:
+            return f"Best configuration so far: {{{shown}}}: not yet verified against the baseline on fresh seeds."
+        word = "confirmed gain" if v.held else "gain not confirmed"
+        return (f"Best configuration so far: {{{shown}}}: {word} {v.diff:+.3f} (confidence bounds {v.low:+.3f} to "
+                f"{v.high:+.3f} at level {v.alpha:.4f}) over the baseline, on seeds never used to select it.")
+
+    # ----------------------------------------------------------------- inside
+
+    def _ran(self, kind: StageKind) -> None:
+        if self.converged or self.step != kind:
+            raise ValueError(f"a {kind} result arrived while the campaign expects {self.next_stage()}")
+        self.stages_run += 1
+
+    def _after_confirmations(self) -> None:
+        if not self.confirmed:
+            self._next_round(f"nothing round {self.round}'s screen flagged held on fresh seeds")
+        else:
+            self.step = "refine"
+
+    def _adopt(self, combine: Test) -> None:
+        """The combination holds: it is the incumbent. Else the best single confirmed change is."""
+        if combine.held:
+            self.incumbent = self._with(self.refined)
+        else:
+            best = max(self.confirmed, key=lambda t: t.diff)
+            self.incumbent = self._with(best.changes)
+        self._next_round("")
+
+    def _next_round(self, converged: str) -> None:
+        self.flagged, self.confirmed, self.refining, self.refined = [], [], [], []
+        self.converged = converged
+        if not converged:
+            self.round += 1
+            self.step = "screen"
+
+    def _with(self, changes: Sequence[Change]) -> Config:
+        return {**self.incumbent, **{c.knob: c.value for c in changes}}
+
+    def _knob(self, key: str) -> Knob:
+        return next(k for k in self.knobs if k.key == key)
+
+
+def screen_arms(factors: Sequence[tuple[str, list[Any]]]) -> list[Config]:
+    """A screen's arms (overrides): the planner's two-level factorial (a resolution III fraction of 8 arms
+    past three knobs), or both levels of a single knob."""
+    if len(factors) == 1:
+        key, pair = factors[0]
+        return [{key: v} for v in pair]
+    return screen.arms([Factor(name=key, where="server", levels=pair) for key, pair in factors])
+
+
+def screen_pair(knob: Knob, current: Any) -> list[Any]:
+    """Two levels around ``current`` on the knob's ladder: its neighbours on both sides, or ``current`` and
+    its one neighbour at an end of the ladder (``current`` off the ladder: the ladder's first two)."""
+    ladder = knob.ladder
+    if current not in ladder:
+        return list(ladder[:2])
+    i = ladder.index(current)
+    if 0 < i < len(ladder) - 1:
+        return [ladder[i - 1], ladder[i + 1]]
+    return [ladder[0], ladder[1]] if i == 0 else [ladder[-2], ladder[-1]]
+
+
+def refine_levels(knob: Knob, winner: Any, current: Any) -> list[Any]:
+    """At least ``MIN_LEVELS`` levels around a confirmed ``winner``: it and its neighbours on the ladder,
+    continuing in the direction it moved from ``current`` where the ladder ends on one side."""
+    ladder = knob.ladder
+    if winner not in ladder or len(ladder) < MIN_LEVELS:
+        return list(dict.fromkeys([winner, *ladder]))[:max(MIN_LEVELS, len(ladder))]
+    i = ladder.index(winner)
+    lo = min(max(i - 1, 0), len(ladder) - MIN_LEVELS)
+    if current in ladder and ladder.index(current) < i and i + 1 < len(ladder):
+        lo = min(i - 1, len(ladder) - MIN_LEVELS)  # moved up: look one further up as well
+    return list(ladder[lo:lo + MIN_LEVELS])
