@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 
 from researcher.context import StudyContext
+from researcher.findings.records import IterationPlan, arm_key
 from researcher.runs import record as runs
 from researcher.runs import resources
 from researcher.runs.processes import LaunchError
@@ -132,6 +133,18 @@ def _arm_letter(state: StudyState, trial: Trial) -> str:
     return chr(ord("A") + index) if index < 26 else f"A{index}"
 
 
+def _arm_tag(iteration: IterationPlan, experiment: str) -> str:
+    """The run's arm in MLflow, named by its configuration as the verdict pools arms (same settings = same
+    arm, whatever iteration ran it); the n-th of several same-settings arms of one iteration (an A/A check)
+    pools with the n-th of another. An experiment missing from the plan is named by itself."""
+    planned = iteration.experiment(experiment)
+    if planned is None:
+        return experiment
+    same = arm_key(planned.settings)
+    twins = [e.name for e in iteration.experiments if arm_key(e.settings) == same]
+    return review_view.arm_label(planned.settings, twins.index(experiment))
+
+
 def _count_launched(ctx: StudyContext) -> int:
     return sum(1 for r in runs.all_records(ctx.layout.runs_dir) if r.launches > 0)
 
@@ -148,7 +161,8 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     folder = ctx.layout.experiment_dir(trial["experiment"])
     config = tomllib.loads((folder / "config.toml").read_text())
     group_size = int(config.get("group_size", 8))
-    planned = studyfiles.read_plan(ctx.layout).iteration(state["iteration"]).experiment(trial["experiment"])
+    iteration = studyfiles.read_plan(ctx.layout).iteration(state["iteration"])
+    planned = iteration.experiment(trial["experiment"])
     # The arm's own step target where arms are matched on episodes consumed (``planner.arm_budgets``).
     steps = planned.steps if planned and planned.steps else study_options(state).steps_per_run
     eval_every = planned.eval_every if planned else None
@@ -160,7 +174,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
                                     f"{_arm_letter(state, trial)} {trial['experiment']} s{trial['seed']}",
                                     {**config, "seed": trial["seed"], "steps": steps, "run_key": trial["key"]},
                                     {"researcher.run_key": trial["key"], "researcher.experiment": trial["experiment"],
-                                     review_view.ARM_TAG: trial["experiment"],
+                                     review_view.ARM_TAG: _arm_tag(iteration, trial["experiment"]),
                                      "researcher.iteration": str(state["iteration"]),
                                      "researcher.hypothesis_id": _hypothesis_of(ctx, state["iteration"],
                                                                                 trial["experiment"])},

@@ -173,6 +173,8 @@ CONFIG_KEYS: dict[str, str] = {
     "gpu_memory_utilization": "float (0, 1] (vllm engine)",
     "device": "auto | cpu | cuda | cuda:N (torch engine; auto: the run's GPU, else cpu)",
     "dtype": "auto | float32 | bfloat16 (torch engine; auto: bf16 on a GPU with fp32 master weights)",
+    "deterministic": "bool, reproducible sync runs: counter-based sampling noise, rows decoded alone (torch engine)",
+    "client_sampling": "honor | pin (pin: training calls sample at the config's temperature and top_p)",
     "decode_cache": "auto | static | dynamic | compiled (torch engine; static slots + CUDA graphs, auto: static on a GPU)",
     "model": "str: a preset (tiny, tiny-bpe, tiny-bpe-think) or a local model folder (set for the run's life; "
              "the example's own unless the study was started with --model)",

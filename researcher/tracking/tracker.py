@@ -184,7 +184,8 @@ class Tracker:
             path = self.artifact_root / study_id
             path.mkdir(parents=True, exist_ok=True)
             location = path.as_uri()
-        return self.client.create_experiment(study_id, artifact_location=location)
+        return self.client.create_experiment(study_id, artifact_location=location,
+                                            tags={review_view.KIND_TAG: review_view.TRAINING_KIND})
 
     def _create(self, study_id: str, name: str, tags: dict[str, str], description: str | None = None) -> str:
         if description:  # the run's description in MLflow's UI

@@ -53,17 +53,23 @@ class RunState:
         self.eval_busy = False  # a round is being claimed or run: the next one waits for it
         self.playing: set[EpisodeHandle] = set()  # episodes whose workflow runs now
         self.groups: dict[str, tuple[threading.Event, int]] = {}  # group id -> (its first claim ended, members left)
+        # group id -> (its first claim ended, the previous group's): set when its first item is handed out
+        self.claim_order: dict[str, tuple[threading.Event, threading.Event | None]] = {}
+        self.last_opened: threading.Event | None = None
 
-    def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool]:
-        """The event set once the group's first claim has ended, and whether this member makes it."""
+    def group_turn(self, group_id: str, size: int) -> tuple[threading.Event, bool, threading.Event | None]:
+        """The event set once the group's first claim has ended, whether this member makes it, and the
+        previous group's event (its first claim waits for that one: groups are claimed in data order)."""
         with self.lock:
-            opened, left = self.groups.get(group_id, (threading.Event(), size))
+            opened, before = self.claim_order.get(group_id, (threading.Event(), None))
+            opened, left = self.groups.get(group_id, (opened, size))
             first = left == size
             if left > 1:
                 self.groups[group_id] = (opened, left - 1)
             else:
                 self.groups.pop(group_id, None)
-            return opened, first
+                self.claim_order.pop(group_id, None)
+            return opened, first, before
 
     def eval_due(self, step: int) -> bool:
         """Whether a claim that saw ``step`` should start a held-out round (it then owns that round).
@@ -94,6 +100,10 @@ class RunState:
                 self.fail(exc)
                 return None
             self.started += 1
+            group_id = item[1]
+            if group_id not in self.claim_order:  # handed out in data order, so chained in data order
+                self.claim_order[group_id] = (threading.Event(), self.last_opened)
+                self.last_opened = self.claim_order[group_id][0]
             return item
 
     def fail(self, exc: BaseException) -> None:

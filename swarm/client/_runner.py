@@ -5,7 +5,10 @@ in order so a group's members are in flight together and complete together: the 
 group's first member claims it, and the workers holding its other members wait for that claim and
 then claim at once, so a group the server admits late (``swarm.server.flow.admission`` refuses a new
 group until the next step when the backlog is full) still starts all together, never with members
-left behind on their own retry timers (those would train versions later, as stale). A workflow's
+left behind on their own retry timers (those would train versions later, as stale). Groups are claimed
+in data order too: a group's first claim waits until the previous group's first claim has ended, so
+the server sees the same sequence of groups whatever the concurrency (a ``--deterministic`` server
+admits one batch of them per policy version, so each step trains the same groups). A workflow's
 exception aborts only its own episode (logged and counted); a failed *claim* (server gone past the
 retry window, bad token, invalid request) stops the run, because every later claim would fail the
 same way.
@@ -182,8 +185,12 @@ def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, ite
             _claim_eval_round(client, state, step)
         play_queued_eval()
 
-    opened, first = state.group_turn(group_id, group_size)
-    while not first and not opened.wait(timeout=0.1):
+    opened, first, before = state.group_turn(group_id, group_size)
+    gate = before if first else opened  # a group's first claim waits for the previous group's
+    while gate is not None and not gate.wait(timeout=0.1):
+        if state.stop:  # a stopped run claims nothing more (the worker it waits for may never claim)
+            opened.set()
+            return
         play_queued_eval()
     try:
         handle = client.claim(task["task_id"], group_id=group_id, group_size=group_size, category=category,

@@ -94,6 +94,7 @@ class WireParams(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     logit_bias: list[tuple[int, float]] = Field(default_factory=list)
+    noise_key: int | None = Field(None, ge=0, lt=2**64)
 
     @classmethod
     def of(cls, params: SamplingParams) -> WireParams:

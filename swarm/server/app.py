@@ -96,7 +96,11 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     core = ServerCore(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
                     state_dir=state_dir, store=store, checkpoints=checkpoints, disk=disk,
                     max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None,
-                    defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}))
+                    defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}),
+                    noise_seed=settings.seed if settings.deterministic else None)
+    if settings.deterministic and config.mode != "sync":
+        log.warning("--deterministic in async mode: sampling is reproducible, but which version samples an "
+                    "episode and which samples a step trains still depend on timing; use mode = \"sync\"")
     core.restore(restored)
     roster = _roster(pool, keys, core, run_blocking=trainer_thread.call if trainer_thread else worker.call)
     # The event log is best effort: on a full disk events still reach subscribers, unrecorded.

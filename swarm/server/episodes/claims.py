@@ -7,12 +7,15 @@ could not train within ``max_staleness`` (``swarm.server.flow.admission``). A tr
 the open group of its ``group_id`` (or starts one); an eval claim is ``Evaluation``'s and waits for
 a running step instead (``swarm.server.episodes.evaluation``). A retried claim (same ``request_id``) answers
 with the episode the first one created. ``ServerCore.claim`` runs these checks in that order; this
-module holds the training side (throttle, group, record) and the claim's answer.
+module holds the training side (throttle, group, record) and the claim's answer. Each record notes its
+place in the work (its task's round, its index in its group), which keys its sampling noise in
+deterministic mode (``swarm.backends.noise``).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 from swarm.protocol import ClaimRequest, Episode
 from swarm.server.auth import KeyRing
@@ -32,8 +35,10 @@ class Claims:
     Pause, stop, sync-mode drains and counting are the engine's; the staleness bound is ``admission``'s."""
 
     def __init__(self, view: ServerView, *, keys: KeyRing, episodes: EpisodeRegistry, groups: GroupBook,
-                 category_ratios: dict[str, float], admission: Admission) -> None:
+                 category_ratios: dict[str, float], admission: Admission, deterministic: bool = False) -> None:
         self._view = view
+        self._deterministic = deterministic
+        self._task_rounds: Counter[str] = Counter()  # groups started per task id (since this process started)
         self._admission = admission
         self._keys = keys
         self._episodes = episodes
@@ -59,12 +64,17 @@ class Claims:
         group = self._groups.join(group_id, size, request.category)
         if starts_group:
             self._throttle.started(request.category)
+            group.task_round = self._task_rounds[request.task_id]
+            self._task_rounds[request.task_id] += 1
         lease_s = request.lease_s or config.lease_s
+        member = len(group.members)
+        coin_key = f"{request.task_id}\0{group.task_round}\0{member}" if self._deterministic else ""
         episode = EpisodeRecord(
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
             category=request.category, client_id=request.client_id, lease_s=lease_s,
             lease_expires_at=self._view.clock() + lease_s, trace=EpisodeTrace(merge=config.merge_timelines),
             claimed_version=self._view.policy_version, claimed_step=self._view.step,
+            task_round=group.task_round, member=member, coin_key=coin_key,
         )
         group.members.append(episode)
         self._episodes.add_claimed(episode, group, request.request_id)

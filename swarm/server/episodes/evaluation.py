@@ -10,6 +10,8 @@ eval claims while a batch waits for its drain, since the drain waits for them).
 Publication: the moment a round's last live episode ends, its ``eval/*`` metrics are merged into
 the metrics row of the step whose policy it evaluated (``StepRows.add``): that is the newest
 committed step, since no step starts while a round is live, and row 0 for the untrained policy.
+The merge adds ``eval/episodes_total``, that step's cumulative episodes (0 for row 0): the x of a
+chart per episode consumed, logged at exactly the round's steps (MLflow pairs x and y by position).
 The row is written to the durable buffer at once, so ``/api/v1/metrics``, the MLflow writer and a
 restarted server all see it, also when it ends after the run's last training step; an
 ``eval.finished`` event tells the readers that keep a per-step cursor (the MLflow writer) to send

@@ -27,10 +27,13 @@ after their generation was paid for. So the server does not start such work: it 
 
 The rules hold in both modes (sync mode drops nothing, but a backlog beyond the bound would train
 that many versions late), never for eval claims, and not past ``max_steps`` (no step trains then)
-or with ``admission = false``. ``Retry-After`` is the expected time until the next step commits
-(when room frees), within ``RETRY_BOUNDS_S``; the answer's ``detail`` names the reason and the
-server's step (a client that evaluates at some steps starts a due round from it, as from a claim).
-Every refusal is counted by reason (``refused``).
+or with ``admission = false``. In deterministic mode (``swarm serve --deterministic``) the capacity
+rule binds at ``max_staleness = 0`` even with ``admission = false``: exactly one batch of groups starts
+per policy version, so which version samples a group does not depend on how many episodes the clients
+run at once (with one client claiming its groups in order, the batch is the next groups of its data).
+``Retry-After`` is the expected time until the next step commits (when room frees), within
+``RETRY_BOUNDS_S``; the answer's ``detail`` names the reason and the server's step (a client that
+evaluates at some steps starts a due round from it, as from a claim). Every refusal is counted by reason (``refused``).
 """
 
 from __future__ import annotations
@@ -93,8 +96,9 @@ class Admission:
     from the ``CapacityMeter``, the live config through ``view``; raises ``RetryLater`` to refuse."""
 
     def __init__(self, view: ServerView, *, backlog: Callable[[], Backlog], capacity: CapacityMeter,
-                 active: Callable[[], bool]) -> None:
+                 active: Callable[[], bool], deterministic: bool = False) -> None:
         self._view = view
+        self._deterministic = deterministic
         self._backlog = backlog
         self._capacity = capacity
         self._active = active  # False past max_steps: no step will train what is admitted
@@ -103,16 +107,20 @@ class Admission:
     def claim(self, client_id: str, group_size: int) -> None:
         """A training claim that starts a new group of ``group_size`` episodes."""
         config = self._view.config
-        if not self._applies():
+        exact = self._deterministic and self._active()  # one batch per version, whatever ``admission`` says
+        if not (self._applies() or exact):
             return
+        staleness = 0 if exact else config.max_staleness
         backlog = self._backlog()
         adding = group_size if config.batch_mode == "episodes" else 1
-        if over_capacity(backlog, adding, config.max_staleness):
+        if over_capacity(backlog, adding, staleness):
             unit = "episodes" if config.batch_mode == "episodes" else "groups"
+            bound = "0 (deterministic mode)" if exact else f"max_staleness={staleness}"
             self._refuse(FULL, f"{backlog.held} {unit} are in flight, waiting or training, and a batch is "
-                               f"{backlog.batch}: a new group now would train more than max_staleness="
-                               f"{config.max_staleness} versions after it starts")
-        self._check_duration(client_id)
+                               f"{backlog.batch}: a new group now would train more than {bound} versions "
+                               "after it starts")
+        if self._applies():
+            self._check_duration(client_id)
 
     def first_call(self, client_id: str) -> None:
         """The first chat call of a training episode of ``client_id`` (its samples will carry today's version)."""

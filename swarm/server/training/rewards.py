@@ -3,7 +3,8 @@ flip per episode (the spurious-rewards control, arXiv 2506.10947: random rewards
 and Llama-family models none, so a study can ask whether its model learns from the reward at all).
 
 The flip is drawn from the episode id, not from a generator's state, so a step retried after a crash or
-a restart trains on the same rewards.
+a restart trains on the same rewards; in deterministic mode from the episode's place in the work (task,
+round, member: ``EpisodeRecord.coin_key``) instead, the same in every run.
 """
 
 from __future__ import annotations
@@ -24,5 +25,5 @@ def training_rewards(episodes: Sequence[EpisodeRecord], random_reward: float) ->
     """The rewards the trainer turns into advantages: each episode's posted one, or (``random_reward`` > 0)
     its coin flip."""
     if random_reward > 0:
-        return [coin(e.episode_id, random_reward) for e in episodes]
+        return [coin(e.coin_key or e.episode_id, random_reward) for e in episodes]
     return [float(e.reward or 0.0) for e in episodes]

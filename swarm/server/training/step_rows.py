@@ -3,7 +3,10 @@
 A row is a few KB (one step's ``train/*``, ``perf/*``, ``eval/*`` ... metrics); days of steps would be
 hundreds of MB held for nothing, so the server keeps the newest ``IN_MEMORY`` rows and reads older ones
 back from the buffer (``step_metrics``), which keeps them all. A held-out round that ends after its step
-committed merges its ``eval/*`` into that step's row, in memory or in the buffer.
+committed merges its ``eval/*`` into that step's row, in memory or in the buffer, with its own x for a
+chart per episode consumed: ``eval/episodes_total``, the step's ``train/episodes_total``. MLflow's UI pairs
+a chart's x and y metrics by position in their histories, not by step, so a y logged every few steps
+needs an x logged at exactly those steps (``train/episodes_total`` is logged at every step).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from swarm.server.durability.store import EpisodeStore, store_safely
 from swarm.server.view import ServerView
 
 IN_MEMORY = 1000
+EVAL_EPISODES = "eval/episodes_total"  # a held-out round's x: the cumulative episodes of the step it evaluated
+TRAIN_EPISODES = "train/episodes_total"  # swarm.server.training.step_loop.TOTAL_EPISODES (which imports this module)
 
 
 class StepRows:
@@ -39,25 +44,33 @@ class StepRows:
         self._trim()
 
     def add(self, step: int, extra: dict[str, float]) -> StepMetrics:
-        """Merge ``extra`` into the metrics row of ``step`` (a held-out round's ``eval/*``, which ends
-        after its step committed), creating the row if there is none (step 0: the untrained policy)."""
+        """Merge ``extra`` (a held-out round's ``eval/*``, which ends after its step committed) into the metrics
+        row of ``step``, creating the row if there is none (step 0: the untrained policy), with
+        ``EVAL_EPISODES``: the row's cumulative episodes (0 for the untrained policy), logged beside the
+        round's metrics at the same step. A row without the count (written by an older server) gets none."""
         view = self.view
-        return self.merge(step, extra, lambda metrics: StepMetrics(
+
+        def with_x(metrics: dict[str, float]) -> dict[str, float]:
+            total = metrics.get(TRAIN_EPISODES, 0.0 if step == 0 else None)
+            return {**extra, EVAL_EPISODES: total} if total is not None else dict(extra)
+
+        return self.merge(step, with_x, lambda metrics: StepMetrics(
             step=step, policy_version=view.policy_version, time=view.clock(), metrics=metrics))
 
-    def merge(self, step: int, extra: dict[str, float], new_row: Callable[[dict[str, float]], StepMetrics]) -> StepMetrics:
-        """Merge ``extra`` into the row of ``step``, creating it with ``new_row`` if there is none (step 0:
-        the untrained policy), and write the row to the buffer at once, so every reader sees it and a
-        restart keeps it."""
+    def merge(self, step: int, extra: Callable[[dict[str, float]], dict[str, float]],
+              new_row: Callable[[dict[str, float]], StepMetrics]) -> StepMetrics:
+        """Merge ``extra(row's metrics)`` into the row of ``step``, creating it with ``new_row`` if there is none
+        (``extra({})``; step 0: the untrained policy), and write the row to the buffer at once, so every
+        reader sees it and a restart keeps it."""
         index = next((i for i in range(len(self.rows) - 1, -1, -1) if self.rows[i].step <= step), -1)
         if index >= 0 and self.rows[index].step == step:
             row = _merged(self.rows[index], extra)
             self.rows[index] = row
         elif index < 0 and self.trimmed:  # older than memory holds: merge into the buffer's row
             stored = [StepMetrics.model_validate_json(body) for body in self.store.step_metrics(step - 1, limit=1)]
-            row = _merged(stored[0], extra) if stored and stored[0].step == step else new_row(extra)
+            row = _merged(stored[0], extra) if stored and stored[0].step == step else new_row(extra({}))
         else:
-            row = new_row(extra)
+            row = new_row(extra({}))
             self.rows.insert(index + 1, row)
         store_safely(f"save the metrics of step {step}", lambda: self.store.save_step_metrics(step, row.model_dump_json()))
         return row
@@ -80,5 +93,5 @@ class StepRows:
             self.trimmed = True
 
 
-def _merged(row: StepMetrics, extra: dict[str, float]) -> StepMetrics:
-    return row.model_copy(update={"metrics": {**row.metrics, **extra}})
+def _merged(row: StepMetrics, extra: Callable[[dict[str, float]], dict[str, float]]) -> StepMetrics:
+    return row.model_copy(update={"metrics": {**row.metrics, **extra(row.metrics)}})

@@ -95,8 +95,9 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_t
     # The round evaluated the untrained policy: row 0, eval/* only; the step's row has no eval/*.
     baseline, step = _metrics(server)
     m = baseline["metrics"]
-    assert baseline["step"] == 0 and set(m) == {"eval/reward_mean", "eval/reward_std", "eval/episodes", "eval/step"}
-    assert m["eval/step"] == 0 and m["eval/episodes"] == 3
+    assert baseline["step"] == 0 and set(m) == {"eval/reward_mean", "eval/reward_std", "eval/episodes", "eval/step",
+                                                "eval/episodes_total"}
+    assert m["eval/step"] == 0 and m["eval/episodes"] == 3 and m["eval/episodes_total"] == 0  # none trained yet
     assert m["eval/reward_mean"] == pytest.approx(0.5) and m["eval/reward_std"] == pytest.approx(0.3535534)
     assert step["step"] == 1 and not any(key.startswith("eval/") for key in step["metrics"])
     assert step["metrics"]["train/episodes"] == 2 and step["metrics"]["train/reward_mean"] == 0.5
@@ -123,9 +124,15 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_t
     assert _status(server)["episodes"]["aborted"] == 0
 
 
-def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_server) -> None:
-    # Sync mode: the step waits for its drain, and eval claims must still get in (no deadlock).
-    server = start_server(group_size=2, min_group_size=2, batch_groups=1, max_tokens=4, mode="sync")
+def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_server, tmp_path: Path) -> None:
+    """Sync mode: the step waits for its drain, and eval claims must still get in (no deadlock). In the
+    server's MLflow run each round's ``eval/episodes_total`` (the x of a chart per episode consumed) is
+    logged at exactly the steps of ``eval/reward_mean`` with the episodes trained through that step:
+    MLflow's UI pairs a chart's x and y by position in their histories, not by step."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    server = start_server(group_size=2, min_group_size=2, batch_groups=1, max_tokens=4, mode="sync", mlflow_uri=uri)
     heldout = [{"task_id": f"held-{i}", "prompt": "held"} for i in range(3)]
     seen: list[tuple[str, str]] = []
 
@@ -154,6 +161,16 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
     assert all(m.metrics["train/episodes"] == 2 for m in metrics[1:])
     assert [m.metrics["train/episodes_total"] for m in metrics[1:]] == [2.0 * s for s in range(1, 9)]
     assert server.core.counts.finished == 16 and server.core.evals.live == 0
+
+    recorded = {m.step: m.metrics.get("train/episodes_total", 0.0) for m in metrics}  # row 0: none trained
+    cursor = server.state_dir / "mlflow.json"
+    wait_for(lambda: cursor.is_file() and json.loads(cursor.read_text())["delivered_step"] == 8, 120,
+             what="the run's rows to reach MLflow", interval=0.2)
+    mlflow, run_id = MlflowClient(tracking_uri=uri), json.loads(cursor.read_text())["run_id"]
+    y = sorted(mlflow.get_metric_history(run_id, "eval/reward_mean"), key=lambda m: m.step)
+    x = sorted(mlflow.get_metric_history(run_id, "eval/episodes_total"), key=lambda m: m.step)
+    assert [m.step for m in y] == [m.step for m in x] == steps
+    assert [m.value for m in x] == [recorded[s] for s in steps] == [2.0 * s for s in steps]
 
     with pytest.raises(ValueError, match="appears twice"):
         client.run(iter([]), workflow, group_size=2, concurrency=1, heldout=heldout + heldout[:1], eval_every=1)
@@ -249,7 +266,8 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     for ep, reward in zip(evals, (0.25, 0.75), strict=True):
         _chat(server, ep)
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
-    expected = {"eval/reward_mean": 0.5, "eval/reward_std": 0.25, "eval/episodes": 2.0, "eval/step": 1.0}
+    expected = {"eval/reward_mean": 0.5, "eval/reward_std": 0.25, "eval/episodes": 2.0, "eval/step": 1.0,
+                "eval/episodes_total": 2.0}  # the evaluated step's train/episodes_total
     [row] = _metrics(server)  # at once: the finish that ended the round has answered
     assert row["step"] == 1 and row["metrics"]["train/reward_mean"] == 0.5
     assert {k: v for k, v in row["metrics"].items() if k.startswith("eval/")} == expected

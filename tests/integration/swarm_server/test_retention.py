@@ -198,3 +198,4 @@ def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_resta
         rows = http.get("/api/v1/metrics", params={"since_step": 0}).json()
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[0]["metrics"]["eval/reward_mean"] == 0.5 and "train/episodes_total" in rows[0]["metrics"]
+    assert rows[0]["metrics"]["eval/episodes_total"] == rows[0]["metrics"]["train/episodes_total"]  # the round's x

@@ -10,7 +10,7 @@ from swarm.server.training.rewards import coin, training_rewards
 
 
 def _episodes(n: int, reward: float) -> list[Any]:
-    return [SimpleNamespace(episode_id=f"ep-{i}", reward=reward) for i in range(n)]
+    return [SimpleNamespace(episode_id=f"ep-{i}", reward=reward, coin_key="") for i in range(n)]
 
 
 def test_the_coin_pays_one_with_its_probability_and_the_same_for_an_id_every_time() -> None:
