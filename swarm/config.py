@@ -52,7 +52,16 @@ class ServerConfig(TrainConfig):
     # Generation defaults (used when a request leaves them unset).
     temperature: float = Field(1.0, ge=0.0, le=4.0, description="sampling temperature of calls that set none")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of calls that set none")
-    max_tokens: int = Field(64, ge=1, description="default completion length")
+    max_tokens: int | None = Field(None, ge=1, description="completion length of a call that sets no max_tokens "
+                                   "(the default_max_tokens of vLLM-style servers); unset: the rest of the model's "
+                                   "context (its length minus the prompt's), as OpenAI and vLLM answer, so an agent "
+                                   "that sends none is never cut off at an arbitrary length")
+    # Whose temperature/top_p a training episode's call samples with (``swarm.server.call_sampling``).
+    client_sampling: Literal["honor", "pin"] = Field(
+        "honor", description="honor (default): a training call samples at the temperature and top_p it sends, as "
+        "OpenAI and vLLM do (a client that sets them, e.g. greedy turns of a tool loop, keeps its meaning); pin: they "
+        "are held at temperature and top_p above, so a framework that sends temperature 0.1 cannot collapse a GRPO "
+        "group; eval and control-token calls are always honoured; status counts both (client_sampling)")
     # Context tracking.
     merge_timelines: bool = Field(True, description="merge a multi-turn episode's calls into one sample "
                                   "where each call extends the last (else one sample a call)")
@@ -181,7 +190,7 @@ def starting_config(model: str, given: Mapping[str, object]) -> tuple[ServerConf
 # ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine, and
 # ``model = "tiny-bpe"`` is how an example names the model it is written for.
 ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_transfer", "generator_gpus",
-               "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache")
+               "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache", "deterministic")
 
 
 # The keys by concern: how ``swarm serve --help`` and ``swarm config`` list them, and the tables a
@@ -194,7 +203,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
              "clip_ratio_high", "kl_coef", "kl_penalty", "recipe", "rollout_is", "rollout_is_threshold"),
     "batching": ("group_size", "batch_groups", "min_group_size", "batch_mode", "mode", "max_staleness",
                  "admission", "category_ratios", "lease_s", "batch_window_ms", "max_batch_rows"),
-    "generation": ("temperature", "top_p", "max_tokens", "merge_timelines", "tool_call_parser",
+    "generation": ("temperature", "top_p", "max_tokens", "client_sampling", "merge_timelines", "tool_call_parser",
                    "reasoning_parser", "chat_template_kwargs"),
     "limits": ("max_prompt_chars", "max_queued_rows", "max_inflight_per_key", "max_episode_tokens",
                "max_event_subscribers"),
@@ -309,11 +318,21 @@ class ServerSettings(BaseModel):
     worker_token: str | None = None  # pool workers only (swarm.server.auth)
     local_generator: bool = Field(True, description="the server's own generator serves chat calls (else only "
                                   "pool workers do)")
-    seed: int = 0
+    seed: int = Field(0, description="seeds the model's initialisation (presets) and the sampling noise")
+    deterministic: bool = Field(False, description="reproducible runs (sync mode): the same seed and config give "
+                                "the same token ids, rewards and step metrics whatever the clients' concurrency or "
+                                "arrival order; counter-based sampling noise keyed by (seed, task, sample index, "
+                                "position), each keyed row decoded alone (batch-invariant), one batch of groups "
+                                "admitted per policy version and each step's samples in claim order; torch engine "
+                                "only (swarm.backends.noise)")
     mlflow_uri: str | None = None
     mlflow_run_id: str | None = None
     mlflow_experiment: str = Field("swarm", min_length=1, description="MLflow experiment of a new run")
     max_context: int | None = Field(None, ge=16, description="override the model's context length")
+    served_model_name: list[str] | None = Field(None, min_length=1, description="the model names the OpenAI "
+                                                "routes answer to (vLLM's --served-model-name): /v1/models lists them "
+                                                "and a request naming another model is a 404; unset: the model's own "
+                                                "name is listed and a request may name any model")
     disk_reserve_mb: float = Field(64.0, ge=0, description="free space (MiB) kept under the state dir for "
                                    "episodes already running: below it new claims answer 507 (disk full)")
     config: ServerConfig = Field(default_factory=ServerConfig)

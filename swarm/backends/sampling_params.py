@@ -26,6 +26,16 @@ class SamplingParams:
     ``stop_token_ids`` (extra ids that end the row, kept in its ids like the end-of-turn token); then
     OpenAI's ``logit_bias`` (added to the raw logits with ``min_tokens``' masking, before penalties:
     -100 bans an id).
+
+    ``noise_key`` (not vLLM's): a 64-bit stream key; the row then draws each token's uniform from
+    ``swarm.backends.noise.uniform(noise_key, position)`` instead of a random stream, and decodes in a
+    batch of its own, so it samples the same tokens whatever else is generated beside it
+    (``swarm serve --deterministic``). ``seed`` is then unused by the sampler.
+
+    ``grammar`` (vLLM's ``structured_outputs.grammar``): an llguidance Lark grammar the row's text must
+    match (``swarm.text.constraints`` builds it for ``tool_choice`` and ``response_format``). At each
+    step only ids that can continue a match may be sampled; the recorded log-probs are those of that
+    masked distribution.
     """
 
     max_tokens: int
@@ -43,6 +53,8 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's logit_bias
+    noise_key: int | None = None  # counter-based noise and batch-invariant decoding (see above)
+    grammar: str | None = None  # constrained decoding (see above); None: unconstrained
 
 
 def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
@@ -64,6 +76,10 @@ def validate_requests(prompts: Sequence[Sequence[int]], params: Sequence[Samplin
         if not (0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"prompt {i}: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {p.top_logprobs}")
         _validate_extensions(i, p, vocab_size)
+        if p.noise_key is not None and not (0 <= p.noise_key < 2**64):
+            raise ValueError(f"prompt {i}: noise_key must be a 64-bit unsigned integer, got {p.noise_key}")
+        if p.grammar is not None and not p.grammar.strip():
+            raise ValueError(f"prompt {i}: grammar must not be empty (None: unconstrained)")
         if len(prompt) + p.max_tokens > max_context:
             raise ValueError(
                 f"prompt {i}: {len(prompt)} prompt tokens + max_tokens {p.max_tokens} exceed the "

@@ -54,8 +54,10 @@ class ServeFlags:
     device: str | None
     dtype: str | None
     decode_cache: str | None
+    deterministic: bool | None
     threads: int | None
     max_context: int | None
+    served_model_name: str | None
     disk_reserve_mb: float | None
     tool_call_parser: str | None
     reasoning_parser: str | None
@@ -113,9 +115,17 @@ def serve(
     decode_cache: Annotated[str | None, typer.Option(help=(
         "torch engine: auto (default: static on a GPU, else dynamic), static (slots + CUDA graphs), dynamic, "
         "compiled (static, the step fused by torch.compile; opt-in)"))] = None,
+    deterministic: Annotated[bool | None, typer.Option("--deterministic", help=(
+        "reproducible runs in sync mode: the same seed and config give the same tokens, rewards and step metrics "
+        "whatever the clients' concurrency (counter-based sampling noise, batch-invariant decoding, one batch "
+        "admitted per policy version); torch engine only; config key deterministic"), show_default=False)] = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="torch CPU threads (default: 1 for the tiny preset, torch's default otherwise)")] = None,
     max_context: Annotated[int | None, typer.Option(help="override the model's context length")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help=(
+        "NAME[,NAME...]: the model names the OpenAI routes answer to (vLLM's flag), e.g. gpt-4o-mini for clients "
+        "that check names; /v1/models lists them, a request naming another model gets 404 (default: the model's "
+        "own name is listed and any name is served)"), show_default=False)] = None,
     disk_reserve_mb: Annotated[float | None, typer.Option(min=0, help=(
         "free space (MiB) kept under the state dir for running episodes: below it new claims answer 507 "
         "(disk full) (default 64)"))] = None,
@@ -191,7 +201,7 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
              "ray_address": flags.ray_address, "weight_transfer": flags.weight_transfer,
              "generator_gpus": flags.generator_gpus, "trainer_gpus": flags.trainer_gpus,
              "gpu_memory_utilization": flags.gpu_memory_utilization, "device": flags.device,
-             "dtype": flags.dtype, "decode_cache": flags.decode_cache}
+             "dtype": flags.dtype, "decode_cache": flags.decode_cache, "deterministic": flags.deterministic}
     chosen.update({k: v for k, v in named.items() if v is not None})
     if flags.model is not None:
         chosen["model"] = flags.model
@@ -207,8 +217,19 @@ def settings_for(flags: ServeFlags, path: Path | None) -> ServerSettings:
                           local_generator=flags.local_generator, seed=flags.seed, mlflow_uri=flags.mlflow_uri,
                           mlflow_run_id=flags.mlflow_run_id, mlflow_experiment=flags.mlflow_experiment,
                           max_context=flags.max_context, vllm_url=flags.vllm_url, vllm_python=flags.vllm_python,
+                          served_model_name=_names(flags.served_model_name),
                           config=server_config, defaults=defaults, **chosen,
                           **({} if flags.disk_reserve_mb is None else {"disk_reserve_mb": flags.disk_reserve_mb}))
+
+
+def _names(value: str | None) -> list[str] | None:
+    """``--served-model-name a,b`` as a list (vLLM also takes several); None when not given."""
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise ValueError("--served-model-name: give at least one name")
+    return names
 
 
 def _check(flags: ServeFlags, files: list[Path | None]) -> None:

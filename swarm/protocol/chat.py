@@ -18,7 +18,7 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]  # function: legacy, read as tool
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -36,9 +36,12 @@ class ChatCompletionRequest(_Wire):
     Every field either works or is refused: an unknown field is a 400 naming it (as OpenAI answers),
     except the documented pass-through ones (``PASS_THROUGH_FIELDS``), which cannot change a sample.
     A silently ignored option would make a rollout differ from the experiment that asked for it.
+    OpenAI's deprecated ``functions``/``function_call`` (and ``function`` messages, an assistant's
+    ``function_call``) are read as the ``tools``/``tool_choice`` they stand for; replies come back as
+    ``tool_calls``, which every SDK that sends the legacy form also reads.
     """
 
-    model: str | None = None
+    model: str | None = Field(None, description="echoed in the answer; with --served-model-name, one of those names")
     messages: list[ChatMessage] = Field(min_length=1)
     n: int = Field(1, ge=1, le=64)
     max_tokens: int | None = Field(None, ge=1)
@@ -56,7 +59,12 @@ class ChatCompletionRequest(_Wire):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = Field(None, description='only {"type": "text"}')
+    response_format: dict[str, Any] | None = Field(None, description="text, json_object or json_schema (constrained "
+                                                   "decoding)")
+    # OpenAI's deprecated function-calling fields, read as ``tools``/``tool_choice`` (``_legacy_functions``).
+    functions: list[dict[str, Any]] | None = Field(None, description="legacy: read as tools")
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = Field(None, description="legacy: read as "
+                                                                            "tool_choice")
     # vLLM's sampling extensions (vLLM's names and meanings).
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
@@ -95,6 +103,28 @@ class ChatCompletionRequest(_Wire):
         return value
 
     @model_validator(mode="after")
+    def _legacy_functions(self) -> ChatCompletionRequest:
+        """``functions``/``function_call`` as the ``tools``/``tool_choice`` OpenAI defines them to be, and a
+        legacy conversation's ``function_call`` turns and ``function`` results as tool calls and tool messages."""
+        if self.functions is not None:
+            if self.tools is not None:
+                raise refused("functions: send tools or the legacy functions, not both")
+            self.tools, self.functions = [{"type": "function", "function": f} for f in self.functions], None
+        if self.function_call is not None:
+            if self.tool_choice is not None:
+                raise refused("function_call: send tool_choice or the legacy function_call, not both")
+            if isinstance(self.function_call, dict):  # {"name": ...}: that function, forced
+                name = self.function_call.get("name")
+                if name not in [t["function"].get("name") for t in self.tools or ()]:
+                    raise refused(f"function_call: no function named {name!r} among the functions sent")
+                self.tool_choice = {"type": "function", "function": {"name": name}}
+            else:
+                self.tool_choice = self.function_call
+            self.function_call = None
+        self.messages = _legacy_messages(self.messages)
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
         if self.stream_options is not None and not self.stream:
             raise refused("stream_options: only allowed with stream=true (as OpenAI answers)")
@@ -111,21 +141,58 @@ class ChatCompletionRequest(_Wire):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type", "text") != "text":
-            raise ValueError('only {"type": "text"} is served: structured output would constrain sampling, '
-                             "and the policy's own samples are what trains")
+    def _response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """OpenAI's three kinds; json ones are served by constrained decoding (``swarm.text.constraints``)."""
+        kind = (value or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise refused(f"type {kind!r} is not served: text, json_object or json_schema")
+        spec = (value or {}).get("json_schema")
+        if kind == "json_schema" and not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
+            raise refused('json_schema: {"name": ..., "schema": {...}, "strict": ...} with a schema object is needed')
         return value
 
     @field_validator("tool_choice")
     @classmethod
-    def _tool_choice_served(cls, value: ToolChoice | None) -> ToolChoice | None:
-        if isinstance(value, dict) or value == "required":
-            raise refused(
-                "tool_choice 'required' and a named function need guided decoding (vLLM forces the call's "
-                "JSON that way); the swarm does not constrain sampling, because the policy's own samples are "
-                "what it trains on: send 'auto' (or leave it out) and reward the calls you want")
+    def _tool_choice_shape(cls, value: ToolChoice | None) -> ToolChoice | None:
+        """A named function is ``{"type": "function", "function": {"name": ...}}`` (forced by constrained decoding)."""
+        if isinstance(value, dict):
+            function = value.get("function")
+            if value.get("type") != "function" or not (isinstance(function, dict)
+                                                       and isinstance(function.get("name"), str)):
+                raise refused('a named tool_choice is {"type": "function", "function": {"name": ...}}')
         return value
+
+    @model_validator(mode="after")
+    def _forced_call_has_its_tool(self) -> ChatCompletionRequest:
+        """``required`` or a named function forces a call (constrained decoding): it needs that tool."""
+        choice = self.tool_choice
+        if choice == "required" or isinstance(choice, dict):
+            names = [t.get("function", {}).get("name") for t in self.tools or () if isinstance(t.get("function"), dict)]
+            if not names:
+                raise refused("tool_choice: forcing a call needs tools")
+            if isinstance(choice, dict) and choice["function"]["name"] not in names:
+                raise refused(f"tool_choice: no tool named {choice['function']['name']!r} (tools: {', '.join(names)})")
+        return self
+
+
+def _legacy_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """A legacy conversation as tool messages: an assistant's ``function_call`` becomes one tool call
+    (id ``call_<index>``) and a following ``function`` message that tool's result (OpenAI's legacy
+    form carries no ids, so each result answers the latest call)."""
+    if not any(m.role == "function" or getattr(m, "function_call", None) for m in messages):
+        return messages
+    out: list[ChatMessage] = []
+    call_id: str | None = None
+    for i, message in enumerate(messages):
+        call = (message.model_extra or {}).get("function_call")
+        if message.role == "assistant" and isinstance(call, dict) and not message.tool_calls:
+            call_id = f"call_{i}"
+            message = ChatMessage(**{**message.model_dump(exclude={"function_call"}),
+                                     "tool_calls": [{"id": call_id, "type": "function", "function": call}]})
+        elif message.role == "function":
+            message = ChatMessage(**{**message.model_dump(), "role": "tool", "tool_call_id": call_id or f"call_{i}"})
+        out.append(message)
+    return out
 
 
 class FunctionCall(BaseModel):
@@ -197,6 +264,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "swarm"
+    root: str | None = Field(None, description="the model served under this name (vLLM's field)")
     max_model_len: int | None = None
 
 

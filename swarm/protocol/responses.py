@@ -20,7 +20,7 @@ from swarm.protocol._base import refused
 from swarm.protocol.chat import ReasoningEffort, TokenLogprob
 
 # Fields that cannot change what is sampled: accepted and passed over.
-RESPONSES_PASS_THROUGH = ("model", "user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
+RESPONSES_PASS_THROUGH = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
                           "prompt_cache_retention", "prompt_cache_options")
 # ``include`` values: log-probs are honoured; nothing is ever encrypted, so asking for it changes nothing.
 INCLUDE_SERVED = ("message.output_text.logprobs", "reasoning.encrypted_content")
@@ -65,8 +65,8 @@ class ResponsesRequest(BaseModel):
     prompt: Any = None
     max_tool_calls: int | None = None
     context_management: Any = None
+    model: str | None = None  # echoed in the response; with --served-model-name, one of those names
     # Pass-through (RESPONSES_PASS_THROUGH).
-    model: str | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -78,9 +78,9 @@ class ResponsesRequest(BaseModel):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value: Any) -> Any:
-        if isinstance(value, dict) or value == "required":
-            raise refused("'required' and a named tool need guided decoding, which the swarm does not do (the "
-                          "policy's own samples are what it trains on): send 'auto' and reward the calls you want")
+        """A named function is ``{"type": "function", "name": ...}`` (forced by constrained decoding)."""
+        if isinstance(value, dict) and not (value.get("type") == "function" and isinstance(value.get("name"), str)):
+            raise refused('a named tool_choice is {"type": "function", "name": ...}; built-in tools are not run here')
         return value
 
     @field_validator("include")
@@ -95,10 +95,16 @@ class ResponsesRequest(BaseModel):
     @field_validator("text")
     @classmethod
     def _text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        kind = ((value or {}).get("format") or {}).get("type", "text")
-        if kind != "text" or set(value or {}) - {"format"}:
-            raise refused('only {"format": {"type": "text"}} is served: a structured format would constrain '
-                          "sampling, and the policy's own samples are what trains")
+        """``format``: text, json_object or json_schema (``{"type": "json_schema", "name": ..., "schema":
+        {...}, "strict": ...}``), the json ones served by constrained decoding."""
+        fmt = (value or {}).get("format") or {}
+        kind = fmt.get("type", "text")
+        if set(value or {}) - {"format"}:
+            raise refused(f"only format is served, not {sorted(set(value or {}) - {'format'})}")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise refused(f"format type {kind!r} is not served: text, json_object or json_schema")
+        if kind == "json_schema" and not isinstance(fmt.get("schema"), dict):
+            raise refused('format json_schema needs {"name": ..., "schema": {...}} with a schema object')
         return value
 
     @model_validator(mode="after")

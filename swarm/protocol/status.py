@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ConfigDefaults", "DiskStatus", "EpisodeCounts", "LastError", "RecentCounts", "ServerState", "Status", "StepMetrics",
-           "WorkerState", "WorkerStatus"]
+__all__ = ["ConfigDefaults", "DiskStatus", "EpisodeCounts", "LastError", "RecentCounts", "SamplingCounts", "ServerState",
+           "Status", "StepMetrics", "WorkerState", "WorkerStatus"]
 
 class EpisodeCounts(BaseModel):
     """Training episodes. ``dropped_stale``: of ``dropped``, those older than ``max_staleness`` at their
@@ -47,6 +47,15 @@ class DiskStatus(BaseModel):
     free_bytes: int = 0
     reserve_bytes: int = 0
     reason: str = ""
+
+
+class SamplingCounts(BaseModel):
+    """Training chat calls that sent a ``temperature`` or ``top_p`` other than the config's (the training
+    values), since the process started: ``honoured`` sampled as sent (``client_sampling = "honor"``; many
+    such calls can tie a GRPO group's rewards), ``overridden`` held at the training values (``"pin"``)."""
+
+    honoured: int = Field(0, description="sampled at the client's values (client_sampling = honor)")
+    overridden: int = Field(0, description="held at the config's temperature/top_p (client_sampling = pin)")
 
 
 class ServerState(str, Enum):
@@ -124,6 +133,8 @@ class Status(BaseModel):
     defaults: ConfigDefaults = Field(default_factory=ConfigDefaults, description="which defaults the config "
                                      "started from where nothing set a key")
     disk: DiskStatus | None = Field(None, description="free space under the state dir; full: claims answer 507")
+    client_sampling: SamplingCounts = Field(default_factory=SamplingCounts, description="training calls whose "
+                                            "temperature/top_p differed from the config's: honoured or overridden")
 
 
 class StepMetrics(BaseModel):

@@ -76,7 +76,10 @@ class ServerCore:
                  keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
                  max_context: int, run_blocking: RunBlocking[Any] | None = None,
                  clock: Callable[[], float] = time.time, defaults: ConfigDefaults | None = None,
-                 disk: DiskMonitor | None = None) -> None:
+                 disk: DiskMonitor | None = None, noise_seed: int | None = None) -> None:
+        """``noise_seed``: deterministic mode (``swarm serve --deterministic``, the server's seed): keyed
+        sampling noise (``completions``), one batch admitted per version (``admission``), each step's
+        groups in claim order (``GroupBook``) and the ``random_reward`` coin drawn from the episode's place."""
         self.config = config
         self.defaults = defaults or ConfigDefaults()  # where the starting config's unset keys came from (status)
         self.config_version = 0
@@ -92,7 +95,8 @@ class ServerCore:
         self.counts = EpisodeCounts()
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
-        self.groups = GroupBook()
+        deterministic = noise_seed is not None
+        self.groups = GroupBook(canonical=deterministic)
         self._listeners: list[Listener] = []
         self._version = trainer.policy_version
         self._paused = False
@@ -118,11 +122,13 @@ class ServerCore:
                              trained=self._trained)
         loop = self.loop
         self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
-                                   active=lambda: not loop.past_max_steps())
+                                   active=lambda: not loop.past_max_steps(), deterministic=deterministic)
         self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
-                             category_ratios=config.category_ratios, admission=self.admission)
+                             category_ratios=config.category_ratios, admission=self.admission,
+                             deterministic=deterministic)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
-                                       live=self.lifecycle.live, admit_first=self.admission.first_call)
+                                       live=self.lifecycle.live, admit_first=self.admission.first_call,
+                                       noise_seed=noise_seed)
         self.runs = RunEpisodes(
             self, episodes=self.episodes, open_training=self.open_training,
             abort=lambda episode_id, why: self.lifecycle.abort(episode_id, AbortRequest(reason=why)))
@@ -365,7 +371,7 @@ class ServerCore:
             uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
             workers=self.generator.workers(), drop_reasons=dict(self.lifecycle.drop_reasons),
             refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(), defaults=self.defaults,
-            disk=self.disk.check(),
+            disk=self.disk.check(), client_sampling=self.completions.client_sampling.counts(),
         )
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:

@@ -22,6 +22,8 @@ from swarm.protocol import MAX_BODY_BYTES, ErrorBody, ErrorCode, ErrorInfo
 
 log = logging.getLogger(__name__)
 
+OPENAI_PREFIX = "/v1/"  # the OpenAI-compatible routes: every invalid request is a 400, as OpenAI answers
+
 
 class ApiError(Exception):
     """A user-facing error with an HTTP status and a protocol error code."""
@@ -137,7 +139,10 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, detail=exc.detail, retry_after=exc.retry_after)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """400 for malformed JSON, an unknown field and a refused option (naming it); any other invalid value
+    is a 400 naming its field on the OpenAI routes (as OpenAI and vLLM answer, so SDKs raise their
+    ``BadRequestError``) and a 422 on the control API."""
     assert isinstance(exc, RequestValidationError)
     detail = _validation_detail(exc)
     if any(d["type"] == "json_invalid" for d in detail):
@@ -152,7 +157,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     if refusals:  # a model-level refusal names its field in its message
         named = first["msg"] if where == "body" else f"{where}: {first['msg']}"
         return error_response(400, ErrorCode.bad_request, f"unsupported request argument: {named}", detail=detail)
-    return error_response(422, ErrorCode.bad_request, f"invalid request: {where}: {first['msg']}", detail=detail)
+    status = 400 if request.url.path.startswith(OPENAI_PREFIX) else 422
+    message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return error_response(status, ErrorCode.bad_request, f"invalid request: {where}: {message}",
+                          detail=detail)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

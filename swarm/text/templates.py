@@ -149,6 +149,12 @@ class ChatText:
     def decode(self, token_ids: Sequence[int]) -> str:
         return decode(self.tokenizer, token_ids)
 
+    def added_token_id(self, text: str) -> int | None:
+        """The id of the tokenizer's added token spelled ``text`` (a chat marker such as ``<tool_call>``),
+        else None: a forced tool call writes the marker as that one token, as the model does unforced."""
+        found = self.tokenizer.get_added_vocab().get(text) if hasattr(self.tokenizer, "get_added_vocab") else None
+        return int(found) if isinstance(found, int) else None
+
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; special-token text such as ``<|im_end|>`` becomes its one id."""
         return encode(self.tokenizer, text)

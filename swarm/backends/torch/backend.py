@@ -31,6 +31,7 @@ from swarm.backends.base import Generation, InProcessModel, RowFeed, SamplingPar
 from swarm.backends.torch import lora as adapters
 from swarm.backends.torch import training
 from swarm.backends.torch.attention import use_grouped_decode
+from swarm.backends.torch.grammar import GrammarCompiler
 from swarm.backends.torch.sampling import SamplingSetup, sample_batch
 from swarm.backends.torch.slots import SlotPool, supports
 from swarm.models.folders import atomic_folder
@@ -108,13 +109,15 @@ class TorchBackend(InProcessModel):
         self._pad_id = int(pad if pad is not None else 0)
         # Ids past the tokenizer are embedding padding: never sampled, never trained (see sampling).
         self.vocab_size = min(len(tokenizer), int(model.get_input_embeddings().weight.shape[0]))
+        eos_ids = _eos_ids(model, tokenizer)
         self._setup = SamplingSetup(
-            eos_ids=_eos_ids(model, tokenizer),
+            eos_ids=eos_ids,
             pad_id=self._pad_id,
             vocab_size=self.vocab_size,
             max_context=self.max_context,
             decode=self.decode,
             slots=self._slot_pool(decode_cache),
+            grammars=GrammarCompiler(tokenizer, self.vocab_size, eos_ids),
         )
 
     @classmethod

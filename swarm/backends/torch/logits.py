@@ -2,6 +2,8 @@
 
 Per row (``SamplingParams``), on logits ``(B, V)`` over the tokenizer's ids:
 
+0. ``grammar``: ids the row's grammar cannot take next get ``-inf`` (``swarm.backends.torch.grammar``;
+   vLLM applies its grammar bitmask before its sampler too), so every later step sees the allowed set.
 1. ``min_tokens``: while a row has fewer sampled tokens, its end-of-turn ids and its
    ``stop_token_ids`` get logit ``-inf`` (end-of-turn ids even with ``ignore_eos``, as vLLM masks its
    "all stop token ids" set including the model's eos). Then ``logit_bias``: each listed id's bias is
@@ -63,6 +65,7 @@ class Uses:
     top_k: bool = False
     top_p: bool = False
     logit_bias: bool = False
+    grammar: bool = False  # some row is constrained (``swarm.backends.torch.grammar``)
 
     @property
     def truncation(self) -> bool:
@@ -70,8 +73,8 @@ class Uses:
 
     @property
     def masking(self) -> bool:
-        """Some row may have ids of probability 0 (truncated, or held back by ``min_tokens``)."""
-        return self.truncation or self.min_tokens
+        """Some row may have ids of probability 0 (truncated, held back by ``min_tokens`` or a grammar)."""
+        return self.truncation or self.min_tokens or self.grammar
 
     def __or__(self, other: Uses) -> Uses:
         return Uses(*(a or b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -112,6 +115,7 @@ class SamplingPlan:
             top_k=any(v > 0 for v in top_k),
             top_p=any(v < 1 for v in top_p),
             logit_bias=any(p.logit_bias for p in params),
+            grammar=any(p.grammar is not None for p in params),
         )
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),

@@ -44,6 +44,23 @@ detokenizer rule).
 
 Each row with a ``seed`` draws from its own ``torch.Generator``, so its output does not depend on
 which other rows share the batch (up to float rounding of the batched matmuls).
+
+A row with a ``noise_key`` (``swarm serve --deterministic``) goes further: its uniforms come from
+``swarm.backends.noise.uniform(noise_key, position)``, a pure function of its key and the token's
+position in the completion, and it is prefilled and decoded in a batch of its own (never merged, the
+growing cache even where slots are used). Its forward passes then have exactly the shapes and inputs
+of the row generated alone, so its logits, tokens and log-probs are bitwise the same whatever else is
+being generated (batch invariance by construction, where batched kernels would round differently by
+batch size and padding). The price is one forward per such row per step instead of one per batch
+(``tests/bench/bench_deterministic.py`` measures it).
+
+A row with a ``grammar`` (constrained decoding: ``tool_choice`` required or named, ``response_format``
+json) gets an llguidance matcher when it joins; each step its disallowed ids are masked to ``-inf``
+before every other rule, and the sampled token advances the matcher (``swarm.backends.torch.grammar``).
+Its recorded log-probs are therefore ``log_softmax`` over the allowed set, after temperature and the
+other processing: the distribution the token was drawn from. The trainer scores the unmasked policy,
+so like truncation this is an off-policy gap that ``TrainConfig.rollout_is`` weights (the masked
+log-prob is never below the unmasked one, so the weights are at most 1 and are never clipped).
 """
 
 from __future__ import annotations
@@ -51,11 +68,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from swarm.backends import sampling_params
+from swarm.backends import noise, sampling_params
 from swarm.backends.base import FinishReason, Generation, RowFeed, SamplingParams, TokenSink
+from swarm.backends.torch.grammar import GrammarCompiler, advance, mask_logits
 from swarm.backends.torch.logits import LOGPROB_FLOOR, SamplingPlan, apply_row_rules, processed_logprobs
 from swarm.backends.torch.running import RunningBatch
 from swarm.backends.torch.slots import SlotBatch, SlotPool
@@ -80,6 +99,7 @@ class SamplingSetup:
     max_context: int
     decode: Callable[[Sequence[int]], str]
     slots: SlotPool | None = None  # static-cache decoding (``slots``); None: the growing cache (``running``)
+    grammars: GrammarCompiler | None = None  # constrained rows' matchers; None: a grammar is refused
 
 
 @dataclass
@@ -87,6 +107,7 @@ class _Row:
     prompt: Sequence[int]
     params: SamplingParams
     generator: torch.Generator | None
+    matcher: Any = None  # the row's grammar matcher (``swarm.backends.torch.grammar``); None: unconstrained
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # with params.top_logprobs > 0
@@ -116,19 +137,32 @@ def _alternatives(logp: torch.Tensor, plan: SamplingPlan) -> list[list[tuple[int
             for ids, lps, k in zip(indices.tolist(), values.tolist(), plan.alternatives.tolist())]
 
 
+def _uniforms(rows: Sequence[_Row], plan: SamplingPlan, default: torch.Generator) -> torch.Tensor:
+    """One inverse-CDF uniform per row (float64): from the counter-based noise for a row with a
+    ``noise_key``, its own generator for a row with a ``seed``, else the shared default generator."""
+    keyed = [row.params.noise_key for row in rows]
+    if None not in keyed:  # draws nothing from the shared stream
+        return torch.tensor([noise.uniform(key, len(row.ids)) for key, row in zip(keyed, rows) if key is not None],
+                            dtype=torch.float64)
+    uniforms = torch.rand(len(rows), generator=default, dtype=torch.float64)
+    if plan.uses.seed:
+        for k, (key, row) in enumerate(zip(keyed, rows)):
+            if key is not None:
+                uniforms[k] = noise.uniform(key, len(row.ids))
+            elif row.generator is not None:
+                uniforms[k] = torch.rand(1, generator=row.generator, dtype=torch.float64)[0]
+    return uniforms
+
+
 def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: SamplingPlan, default: torch.Generator,
                  end_ids: frozenset[int]) -> _Picked:
     """Choose one token per row; return the tokens, their processed log-probs and any alternatives."""
+    if plan.uses.grammar:
+        mask_logits(logits, rows, end_ids)
     apply_row_rules(logits, rows, plan, end_ids)
     logp = processed_logprobs(logits, plan)
     probs = logp.exp()
-    # Inverse-CDF draws: one uniform per row, from the row's own generator when it has a seed.
-    uniforms = torch.rand(len(rows), generator=default, dtype=torch.float64)
-    if plan.uses.seed:
-        for k, row in enumerate(rows):
-            if row.generator is not None:
-                uniforms[k] = torch.rand(1, generator=row.generator, dtype=torch.float64)[0]
-    uniforms = uniforms.to(logits.device, non_blocking=True)
+    uniforms = _uniforms(rows, plan, default).to(logits.device, non_blocking=True)
     cdf = probs.double().cumsum(dim=-1)
     chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True).flatten()
     chosen = chosen.clamp_(max=logits.shape[-1] - 1)  # u * total can round up to total
@@ -220,35 +254,51 @@ class _Loop:
     def run(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Generation]:
         initial = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
         results = {i: self.rows[i] for i in initial}  # kept to the end: these are returned
-        running: _Batch | None = None
+        running: _Batch | None = None  # the shared batch: rows without a noise key, merged as they join
+        alone: list[_Batch] = []  # one batch per row with a noise key (see the module docstring)
         pending = initial
         with torch.inference_mode():
             while True:
-                joined = self._step(self._prefill(pending)) if pending else None
+                alone = [b for b in (self._step(batch) for batch in alone) if b is not None]
+                keyed = [i for i in pending if self.rows[i].params.noise_key is not None]
+                shared = [i for i in pending if self.rows[i].params.noise_key is None]
+                for index in keyed:
+                    if (batch := self._step(self._prefill([index], alone=True))) is not None:
+                        alone.append(batch)
+                joined = self._step(self._prefill(shared)) if shared else None
                 if running is not None:
                     running = self._step(running)
                 if running is None:
                     running = joined
                 elif joined is not None:
                     _merge(running, joined)
-                pending = self._admit(running)
-                if running is None and not pending:
+                pending = self._admit(running, len(running or ()) + len(alone))
+                if running is None and not alone and not pending:
                     break
         return [_generation(results[i]) for i in initial]
 
     def _add(self, prompt: Sequence[int], params: SamplingParams) -> int:
+        matcher = self._matcher(params)  # raises before the row takes an index
         index = self.next_index
         self.next_index += 1
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        self.rows[index] = _Row(prompt=prompt, params=params, generator=generator)
+        self.rows[index] = _Row(prompt=prompt, params=params, generator=generator, matcher=matcher)
         return index
 
-    def _admit(self, running: _Batch | None) -> list[int]:
+    def _matcher(self, params: SamplingParams) -> Any:
+        """The row's grammar matcher (None without a grammar); ``ValueError`` if it cannot be compiled."""
+        if params.grammar is None:
+            return None
+        if self.setup.grammars is None:
+            raise ValueError("this generator does not serve constrained decoding (grammar)")
+        return self.setup.grammars.matcher(params.grammar)
+
+    def _admit(self, running: _Batch | None, rows: int) -> list[int]:
         """Rows the feed offers now (none while a cache that cannot be merged is still running, nor
-        between the paced joins of a large batch)."""
+        between the paced joins of a batch of ``rows`` rows in all)."""
         if self.feed is None or (running is not None and not running.can_merge):
             return []
-        if running is not None and self.steps_since_join < len(running) // JOIN_PACE_ROWS:
+        if rows and self.steps_since_join < rows // JOIN_PACE_ROWS:
             self.steps_since_join += 1
             return []
         self.steps_since_join = 0
@@ -256,20 +306,21 @@ class _Loop:
         for prompt, params in self.feed.admit():
             try:
                 validate_requests([prompt], [params], self.setup)
+                admitted.append(self._add(prompt, params))
             except ValueError as exc:
                 index = self.next_index
                 self.next_index += 1
                 self.feed.rejected(index, exc)
-                continue
-            admitted.append(self._add(prompt, params))
         return admitted
 
-    def _prefill(self, indices: list[int]) -> _Batch:
+    def _prefill(self, indices: list[int], alone: bool = False) -> _Batch:
+        """A new batch of these rows (``alone``: one keyed row, in the growing cache, never merged)."""
         rows = [self.rows[i] for i in indices]
         prompts = [r.prompt for r in rows]
-        plan = SamplingPlan.of([r.params for r in rows], [r.generator is not None for r in rows])
+        plan = SamplingPlan.of([r.params for r in rows],
+                               [r.generator is not None or r.params.noise_key is not None for r in rows])
         plan = plan.to(next(self.model.parameters()).device)
-        if self.setup.slots is not None:
+        if self.setup.slots is not None and not alone:
             return SlotBatch.prefill(self.setup.slots, prompts, self.setup.pad_id, indices, plan)
         return RunningBatch.prefill(self.model, prompts, self.setup.pad_id, indices, plan)
 
@@ -284,6 +335,7 @@ class _Loop:
             row = self.rows[index]
             row.ids.append(token)
             row.logprobs.append(logp)
+            advance(row, token)
             if picked.top is not None and row.params.top_logprobs:
                 row.top.append(picked.top[slot])
             ends_turn = token in self.setup.eos_ids and not row.params.ignore_eos

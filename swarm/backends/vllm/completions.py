@@ -5,7 +5,9 @@ token's log-prob (``logprobs: k`` returns it plus the k most likely; ``return_to
 keys those by id, not by text that may collide), the end-of-turn ids the torch engine stops on plus
 the row's own ``stop_token_ids`` (``stop_token_ids``; with ``ignore_eos`` only the row's own) and a
 -100 logit bias on ids past the tokenizer (embedding padding, which the torch engine never samples),
-plus the row's own ``logit_bias``.
+plus the row's own ``logit_bias``. A constrained row's grammar goes as ``structured_outputs.grammar``
+(vLLM 0.32's field; served by the llguidance backend the process is started with), so vLLM masks the
+same ids as the torch engine and its processed log-probs are those of the masked distribution.
 vLLM's sampling extensions (``top_k``, ``min_p``, the penalties, ``min_tokens``, ``ignore_eos``) go
 under vLLM's names, and only when a row sets them, so a plain row's body stays as it was. The server
 runs with ``--logprobs-mode processed_logprobs``: log-probs are those of the distribution vLLM drew
@@ -35,6 +37,12 @@ _TOKEN_PREFIX = "token_id:"
 
 def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, eos_ids: Sequence[int],
                     padding_ids: range) -> dict[str, object]:
+    """vLLM's ``/v1/completions`` body for one row; ``ValueError`` for a row with a ``noise_key``: vLLM
+    draws from its own per-request streams, so counter-based noise (``--deterministic``) is the torch
+    engine's only."""
+    if p.noise_key is not None:
+        raise ValueError("counter-based sampling noise (noise_key, swarm serve --deterministic) needs the torch "
+                         "engine; vLLM draws from its own per-request streams")
     body: dict[str, object] = {
         "model": "policy",
         "prompt": [int(t) for t in prompt],
@@ -53,6 +61,8 @@ def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, e
         body["stop"] = list(p.stop)
     if p.seed is not None:
         body["seed"] = p.seed
+    if p.grammar is not None:
+        body["structured_outputs"] = {"grammar": p.grammar}
     bias = {str(i): PAD_BIAS for i in padding_ids}
     bias.update({str(t): b for t, b in p.logit_bias})  # the request's own (OpenAI's logit_bias)
     if bias:

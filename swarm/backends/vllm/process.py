@@ -9,7 +9,8 @@ over a server someone else runs (``--vllm-url``): nothing to start or stop.
 The command line is fixed by what the generator relies on: ``--logprobs-mode processed_logprobs``
 (log-probs of ``logits / temperature``, see ``generator``), ``--generation-config vllm`` (the model
 folder's sampling defaults, e.g. a ``top_k``, must not leak into requests), ``VLLM_SERVER_DEV_MODE=1``
-(``/collective_rpc`` is how CPU weight reloads are sent) and, on CPU, ``--enforce-eager`` (skips
+(``/collective_rpc`` is how CPU weight reloads are sent), ``--structured-outputs-config.backend
+guidance`` (constrained rows' grammars are llguidance's, as on the torch engine) and, on CPU, ``--enforce-eager`` (skips
 the compile warm-up: 31-36 s to healthy instead of 52 s on 2 shared cores, up to 60-85 s when
 they are busy; nearly all of that time is three processes each importing torch and vLLM). On GPU
 (``gpus`` given) the child runs bf16 with CUDA graphs (no ``--enforce-eager``), sees only its own
@@ -130,6 +131,9 @@ def vllm_command(
         "--served-model-name", "policy",
         "--logprobs-mode", "processed_logprobs",
         "--generation-config", "vllm",
+        # Constrained rows send llguidance Lark grammars (``swarm.text.constraints``): its backend reads
+        # them as the torch engine does (xgrammar would read ``%json`` without the JSON style options).
+        "--structured-outputs-config.backend", "guidance",
     ]
     if enforce_eager:
         cmd.append("--enforce-eager")

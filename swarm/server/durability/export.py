@@ -13,7 +13,8 @@ trains or prunes) and writes what the store holds, faithfully:
   ``merge``, ``calls``, ``drift_forks`` and the distinct ``policy_versions`` that sampled it;
 - ``timelines``: each token timeline as stored: ``tokens``, ``loss_mask`` (1 on generated tokens),
   ``logprobs`` (float32 as stored), ``versions`` (the policy version of each call), ``temperature``, ``calls``, and
-  ``prompt_length`` (tokens before the first generated one); with a tokenizer also ``text``;
+  ``prompt_length`` (tokens before the first generated one), ``constrained`` (``[start, end)`` spans of
+  tokens sampled under a grammar: a forced tool call or JSON output); with a tokenizer also ``text``;
 - ``prompt_token_ids`` / ``completion_token_ids``: the first timeline split at ``prompt_length`` (the
   whole episode when it merged into one timeline; forked episodes have the rest in ``timelines``),
   and ``prompt_text`` / ``completion_text`` when a tokenizer decodes them (the store keeps token ids
@@ -152,8 +153,12 @@ def _timelines(db: sqlite3.Connection, seqs: list[int]) -> dict[int, list[dict[s
         found.setdefault(seq, []).append({
             "tokens": unpack_array("i", tokens), "loss_mask": loss_mask, "logprobs": unpack_array("f", logprobs),
             "versions": unpack_array("i", versions), "temperature": float(temperature), "calls": int(calls),
-            "prompt_length": loss_mask.index(1) if 1 in loss_mask else len(loss_mask),
+            "prompt_length": loss_mask.index(1) if 1 in loss_mask else len(loss_mask), "constrained": [],
         })
+    for seq, idx, spans in db.execute(f"SELECT episode_seq, idx, spans FROM constrained_spans WHERE episode_seq IN "
+                                      f"({marks})", seqs):
+        flat = unpack_array("i", spans)
+        found[seq][idx]["constrained"] = [list(pair) for pair in zip(flat[::2], flat[1::2], strict=True)]
     return found
 
 
@@ -195,7 +200,7 @@ def _write_parquet(rows: Iterator[dict[str, Any]], path: Path) -> int:
     timeline = pa.struct([("tokens", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
                           ("logprobs", pa.list_(pa.float32())), ("versions", pa.list_(pa.int32())),
                           ("temperature", pa.float64()), ("calls", pa.int32()), ("prompt_length", pa.int32()),
-                          ("text", pa.string())])
+                          ("constrained", pa.list_(pa.list_(pa.int32()))), ("text", pa.string())])
     schema = pa.schema([
         ("episode_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()), ("group_key", pa.string()),
         ("group_size", pa.int32()), ("category", pa.string()), ("client_id", pa.string()), ("reward", pa.float64()),

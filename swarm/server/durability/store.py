@@ -176,6 +176,9 @@ class EpisodeStore:
                   pack_array("i", t.versions), float(t.temperature), int(t.calls))
                  for i, t in enumerate(record.timelines)],
             )
+            db.executemany("INSERT INTO constrained_spans(episode_seq, idx, spans) VALUES (?,?,?)",
+                           [(seq, i, pack_array("i", [x for span in t.constrained for x in span]))
+                            for i, t in enumerate(record.timelines) if t.constrained])
         return True
 
     def get(self, episode_id: str) -> FinishedEpisode | None:
@@ -217,6 +220,9 @@ class EpisodeStore:
                     "SELECT tokens, loss_mask, logprobs, versions, temperature, calls FROM timelines"
                     " WHERE episode_seq=? ORDER BY idx", (seq,))
             ]
+            for idx, spans in self._db.execute("SELECT idx, spans FROM constrained_spans WHERE episode_seq=?", (seq,)):
+                flat = unpack_array("i", spans)
+                timelines[idx].constrained = list(zip(flat[::2], flat[1::2], strict=True))
             out.append(FinishedEpisode(
                 episode_id=episode_id, task_id=task_id, group_id=group_id, group_key=group_key,
                 group_size=group_size, category=category, client_id=client_id, reward=reward,

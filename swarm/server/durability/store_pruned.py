@@ -68,6 +68,7 @@ def prune(db: sqlite3.Connection, through_step: int) -> tuple[int, int]:
     training-log rows and episode rows, record the mark. Returns ``(episodes, timelines)`` removed."""
     chosen = "SELECT seq FROM episodes WHERE trained_step <= ?"
     timelines = db.execute(f"DELETE FROM timelines WHERE episode_seq IN ({chosen})", (through_step,)).rowcount
+    db.execute(f"DELETE FROM constrained_spans WHERE episode_seq IN ({chosen})", (through_step,))
     rows = db.execute("SELECT episode_id, trained_step FROM episodes WHERE trained_step <= ?", (through_step,)).fetchall()
     db.executemany("INSERT OR REPLACE INTO pruned(key, trained_step) VALUES (?, ?)",
                    [(episode_key(episode_id), step) for episode_id, step in rows])

@@ -4,14 +4,15 @@ closed episodes, the event log, step metrics, key/value meta and the ledger of e
 pruned (``swarm.server.durability.store_pruned``). Every statement is idempotent (``IF NOT EXISTS``), so opening
 an existing buffer runs it again harmlessly.
 
-Versions: 2 added ``pruned``. A buffer of a version in ``UPGRADES_FROM`` is upgraded in place when
-opened (the changes since were additions only, made by running ``SCHEMA``); any other version is
-refused, and a server older than the buffer refuses it too."""
+Versions: 2 added ``pruned``; 3 added ``constrained_spans`` (the tokens of a timeline sampled under
+a grammar, ``Timeline.constrained``: a row only for timelines that have any). A buffer of a version
+in ``UPGRADES_FROM`` is upgraded in place when opened (the changes since were additions only, made by
+running ``SCHEMA``); any other version is refused, and a server older than the buffer refuses it too."""
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "UPGRADES_FROM"]
 
-SCHEMA_VERSION = 2  # stored in meta
-UPGRADES_FROM = frozenset({1})  # versions whose buffers SCHEMA brings to SCHEMA_VERSION
+SCHEMA_VERSION = 3  # stored in meta
+UPGRADES_FROM = frozenset({1, 2})  # versions whose buffers SCHEMA brings to SCHEMA_VERSION
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,   -- finish order
@@ -42,6 +43,12 @@ CREATE TABLE IF NOT EXISTS timelines (
     versions    BLOB NOT NULL,
     temperature REAL NOT NULL,
     calls       INTEGER NOT NULL,
+    PRIMARY KEY (episode_seq, idx)
+);
+CREATE TABLE IF NOT EXISTS constrained_spans (
+    episode_seq INTEGER NOT NULL REFERENCES episodes(seq),
+    idx         INTEGER NOT NULL,                      -- the timeline's idx
+    spans       BLOB NOT NULL,                         -- int32 start, end pairs
     PRIMARY KEY (episode_seq, idx)
 );
 CREATE TABLE IF NOT EXISTS training_log (

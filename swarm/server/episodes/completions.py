@@ -20,6 +20,9 @@ add, stay within ``max_episode_tokens``.
 A held-out eval episode's calls are served and never recorded (so they reserve no episode tokens).
 A call that sends no ``seed`` gets a fixed one, derived from the task id and the call's index in
 the episode, so an eval is reproducible for a given policy (up to the batch's floating-point noise).
+In deterministic mode (``noise_seed``) every row instead carries a counter-based noise key built from
+its episode's task, round, member, call and choice (``swarm.backends.noise``), which also makes the
+generator decode it batch-invariantly: reproducible exactly, whatever shares the batch.
 
 Rendering follows vLLM's chat route (string tool-call arguments parsed to dicts, ``chat_template_kwargs``
 from the server's defaults and the request) and, inside an episode, drift repair: a conversation that
@@ -34,13 +37,16 @@ import asyncio
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from swarm.backends import noise
 from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
 from swarm.config import PROMPT_CHARS_PER_TOKEN
 from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
+from swarm.server.call_constraints import call_grammar
+from swarm.server.call_sampling import ClientSampling, completion_budget
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
 from swarm.server.flow.inflight import InFlight
 from swarm.server.records.episode import EpisodeRecord
@@ -97,14 +103,17 @@ class Completions:
     ``live(episode_id)`` is the core's check that an episode may still take calls (else a 4xx)."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
-                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[str], None]) -> None:
+                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[str], None],
+                 noise_seed: int | None = None) -> None:
         self.view = view
+        self.noise_seed = noise_seed  # deterministic mode: every row gets a counter-based noise key
         self.episodes = episodes
         self.live = live
         self.admit_first = admit_first
         self.generator = generator
         self.max_context = max_context
         self.in_flight = InFlight()
+        self.client_sampling = ClientSampling()  # whose temperature/top_p a training call samples with
         self._reserved: Counter[str] = Counter()  # episode id -> tokens its running calls may still record
 
     async def start(self, key: str, episode_id: str | None, request: ChatCompletionRequest,
@@ -120,6 +129,7 @@ class Completions:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
         self._check_size(request)
         config = self.view.config
+        grammar = call_grammar(request, config.tool_call_parser, self.generator.text)  # a 400 before any compute
         releases = [self.in_flight.enter(key, request.n, per_key=config.max_inflight_per_key,
                                          max_rows=config.max_batch_rows + config.max_queued_rows)]
         try:
@@ -128,7 +138,8 @@ class Completions:
             seed = request.seed
             if episode is not None and episode.is_eval and seed is None:
                 seed = eval_seed(episode.task_id, episode.calls_started)
-            params = self._sampling(request, len(prompt), seed)
+            params = self._noise_keys(self._sampling(request, len(prompt), seed, episode), episode, prompt, request.seed)
+            params = [replace(p, grammar=grammar) for p in params] if grammar is not None else params
             if episode is not None and not episode.is_eval:  # an eval call is served, never recorded
                 releases.append(self._reserve_tokens(episode.episode_id, len(prompt), params))
             if episode is not None:
@@ -140,6 +151,22 @@ class Completions:
         result = asyncio.ensure_future(self._generate(episode_id, rendered, params, parsing, sink))
         result.add_done_callback(lambda _: _release_all(releases))
         return ChatCall(prompt=prompt, params=params, parsing=parsing, result=result, episode_id=episode_id)
+
+    def _noise_keys(self, params: list[SamplingParams], episode: EpisodeRecord | None, prompt: list[int],
+                    request_seed: int | None) -> list[SamplingParams]:
+        """In deterministic mode, each row's ``noise_key`` from its place in the work (what the key
+        holds and why: ``swarm.backends.noise``); otherwise ``params`` as they are."""
+        if self.noise_seed is None:
+            return params
+        row: tuple[str | int, ...]
+        if episode is None:
+            row = ("call", hashlib.blake2b(repr(prompt).encode(), digest_size=16).hexdigest())
+        elif episode.is_eval:
+            row = ("eval", episode.task_id, episode.calls_started)
+        else:
+            row = ("train", episode.task_id, episode.task_round, episode.member, episode.calls_started)
+        return [replace(p, noise_key=noise.sample_key(self.noise_seed, *row, choice, request_seed))
+                for choice, p in enumerate(params)]
 
     def _check_size(self, request: ChatCompletionRequest) -> None:
         """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
@@ -189,15 +216,17 @@ class Completions:
         if episode_id is not None:
             self.record(episode_id, prompt, sampled.generations, sampled.policy_version, params[0].temperature,
                                replies=replies, conversation_key=rendered.conversation_key,
-                               repaired=rendered.repaired, source=sampled.source)
+                               repaired=rendered.repaired, source=sampled.source,
+                               constrained=params[0].grammar is not None)
         return Answer(sampled=sampled, replies=replies)
 
     def record(self, episode_id: str, prompt: list[int], generations: list[Generation], version: int,
                temperature: float, *, replies: Sequence[ParsedReply] = (), conversation_key: bytes | None = None,
-               repaired: bool = False, source: str | None = None) -> None:
+               repaired: bool = False, source: str | None = None, constrained: bool = False) -> None:
         """Add one chat call to the episode's trace (a call that raced a finish/expiry is ignored) and
         its replies to the episode's reply book (drift repair of the next call); an eval episode's
-        calls are never recorded, only its lease is renewed and its replies kept for repair."""
+        calls are never recorded, only its lease is renewed and its replies kept for repair.
+        ``constrained``: the tokens were sampled under a grammar (the trace marks them)."""
         episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
             return
@@ -208,7 +237,8 @@ class Completions:
         if episode.is_eval:
             return
         episode.generated_by(source)
-        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature)
+        episode.trace.record(prompt, [(g.token_ids, g.logprobs) for g in generations], version, temperature,
+                             constrained=constrained)
         episode.trace.note_replies(replies, repaired=repaired)
 
     def _render(self, request: ChatCompletionRequest, episode: EpisodeRecord | None) -> Rendered:
@@ -239,7 +269,10 @@ class Completions:
         return Parsing(tool_parser=tool_parser, reasoning_parser=config.reasoning_parser,
                        parallel_tool_calls=request.parallel_tool_calls)
 
-    def _sampling(self, request: ChatCompletionRequest, prompt_len: int, seed: int | None) -> list[SamplingParams]:
+    def _sampling(self, request: ChatCompletionRequest, prompt_len: int, seed: int | None,
+                  episode: EpisodeRecord | None) -> list[SamplingParams]:
+        """Each choice's params: the completion length and temperature/top_p as ``swarm.server.call_sampling``
+        chooses them, the request's other options as sent."""
         config = self.view.config
         room = self.max_context - prompt_len
         requested = request.max_completion_tokens or request.max_tokens
@@ -252,10 +285,9 @@ class Completions:
         top = request.top_logprobs or 0
         if top and not self.generator.reports_top_logprobs:
             raise BadRequest(f"top_logprobs > 0 is not supported by the {type(self.generator).__name__} engine; "
-                             "use 0 (or --engine vllm)", status=422)
-        max_tokens = requested if requested is not None else min(config.max_tokens, room)
-        temperature = config.temperature if request.temperature is None else request.temperature
-        top_p = config.top_p if request.top_p is None else request.top_p
+                             "use 0 (or --engine vllm)")
+        max_tokens = completion_budget(requested, config.max_tokens, room)
+        temperature, top_p = self.client_sampling.choose(request, config, episode)
         stops = tuple(request.stop or ())
         extensions = _extensions(request)
         # n > 1 with a seed: distinct but reproducible choices.

@@ -53,7 +53,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     logprobs = _LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
     fields: dict[str, object] = {
         "messages": input_messages(body.input, body.instructions), "tools": _chat_tools(body.tools),
-        "tool_choice": body.tool_choice, "max_completion_tokens": body.max_output_tokens,
+        "tool_choice": _chat_tool_choice(body.tool_choice), "max_completion_tokens": body.max_output_tokens,
+        "response_format": _response_format(body.text),
         "temperature": body.temperature, "top_p": body.top_p, "logprobs": logprobs,
         "top_logprobs": body.top_logprobs if logprobs else None, "stream": bool(body.stream),
         "reasoning_effort": effort,
@@ -66,6 +67,23 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadRequest(f"input cannot be served as a chat: {where}: {first['msg']}") from None
+
+
+def _chat_tool_choice(choice: object) -> object:
+    """The Responses API's flat named choice (``{"type": "function", "name": ...}``) in chat's nested form."""
+    if isinstance(choice, Mapping):
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: Mapping[str, object] | None) -> dict[str, object] | None:
+    """``text.format`` as chat's ``response_format``: a json_schema format's fields move under ``json_schema``."""
+    fmt = (text or {}).get("format")
+    if not isinstance(fmt, Mapping) or fmt.get("type", "text") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return dict(fmt)
 
 
 def input_messages(items: str | Sequence[Mapping[str, object]], instructions: str | None) -> list[dict[str, object]]:
@@ -214,7 +232,8 @@ class ResponseShape:
             instructions=body.instructions, tools=body.tools or [], tool_choice=body.tool_choice or "auto",
             parallel_tool_calls=body.parallel_tool_calls is not False, temperature=body.temperature,
             top_p=body.top_p, max_output_tokens=body.max_output_tokens, metadata=body.metadata,
-            reasoning=body.reasoning, policy_version=policy_version, episode_id=self.episode_id)
+            reasoning=body.reasoning, policy_version=policy_version, episode_id=self.episode_id,
+            text=body.text or {"format": {"type": "text"}})
 
 
 def function_call(call_id: str, name: str, arguments: str) -> FunctionCallItem:

@@ -8,6 +8,13 @@ as sampled); a call with a run key is recorded into the episode its conversation
 vLLM's extra fields (``prompt_token_ids``, ``choices[i].token_ids``) plus the ``policy_version`` that
 generated them and, when recorded, the ``episode_id`` (also the ``x-swarm-episode`` header).
 
+Model names follow vLLM: an answer's ``model`` is the name its request asked for (or, asking none, the
+first served name). ``swarm serve --served-model-name a,b`` (vLLM's flag) fixes the names: ``/v1/models``
+lists them and a request naming another model is a 404, so clients that validate names
+(llama-index's ``OpenAI``, autogen) can be given one they know, e.g. ``gpt-4o-mini``. Without it the
+server keeps its earlier contract: ``/v1/models`` lists the model's own name and a request may name
+any model (one model per server; examples and SDK snippets send ``policy``).
+
 ``POST /v1/responses`` is the same call: its request is translated to a chat completion
 (``swarm.server.http.responses``), served by the same ``Completions.start`` and shaped back into a
 response, so the tokens recorded, merged and repaired are exactly chat's.
@@ -40,6 +47,7 @@ from swarm.protocol import (
 from swarm.protocol.responses import ResponsesRequest
 from swarm.server.episodes.completions import Answer, ChatCall
 from swarm.server.episodes.runs import SESSION_HEADER
+from swarm.server.errors import NotFound
 from swarm.server.http.context import AppContext, app_context
 from swarm.server.http.replyshape import finish_reason, token_logprobs, wire_tool_call
 from swarm.server.http.responses import ResponseShape, chat_request
@@ -58,21 +66,36 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": logged, never read by th
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, ctx: AppContext = Depends(app_context)) -> ModelList:
     ctx.keys.principal(request)
-    card = ModelCard(id=ctx.core.generator.model_name, created=ctx.core.created, max_model_len=ctx.max_context)
-    return ModelList(data=[card])
+    root = ctx.core.generator.model_name
+    return ModelList(data=[ModelCard(id=name, created=ctx.core.created, max_model_len=ctx.max_context, root=root)
+                           for name in ctx.settings.served_model_name or [root]])
+
+
+def answered_model(ctx: AppContext, request: Request, requested: str | None) -> str:
+    """The ``model`` an answer carries: the requested name (vLLM echoes it), else the first served name;
+    a 404 for a name outside ``--served-model-name`` (vLLM's answer), after the credential is checked and
+    before anything is started."""
+    ctx.keys.principal(request)  # a 401 comes first: a caller without a key learns nothing of the names
+    served = ctx.settings.served_model_name
+    if served and requested is not None and requested not in served:
+        raise NotFound(f"The model `{requested}` does not exist: this server serves {', '.join(served)} "
+                       "(--served-model-name; GET /v1/models lists them)",
+                       detail={"model": requested, "served": served})
+    return requested or (served[0] if served else ctx.core.generator.model_name)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ctx: AppContext = Depends(app_context)) -> Response:
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    model = answered_model(ctx, request, body.model)
     if body.stream:
-        return await _stream(ctx, request, body, completion_id)
+        return await _stream(ctx, request, body, completion_id, model)
     call = await _start(ctx, request, body, completion_id)
     if not await _answered_before_disconnect(request, call.result):
         return Response(status_code=CLIENT_CLOSED)
     answer = call.result.result()
-    completion = _completion(ctx, body, call.prompt, answer, completion_id)
+    completion = _completion(ctx, body, call.prompt, answer, completion_id, model)
     completion.episode_id = call.episode_id
     # Serialised by pydantic directly: FastAPI's generic encoder costs ~0.2 ms a response.
     return Response(completion.model_dump_json(by_alias=True), media_type="application/json",
@@ -103,14 +126,14 @@ def _named(call: ChatCall) -> dict[str, str]:
 
 
 def _completion(ctx: AppContext, body: ChatCompletionRequest, prompt: list[int], answer: Answer,
-                completion_id: str) -> ChatCompletion:
+                completion_id: str, model: str) -> ChatCompletion:
     text = ctx.core.generator.text
     sampled = answer.sampled
     choices = [_choice(text, i, gen, reply, body.logprobs)
                for i, (gen, reply) in enumerate(zip(sampled.generations, answer.replies, strict=True))]
     completion_tokens = sum(len(g.token_ids) for g in sampled.generations)
     return ChatCompletion(
-        id=completion_id, created=int(time.time()), model=ctx.core.generator.model_name,
+        id=completion_id, created=int(time.time()), model=model,
         choices=choices, prompt_token_ids=prompt, policy_version=sampled.policy_version,
         usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion_tokens,
                     total_tokens=len(prompt) + completion_tokens),
@@ -174,10 +197,10 @@ def _sse(frames: Any, call: ChatCall) -> StreamingResponse:
 
 
 async def _stream(ctx: AppContext, request: Request, body: ChatCompletionRequest,
-                  completion_id: str) -> StreamingResponse:
+                  completion_id: str, model: str) -> StreamingResponse:
     call, tokens = await _streamed_call(ctx, request, body, completion_id)
     generator = ctx.core.generator
-    writer = ChunkWriter(completion_id=completion_id, model=generator.model_name,
+    writer = ChunkWriter(completion_id=completion_id, model=model,
                          policy_version=generator.policy_version, text=generator.text,
                          with_logprobs=body.logprobs, episode_id=call.episode_id)
     rows = [_row_stream(ctx, call, list(body.stop or ())) for _ in call.params]
@@ -188,9 +211,10 @@ async def _stream(ctx: AppContext, request: Request, body: ChatCompletionRequest
 @router.post("/v1/responses", response_model=None)
 async def responses(body: ResponsesRequest, request: Request, ctx: AppContext = Depends(app_context)) -> Response:
     """The Responses API over the chat path (module docstring); stateless, as with ``store=false``."""
+    model = answered_model(ctx, request, body.model)
     chat = chat_request(body)
     generator = ctx.core.generator
-    shape = ResponseShape(body=body, model=generator.model_name, text=generator.text)
+    shape = ResponseShape(body=body, model=model, text=generator.text)
     if chat.stream:
         call, tokens = await _streamed_call(ctx, request, chat, shape.id)
         shape.episode_id = call.episode_id

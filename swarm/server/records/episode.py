@@ -66,6 +66,10 @@ class EpisodeRecord:
     calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
     replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
     source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)
+    # Its place in the work, which keys its sampling noise in deterministic mode (``swarm.backends.noise``):
+    task_round: int = 0  # groups of its task id this server started before its group
+    member: int = 0  # its index within its group (claim order)
+    coin_key: str = ""  # what ``random_reward``'s coin is drawn from (empty: the episode id)
 
     def samples(self, advantage: float, version: int) -> list[TrainSample]:
         """Its training samples; those sampled by policy ``version`` (the trainer's now) are tagged
@@ -105,6 +109,8 @@ class Group:
     size: int
     category: str | None
     members: list[EpisodeRecord] = field(default_factory=list)
+    serial: int = 0  # claim order among this server's groups (canonical step order)
+    task_round: int = 0  # see ``EpisodeRecord.task_round``
 
     @property
     def full(self) -> bool:
@@ -141,9 +147,11 @@ DROP_REASONS: dict[str, str] = {"dropped": SMALL_REASON, "uniform": UNIFORM_REAS
 
 
 class GroupBook:
-    """Open groups by id, and the FIFO of complete, trainable groups waiting for a step."""
+    """Open groups by id, and the FIFO of complete, trainable groups waiting for a step. ``canonical``
+    (deterministic mode): a step takes the ready groups in claim order, not in the order they completed."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, canonical: bool = False) -> None:
+        self.canonical = canonical
         self._open: dict[str, Group] = {}
         self.ready: list[Group] = []
         self._serial = itertools.count(1)
@@ -154,7 +162,8 @@ class GroupBook:
         """The open group for ``group_id`` with room left, or a new one of ``size``."""
         group = self._open.get(group_id)
         if group is None or group.full:
-            group = Group(key=f"{group_id}#{next(self._serial)}", group_id=group_id, size=size, category=category)
+            serial = next(self._serial)
+            group = Group(key=f"{group_id}#{serial}", group_id=group_id, size=size, category=category, serial=serial)
             self._open[group_id] = group
         return group
 
@@ -197,7 +206,10 @@ class GroupBook:
         return len(self.ready) >= batch_groups
 
     def take_batch(self, batch_mode: str, batch_groups: int, group_size: int) -> list[Group]:
-        """The groups of one step, oldest first (whole groups, also in ``episodes`` mode)."""
+        """The groups of one step, oldest first (whole groups, also in ``episodes`` mode): first
+        completed first, or with ``canonical`` first claimed first."""
+        if self.canonical:
+            self.ready.sort(key=lambda group: group.serial)
         if batch_mode != "episodes":
             return self.take(batch_groups)
         target, taken, count = batch_groups * group_size, 0, 0

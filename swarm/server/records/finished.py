@@ -4,7 +4,8 @@
 the client's finish body and the token-exact trace (``swarm.server.records.timeline``). ``from_trace`` and
 ``trace()`` convert both ways without loss. Arrays are stored little-endian: token ids and policy
 versions as int32, log-probs as **float32** (exact enough for importance ratios; about 1e-7
-relative), loss masks as one byte per token.
+relative), loss masks as one byte per token, constrained spans (``Timeline.constrained``) as int32
+``start, end`` pairs.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class FinishedEpisode:
                 raise InvalidEpisode(f"timeline {i}: log-probs must not be NaN")
             if any(m not in (0, 1) for m in t.loss_mask):
                 raise InvalidEpisode(f"timeline {i}: loss_mask values must be 0 or 1")
+            if any(not (0 <= start < end <= n) for start, end in t.constrained):
+                raise InvalidEpisode(f"timeline {i}: constrained spans must lie within its {n} tokens")
             if any(not (-(2**31) <= x < 2**31) for x in (*t.tokens, *t.versions)):
                 raise InvalidEpisode(f"timeline {i}: token ids and versions must fit in int32")
 
@@ -99,6 +102,7 @@ def _copy_timeline(t: Timeline) -> Timeline:
         versions=list(t.versions),
         temperature=float(t.temperature),
         calls=int(t.calls),
+        constrained=[(int(a), int(b)) for a, b in t.constrained],
     )
 
 
@@ -132,4 +136,6 @@ def body_digest(record: FinishedEpisode) -> str:
         h.update(pack_array("f", t.logprobs))
         h.update(pack_array("i", t.versions))
         h.update(repr((float(t.temperature), int(t.calls))).encode())
+        if t.constrained:  # only then: digests of unconstrained episodes stay what they were
+            h.update(pack_array("i", [x for span in t.constrained for x in span]))
     return h.hexdigest()

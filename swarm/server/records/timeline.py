@@ -11,6 +11,11 @@ the ids that were sampled for them (``swarm.text.drift``), so re-tokenisation al
 ``drift_repaired`` counts the calls where that made a difference. With ``merge=False`` every completion is its own sample, which
 is what merging is measured against.
 
+Tokens sampled under a grammar (constrained decoding: a forced tool call, a JSON ``response_format``)
+are marked per call as ``[start, end)`` spans of the timeline (``Timeline.constrained``), so an
+analysis can separate them: their recorded log-probs are those of the masked distribution, which the
+trainer's rollout importance correction weighs against the unmasked policy.
+
 Under ``token-mean`` loss aggregation both modes train on the same generated tokens with the same
 contexts, so they give the same loss; merging only removes the repeated context.
 """
@@ -34,16 +39,21 @@ class Timeline:
     versions: list[int] = field(default_factory=list)
     temperature: float = 1.0
     calls: int = 0
+    constrained: list[tuple[int, int]] = field(default_factory=list)  # [start, end) spans sampled under a grammar
 
     def is_prefix_of(self, prompt: Sequence[int]) -> bool:
         n = len(self.tokens)
         return n <= len(prompt) and list(prompt[:n]) == self.tokens
 
-    def extended(self, prompt: Sequence[int], completion: Sequence[int], logprobs: Sequence[float], version: int) -> Timeline:
-        """A new timeline: this one, the prompt's new tokens (mask 0), then the completion (mask 1)."""
+    def extended(self, prompt: Sequence[int], completion: Sequence[int], logprobs: Sequence[float], version: int,
+                 constrained: bool = False) -> Timeline:
+        """A new timeline: this one, the prompt's new tokens (mask 0), then the completion (mask 1),
+        marked as constrained when it was sampled under a grammar."""
         if len(completion) != len(logprobs):
             raise ValueError("completion and logprobs differ in length")
         context = list(prompt[len(self.tokens):])
+        start = len(prompt)
+        spans = [*self.constrained, (start, start + len(completion))] if constrained and completion else self.constrained
         return Timeline(
             tokens=self.tokens + context + list(completion),
             loss_mask=self.loss_mask + [0] * len(context) + [1] * len(completion),
@@ -51,11 +61,16 @@ class Timeline:
             versions=[*self.versions, version],
             temperature=self.temperature,
             calls=self.calls + 1,
+            constrained=list(spans),
         )
 
     @property
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def constrained_tokens(self) -> int:
+        return sum(end - start for start, end in self.constrained)
 
     def to_sample(self, advantage: float) -> TrainSample:
         return TrainSample(
@@ -81,6 +96,7 @@ class EpisodeTrace:
     tool_calls: int = 0  # tool calls parsed out of replies
     tool_parse_errors: int = 0  # replies that looked like a tool call but did not parse
     tool_calls_extra: int = 0  # calls past the first of parallel_tool_calls=false replies (returned as content)
+    sampling_overridden: int = 0  # calls whose temperature/top_p were held at the training values (client_sampling)
 
     def note_replies(self, replies: Sequence[ParsedReply], *, repaired: bool) -> None:
         """Count one call's agent-protocol outcomes (see the fields)."""
@@ -95,13 +111,15 @@ class EpisodeTrace:
         completions: Sequence[tuple[Sequence[int], Sequence[float]]],
         version: int,
         temperature: float,
+        constrained: bool = False,
     ) -> None:
-        """Add one chat call: its rendered prompt and its ``n`` sampled (ids, log-probs) choices."""
+        """Add one chat call: its rendered prompt and its ``n`` sampled (ids, log-probs) choices
+        (``constrained``: sampled under a grammar)."""
         parent = self._parent_for(prompt, temperature) if self.merge else None
         if self.calls > 0 and self._extends_nothing(prompt, temperature):
             self.drift_forks += 1
         base = parent if parent is not None else Timeline(temperature=temperature)
-        grown = [base.extended(prompt, ids, lps, version) for ids, lps in completions]
+        grown = [base.extended(prompt, ids, lps, version, constrained) for ids, lps in completions]
         if parent is not None:
             # The first choice continues the parent; further choices are sibling branches.
             self.timelines[self.timelines.index(parent)] = grown[0]
@@ -128,6 +146,11 @@ class EpisodeTrace:
     @property
     def tokens(self) -> int:
         return sum(len(t.tokens) for t in self.timelines)
+
+    @property
+    def constrained_tokens(self) -> int:
+        """Generated tokens sampled under a grammar, over every timeline."""
+        return sum(t.constrained_tokens for t in self.timelines)
 
     @property
     def min_version(self) -> int | None:

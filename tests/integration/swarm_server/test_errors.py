@@ -38,10 +38,13 @@ def test_bad_json_and_validation(server) -> None:
                400, "bad_request")
         typo = _error(http.post("/api/v1/episodes", json={"task": "typo"}), 400, "bad_request")
         assert "task" in typo["message"]  # an unknown field is named, as OpenAI does
-        _error(http.post("/v1/chat/completions", json={"messages": []}), 422, "bad_request")
-        _error(http.post("/v1/chat/completions", json={"messages": MESSAGES, "top_logprobs": 21}), 422, "bad_request")
+        # An invalid value: a 400 naming its field on the OpenAI routes (as OpenAI answers), 422 on the control API.
+        assert "messages" in _error(http.post("/v1/chat/completions", json={"messages": []}), 400, "bad_request")["message"]
+        bad = _error(http.post("/v1/chat/completions", json={"messages": MESSAGES, "top_logprobs": 21}), 400, "bad_request")
+        assert "top_logprobs" in bad["message"]
         _error(http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),
-               422, "bad_request")
+               400, "bad_request")
+        _error(http.post("/api/v1/episodes", json={"task_id": "t", "lease_s": -1}), 422, "bad_request")
 
 
 def test_auth_mistakes(server) -> None:

@@ -97,10 +97,13 @@ def test_options_are_honoured_or_refused_by_name(server: RunningServer) -> None:
 
         unknown = post(frobnicate=1)
         assert unknown.status_code == 400 and "frobnicate" in unknown.json()["error"]["message"]
-        for choice in ("required", {"type": "function", "function": {"name": "add"}}):
-            refused = post(tools=[ADD], tool_choice=choice)
-            assert 400 <= refused.status_code < 500 and "guided decoding" in refused.text, refused.text
-        assert post(response_format={"type": "json_object"}).status_code in (400, 422)
+        for fields in ({"tool_choice": "required"}, {"tools": [ADD], "tool_choice": {"type": "function",
+                                                                                      "function": {"name": "sub"}}}):
+            refused = post(**fields)  # a forced call needs its tool
+            assert refused.status_code == 400 and "tool_choice" in refused.json()["error"]["message"], refused.text
+        bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+        refused = post(response_format=bad_schema)  # checked (compiled) before anything is generated
+        assert refused.status_code == 400 and "response_format" in refused.json()["error"]["message"], refused.text
         assert post(user="u-1", metadata={"k": "v"}, store=False, max_tokens=2).status_code == 200
 
         long = post(ignore_eos=True, max_tokens=32, temperature=1.0, seed=3).json()

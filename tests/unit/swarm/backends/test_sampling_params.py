@@ -205,6 +205,10 @@ def test_vllm_body_carries_only_the_extensions_a_row_sets() -> None:
     biased = completion_body([1], SamplingParams(max_tokens=8, logit_bias=((3, -100.0), (11, 2.5))), stream=False,
                              eos_ids=[7], padding_ids=range(10, 12))
     assert biased["logit_bias"] == {"10": -100.0, "11": 2.5, "3": -100.0}  # the request's own bias wins over padding
+    grammar = 'start: %json {"type": "object"}'
+    constrained = completion_body([1], SamplingParams(max_tokens=8, grammar=grammar), stream=False, eos_ids=[7],
+                                  padding_ids=range(0))
+    assert constrained["structured_outputs"] == {"grammar": grammar}  # vLLM 0.32's field
 
 
 def test_chunked_training_logprobs_equal_the_full_ones(backend: TorchBackend, monkeypatch: pytest.MonkeyPatch) -> None:

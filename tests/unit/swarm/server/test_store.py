@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[4]
 
 
 def _trace(seed: int) -> EpisodeTrace:
-    """A real multi-turn trace built through the timeline code: a merged turn plus a drift fork."""
+    """A real multi-turn trace built through the timeline code: a merged turn (constrained: sampled under a
+    grammar) plus a drift fork."""
     trace = EpisodeTrace()
     sys_prompt = [1, 2, 3, seed % 300]
     first = [10 + seed % 50, 11, 12]
     trace.record(sys_prompt, [(first, [-0.1234567, -1.5, -2.0e-5])], version=seed % 7, temperature=1.0)
     trace.record(sys_prompt + first + [99, 98], [([40, 41], [-0.3, -0.7]), ([42], [-3.25])], version=seed % 7 + 1,
-                 temperature=1.0)
+                 temperature=1.0, constrained=True)
     trace.record([5, 6], [([70000, 2**31 - 1], [-12.5, -math.pi])], version=3, temperature=0.7)
     return trace
 
@@ -56,11 +57,13 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     back = loaded.trace()
     assert (back.merge, back.calls, back.drift_forks) == (original.merge, original.calls, original.drift_forks)
     assert original.drift_forks == 1 and len(original.timelines) == 3
+    assert [t.constrained for t in original.timelines] == [[(9, 11)], [(9, 10)], []]  # the second call's tokens
     for got, want in zip(back.timelines, original.timelines, strict=True):
         assert got.tokens == want.tokens
         assert got.loss_mask == want.loss_mask
         assert got.versions == want.versions
         assert (got.temperature, got.calls) == (want.temperature, want.calls)
+        assert got.constrained == want.constrained
         assert len(got.logprobs) == len(want.logprobs)
         for a, b in zip(got.logprobs, want.logprobs, strict=True):
             assert a == pytest.approx(b, rel=1e-6, abs=1e-7)  # float32
