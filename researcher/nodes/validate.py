@@ -3,7 +3,10 @@ data probe → smoke run on a real swarm server → reward checks (``researcher.
 
 The import check (``researcher.runs.sandbox.check_client``) runs before any of the code does: a client
 importing ``subprocess`` never reaches the probe or the smoke run; the static contract is read from
-the source too. Everything that executes study code (the probe, the smoke run) runs boxed. A failure
+the source too. Everything that executes study code (the probe, the smoke run) runs boxed, in the OS
+sandbox where the machine has one (``swarm run --box``); LLM-written code is refused where it has none,
+unless the study allows it (``allow_unboxed``). A denial the sandbox reports in the smoke run is a
+``sandbox_violation`` event and fails the attempt. A failure
 records its error, whose first line is the precise verdict and the rest the evidence (violations, the
 log tail), for the planner's repair round (``validation["error"]`` is what ``repair_client`` sees);
 LOG.md records which checks passed. After ``max_repairs`` failed rounds the study fails with the last error.
@@ -16,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from researcher.context import StudyContext
-from researcher.runs import preflight
+from researcher.runs import logs, preflight, sandbox
 from researcher.runs.preflight import Failure
 from researcher.study import files as studyfiles
 from researcher.study.state import StudyState, Validation, study_options
@@ -30,6 +33,11 @@ def run(state: StudyState, ctx: StudyContext) -> StudyState:
     plan = studyfiles.read_plan(ctx.layout).iteration(state["iteration"])
     first = plan.experiments[0].name
     folder = ctx.layout.experiment_dir(first)
+    refusal = sandbox.unboxed_refusal(llm_written=ctx.planner.name != "offline",
+                                      allow_unboxed=study_options(state).allow_unboxed)
+    if refusal is not None:  # no repair round can help: the machine, not the code, is the problem
+        studyfiles.log(ctx.layout, f"Refused to run the client: {refusal}")
+        return {"phase": "failed", "error": refusal}
     validation = Validation(**(state.get("validation") or {"attempts": 0, "ok": False, "error": None}))
     attempt = validation.get("attempts", 0) + 1
     passed: list[str] = []
@@ -90,6 +98,11 @@ def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, att
     smoke_error = ctx.launcher.smoke(client, config, work_dir, episodes=episodes, group_size=group,
                                      timeout_s=options.smoke_timeout_s, server_url=server,
                                      rewards_out=rewards_file)
+    escapes = logs.VIOLATION.findall(logs.tail(work_dir / logs.CLIENT_LOG, 4000))
+    for what in escapes:
+        ctx.say("sandbox_violation", key="smoke", iteration=state["iteration"], attempt=attempt, what=what)
+    if escapes:
+        return Failure("sandbox", f"the client tried to leave its sandbox: {escapes[0]}", "\n".join(escapes[1:]))
     records = preflight.read_rewards(rewards_file)
     # Rewards outside the range explain an abort (a NaN is refused) better than the abort count does.
     failure = preflight.check_rewards(records, reward_range)

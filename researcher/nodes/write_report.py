@@ -18,6 +18,7 @@ from researcher.study import events
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.state import Phase, StudyState, study_framing, study_options, summaries
+from swarm import box
 
 
 def run(state: StudyState, ctx: StudyContext) -> StudyState:
@@ -147,7 +148,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     out += looks_section(history, plan.design)
     for summary in history:
         out += _iteration_section(summary, plan.iteration(summary.iteration))
-    out += ["## Discussion", "", caveats, "", *takeover_section(ctx.layout), "## Runs", "",
+    out += ["## Discussion", "", caveats, "", *takeover_section(ctx.layout), *unboxed_section(ctx, state), "## Runs", "",
             "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
     for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
         out.append(f"| {r.key} | {r.experiment} | {r.seed} | {r.status} | {r.last_step}/{r.target_step - r.base_step} "
@@ -163,6 +164,16 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
             "", f"Everything is in MLflow experiment `{state['study_id']}` (`researcher ui`); the dated log is "
                 "LOG.md and the plan (hypotheses written before the runs) is plan.json.", ""]
     return "\n".join(out)
+
+
+def unboxed_section(ctx: StudyContext, state: StudyState) -> list[str]:
+    """A study allowed to run LLM-written code without the OS sandbox (``--allow-unboxed``) on a machine
+    that could not build it says so; nothing otherwise."""
+    missing = box.missing()
+    if missing is None or ctx.planner.name == "offline" or not study_options(state).allow_unboxed:
+        return []
+    return ["## Containment", "", f"LLM-written study code ran **unboxed** (`--allow-unboxed`): {missing}. It had "
+            "only the static import check, a clean environment and resource limits.", ""]
 
 
 def takeover_section(layout: StudyLayout) -> list[str]:

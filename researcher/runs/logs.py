@@ -17,6 +17,7 @@ LOG_KEEP = 2  # rotated copies kept: <log>.1 (newest) .. <log>.<keep> (Researche
 SERVER_LOG = "server.log"
 CLIENT_LOG = "client.log"
 SUMMARY = re.compile(r"finished=(\d+) aborted=(\d+)")
+VIOLATION = re.compile(r"^sandbox violation: (.+)$", re.MULTILINE)  # `swarm run --box`'s report of a denial
 ABORTED = re.compile(r"(episode \S+ of task \S+ aborted: .*)")  # the runner's log line of an aborted episode
 
 

@@ -88,7 +88,8 @@ class RunProcesses:
 
     def client_argv(self, record: RunRecord) -> list[str]:
         """The run's `swarm run` command wherever it is placed."""
-        return [*self.swarm_command, "run", record.client, "--server", record.url, "--episodes", str(record.episodes),
+        return [*self.swarm_command, "run", record.client, *sandbox.box_flags(), "--server", record.url,
+                "--episodes", str(record.episodes),
                 "--group-size", str(record.group_size), "--seed", str(record.seed),
                 "--concurrency", str(record.concurrency), "--retry-for", "30",
                 *(["--eval-every", str(record.eval_every)] if record.eval_every else [])]

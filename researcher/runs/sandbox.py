@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from researcher.runs import detached
+from swarm import box
 
 # ---------------------------------------------------------------------------- static check
 
@@ -104,6 +105,27 @@ def _violations(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
             found.append((node.lineno, f"the attribute `.{node.attr}` is not allowed in study code"))
     return sorted(found)
+
+
+# ---------------------------------------------------------------------------- the OS sandbox
+
+
+def box_flags() -> list[str]:
+    """``swarm run``'s flag that runs study code in the OS sandbox (``swarm.box``: namespaces, seccomp, only
+    its server's port) where this machine can build it; none where it cannot (the researcher then refuses
+    LLM-written code unless the study allows it unboxed: ``unboxed_refusal``)."""
+    return [] if box.missing() else ["--box"]
+
+
+def unboxed_refusal(llm_written: bool, allow_unboxed: bool) -> str | None:
+    """Why study code may not run here (None: it may): LLM-written code needs the OS sandbox, unless
+    ``allow_unboxed`` (``researcher start --allow-unboxed``), which the report then states."""
+    missing = box.missing()
+    if missing is None or not llm_written or allow_unboxed:
+        return None
+    return (f"the OS sandbox for LLM-written study code cannot be built on this machine: {missing}. "
+            "Fix that, or pass --allow-unboxed to run the code with only the static check, a clean "
+            "environment and resource limits (the report will say so).")
 
 
 # ---------------------------------------------------------------------------- environment

@@ -23,6 +23,8 @@ Event kinds (fields besides id, ts, kind):
   error, summary (the start of the answer) — the planner's decisions and their reasons. ``takeover``:
   step, by (offline), reason — the offline planner answered a step the LLM planner failed (the report lists them).
 - ``client`` (iteration, repaired: a repair round when true), ``validated`` (attempt, ok, error).
+  ``sandbox_violation`` (key, iteration, attempt, what): a denial the OS sandbox reported for study code
+  (``swarm run --box``'s ``sandbox violation:`` lines in the smoke run).
 - ``launched``: key, experiment, seed, url. ``progress``: key, experiment, seed, step, target, reward
   (the study's metric, when that step logged it) and train_reward. ``client_restart``: key, step.
   ``ended``: key, status, step, reason. ``unparked``: key, step.

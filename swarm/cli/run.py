@@ -48,6 +48,10 @@ class RunFlags:
     warmup_lr: float
     prompt_key: str
     answer_key: str | None
+    box: bool
+    box_read: list[Path]
+    box_dir: Path | None
+    box_disk_mb: int
 
 
 @app.command()
@@ -105,12 +109,29 @@ def run(
         help="the column holding the answer (its ground truth: the text after '####' when present, stripped, "
              "commas removed; the whole, the warm-up's reference); default: reward_model.ground_truth, else answer",
         show_default=False, rich_help_panel="Data")] = None,
+    box: Annotated[bool, typer.Option(
+        "--box", help="run the client in an OS sandbox (bubblewrap namespaces + seccomp): read-only system, "
+                      "interpreter and study folder, a private writable run folder, only the server's port, no "
+                      "programs or processes; fails if this machine cannot build it", rich_help_panel="Box")] = False,
+    box_read: Annotated[list[Path], typer.Option(
+        help="another path the boxed client may read (a model, a data file); repeatable",
+        rich_help_panel="Box")] = [],  # noqa: B006 -- typer reads the default, nothing mutates it
+    box_dir: Annotated[Path | None, typer.Option(
+        help="the boxed client's run folder, its only writable place (default: the current directory); "
+             "what it writes there stays in the box, but --rewards-out", show_default=False,
+        rich_help_panel="Box")] = None,
+    box_disk_mb: Annotated[int, typer.Option(
+        min=1, help="size of the boxed client's run folder (a tmpfs): writes past it fail", rich_help_panel="Box")] = 64,
 ) -> None:
     """Run a study client (tasks + workflow + reward) against a server until tasks or --episodes run out.
 
     Claims use the client token: ``$SWARM_CLIENT_TOKEN``, else ``--token``, else
     ``<state-dir>/client_token``, else the control token."""
     flags = RunFlags(**locals())  # every option above, by name (nothing else is defined yet)
+    if flags.box:  # before the study is imported: its code runs only inside the box
+        from swarm.cli._box import run_boxed
+
+        raise typer.Exit(run_boxed(flags))
     module = _study(flags)
     client_token = os.environ.get("SWARM_CLIENT_TOKEN") or token
     stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path (swarm.client.run_study_cli's too)
