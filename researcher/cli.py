@@ -128,14 +128,27 @@ def start(
     baseline: Annotated[str | None, typer.Option(help=(
         "config keys every arm starts from, as JSON (a campaign's settled findings)"),
         rich_help_panel="Campaigns")] = None,
+    design: Annotated[str | None, typer.Option(help=(
+        "the arms to run instead of planning them, as JSON: {task, shape, arms: [{name, overrides}], factors} "
+        "(a discovery campaign's stage)"), rich_help_panel="Campaigns")] = None,
+    alpha: Annotated[float | None, typer.Option(min=0.0001, max=0.4999, help=(
+        "the study's two-sided false-positive rate over all its looks (default 0.05)"),
+        rich_help_panel="Campaigns")] = None,
+    allow_unboxed: Annotated[bool, typer.Option("--allow-unboxed", help=(
+        "run LLM-written study code even where the OS sandbox (bubblewrap) cannot be built; the report says so"))] = False,
     studies_dir: StudiesDir = Path("studies"),
     artifacts_dir: ArtifactsDir = Path("artifacts"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Start a study: frame the topic, plan, run and analyse experiments, and write the report."""
     from researcher import session
+    from researcher.runs.sandbox import unboxed_refusal
 
     _setup_logging(verbose)
+    refusal = unboxed_refusal(llm_written=build_settings(studies_dir, artifacts_dir).llm is not None,
+                              allow_unboxed=allow_unboxed)
+    if refusal:
+        _fail(refusal, 2)
     stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
     request = StartRequest(
         topic=topic, studies_dir=studies_dir, artifacts_dir=artifacts_dir, budget=budget, until=until,
@@ -145,7 +158,8 @@ def start(
                  "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost, "model": model,
                  "gpus_per_run": gpus_per_run, "run_resources": run_resources,
                  "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
-                 "park_after_look": park_after_look or None, "baseline": baseline},
+                 "park_after_look": park_after_look or None, "baseline": baseline, "design": design,
+                 "alpha": alpha, "allow_unboxed": allow_unboxed or None},
         data=None if data is None else DataFlags(source=data, reward=reward, heldout=heldout, prompt_key=prompt_key,
                                                  answer_key=answer_key, warmup_steps=warmup_steps, config=data_config))
     try:
@@ -361,19 +375,23 @@ def ui(study_id: Annotated[str | None, typer.Argument(help="link straight to thi
 
     The link opens MLflow's model-training view: without it MLflow 3.17 opens every experiment on its
     GenAI traces overview, where a study's runs and curves are not. A study's link opens its runs
-    grouped by arm with the verdict's metric charted first (``researcher.tracking.review_view``)."""
+    grouped by arm with the verdict's metric charted first (``researcher.tracking.review_view``); without
+    a study, the newest studies' links follow the list's."""
     settings = build_settings(Path("studies"), artifacts_dir)
     uri = settings.mlflow_uri()
-    page = review_view.experiment_page(None, with_view=False)
-    if study_id is not None:
-        from mlflow import MlflowClient
+    from mlflow import MlflowClient
 
-        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(study_id)
+    client, root = MlflowClient(tracking_uri=uri), f"http://127.0.0.1:{port}"
+    page, studies = review_view.experiment_page(None, with_view=False), list[str]()
+    if study_id is not None:
+        found = client.get_experiment_by_name(study_id)
         if found is None:
             _fail(f"no MLflow experiment for study {study_id!r} in {uri}", 2)
         page = review_view.experiment_page(found.experiment_id, with_view=review_view.VIEW_TAG in found.tags)
-    # One line however narrow the terminal (it wraps it, rich does not cut it): the link stays whole to copy.
-    out.print(f"MLflow UI on http://127.0.0.1:{port}/#{page} (store {uri})", soft_wrap=True)
+    else:  # a click in the list opens the browser's last view (GenAI at first): each study's own link too
+        studies = review_view.study_links(root, client.search_experiments(order_by=["creation_time DESC"]))
+    # One line a link however narrow the terminal (it wraps it, rich does not cut it): each stays whole to copy.
+    out.print("\n".join([f"MLflow UI on {root}/#{page} (store {uri})", *studies]), soft_wrap=True, highlight=False)
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1"]
     if uri.startswith("sqlite:"):

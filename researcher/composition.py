@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from researcher.context import StudyContext
 from researcher.planner import catalog
 from researcher.planner.deadline import LLMDeadline
+from researcher.planner.designed import Design, DesignedPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import Planner
@@ -83,6 +84,8 @@ def build_context(settings: ResearcherSettings, study_id: str, options: StudyOpt
         planner = _llm_planner(settings.llm, settings.prompts_root, layout, deadline, offline,
                                _takeover_recorder(layout, emit))
     options = options or StudyOptions()
+    if options.design is not None:  # a campaign's stage: its arms are given, the rest is the planner's
+        planner = DesignedPlanner(Design.model_validate(options.design), planner)
     threads = max(1, (os.cpu_count() or 2) // options.parallel_runs)
     launcher = _launcher(settings, options, threads)
     tracker = Tracker(settings.mlflow_uri(), settings.mlflow_artifact_root(), layout.artifacts_dir / "mlflow_spool")

@@ -20,6 +20,7 @@ from typing import Any
 from researcher.composition import Emit, build_context, build_settings, default_dir
 from researcher.context import StudyContext
 from researcher.planner import catalog
+from researcher.planner.designed import Design
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import Framing, TopicNotMappable
 from researcher.runs import resources
@@ -88,6 +89,9 @@ def prepare_start(request: StartRequest, printer: Emit | None = None) -> Prepare
         options = _options(request.options, request.servers)
         if options.baseline:
             studyfiles.check_overrides(options.baseline)  # unknown config keys: refused, nothing written
+        if options.design is not None:
+            for arm in Design.model_validate(options.design).arms:
+                studyfiles.check_overrides(arm.overrides)
         sid = flags.study_id(request.study_id, request.topic, dt.datetime.now())
         window_s = parse_duration(request.window) if request.window else None
         if request.data is not None:
@@ -142,7 +146,8 @@ def _options(given: dict[str, Any], servers: list[str] | None) -> StudyOptions:
     """The study's options from its flags: a Hub model pinned, the resources and baseline read as JSON."""
     return flags.study_options({**given, "model": flags.run_model(given.get("model")),
                                 "run_resources": resources.parse_run_resources(given.get("run_resources")) or None,
-                                "baseline": flags.json_object(given.get("baseline"), "--baseline")}, servers)
+                                "baseline": flags.json_object(given.get("baseline"), "--baseline"),
+                                "design": flags.json_object(given.get("design"), "--design")}, servers)
 
 
 def _data_task(data: DataFlags, options: StudyOptions, settings: ResearcherSettings,

@@ -78,6 +78,11 @@ class StudyOptions(BaseModel):
     baseline: dict[str, JsonValue] | None = Field(None, description="config keys every arm starts from (a "
                                                   "campaign's settled findings on the task); an arm's own "
                                                   "overrides win")
+    design: dict[str, JsonValue] | None = Field(None, description="the arms the study runs, given instead of "
+                                                "planned (``researcher.planner.designed.Design``: a discovery "
+                                                "campaign's stage)")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="the study's two-sided false-positive rate over all its "
+                         "looks (a discovery campaign gives each confirmation its share of one error budget)")
     # The user's data task (`researcher start --data`): studied instead of the example tasks.
     data: str | None = Field(None, description="absolute path of the training data file (jsonl or parquet)")
     data_sha256: str | None = Field(None, description="sha256 of the data file's content when the study started")
@@ -91,6 +96,9 @@ class StudyOptions(BaseModel):
     prompt_key: str = Field("prompt", description="the data's prompt column (`swarm run --prompt-key`)")
     answer_key: str | None = Field(None, description="the data's answer column (`swarm run --answer-key`); None: "
                                    "reward_model.ground_truth, else answer")
+    allow_unboxed: bool = Field(False, description="run LLM-written study code even where the OS sandbox (`swarm "
+                                "run --box`) cannot be built: only the static check, a clean environment and "
+                                "limits then (`researcher start --allow-unboxed`; the report says so)")
 
 
 class ResearcherSettings(BaseModel):

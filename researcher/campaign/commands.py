@@ -1,9 +1,9 @@
 """``researcher campaign start|resume|status|scorecard``: many hypotheses over days, one ledger.
 
-``start FILE.toml --budget 72h [--window 22:00-07:00]`` writes the campaign and runs it. With a window
-it also schedules itself daily at the window's start (``researcher daemon`` runs it), and runs now only
-inside the window. ``resume ID [--window 8h]`` continues it; ``status`` shows the ledger's table;
-``scorecard ID`` prints a line per claim and the ``RESULT`` line.
+``start FILE.toml --budget 72h [--window 22:00-07:00]`` (or ``start --goal "…" --budget 8h``) writes
+the campaign and runs it. With a window it also schedules itself daily at the window's start (``researcher
+daemon`` runs it), and runs now only inside the window. ``resume ID [--window 8h]`` continues it;
+``status`` shows the ledger's table; ``scorecard ID`` prints a line per claim and the ``RESULT`` line.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Annotated, NoReturn
 import typer
 
 from researcher.campaign import ledger, record, runner, spec
+from researcher.campaign.discovery import describe
 from researcher.operations import scheduler, terminal
 from researcher.study.flags import parse_duration
-from researcher.study.layout import check_study_id
+from researcher.study.layout import check_study_id, slugify
 from researcher.study.store import StudyBusy
 
 app = typer.Typer(help="Campaigns: many hypotheses over days, with a ledger and a replication scorecard.",
@@ -74,24 +75,44 @@ def _run(name: str, studies_dir: Path, artifacts_dir: Path, window_s: float | No
     out.print(f"ledger: {record.folder(studies_dir.resolve(), name) / record.LEDGER_FILE}", highlight=False)
 
 
+def goal_file(goal: str, name: str | None, now: dt.datetime) -> str:
+    """The campaign file a ``--goal`` stands for (kept in the campaign folder as if it had been given)."""
+    chosen = check_study_id(name or f"{slugify(goal, 32)}-{now:%m%d-%H%M%S}")
+    return f"[campaign]\nname = {json.dumps(chosen)}\ngoal = {json.dumps(goal)}\n"
+
+
 @app.command()
-def start(file: Annotated[Path, typer.Argument(help="the campaign file (TOML)")],
-          budget: Annotated[str, typer.Option(help="running time the campaign may spend, e.g. 30m, 72h")],
+def start(file: Annotated[Path | None, typer.Argument(help="the campaign file (TOML); or give --goal")] = None,
+          budget: Annotated[str, typer.Option(help="running time the campaign may spend, e.g. 30m, 72h")] = "",
+          goal: Annotated[str | None, typer.Option(help=(
+              "pursue this goal on its own, round after round: a task and an objective, e.g. \"Make the letters "
+              "task learn faster per episode consumed\""))] = None,
+          name: Annotated[str | None, typer.Option(help="with --goal: the campaign's name (default: from the goal)")] = None,
           window: Annotated[str | None, typer.Option(help="run only between these local times daily, e.g. "
                                                           "22:00-07:00 (`researcher daemon` resumes it)")] = None,
           studies_dir: StudiesDir = Path("studies"), artifacts_dir: ArtifactsDir = Path("artifacts"),
           verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    """Start a campaign: check every claim, write its folder and ledger, and run it."""
+    """Start a campaign: check every claim (or read the goal), write its folder and ledger, and run it."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    if not budget:
+        _fail("--budget is required, e.g. --budget 8h")
+    if (file is None) == (goal is None):
+        _fail("give a campaign file or --goal \"…\", not both" if file else "give a campaign file or --goal \"…\"")
     try:
-        parsed, text = spec.load(file)
+        if goal is not None:
+            text = goal_file(goal, name, dt.datetime.now())
+            parsed = spec.parse(text, "--goal")
+        else:
+            assert file is not None
+            parsed, text = spec.load(file)
         budget_s = parse_duration(budget)
         daily = parse_window(window) if window else None
         rec = runner.create(parsed, text, budget_s, daily, studies_dir.resolve(), artifacts_dir.resolve())
     except ValueError as exc:
         _fail(str(exc))
     name = rec.name
-    out.print(f"campaign [bold]{name}[/bold]: {len(rec.claims)} claims, budget {budget} of running time · "
+    what = f"goal: {rec.goal.describe()}" if rec.goal else f"{len(rec.claims)} claims"
+    out.print(f"campaign [bold]{name}[/bold]: {what}, budget {budget} of running time · "
               f"ledger {record.folder(studies_dir.resolve(), name) / record.LEDGER_FILE}", highlight=False)
     window_s = None
     if daily is not None:
@@ -144,8 +165,11 @@ def status(campaign_id: Annotated[str | None, typer.Argument()] = None,
             print(ledger.render(spec_, rec).split("\n## ", 1)[0].rstrip())
         else:
             state = f"ended: {rec.ended}" if rec.ended else "running" if rec.session else "parked"
+            d = rec.discovery
+            search = (f" · round {d.round} ({d.step}), incumbent {describe(d.incumbent, d.defaults)}"
+                      if d is not None and not d.converged else "")
             print(f"{rec.name}: {len(rec.claims)} claims, {rec.spent_s / 3600:.2f} of {rec.budget_s / 3600:.2f} h "
-                  f"spent, {state}")
+                  f"spent, {state}{search}")
 
 
 @app.command()

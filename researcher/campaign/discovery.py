@@ -39,15 +39,18 @@ from researcher.planner.schema import Factor
 
 StageKind = Literal["screen", "confirm", "refine", "combine", "verify"]
 Config = dict[str, Any]
-SEED_STRIDE = 1000  # each stage's seeds start at its own multiple of this: no two stages share one
+SEED_STRIDE = 10_000  # stage k's studies add this x (k + 1) to their seeds (a study spans 1000 an iteration, at most 9)
 MIN_LEVELS = 3  # a dose-response's levels at least
 
 
 class Knob(BaseModel):
-    """A knob the search may move: its config key and its ordered ladder of values."""
+    """A knob the search may move: its config key and its ordered ladder of values. ``down_only``: a level
+    above the current one costs more runs (group and batch size: episodes a step, and arms are matched on
+    episodes), so the screen tries the level below beside the current one."""
 
     key: str
     ladder: list[Any]
+    down_only: bool = False
 
 
 class Change(BaseModel):
@@ -79,11 +82,14 @@ class Effect(BaseModel):
 
 
 class Comparison(BaseModel):
-    """A comparison's outcome: treatment minus control, its confidence bounds at the stage's level."""
+    """A comparison's outcome: treatment minus control, its confidence bounds at the stage's level, and the
+    two arms' objective (their mean AUC) where the study measured them."""
 
     diff: float
     low: float
     high: float
+    control: float | None = None
+    treatment: float | None = None
 
 
 class Test(BaseModel):
@@ -97,6 +103,8 @@ class Test(BaseModel):
     low: float
     high: float
     held: bool
+    control: float | None = None
+    treatment: float | None = None
 
 
 class Discovery(BaseModel):
@@ -174,7 +182,8 @@ class Discovery(BaseModel):
         self.budget.record(stage.alpha, held)
         changes = [Change(knob=k, value=v) for k, v in stage.arms[1].items() if stage.arms[0].get(k) != v]
         test = Test(round=self.round, kind=stage.kind, changes=changes, alpha=stage.alpha, diff=outcome.diff,
-                    low=outcome.low, high=outcome.high, held=held)
+                    low=outcome.low, high=outcome.high, held=held, control=outcome.control,
+                    treatment=outcome.treatment)
         self.tests.append(test)
         self.stages_run += 1
         if stage.kind == "verify":
@@ -207,9 +216,10 @@ class Discovery(BaseModel):
         """The ledger's line: the verified gain over the defaults on seeds never used to select it."""
         v = self.verified
         if self.incumbent == self.defaults:
-            why = self.converged or "the search is still running"
-            return f"Nothing beat the baseline: {why}."
-        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(self.incumbent.items()) if self.defaults.get(k) != v)
+            if not self.converged:
+                return f"Searching (round {self.round}, {self.step}): nothing has beaten the baseline yet."
+            return f"Nothing beat the baseline: {self.converged}."
+        shown = describe(self.incumbent, self.defaults).strip("{}")
         if v is None:
             return f"Best configuration so far: {{{shown}}}: not yet verified against the baseline on fresh seeds."
         word = "confirmed gain" if v.held else "gain not confirmed"
@@ -252,6 +262,12 @@ class Discovery(BaseModel):
         return next(k for k in self.knobs if k.key == key)
 
 
+def describe(config: Config, defaults: Config) -> str:
+    """A configuration as what it changes from the defaults: ``{lr=0.003, policy_loss='gspo'}``."""
+    changed = ", ".join(f"{k}={v!r}" for k, v in sorted(config.items()) if defaults.get(k) != v)
+    return "{" + (changed or "the defaults") + "}"
+
+
 def screen_arms(factors: Sequence[tuple[str, list[Any]]]) -> list[Config]:
     """A screen's arms (overrides): the planner's two-level factorial (a resolution III fraction of 8 arms
     past three knobs), or both levels of a single knob."""
@@ -263,11 +279,14 @@ def screen_arms(factors: Sequence[tuple[str, list[Any]]]) -> list[Config]:
 
 def screen_pair(knob: Knob, current: Any) -> list[Any]:
     """Two levels around ``current`` on the knob's ladder: its neighbours on both sides, or ``current`` and
-    its one neighbour at an end of the ladder (``current`` off the ladder: the ladder's first two)."""
+    its one neighbour at an end of the ladder (``current`` off the ladder: the ladder's first two); a
+    ``down_only`` knob: the level below and ``current``."""
     ladder = knob.ladder
     if current not in ladder:
         return list(ladder[:2])
     i = ladder.index(current)
+    if knob.down_only and i > 0:
+        return [ladder[i - 1], current]
     if 0 < i < len(ladder) - 1:
         return [ladder[i - 1], ladder[i + 1]]
     return [ladder[0], ladder[1]] if i == 0 else [ladder[-2], ladder[-1]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from researcher.campaign.discovery import describe
 from researcher.campaign.record import CampaignRecord, ClaimRecord
 from researcher.campaign.spec import CampaignSpec, Claim
 from researcher.findings.verdicts import Verdict
@@ -62,7 +63,7 @@ def scorecard(spec: CampaignSpec, record: CampaignRecord) -> list[str]:
         lines.append(f"c{s.record.index + 1} expect {s.claim.expect!r}: {s.shown_verdict} · {_agree_word(s)} · "
                      f"{s.seeds} seeds an arm · {s.record.cpu_hours:.2f} CPU-h · {s.record.study_id} · "
                      f"{s.claim.topic}" + (f" ({s.claim.source})" if s.claim.source else ""))
-    rows = [s for s in rows if s.claim.expect != "screen"]  # a screen selects; its confirmations are the claims
+    rows = [s for s in rows if s.claim.expect not in ("screen", "stage")]  # selections and a goal's own stages
     decisive = [s for s in rows if s.decisive]
     lines.append(f"RESULT claims={len(rows)} decisive={len(decisive)} agree={sum(s.agrees is True for s in decisive)} "
                  f"disagree={sum(s.agrees is False for s in decisive)} "
@@ -81,6 +82,24 @@ def _interval(diff: float | None, hw: float | None) -> str:
     return f"{diff:+.3f} ± {hw:.3f}" if hw is not None and hw != float("inf") else f"{diff:+.3f} (no interval yet)"
 
 
+def search_lines(record: CampaignRecord) -> list[str]:
+    """A goal campaign's search: its goal, headline, incumbent and round, what each stage decided, and its
+    figures (nothing for a campaign of claims)."""
+    d, goal = record.discovery, record.goal
+    if d is None or goal is None:
+        return []
+    where = "converged" if d.converged else f"round {d.round}, {d.step}"
+    out = ["", f"Goal: {goal.text} (read as {goal.describe()}).", "", f"**{d.headline()}**", "",
+           f"Search: {where} · incumbent {describe(d.incumbent, d.defaults)} · {len(d.tests)} confirmation(s) "
+           f"tested, at most a {d.budget.alpha:.0%} chance of any false one (the online fallback procedure)."]
+    if d.converged:
+        out += ["", f"Why it stopped: {d.converged}."]
+    out += ["", *[f"- {line}" for line in record.notes]] if record.notes else []
+    out += ["", "![the incumbent's objective against CPU-hours](figures/progress.png)", "",
+            "![every confirmation's effect and interval, by round](figures/forest.png)"] if d.tests else []
+    return out
+
+
 def render(spec: CampaignSpec, record: CampaignRecord) -> str:
     started = dt.datetime.fromtimestamp(record.created).isoformat(timespec="minutes")
     state = f"ended: {record.ended}" if record.ended else ("running" if record.session else "parked")
@@ -89,6 +108,7 @@ def render(spec: CampaignSpec, record: CampaignRecord) -> str:
            f"{_duration(record.left_s)} left · " + (f"window {record.window} · " if record.window else "")
            + f"started {started} · {state}.", "",
            "Written by the campaign after every session; each claim is an ordinary study (`researcher status ID`).",
+           *search_lines(record),
            "", "| claim | expected | verdict | | seeds an arm | CPU-h | study |", "|---|---|---|---|---|---|---|"]
     rows = scores(spec, record)
     for s in rows:

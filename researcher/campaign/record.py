@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from researcher.campaign.discovery import Discovery, Stage
+from researcher.campaign.goal import Goal
 from researcher.operations import scheduler
 from researcher.study.files import write_atomic
 from researcher.study.layout import StudyLayout
@@ -54,6 +56,8 @@ class ClaimRecord(BaseModel):
     cpu_hours: float = 0.0         # its runs' wall time x their torch threads
     baseline: dict[str, Any] | None = None  # settled findings it started from
     baseline_from: list[str] = Field(default_factory=list)  # the study ids they came from
+    stage: Stage | None = None     # a goal campaign's: the discovery stage its study runs
+    recorded: bool = False         # the stage's outcome is in the campaign's search state
 
     @property
     def closed(self) -> bool:
@@ -81,6 +85,9 @@ class CampaignRecord(BaseModel):
     baseline_sources: dict[str, list[str]] = Field(default_factory=dict)  # task -> study ids behind them
     added: list[dict[str, Any]] = Field(default_factory=list)  # claims its screen added (spec.Claim fields)
     screened: bool = False         # the screen's confirmations were added (once)
+    goal: Goal | None = None       # a goal campaign: what it pursues, and its search state
+    discovery: Discovery | None = None
+    notes: list[str] = Field(default_factory=list)  # what the search decided between stages, in order
 
     @property
     def spent_s(self) -> float:
@@ -89,6 +96,10 @@ class CampaignRecord(BaseModel):
     @property
     def left_s(self) -> float:
         return max(self.budget_s - self.spent_s, 0.0)
+
+
+def claim_study_id(name: str, index: int) -> str:
+    return f"{name}-c{index + 1}"
 
 
 def folder(studies_root: Path, name: str) -> Path:

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from researcher.campaign import allocate, ledger, record, standing, tracking
-from researcher.campaign.record import CampaignRecord, ClaimRecord, Session
+from researcher.campaign import allocate, discover, figures, goal, ledger, record, standing, tracking
+from researcher.campaign.record import CampaignRecord, ClaimRecord, Session, claim_study_id
 from researcher.campaign.spec import CONFIRM_SEED_BASE, CampaignSpec, Claim, parse
 from researcher.composition import build_settings
 from researcher.planner import catalog
@@ -45,10 +45,6 @@ log = logging.getLogger(__name__)
 SESSION_GRACE_S = 600.0  # a session may overrun its window by this much (finishing a node) before it is ended
 MIN_SESSION_S = 30.0     # less running time than this left: the campaign ends rather than start a session
 Say = Callable[[str], None]
-
-
-def claim_study_id(name: str, index: int) -> str:
-    return f"{name}-c{index + 1}"
 
 
 def _task_of(claim: Claim, examples_root: Path, offline: OfflinePlanner | None) -> str | None:
@@ -74,6 +70,8 @@ def create(spec: CampaignSpec, text: str, budget_s: float, window: tuple[str, fl
                          "the campaign")
     settings = build_settings(studies_root, artifacts_root)
     spec = spec.expanded([])
+    found_goal = goal.read(spec.campaign.goal, sorted(catalog.examples(settings.examples_root))) \
+        if spec.campaign.goal else None
     offline = OfflinePlanner(sorted(catalog.examples(settings.examples_root))) if settings.llm is None else None
     tasks = [_task_of(claim, settings.examples_root, offline) for claim in spec.claim]
     for index in range(len(spec.claim)):
@@ -85,6 +83,9 @@ def create(spec: CampaignSpec, text: str, budget_s: float, window: tuple[str, fl
                          study_deadline=time.time() + budget_s / day_share + (86_400 if window else 0),
                          claims=[ClaimRecord(index=i, study_id=claim_study_id(name, i), task=tasks[i])
                                  for i in range(len(spec.claim))])
+    if found_goal is not None:
+        rec.goal = found_goal
+        rec.discovery = discover.start(found_goal, settings.examples_root, spec.campaign.min_effect or 0.02)
     folder = record.folder(studies_root, name)
     folder.mkdir(parents=True)
     write_atomic(folder / record.SPEC_FILE, text)
@@ -118,6 +119,10 @@ def _session_argv(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, w
             argv += [f"--{key.replace('_', '-')}", str(getattr(c, key))]
     if claim.baseline:
         argv += ["--baseline", json.dumps(claim.baseline)]
+    if c.design is not None:
+        argv += ["--design", json.dumps(c.design)]
+    if c.alpha is not None:
+        argv += ["--alpha", f"{c.alpha:.6g}"]
     return argv
 
 
@@ -155,6 +160,10 @@ def _refresh(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, studie
     look = standing.latest_look(layout, state)
     if look is not None and (not claim.looks or look.look > claim.looks[-1].look):
         claim.looks.append(look)
+    if claim.stage is not None:  # a goal's stage: what it found goes to the search, not to a verdict
+        if claim.closed:
+            discover.record_outcome(rec, claim, state)
+        return
     if claim.closed:
         answered = standing.answer_class(layout)
         claimed = standing.claim_verdict(state, answered) if answered is not None else None
@@ -183,7 +192,9 @@ def _add_confirmations(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimReco
 
 def _write(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, tracking_uri: str | None) -> None:
     record.save(studies_root, rec)
-    write_atomic(record.folder(studies_root, rec.name) / record.LEDGER_FILE, ledger.render(spec, rec))
+    folder = record.folder(studies_root, rec.name)
+    figures.write(rec, folder / "figures")
+    write_atomic(folder / record.LEDGER_FILE, ledger.render(spec, rec))
     if tracking_uri:
         tracking.log_campaign(tracking_uri, spec, rec)
 
@@ -222,10 +233,11 @@ def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | N
         _finish_pending(spec, rec, studies_root, artifacts_root, say)
         _write(spec, rec, studies_root, uri)
         while True:
+            discover.advance(spec, rec, studies_root, artifacts_root)  # a goal's next stage, sized to the budget
             shares = [c.share for c in spec.claim]  # a screen adds claims as it ends
             left = rec.left_s if window_end is None else min(rec.left_s, window_end - time.time())
             claim = allocate.next_claim(rec.claims, shares, rec.budget_s)
-            if claim is None:
+            if claim is None and not rec.ended:
                 rec.ended = "every claim is settled, at its last look, or out of its share"
             elif rec.left_s < MIN_SESSION_S:
                 rec.ended = f"the budget is spent ({rec.spent_s / 3600:.2f} h of running time)"

@@ -4,6 +4,7 @@
     name = "grpo-replications"
     steps_per_run = 20            # optional: any of STUDY_KEYS, for every claim's study
     question = "What makes the letters task learn faster?"   # optional: an open question (below)
+    # or instead of claims and a question: goal = "Make the letters task learn faster per episode consumed"
     [[claim]]
     topic = "Does a KL coefficient of 0.1 slow learning on letters compared with 0?"
     expect = "yes"                # or "no", "no meaningful difference"
@@ -14,6 +15,9 @@ An open ``question`` (with or without claims) is screened first: its first claim
 knobs (``researcher.planner.screen``), and each knob the screen flags becomes a claim of its own, run on
 seeds the screen never used (``CONFIRM_SEED_BASE``), so the selection's luck does not enter its verdict.
 
+A ``goal`` makes the campaign write its own claims, round after round (``researcher.campaign.discovery``);
+a goal campaign has no ``[[claim]]`` entries.
+
 A broken file is refused whole (``ValueError`` naming the claim and the key), before anything is written.
 """
 
@@ -21,14 +25,15 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from researcher.study.layout import check_study_id
 
-# "screen": the campaign's own claim for its open question (it expects no verdict; a file may not use it).
-Expectation = Literal["yes", "no", "no meaningful difference", "screen"]
+# "screen": the campaign's own claim for its open question; "stage": a stage of a goal's discovery loop
+# (``researcher.campaign.discovery``). Neither expects a verdict, and a file may use neither.
+Expectation = Literal["yes", "no", "no meaningful difference", "screen", "stage"]
 # Study options a campaign or one of its claims may set (``researcher start``'s flags of the same names).
 STUDY_KEYS = ("steps_per_run", "seeds", "max_runs", "max_iterations", "min_effect", "parallel_runs", "seed_base")
 CONFIRM_SEED_BASE = 100_000  # a confirmation's seeds: far from the screen's (seed_base 0: 1000 + k, 2000 + k, ...)
@@ -61,6 +66,8 @@ class Claim(StudyKnobs):
     prompt_key: str | None = None
     answer_key: str | None = None
     share: float | None = Field(None, gt=0, le=1, description="the most of the campaign's budget this claim may spend")
+    design: dict[str, Any] | None = Field(None, description="a discovery stage's arms (``researcher start --design``)")
+    alpha: float | None = Field(None, gt=0, lt=0.5, description="its study's two-sided false-positive rate")
 
     @field_validator("expect", mode="before")
     @classmethod
@@ -71,6 +78,8 @@ class Claim(StudyKnobs):
 class CampaignHeader(StudyKnobs):
     name: str
     question: str | None = Field(None, min_length=8, description="an open question, screened first")
+    goal: str | None = Field(None, min_length=8, description="a goal the campaign pursues on its own, round after "
+                             "round (``researcher.campaign.discovery``)")
 
     @field_validator("name")
     @classmethod
@@ -86,10 +95,12 @@ class CampaignSpec(BaseModel):
 
     @model_validator(mode="after")
     def _something_to_study(self) -> CampaignSpec:
-        if not self.claim and not self.campaign.question:
-            raise ValueError("a campaign needs [[claim]] entries, or an open `question` in [campaign]")
-        if any(c.expect == "screen" for c in self.claim):
-            raise ValueError("expect = \"screen\" is the campaign's own claim for its `question`; a claim expects "
+        if self.campaign.goal and (self.claim or self.campaign.question):
+            raise ValueError("a `goal` campaign writes its own claims: give no [[claim]] entries or `question` beside it")
+        if not self.claim and not self.campaign.question and not self.campaign.goal:
+            raise ValueError("a campaign needs [[claim]] entries, an open `question` or a `goal` in [campaign]")
+        if any(c.expect in ("screen", "stage") for c in self.claim):
+            raise ValueError("expect = \"screen\" or \"stage\" is the campaign's own; a claim expects "
                              "yes, no or no meaningful difference")
         return self
 

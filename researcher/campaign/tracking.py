@@ -9,9 +9,11 @@ and campaign.json are the record.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
+from typing import Any
 
 from researcher.campaign.ledger import scores
 from researcher.campaign.record import CampaignRecord
@@ -64,3 +66,31 @@ def _log(tracking_uri: str, spec: CampaignSpec, rec: CampaignRecord) -> None:
             client.set_tag(run_id, key, value)
         if cr.closed and (not run or run.info.status != "FINISHED"):
             client.set_terminated(run_id, "FINISHED")
+    if rec.discovery is not None:
+        _log_search(client, experiment, runs.get("search"), rec)
+
+
+def _log_search(client: Any, experiment: str, run: Any, rec: CampaignRecord) -> None:
+    """The goal campaign's parent run: the incumbent's objective after each round that measured it, and the
+    headline as a tag."""
+    from mlflow.entities import Metric
+
+    d = rec.discovery
+    assert d is not None
+    run_id = run.info.run_id if run else client.create_run(
+        experiment, run_name=f"search: {rec.goal.text[:80] if rec.goal else rec.name}", tags={"claim": "search"}).info.run_id
+    now = int(time.time() * 1000)
+    objective: dict[int, float] = {}
+    for t in d.tests:
+        kept = t.treatment if t.held and t.kind == "combine" else t.control  # only a combination moves it
+        if kept is not None:
+            objective[t.round] = kept
+    logged = int(run.data.tags.get("rounds_logged", "0")) if run else 0
+    done = max((r for r in objective if r < d.round or d.converged), default=0)  # a round's value is final once it ends
+    client.log_batch(run_id, metrics=[Metric("search/incumbent_objective", value, now, r)
+                                      for r, value in sorted(objective.items()) if logged < r <= done])
+    client.set_tag(run_id, "rounds_logged", str(max(done, logged)))
+    client.set_tag(run_id, "headline", d.headline()[:5000])
+    client.set_tag(run_id, "incumbent", json.dumps(d.incumbent, default=str)[:5000])
+    if rec.ended and (not run or run.info.status != "FINISHED"):
+        client.set_terminated(run_id, "FINISHED")

@@ -36,7 +36,8 @@ X_LABEL = {"step": "training step", "episode": "episodes consumed", "second": "w
            "token": "generated tokens"}
 
 
-def _pyplot() -> ModuleType:
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,7 +52,7 @@ def _column(plt: Any, n: int, height: float = PANEL_IN[1]) -> tuple[Any, list[An
     return fig, [row[0] for row in panels]
 
 
-def _save(plt: Any, fig: Any, path: Path, data: str) -> Path:
+def save(plt: Any, fig: Any, path: Path, data: str) -> Path:
     """The PNG at ``path`` and its data at ``path`` with ``.csv``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -93,12 +94,12 @@ def _curve_panel(ax: Any, shown: Sequence[curves.ArmCurves], study: Evidence, co
 
 def verdict_curves(study: Evidence, path: Path, title: str, arms: Sequence[Arm] | None = None) -> Path:
     """The arms (default the study's; they must carry their runs) on the verdict axis over the judged window."""
-    plt = _pyplot()
+    plt = pyplot()
     shown = curves.on_axis(study, study.axis, arms)
     fig, panels = _column(plt, 1, 4.0)
     _curve_panel(panels[0], shown, study, _colors(study.arms))
     panels[0].set_title(f"{title}\n{panels[0].get_title()}", fontsize=9)
-    return _save(plt, fig, path, curves.to_csv(curves.rows(shown)))
+    return save(plt, fig, path, curves.to_csv(curves.rows(shown)))
 
 
 def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
@@ -110,7 +111,7 @@ def reward_curves(summary: IterationSummary, path: Path, title: str) -> Path:
 def raw_curves(runs: Sequence[curves.SeedCurve], path: Path, metric: str, title: str) -> Path:
     """Runs before any analysis (no verdict, no window yet): each run's curve per training step, one colour
     per arm."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, panels = _column(plt, 1, 4.0)
     ax, colors = panels[0], dict[str, str]()
     for run in runs:
@@ -124,13 +125,13 @@ def raw_curves(runs: Sequence[curves.SeedCurve], path: Path, metric: str, title:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     data = [{"arm": r.arm, "axis": "step", "x": x, "y": y, "seed": r.seed} for r in runs for x, y in zip(r.xs, r.ys, strict=True)]
-    return _save(plt, fig, path, curves.to_csv(data))
+    return save(plt, fig, path, curves.to_csv(data))
 
 
 def axes_curves(study: Evidence, path: Path, title: str) -> Path:
     """Every arm's seeds (pooled over iterations) on each measured axis, the verdict's first, each over
     its own window."""
-    plt = _pyplot()
+    plt = pyplot()
     order = [study.axis, *(a for a in study.measured if a != study.axis)]
     fig, panels = _column(plt, len(order))
     colors, data = _colors(study.arms), []
@@ -139,13 +140,13 @@ def axes_curves(study: Evidence, path: Path, title: str) -> Path:
         _curve_panel(ax, shown, study, colors)
         data += curves.rows(shown)
     fig.suptitle(title, fontsize=10)
-    return _save(plt, fig, path, curves.to_csv(data))
+    return save(plt, fig, path, curves.to_csv(data))
 
 
 def dose_response(study: Evidence, path: Path, title: str) -> Path:
     """Knob value against the AUC mean ± 95% CI of each value, one panel per axis; the best value marked.
     Its CSV holds each seed's AUC (x the knob value)."""
-    plt = _pyplot()
+    plt = pyplot()
     measured = study.measured
     rows = [r for r in study.arms if r.scored]
     numeric = all(isinstance(r.value, (int, float)) for r in rows)
@@ -173,7 +174,7 @@ def dose_response(study: Evidence, path: Path, title: str) -> Path:
         ax.set_title(AXIS_TEXT[axis] + (" (verdict axis)" if axis == study.axis else ""), fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    return _save(plt, fig, path, curves.to_csv(data))
+    return save(plt, fig, path, curves.to_csv(data))
 
 
 LOOK_COLUMNS = (*curves.CSV_COLUMNS, "boundary", "fraction", "diff", "hw")
@@ -197,7 +198,7 @@ def looks(history: Sequence[IterationSummary], path: Path, title: str) -> Path |
     if not marked:
         return None
     points = [(int(c.look or 0), *look_z(c), c) for c in marked]
-    plt = _pyplot()
+    plt = pyplot()
     fig, panels = _column(plt, 1)
     ax = panels[0]
     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label="z of best − runner-up")
@@ -216,4 +217,4 @@ def looks(history: Sequence[IterationSummary], path: Path, title: str) -> Path |
     data = [{"arm": f"{c.better_label or c.better} − {c.worse_label or c.worse}", "axis": "look", "x": x,
              "y": round(z, 4), "seed": "", "boundary": edge, "fraction": c.fraction, "diff": c.diff, "hw": c.hw}
             for x, z, edge, c in points]
-    return _save(plt, fig, path, curves.to_csv(data, LOOK_COLUMNS))
+    return save(plt, fig, path, curves.to_csv(data, LOOK_COLUMNS))

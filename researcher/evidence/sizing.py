@@ -54,10 +54,13 @@ def room_now(state: StudyState, now: float, arms: int = 2) -> Room:
                 budget.runs_left(state), arms)
 
 
-def register(looks: int, pilot_seeds: int) -> SequentialDesign:
-    """The decision rule written before the pilot runs. A single look is one exact t test: it spends the
-    whole target; several looks spend a little less (``SequentialDesign.alpha``)."""
-    design = SequentialDesign(spending=SPENDING, looks=looks, pilot_seeds=pilot_seeds)
+def register(looks: int, pilot_seeds: int, target: float = 0.05) -> SequentialDesign:
+    """The decision rule written before the pilot runs, for a false-positive rate of at most ``target``. A
+    single look is one exact t test: it spends the whole target; several looks spend a little less (the
+    same 0.9 of it as ``SequentialDesign.alpha`` spends of 0.05)."""
+    default = SequentialDesign()
+    design = SequentialDesign(spending=SPENDING, looks=looks, pilot_seeds=pilot_seeds, target=target,
+                              alpha=target * default.alpha / default.target)
     return design.model_copy(update={"alpha": design.target}) if looks == 1 else design
 
 

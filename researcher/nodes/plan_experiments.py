@@ -180,7 +180,7 @@ def _this_look(state: StudyState, ctx: StudyContext, history: list[IterationSumm
     plan_file = studyfiles.read_plan(ctx.layout)
     design = plan_file.design
     if not history:
-        design = sizing.register(state["budget"]["max_iterations"], options.seeds)
+        design = sizing.register(state["budget"]["max_iterations"], options.seeds, options.alpha)
         return design, sizing.pilot_look(design), options.seeds
     previous = plan_file.iteration(state.get("iteration", 0)).look
     if design is None or previous is None:  # a study registered before sequential looks: fixed seeds

@@ -42,9 +42,11 @@ def test_a_broken_campaign_file_is_refused_with_where_and_why() -> None:
                       'steps_per_run = 5\n')
     assert good.claim[0].expect == "yes" and good.knobs(0) == {"steps_per_run": 5, "seeds": 2}
     for text, words in (
-        ('[campaign]\nname = "c"\n', "a campaign needs [[claim]] entries, or an open `question`"),
+        ('[campaign]\nname = "c"\n', "a campaign needs [[claim]] entries, an open `question` or a `goal`"),
         ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "screen"\n',
-         "is the campaign's own claim for its `question`"),
+         "is the campaign's own; a claim expects"),
+        ('[campaign]\nname = "c"\ngoal = "Make letters learn faster"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\n'
+         'expect = "no"\n', "a `goal` campaign writes its own claims"),
         ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "maybe"\n', "claim.0.expect"),
         ('[campaign]\nname = "c"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "no"\nlr = 1\n',
          "claim.0.lr: Extra inputs are not permitted"),
@@ -110,6 +112,12 @@ def test_a_campaign_with_a_claim_the_planner_cannot_map_writes_nothing(cli, tmp_
     broken.write_text('[campaign]\nname = "x"\n[[claim]]\ntopic = "Does lr 3e-3 beat 3e-5?"\nexpect = "maybe"\n')
     done = cli.run("campaign", "start", str(broken), "--budget", "5m", *cli.dirs, timeout=120)
     assert done.returncode == 2 and "claim.0.expect" in done.stdout and not (cli.studies / "x").exists()
+    # A goal the planner cannot map exits 2, saying what it understood.
+    done = cli.run("campaign", "start", "--goal", "Make it learn faster per training step", "--budget", "5m",
+                   "--name", "nogoal", *cli.dirs, timeout=120)
+    assert done.returncode == 2 and "names no task (understood: task (none named), objective its held-out reward " \
+        "AUC per training step)" in " ".join(done.stdout.split()), done.stdout
+    assert not (cli.studies / "nogoal").exists()
 
 
 def _run_killed_and_resumed(cli, tmp_path: Path, name: str, claims: tuple[tuple[str, ...], ...], budget: str,

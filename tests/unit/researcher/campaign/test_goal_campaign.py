@@ -1,0 +1,89 @@
+"""A goal campaign's parts that need no run: the goal read into a task and an objective (or refused with
+what was understood), the stages as study designs whose topics read as what they test, the first search
+state from a task's own settings, and a stage the budget cannot fit ending the search before it runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from researcher.campaign import discover, goal, ledger, spec
+from researcher.campaign.discovery import Discovery, Knob, Stage
+from researcher.campaign.record import CampaignRecord
+from researcher.planner import topic
+from researcher.planner.designed import Design, DesignedPlanner, topic_for
+from researcher.planner.offline import OfflinePlanner
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "studies" / "examples"
+TASKS = ["calculator", "digits", "letters", "tools"]
+
+
+def test_a_goal_is_read_into_a_task_and_an_objective_or_refused_with_what_was_understood() -> None:
+    default = goal.read("Make the letters task learn faster", TASKS)
+    assert (default.task, default.objective) == ("letters", "episode")
+    assert default.describe() == "the letters task, its held-out reward AUC per episode consumed"
+    assert goal.read("Faster digits learning per training step", TASKS).objective == "step"
+    for text, words in (("Make it learn faster", "names no task (understood: task (none named)"),
+                        ("Make letters and digits learn faster", "names 2 tasks"),
+                        ("Make letters learn faster per wall-clock second", "wall-clock time is no fair judge"),
+                        ("Maximise the final reward after 40 steps on letters", "objective its final held-out reward "
+                                                                                "after 40 steps")):
+        with pytest.raises(goal.GoalNotMappable, match=re.escape(words)):
+            goal.read(text, TASKS)
+    parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\nseeds = 2\n')
+    assert parsed.campaign.goal and not parsed.claim
+
+
+def test_the_search_starts_from_the_tasks_own_settings_and_screens_sizes_downwards_only() -> None:
+    d = discover.start(goal.read("Make the letters task learn faster", TASKS), EXAMPLES, 0.02)
+    keys = [k.key for k in d.knobs]
+    assert keys[:2] == ["group_size", "batch_groups"] and "lr" in keys and len(keys) == 7
+    assert d.defaults["lr"] == 1e-3 and d.defaults["group_size"] == 8 and d.defaults["kl_coef"] == 0.0
+    factors = dict(d.screen_factors())
+    assert factors["group_size"] == [4, 8] and factors["batch_groups"] == [2, 4] and factors["lr"] == [3e-4, 3e-3]
+    per_step = discover.start(goal.read("Make letters learn faster per training step", TASKS), EXAMPLES, 0.02)
+    assert "group_size" not in [k.key for k in per_step.knobs]  # sizes compare fairly only per episode
+
+
+@pytest.mark.parametrize("kind", ["screen", "confirm", "refine", "combine", "verify"])
+def test_every_stage_is_a_study_whose_topic_reads_as_what_it_runs(kind: str) -> None:
+    d = discover.start(goal.read("Make the letters task learn faster", TASKS), EXAMPLES, 0.02)
+    base = dict(d.incumbent)
+    arms = {"screen": None, "confirm": [base, {**base, "lr": 3e-3}],
+            "refine": [{**base, "lr": v} for v in (1e-3, 3e-3, 1e-2)],
+            "combine": [base, {**base, "lr": 3e-3, "group_size": 4}], "verify": [base, {**base, "policy_loss": "gspo"}]}
+    stage = d.next_stage() if kind == "screen" else Stage(round=1, kind=kind, arms=arms[kind], seed_base=20_000,  # type: ignore[arg-type]
+                                                           knob="lr" if kind == "refine" else None)
+    assert stage is not None
+    design = Design.model_validate(discover.design_for(stage, "letters", d).model_dump())
+    text = topic_for(design)
+    planner = DesignedPlanner(design, OfflinePlanner(TASKS))
+    framing = planner.frame(text, "").value
+    question = topic.on_task(topic.parse(text), framing.task)
+    assert topic.framing_complaint(question, framing.knob, framing.task) is None
+    for iteration in (1, 2):
+        plan = planner.plan(framing, {"iteration": iteration}).value
+        assert [e.overrides for e in plan.experiments] == [a.overrides for a in design.arms]
+        assert all(e.name.startswith(f"it{iteration}-") for e in plan.experiments)
+        assert topic.plan_complaint(question, framing.knob, [e.overrides for e in plan.experiments]) is None
+    if kind == "combine":  # a change of group size is judged per episode consumed: it leads the design
+        assert framing.knob == "group_size" and "group_size = 8 or group_size = 4" in text
+    if kind == "screen":
+        assert design.shape == "factorial" and framing.factors[0].name == "group_size" and len(plan.experiments) == 8
+
+
+def test_a_stage_the_budget_cannot_fit_ends_the_search_before_it_runs(tmp_path: Path) -> None:
+    d = Discovery(knobs=[Knob(key="lr", ladder=[1e-4, 1e-3, 1e-2]), Knob(key="kl_coef", ladder=[0.0, 0.1])],
+                  defaults={"lr": 1e-3, "kl_coef": 0.0})
+    parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\n')
+    rec = CampaignRecord(name="g", budget_s=300.0, study_deadline=0.0, claims=[],
+                         goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
+    discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
+    assert not rec.claims and rec.ended is not None
+    assert rec.notes == ["Not started: round 1's screen needs about 8 min at 2 seeds an arm (4 arms, 120 s a run), "
+                         "and 5 min are left."]
+    assert "Nothing beat the baseline: the budget ended the search" in rec.ended
+    text = ledger.render(parsed, rec)
+    assert "Goal: Make the letters task learn faster (read as the letters task" in text and "Not started: " in text
