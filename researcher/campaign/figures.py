@@ -26,7 +26,7 @@ class Point:
     kind: str
     changes: str
     cpu_hours: float
-    objective: float | None  # the incumbent after it: the combination where one held, else the control arm
+    objective: float | None  # the incumbent after it: a combination that held, verify's incumbent, else the control
     tested: float | None     # the changed arm's objective
     diff: float
     low: float
@@ -48,7 +48,7 @@ def _points(rec: CampaignRecord) -> list[Point]:
         t: Test | None = next(tests, None)
         if t is None:
             break
-        kept = t.treatment if t.held and t.kind == "combine" else t.control  # only a combination moves it
+        kept = t.treatment if (t.held and t.kind == "combine") or t.kind == "verify" else t.control
         out.append(Point(t.round, t.kind, ", ".join(f"{c.knob}={c.value}" for c in t.changes), round(spent, 4), kept,
                          t.treatment, t.diff, t.low, t.high, t.alpha, t.held))
     return out
@@ -77,15 +77,15 @@ def write(rec: CampaignRecord, folder: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     written.append(save(plt, fig, folder / "progress.png", data))
-    fig, ax = plt.subplots(figsize=(PAGE_PX / 100, 0.6 + 0.35 * len(rows)), dpi=100)
+    fig, ax = plt.subplots(figsize=(PAGE_PX / 100, 1.2 + 0.3 * len(rows)), dpi=100)
     for y, r in enumerate(reversed(rows)):
         low, high = (v if math.isfinite(v) else r.diff for v in (r.low, r.high))  # no interval: the point alone
         color = "C2" if r.held else "C7"
         ax.plot([low, high], [y, y], color=color, linewidth=2)
         ax.plot(r.diff, y, marker="o", color=color)
     ax.axvline(0, color="grey", linewidth=0.8)
-    ax.set_yticks(range(len(rows)), [f"r{r.round} {r.kind}: {r.changes}"[:48] for r in reversed(rows)], fontsize=6)
-    ax.set_xlabel("effect on the objective (treatment − control), interval at its level")
+    ax.set_yticks(range(len(rows)), [f"r{r.round} {r.kind}: {r.changes}"[:60] for r in reversed(rows)], fontsize=6)
+    ax.set_xlabel("treatment − control (AUC), interval at the test's level", fontsize=8)
     ax.set_title("every confirmation (green: held)", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     written.append(save(plt, fig, folder / "forest.png", data))

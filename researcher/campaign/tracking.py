@@ -82,7 +82,7 @@ def _log_search(client: Any, experiment: str, run: Any, rec: CampaignRecord) -> 
     now = int(time.time() * 1000)
     objective: dict[int, float] = {}
     for t in d.tests:
-        kept = t.treatment if t.held and t.kind == "combine" else t.control  # only a combination moves it
+        kept = t.treatment if (t.held and t.kind == "combine") or t.kind == "verify" else t.control
         if kept is not None:
             objective[t.round] = kept
     logged = int(run.data.tags.get("rounds_logged", "0")) if run else 0
