@@ -1,4 +1,5 @@
-"""Multi-model teams (DESIGN §4): one rollout holds an episode on each of several servers.
+"""Multi-model teams: one rollout holds an episode on each of several servers (docs/guides/agents.md,
+"Multi-model teams").
 
 A planner model and a worker model trained on separate servers share one rollout: the episodes are
 claimed together, and they finish together (each with its own or a shared reward) or abort together.

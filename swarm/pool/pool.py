@@ -1,4 +1,5 @@
-"""``GeneratorPool``: the server's generator as a pool of members (DESIGN §6 "Inference").
+"""``GeneratorPool``: the server's generator as a pool of members (docs/guides/pool.md; its place on the
+chat path: docs/architecture.md).
 
 The engine and chat completions talk to this one ``Generator``; behind it are the server's own
 generator (the ``local`` member, unless ``--no-local-generator``) and any ``swarm worker`` processes
