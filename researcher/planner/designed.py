@@ -47,13 +47,14 @@ class DesignArm(BaseModel):
 
 class Design(BaseModel):
     """The arms a study runs (at most 8), on which task, and how they are read: ``comparison`` (arms[0] is
-    the control), or ``factorial`` (a screen: ``factors`` name the two levels of each varied key)."""
+    the control), ``factorial`` (a screen: ``factors`` name the two levels of each varied key) or ``runs``
+    (each arm scored on its own, nothing compared: a search baseline's single runs)."""
 
     model_config = ConfigDict(extra="forbid")
 
     task: str
-    shape: Literal["comparison", "factorial"] = "comparison"
-    arms: list[DesignArm] = Field(min_length=2, max_length=8)
+    shape: Literal["comparison", "factorial", "runs"] = "comparison"
+    arms: list[DesignArm] = Field(min_length=1, max_length=8)
     factors: list[Factor] = Field(default_factory=list)
     why: str = ""  # the stage it is, in words (the plan's rationale)
 
@@ -63,6 +64,8 @@ class Design(BaseModel):
             raise ValueError("the design's arms need distinct names")
         if self.shape == "factorial" and len(self.factors) < 2:
             raise ValueError("a factorial design names at least two factors")
+        if self.shape != "runs" and len(self.arms) < 2:
+            raise ValueError(f"a {self.shape} design needs at least two arms")
         if self.shape == "comparison" and not self.varied():
             raise ValueError("the design's arms are identical: nothing is compared")
         return self
@@ -76,7 +79,11 @@ class Design(BaseModel):
 
     @property
     def knob(self) -> str:
-        return self.factors[0].name if self.shape == "factorial" else self.varied()[0]
+        if self.shape == "factorial":
+            return self.factors[0].name
+        if self.shape == "runs" and not self.varied():
+            return sorted(self.arms[0].overrides, key=lambda k: primary_axis(k)[0] != "episode")[0]
+        return self.varied()[0]
 
 
 def topic_for(design: Design) -> str:
@@ -86,6 +93,8 @@ def topic_for(design: Design) -> str:
         return f"What makes the {design.task} task learn faster? (a screen around the incumbent configuration)"
     key = design.knob
     values = list(dict.fromkeys(catalog.show(a.overrides[key]) for a in design.arms))
+    if len(values) == 1:
+        return f"Does {key} = {values[0]} make the {design.task} task learn fast? (one configuration, scored alone)"
     named = ", ".join(f"{key} = {v}" for v in values[:-1]) + f" or {key} = {values[-1]}"
     return f"Which of {named} makes the {design.task} task learn faster?"
 

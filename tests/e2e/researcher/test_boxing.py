@@ -33,6 +33,7 @@ from researcher.settings import ResearcherSettings, StudyOptions
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking.tracker import Tracker
+from swarm import box
 
 REPO = Path(__file__).resolve().parents[3]
 LETTERS = REPO / "studies" / "examples" / "letters"
@@ -42,17 +43,25 @@ ALLOWED_ENV = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "HOME",
                "PYTHONUNBUFFERED", "SWARM_CLIENT_TOKEN"}
 # A study client that escapes the import check (it is run directly, as if the check had missed it):
 # it records its environment and limits, leaves a `sleep 1000` grandchild, then hangs.
+# It reports what it sees on stdout (the smoke keeps the client's output; a boxed client's run folder is a
+# private tmpfs that ends with it), tries to start a grandchild (the OS sandbox executes nothing; unboxed,
+# the smoke's timeout must end it with the client's process group), then hangs.
 HANGING_CLIENT = '''
-import json, os, pathlib, subprocess, time
-home = pathlib.Path(os.environ["HOME"])
-(home / "environ.json").write_text(json.dumps(dict(os.environ)))
-(home / "limits.txt").write_text(pathlib.Path("/proc/self/limits").read_text())
-sleeper = subprocess.Popen(["sleep", "1000"])
-(home / "sleep.pid").write_text(str(sleeper.pid))
+import json, pathlib, os, subprocess, time
+print("ENVIRON " + json.dumps(dict(os.environ)), flush=True)
+print("LIMITS " + json.dumps(pathlib.Path("/proc/self/limits").read_text()), flush=True)
+try:
+    print(f"SLEEPER {subprocess.Popen(['sleep', '1000']).pid}", flush=True)
+except OSError as exc:
+    print(f"NO SLEEPER {exc}", flush=True)
 time.sleep(1000)
 def tasks(seed): yield {"task_id": "never"}
 def workflow(ep, task): return 0.0
 '''
+
+
+def _reported(log: str, marker: str) -> str:
+    return next(line.split(" ", 1)[1] for line in log.splitlines() if line.startswith(marker + " "))
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -68,8 +77,8 @@ def _limits(text: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def _assert_boxed_env(env: dict[str, str], home: Path, client_token: str) -> None:
-    assert set(env) <= ALLOWED_ENV, sorted(set(env) - ALLOWED_ENV)
+def _assert_boxed_env(env: dict[str, str], home: Path, client_token: str, box_adds: frozenset[str] = frozenset()) -> None:
+    assert set(env) <= ALLOWED_ENV | box_adds, sorted(set(env) - ALLOWED_ENV)
     assert not any(k.startswith(("AWS_", "MLFLOW_", "OPENAI")) for k in env), sorted(env)
     assert env["HOME"] == str(home) and env["SWARM_CLIENT_TOKEN"] == client_token
     assert not any(secret in "".join(env.values()) for secret in SECRETS.values())
@@ -144,12 +153,10 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
             _assert_boxed_env(_environ(record.client_pid), run_dir, client_token)
             _assert_limits(Path(f"/proc/{record.client_pid}/limits").read_text(), Limits.for_episodes(record.episodes))
 
-            wait_for(lambda: (smoke_dir / "sleep.pid").exists(), 60,
-                     what=lambda: f"the hanging client to start (smoke: {smoke})", interval=0.2)
+            smoking.join(timeout=90)  # the smoke ends at its 8 s timeout
             stopped = cli.run("stop", sid, *cli.dirs)
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr
             assert proc.wait(timeout=180) == 0, (tmp_path / "start.log").read_text()[-2000:]
-            smoking.join(timeout=60)
         finally:
             if proc.poll() is None:  # a failed check: end the researcher and the runs it left detached
                 proc.kill()
@@ -158,13 +165,19 @@ def test_researcher_run_is_boxed_and_keeps_tokens_off_argv_and_mlflow(cli, tmp_p
                     detached.stop_group(left.client_pid, left.client_started, grace_s=1.0)
                     detached.stop_group(left.server_pid, left.server_started, grace_s=1.0)
 
-    # The hanging smoke ended at its timeout with its whole process group, grandchild included.
+    # The hanging smoke ended at its timeout with its whole process group: in the OS sandbox its grandchild
+    # never started; unboxed, it ended with the group.
     assert "did not finish within 8 s" in (smoke.get("error") or ""), smoke
-    sleeper = int((smoke_dir / "sleep.pid").read_text())
-    wait_for(lambda: not detached.alive(sleeper), 10, what=f"grandchild sleep {sleeper} to end with the smoke timeout",
-             interval=0.2)
-    _assert_boxed_env(json.loads((smoke_dir / "environ.json").read_text()), smoke_dir, control)
-    _assert_limits((smoke_dir / "limits.txt").read_text(), Limits.for_episodes(4))
+    log = (smoke_dir / "client.log").read_text()
+    if box.missing() is None:
+        assert "NO SLEEPER" in log and "sandbox violation: started a subprocess (sleep)" in log, log[-2000:]
+    else:
+        sleeper = int(_reported(log, "SLEEPER"))
+        wait_for(lambda: not detached.alive(sleeper), 10, what=f"grandchild sleep {sleeper} to end with the smoke "
+                 "timeout", interval=0.2)
+    inside = frozenset({"PWD", "TMPDIR"}) if box.missing() is None else frozenset()  # the box's folder and temp dir
+    _assert_boxed_env(json.loads(_reported(log, "ENVIRON")), smoke_dir, control, inside)
+    _assert_limits(json.loads(_reported(log, "LIMITS")), Limits.for_episodes(4))
 
     # Every token any server of the study wrote (smoke and runs): on no command line, in no run.json.
     tokens = {f.read_text().strip() for f in cli.artifacts.rglob("*token") if f.is_file()}

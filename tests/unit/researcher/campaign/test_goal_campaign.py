@@ -87,3 +87,17 @@ def test_a_stage_the_budget_cannot_fit_ends_the_search_before_it_runs(tmp_path: 
     assert "Nothing beat the baseline: the budget ended the search" in rec.ended
     text = ledger.render(parsed, rec)
     assert "Goal: Make the letters task learn faster (read as the letters task" in text and "Not started: " in text
+
+
+def test_a_single_configuration_runs_as_a_design_of_its_own() -> None:
+    """A search baseline's one run (bench_discovery's greedy and random search) goes through the same study."""
+    design = Design(task="letters", shape="runs", arms=[{"name": "run", "overrides": {"lr": 3e-3, "group_size": 4}}])  # type: ignore[list-item]
+    text = topic_for(design)
+    assert design.knob == "group_size" and text.startswith("Does group_size = 4 make the letters task learn fast?")
+    question = topic.parse(text)
+    plan = DesignedPlanner(design, OfflinePlanner(TASKS)).plan(DesignedPlanner(design, OfflinePlanner(TASKS)).frame(
+        text, "").value, {"iteration": 1}).value
+    assert [e.overrides for e in plan.experiments] == [{"lr": 3e-3, "group_size": 4}]
+    assert topic.plan_complaint(question, design.knob, [e.overrides for e in plan.experiments]) is None
+    with pytest.raises(ValueError, match="a comparison design needs at least two arms"):
+        Design(task="letters", arms=[{"name": "run", "overrides": {"lr": 3e-3}}])  # type: ignore[list-item]
