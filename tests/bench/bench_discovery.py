@@ -10,7 +10,9 @@ same knobs, ladders and starting settings (``researcher.campaign.discover.start`
 3. random search: one run per random configuration, keep the best.
 
 Every run goes through the same machinery (``researcher start --design``: the same server, client, held-out
-rounds and per-episode AUC), and single runs train to the same episodes as the task's settings do. A
+rounds and per-episode AUC), and single runs train to the same episodes as the task's settings do. Each
+strategy gets the same running time (``--budget``, start-ups and checks included, as a campaign's budget
+counts them); CPU-hours are reported beside it. A
 referee then runs each strategy's final configuration against the task's settings on fresh paired seeds.
 ``gain`` is the referee's mean difference (per-episode AUC of the held-out reward); ``claimed`` is what the
 strategy itself believed its final gain to be (the campaign: its verified estimate; greedy and random: the
@@ -32,6 +34,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,8 @@ class Search:
     root: Path
     final: dict[str, Any] = field(default_factory=dict)
     claimed: float = 0.0
-    cpu_h: float = 0.0
+    cpu_h: float = 0.0   # its runs' wall time x torch threads
+    spent_s: float = 0.0  # its studies' running time, start-up and checks included: the budget's measure
     runs: int = 0
 
 
@@ -72,10 +76,12 @@ def _researcher(root: Path, *args: str, timeout: float) -> subprocess.CompletedP
 def _study(search: Search, study_id: str, design: Design, seeds: int, steps: int, seed_base: int,
            parallel: int = PARALLEL) -> IterationSummary | None:
     """Run one designed study of one look; its analysis (None when it produced none)."""
+    started = time.monotonic()
     done = _researcher(search.root, "start", "--topic", topic_for(design), "--design", json.dumps(design.model_dump()),
                        "--study-id", study_id, "--seeds", str(seeds), "--max-iterations", "1", "--steps-per-run",
                        str(steps), "--seed-base", str(seed_base), "--parallel", str(parallel), "--budget", "2h",
                        timeout=7200)
+    search.spent_s += time.monotonic() - started
     layout = StudyLayout(study_id, search.root / "studies", search.root / "artifacts")
     search.cpu_h += standing.cpu_hours(layout)
     analysis = layout.artifacts_dir / "analysis-1.json"
@@ -96,10 +102,10 @@ def single_run(search: Search, task: str, config: dict[str, Any], episodes: int,
     return scores[0] if scores else -math.inf
 
 
-def greedy(search: Search, task: str, state: Any, episodes: int, budget_h: float, rng: random.Random) -> None:
+def greedy(search: Search, task: str, state: Any, episodes: int, budget_s: float, rng: random.Random) -> None:
     best = dict(state.defaults)
     base = score = single_run(search, task, best, episodes, 10_000)
-    while search.cpu_h < budget_h:
+    while search.spent_s < budget_s:
         knob = rng.choice(state.knobs)
         i = knob.ladder.index(best[knob.key]) if best[knob.key] in knob.ladder else 0
         j = i + (1 if i == 0 else -1 if i == len(knob.ladder) - 1 else rng.choice((-1, 1)))
@@ -111,10 +117,10 @@ def greedy(search: Search, task: str, state: Any, episodes: int, budget_h: float
     search.final, search.claimed = best, score - base
 
 
-def random_search(search: Search, task: str, state: Any, episodes: int, budget_h: float, rng: random.Random) -> None:
+def random_search(search: Search, task: str, state: Any, episodes: int, budget_s: float, rng: random.Random) -> None:
     best = dict(state.defaults)
     base = score = single_run(search, task, best, episodes, 10_000)
-    while search.cpu_h < budget_h:
+    while search.spent_s < budget_s:
         candidate = {k.key: rng.choice(k.ladder) for k in state.knobs}
         value = single_run(search, task, candidate, episodes, 10_000 * (search.runs + 1))
         if value > score:
@@ -165,14 +171,14 @@ def main() -> None:
     state = discover.start(goal.read(f"Make the {args.task} task learn faster", sorted(catalog.examples(EXAMPLES))),
                            EXAMPLES, 0.02)
     episodes = args.steps * episodes_per_step(state.defaults)
-    budget_h = parse_duration(args.budget) / 3600 * PARALLEL  # the campaign's CPU: its running time x its runs at once
+    budget_s = parse_duration(args.budget)  # every strategy's running time (the campaign's budget is the same measure)
     rng = random.Random(2026)
     searches = {name: Search(name, out / name) for name in ("campaign", "greedy", "random")}
-    print(f"bench_discovery: {args.task}, {args.budget} each ({budget_h:.2f} CPU-h), {episodes} episodes a run, "
+    print(f"bench_discovery: {args.task}, {args.budget} of running time each, {episodes} episodes a run, "
           f"out {out}", flush=True)
     campaign(searches["campaign"], args.task, args.steps, args.budget)
-    greedy(searches["greedy"], args.task, state, episodes, budget_h, rng)
-    random_search(searches["random"], args.task, state, episodes, budget_h, rng)
+    greedy(searches["greedy"], args.task, state, episodes, budget_s, rng)
+    random_search(searches["random"], args.task, state, episodes, budget_s, rng)
     spent = sum(s.cpu_h for s in searches.values())
     gains = {}
     for k, (name, search) in enumerate(searches.items()):
