@@ -92,19 +92,14 @@ class Comparison(BaseModel):
     treatment: float | None = None
 
 
-class Test(BaseModel):
+class Test(Comparison):
     """A confirmation as run: what it changed, at which level, and what it found."""
 
     round: int
     kind: StageKind
     changes: list[Change]
     alpha: float
-    diff: float
-    low: float
-    high: float
     held: bool
-    control: float | None = None
-    treatment: float | None = None
 
 
 class Discovery(BaseModel):
@@ -181,9 +176,8 @@ class Discovery(BaseModel):
         held = outcome.low > 0
         self.budget.record(stage.alpha, held)
         changes = [Change(knob=k, value=v) for k, v in stage.arms[1].items() if stage.arms[0].get(k) != v]
-        test = Test(round=self.round, kind=stage.kind, changes=changes, alpha=stage.alpha, diff=outcome.diff,
-                    low=outcome.low, high=outcome.high, held=held, control=outcome.control,
-                    treatment=outcome.treatment)
+        test = Test(round=self.round, kind=stage.kind, changes=changes, alpha=stage.alpha, held=held,
+                    **outcome.model_dump())
         self.tests.append(test)
         self.stages_run += 1
         if stage.kind == "verify":

@@ -3,7 +3,8 @@ its episodes, and a well-behaved client's, still finish.
 
 One boxed run of the escaping client (``box_clients/escaping.py``: about 5 s) is shared by the six
 attack tests; its run folder sits on a small tmpfs (``support.disks``, root) to show the box's writes
-never reach the disk. Needs bubblewrap (``.ci/setup`` installs it); skipped, naming what is missing, without it.
+never reach the disk. Needs bubblewrap (``.ci/setup`` installs it): without it the tests fail, naming what
+is missing, rather than pass unchecked.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from support.disks import small_disk
 
 from swarm.box import missing
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no OS sandbox here: {missing()}")
+
+@pytest.fixture(autouse=True, scope="module")
+def _the_box_can_be_built() -> None:
+    assert missing() is None, f"no OS sandbox here: {missing()} (.ci/setup installs bubblewrap)"
+
+
 CLIENTS = Path(__file__).parent / "box_clients"
 LETTERS = ROOT / "studies" / "examples" / "letters" / "client.py"
 
