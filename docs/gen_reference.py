@@ -228,11 +228,17 @@ def _command_lines(prog: str, command: Any) -> list[str]:
     ctx = command.make_context(prog, [], resilient_parsing=True)
     lines = [f"### `{prog}`", "", _first_paragraph(command.help), ""]
     lines += ["```", " ".join([prog, *command.collect_usage_pieces(ctx)]), "```", ""]
-    records = [(p.param_type_name, p.get_help_record(ctx)) for p in command.params if p.name != "help"]
-    for kind in ("argument", "option"):
-        rows = [(f"`{name}`", text) for k, (name, text) in ((k, r) for k, r in records if r) if k == kind]
-        if rows:
-            lines += _table((kind, "meaning"), rows)
+    params = [p for p in command.params if p.name != "help"]
+    arguments = [p.get_help_record(ctx) for p in params if p.param_type_name == "argument"]
+    if any(arguments):
+        lines += _table(("argument", "meaning"), ((f"`{name}`", text) for name, text in filter(None, arguments)))
+    panels: dict[str | None, list[tuple[str, str]]] = {}  # --help's panels, in the order they first appear
+    for param in params:
+        record = param.get_help_record(ctx) if param.param_type_name == "option" else None
+        if record:
+            panels.setdefault(getattr(param, "rich_help_panel", None), []).append((f"`{record[0]}`", record[1]))
+    for panel, rows in panels.items():
+        lines += ([f"*{panel}*", ""] if panel and len(panels) > 1 else []) + _table(("option", "meaning"), rows)
     return lines
 
 

@@ -1,12 +1,13 @@
 """``researcher …``: the command-line verbs, one function each: flags parsed, one call, output and exit
-code. A study's preparation (settings, options, data, its checks) is ``researcher.preparation``'s, which
-``researcher.session``'s ``start_study`` and ``resume_study`` run first; terminal output is
-``researcher.operations.terminal``'s.
+code. Running a study is ``researcher.session``'s: its ``runner`` (``start_study``, ``resume_study``)
+prepares the study first (``preparation``: settings, options, data, their checks), through the one
+composition root (``composition``: ``ResearcherSettings`` and the study's collaborators); terminal
+output is ``researcher.operations.terminal``'s.
 
 Environment read here: RESEARCHER_RAY_ADDRESS (place runs on a Ray cluster, like --ray-address); the
-rest is listed in ``researcher.composition``.
+rest is listed in ``researcher.session.composition``.
 
-Only the verbs that run a study (start, resume) import ``researcher.session`` and with it the
+Only the verbs that run a study (start, resume) import ``researcher.session.runner`` and with it the
 graph; status, list, stop and the scheduler verbs read the study's files through ``researcher.study.store``.
 ``start`` runs past 60 lines only because typer declares its two dozen flags in its signature.
 """
@@ -24,18 +25,18 @@ from typing import Annotated, NoReturn
 import typer
 
 from researcher.campaign import commands as campaign_commands
-from researcher.composition import build_settings
 from researcher.evidence import run_table
 from researcher.operations import overview, scheduler, terminal
-from researcher.preparation import DataFlags, Prepared, Refused, StartRequest
 from researcher.runs.launcher import Launcher
+from researcher.session.composition import build_settings
+from researcher.session.preparation import DataFlags, Prepared, Refused, StartRequest
 from researcher.study import events, store
 from researcher.study.flags import parse_duration
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.study.state import StudyState, framing_metric
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
-from researcher.watchdogs import is_disk_full
+from researcher.types.failures import is_disk_full
 from swarm import stopping
 
 app = typer.Typer(help="An autonomous researcher that runs RL studies on swarm servers.", no_args_is_help=True,
@@ -89,6 +90,9 @@ def start(
                                                                    "batch of seeds (default 3)")] = None,
     min_effect: Annotated[float | None, typer.Option(min=0, help=(
         "the smallest difference in reward AUC that matters (default 0.02): sizes the study"))] = None,
+    couple: Annotated[bool | None, typer.Option("--couple/--no-couple", help=(
+        "paired arms share their tasks and sampling noise (swarm serve --coupled) where the torch engine runs "
+        "them and they differ (default: on)"), show_default=False)] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
     max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
     model: Annotated[str | None, typer.Option(help=(
@@ -141,8 +145,8 @@ def start(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Start a study: frame the topic, plan, run and analyse experiments, and write the report."""
-    from researcher import session
     from researcher.runs.sandbox import unboxed_refusal
+    from researcher.session import runner
 
     _setup_logging(verbose)
     refusal = unboxed_refusal(llm_written=build_settings(studies_dir, artifacts_dir).llm is not None,
@@ -155,6 +159,7 @@ def start(
         study_id=study_id, servers=server, window=window,
         options={"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds, "seed_base": seed_base,
                  "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
+                 "couple": couple,
                  "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost, "model": model,
                  "gpus_per_run": gpus_per_run, "run_resources": run_resources,
                  "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
@@ -163,10 +168,10 @@ def start(
         data=None if data is None else DataFlags(source=data, reward=reward, heldout=heldout, prompt_key=prompt_key,
                                                  answer_key=answer_key, warmup_steps=warmup_steps, config=data_config))
     try:
-        state, layout = session.start_study(request, printer=terminal.printer(), announce=_announce)
+        state, layout = runner.start_study(request, printer=terminal.printer(), announce=_announce)
     except (Refused, FileExistsError, store.StudyBusy) as exc:
         _fail(str(exc), 2)
-    except session.Interrupted as exc:
+    except runner.Interrupted as exc:
         _interrupted(exc.study_id)
     _finish(state, layout)
 
@@ -189,13 +194,13 @@ def resume(study_id: str, studies_dir: StudiesDir = Path("studies"), artifacts_d
            window: Annotated[str | None, typer.Option(help="end this session after this long, e.g. 8h (park)")] = None,
            verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Continue a study from its last checkpoint (re-attaching to runs that are still alive)."""
-    from researcher import session
+    from researcher.session import runner
 
     _setup_logging(verbose)
     stopping.interrupt_on_sigterm()  # SIGTERM takes Ctrl-C's path, within a deadline
     try:
         window_s = parse_duration(window) if window else None
-        state = session.resume_study(study_id, studies_dir, artifacts_dir, terminal.printer(), window_s)
+        state = runner.resume_study(study_id, studies_dir, artifacts_dir, terminal.printer(), window_s)
     except (ValueError, store.StudyNotFound, store.StudyBusy) as exc:
         _fail(str(exc), 2)
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """Server settings: fixed process settings and the live, patchable training configuration.
 
-``ServerConfig`` extends the backend's ``TrainConfig`` with the engine's knobs, so one flat set of
+``ServerConfig`` extends the backend's ``TrainConfig`` with the server's knobs, so one flat set of
 keys is what ``--config FILE`` (TOML), ``PATCH /api/v1/config`` and ``swarm config URL k=v`` use;
 ``SECTIONS`` groups them by concern for people (help, ``swarm config``, tables in a config file).
 ``starting_config`` completes what a file and flags set with defaults for the model (a pretrained
@@ -132,7 +132,7 @@ class ServerConfig(TrainConfig):
 
     @classmethod
     def training_fields(cls) -> dict[str, FieldInfo]:
-        """Only the inherited ``TrainConfig`` fields configure the update; the rest are the engine's."""
+        """Only the inherited ``TrainConfig`` fields configure the update; the rest are the server's."""
         return dict(TrainConfig.model_fields)
 
     @field_validator("category_ratios")
@@ -190,7 +190,8 @@ def starting_config(model: str, given: Mapping[str, object]) -> tuple[ServerConf
 # ``engine = "vllm"`` in an experiment's config.toml is how the researcher varies the engine, and
 # ``model = "tiny-bpe"`` is how an example names the model it is written for.
 ENGINE_KEYS = ("model", "engine", "trainer", "workers", "ray_address", "weight_transfer", "generator_gpus",
-               "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache", "deterministic")
+               "trainer_gpus", "gpu_memory_utilization", "device", "dtype", "decode_cache", "deterministic",
+               "coupled")
 
 
 # The keys by concern: how ``swarm serve --help`` and ``swarm config`` list them, and the tables a
@@ -325,6 +326,10 @@ class ServerSettings(BaseModel):
                                 "position), each keyed row decoded alone (batch-invariant), one batch of groups "
                                 "admitted per policy version and each step's samples in claim order; torch engine "
                                 "only (swarm.backends.noise)")
+    coupled: bool = Field(False, description="paired runs share their sampling noise (common random numbers for "
+                          "comparing arms): deterministic mode's keyed noise and step order, but rows decoded in the "
+                          "shared batch and the config's own admission (the default's speed and staleness; not "
+                          "bit for bit); torch engine only")
     mlflow_uri: str | None = None
     mlflow_run_id: str | None = None
     mlflow_experiment: str = Field("swarm", min_length=1, description="MLflow experiment of a new run")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.atomic import write_atomic
 from swarm.protocol import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,7 @@ class _Cursor:
             return None
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(asdict(self), indent=2))
 
 
 class MlflowRunWriter:

@@ -3,8 +3,9 @@ becomes a claim of the campaign, an ordinary study started with its arms given (
 the study found goes back into the search when it ends.
 
 Sizing: before a stage starts, its cost is estimated from the run times measured so far (arms x seeds x
-looks x seconds a run, over the runs the campaign keeps alive at once), keeping back what the final
-verification needs. A stage that does not fit runs with fewer seeds (two an arm at least); one that
+looks x seconds a run, over the runs the campaign keeps alive at once), keeping back the final
+verification's first look (a study the budget gives no further look decides at its pilot). A stage that
+does not fit runs with fewer seeds (two an arm at least); one that
 still does not fit ends the search, and the ledger says so before anything runs. A screen is read only
 once its study has ended: a screen cut by the budget is never analysed.
 """
@@ -16,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from researcher.campaign import discovery
+from researcher.campaign import discovery, proposals
 from researcher.campaign.discovery import Comparison, Discovery, Effect, Knob, Stage
 from researcher.campaign.goal import Goal
 from researcher.campaign.record import CampaignRecord, ClaimRecord, claim_study_id
@@ -24,15 +25,18 @@ from researcher.campaign.spec import CampaignSpec, Claim
 from researcher.findings.records import Evidence, arm_key
 from researcher.planner import catalog, screen
 from researcher.planner.designed import Design, DesignArm, topic_for
-from researcher.planner.schema import Factor
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState, last_summary
+from researcher.types.design import Factor
 
 MIN_SEEDS = 2
 SEEDS = {"screen": 2, "refine": 2}  # selections: one look; comparisons take the campaign's seeds and looks
 SIZE_KNOBS = ("group_size", "batch_groups")  # fair only per episode consumed
-FIRST_GUESS_RUN_S = 120.0  # a run's seconds before any was measured (a letters run on 2 busy cores)
+# A run's seconds before any was measured: a start-up and a few seconds a step (a letters run of 30 steps took
+# about 120 s on 2 busy cores).
+FIRST_GUESS_START_S, FIRST_GUESS_STEP_S = 30.0, 3.0
+STUDY_STEPS = 30  # StudyOptions.steps_per_run's default
 
 
 def start(goal: Goal, examples_root: Path, min_effect: float) -> Discovery:
@@ -49,20 +53,30 @@ def start(goal: Goal, examples_root: Path, min_effect: float) -> Discovery:
     return Discovery(knobs=knobs, defaults=defaults, min_effect=min_effect)
 
 
-def advance(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> None:
+def advance(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifacts_root: Path,
+            proposer: proposals.Proposer | None = None) -> None:
     """Give the search's next stage a claim, sized to the budget, unless one is open; end the campaign once
-    the search has nothing left to run."""
+    the search has nothing left to run. ``proposer`` (an LLM's, where one is configured) adds its hypotheses
+    to each round before its screen."""
     d = rec.discovery
     if d is None or rec.ended or any(not c.closed for c in rec.claims):
         return
     while (stage := d.next_stage()) is not None:
+        if stage.kind == "screen" and proposer is not None and d.proposals_asked < d.round:
+            d.proposals_asked = d.round
+            offered, refused = proposer(d)
+            taken = d.propose(offered)
+            refused += [f"{p.knob} = {catalog.show(p.value)}: the screen tests it, it repeats the incumbent or "
+                        "another proposal, or the round has its share" for p in offered if p not in taken]
+            rec.notes.append(proposals.note(d.round, taken, refused))
         comparison_looks = min(spec.campaign.max_iterations or 3, 9)
         looks = 1 if stage.kind in SEEDS else comparison_looks
         seeds = SEEDS.get(stage.kind, spec.campaign.seeds or 3)
-        run_s = measured_run_s(rec, studies_root, artifacts_root)
+        run_s = measured_run_s(rec, studies_root, artifacts_root, spec.campaign.steps_per_run or STUDY_STEPS)
         parallel = spec.campaign.parallel_runs or 2
-        # What the final verification needs is kept back: it is the headline.
-        reserve = 0.0 if stage.kind == "verify" else _cost(2, spec.campaign.seeds or 3, comparison_looks, run_s, parallel)
+        # The final verification's first look is kept back: it is the headline, and a study whose budget runs
+        # no further look makes its pilot its only look.
+        reserve = 0.0 if stage.kind == "verify" else _cost(2, spec.campaign.seeds or 3, 1, run_s, parallel)
         cost = _cost(len(stage.arms), seeds, looks, run_s, parallel)
         while cost + reserve > rec.left_s and seeds > MIN_SEEDS:
             seeds -= 1
@@ -83,12 +97,12 @@ def _cost(arms: int, seeds: int, looks: int, run_s: float, parallel: int) -> flo
     return math.ceil(arms * seeds * looks / max(parallel, 1)) * run_s
 
 
-def measured_run_s(rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> float:
-    """The mean wall seconds of the campaign's finished runs so far (a first guess before any)."""
+def measured_run_s(rec: CampaignRecord, studies_root: Path, artifacts_root: Path, steps: int) -> float:
+    """The mean wall seconds of the campaign's finished runs so far (before any: a guess for runs of ``steps``)."""
     walls = [r.wall_s for c in rec.claims
              for r in runs.all_records(StudyLayout(c.study_id, studies_root, artifacts_root).runs_dir)
              if r.wall_s is not None and r.status == "finished"]
-    return sum(walls) / len(walls) if walls else FIRST_GUESS_RUN_S
+    return sum(walls) / len(walls) if walls else FIRST_GUESS_START_S + FIRST_GUESS_STEP_S * steps
 
 
 def _add_claim(spec: CampaignSpec, rec: CampaignRecord, stage: Stage, seeds: int, looks: int) -> None:

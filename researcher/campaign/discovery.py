@@ -11,6 +11,10 @@ A round is a sequence of stages, each an ordinary study:
 4. **combine**: the incumbent with every refined change, against the incumbent. If it holds, it is the
    new incumbent; if not, the best single confirmed change is.
 
+An LLM, where one is configured, may add a few hypotheses to a round before its screen runs (``propose``):
+a level outside a knob's ladder, or a config key the catalog does not screen. They are not screened: they
+join the screen's flags, after them, and go through the same confirmation on fresh seeds.
+
 The next round screens around the new incumbent. The search converges when a screen flags nothing (or
 nothing it flags holds); it ends when the budget does. A last **verify** stage compares the final
 incumbent with the defaults; its estimate is the campaign's headline.
@@ -35,12 +39,13 @@ from pydantic import BaseModel, Field
 
 from researcher.campaign.error_budget import ErrorBudget
 from researcher.planner import screen
-from researcher.planner.schema import Factor
+from researcher.types.design import Factor
 
 StageKind = Literal["screen", "confirm", "refine", "combine", "verify"]
 Config = dict[str, Any]
 SEED_STRIDE = 10_000  # stage k's studies add this x (k + 1) to their seeds (a study spans 1000 an iteration, at most 9)
 MIN_LEVELS = 3  # a dose-response's levels at least
+MAX_PROPOSALS = 3  # hypotheses beyond the catalog a round takes
 
 
 class Knob(BaseModel):
@@ -56,6 +61,14 @@ class Knob(BaseModel):
 class Change(BaseModel):
     knob: str
     value: Any
+
+
+class Proposal(Change):
+    """A hypothesis beyond the catalog (an LLM's): set ``knob`` from its ``current`` value (the incumbent's or
+    the task's; None: unset, the server's default) to ``value``, and why."""
+
+    current: Any = None
+    why: str = ""
 
 
 class Stage(BaseModel):
@@ -116,6 +129,9 @@ class Discovery(BaseModel):
     confirmed: list[Test] = Field(default_factory=list)  # this round's confirmations that held
     refining: list[Change] = Field(default_factory=list)  # confirmed changes still to refine
     refined: list[Change] = Field(default_factory=list)
+    proposals: list[Proposal] = Field(default_factory=list)  # this round's beyond the catalog, confirmed after the flags
+    extra_knobs: list[Knob] = Field(default_factory=list)  # keys proposals brought in: refined, never screened
+    proposals_asked: int = 0  # the last round whose proposals were asked for (an LLM is asked once a round)
     tests: list[Test] = Field(default_factory=list)
     budget: ErrorBudget = Field(default_factory=ErrorBudget)
     converged: str = ""
@@ -156,13 +172,37 @@ class Discovery(BaseModel):
 
     # ----------------------------------------------------------------- outcomes
 
+    def propose(self, proposals: Sequence[Proposal]) -> list[Proposal]:
+        """Take up to ``MAX_PROPOSALS`` hypotheses beyond the catalog into this round, before its screen is
+        recorded (a key the search does not know becomes a knob of its own, never screened). Returns those
+        taken: one that repeats the incumbent, a knob already proposed, or a level the screen tests is left
+        out. The screen's arms do not change."""
+        if self.converged or self.step != "screen":
+            raise ValueError(f"proposals join a round before its screen; the campaign expects {self.next_stage()}")
+        screened = dict(self.screen_factors())
+        for p in proposals:
+            if (len(self.proposals) >= MAX_PROPOSALS or p.value == self.incumbent.get(p.knob, p.current)
+                    or any(q.knob == p.knob for q in self.proposals) or p.value in screened.get(p.knob, [])):
+                continue
+            if self._find(p.knob) is None:  # an unset key's default is the server's: its ladder is the new level
+                self.extra_knobs.append(Knob(key=p.knob, ladder=_ordered([v for v in (p.current, p.value) if v is not None])))
+            self.proposals.append(p)
+        return list(self.proposals)
+
     def record_screen(self, effects: Sequence[Effect]) -> None:
-        """The screen's main effects: the knobs to confirm, strongest first, at their better level."""
+        """The screen's main effects: the knobs to confirm, strongest first, at their better level; then the
+        round's proposals, on knobs the screen did not flag."""
         self._ran("screen")
         flagged = sorted((e for e in effects if e.resolved and abs(e.estimate) > self.min_effect),
                          key=lambda e: -abs(e.estimate))
         self.flagged = [Change(knob=e.knob, value=e.high if e.estimate > 0 else e.low) for e in flagged]
         self.flagged = [c for c in self.flagged if c.value != self.incumbent.get(c.knob)]
+        for p in self.proposals:  # after the screen's own flags: confirmed like them, refined on the knob's ladder
+            if all(c.knob != p.knob for c in self.flagged):
+                knob = self._knob(p.knob)
+                knob.ladder = knob.ladder if p.value in knob.ladder else _ordered([*knob.ladder, p.value])
+                self.flagged.append(Change(knob=p.knob, value=p.value))
+        self.proposals = []
         if not self.flagged:
             self.converged = f"round {self.round}'s screen flagged no knob"
             return
@@ -186,7 +226,8 @@ class Discovery(BaseModel):
             self.flagged.pop(0)
             if held:
                 self.confirmed.append(test)
-                self.refining.append(test.changes[0])
+                change = test.changes[0]  # a knob with one known level has nothing to refine around
+                (self.refining if len(self._knob(change.knob).ladder) > 1 else self.refined).append(change)
             if not self.flagged:
                 self._after_confirmations()
         else:
@@ -201,7 +242,16 @@ class Discovery(BaseModel):
             self.step = "combine"
 
     def stop(self, why: str) -> None:
-        """The budget ended the search (the verify stage may still run, if it fits)."""
+        """The budget ended the search (the verify stage may still run, if it fits). Changes this round
+        confirmed are not dropped: the best one becomes the incumbent, as when a combination fails. Where the
+        incumbent was still the defaults, its confirmation compared exactly the baseline and this change, on
+        seeds nothing selected with: it is the verification."""
+        if not self.converged and self.confirmed:
+            best = max(self.confirmed, key=lambda t: t.diff)
+            from_defaults = self.incumbent == self.defaults
+            self.incumbent = self._with(best.changes)
+            self.verified = best if from_defaults else None
+            self.flagged, self.confirmed, self.refining, self.refined = [], [], [], []
         self.converged = self.converged or why
 
     # ----------------------------------------------------------------- the headline
@@ -231,7 +281,7 @@ class Discovery(BaseModel):
         if not self.confirmed:
             self._next_round(f"nothing round {self.round}'s screen flagged held on fresh seeds")
         else:
-            self.step = "refine"
+            self.step = "refine" if self.refining else "combine"
 
     def _adopt(self, combine: Test) -> None:
         """The combination holds: it is the incumbent. Else the best single confirmed change is."""
@@ -253,7 +303,20 @@ class Discovery(BaseModel):
         return {**self.incumbent, **{c.knob: c.value for c in changes}}
 
     def _knob(self, key: str) -> Knob:
-        return next(k for k in self.knobs if k.key == key)
+        knob = self._find(key)
+        if knob is None:
+            raise KeyError(f"no knob {key!r} in the search")
+        return knob
+
+    def _find(self, key: str) -> Knob | None:
+        return next((k for k in [*self.knobs, *self.extra_knobs] if k.key == key), None)
+
+
+def _ordered(values: Sequence[Any]) -> list[Any]:
+    """Distinct values in order: ascending where they are all numbers, else as given."""
+    distinct = list(dict.fromkeys(values))
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in distinct)
+    return sorted(distinct) if numeric else distinct
 
 
 def describe(config: Config, defaults: Config) -> str:

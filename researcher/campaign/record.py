@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from researcher.campaign.discovery import Discovery, Stage
 from researcher.campaign.goal import Goal
 from researcher.operations import scheduler
-from researcher.study.files import write_atomic
 from researcher.study.layout import StudyLayout
+from swarm.atomic import write_atomic
 
 CAMPAIGN_FILE = scheduler.CAMPAIGN_FILE  # the daemon tells a campaign's folder from a study's by it
 SPEC_FILE = "campaign.toml"

@@ -25,21 +25,23 @@ import logging
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from researcher.campaign import allocate, discover, figures, goal, ledger, record, standing, tracking
+from researcher.campaign import allocate, discover, figures, goal, ledger, proposals, record, standing, tracking
 from researcher.campaign.record import CampaignRecord, ClaimRecord, Session, claim_study_id
 from researcher.campaign.spec import CONFIRM_SEED_BASE, CampaignSpec, Claim, parse
-from researcher.composition import build_settings
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
-from researcher.preparation import Refused, offline_framing
-from researcher.study.files import write_atomic
+from researcher.session.composition import build_settings
+from researcher.session.preparation import Refused, offline_framing
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState
 from researcher.study.store import is_locked, read_state, study_lock
+from researcher.types.settings import ResearcherSettings
 from swarm import stopping
+from swarm.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 SESSION_GRACE_S = 600.0  # a session may overrun its window by this much (finishing a node) before it is ended
@@ -232,8 +234,10 @@ def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | N
             return rec
         _finish_pending(spec, rec, studies_root, artifacts_root, say)
         _write(spec, rec, studies_root, uri)
+        proposer = _proposer(settings, rec)
         while True:
-            discover.advance(spec, rec, studies_root, artifacts_root)  # a goal's next stage, sized to the budget
+            # A goal's next stage, sized to the budget (each round's screen with an LLM's hypotheses, if any).
+            discover.advance(spec, rec, studies_root, artifacts_root, proposer)
             shares = [c.share for c in spec.claim]  # a screen adds claims as it ends
             left = rec.left_s if window_end is None else min(rec.left_s, window_end - time.time())
             claim = allocate.next_claim(rec.claims, shares, rec.budget_s)
@@ -271,3 +275,12 @@ def run(name: str, studies_root: Path, artifacts_root: Path, window_s: float | N
                 say(f"campaign {name} parked: the session of {claim.study_id} made no progress (exit {code}; "
                     f"see {artifacts_root / name / 'sessions.log'})")
                 return rec
+
+
+def _proposer(settings: ResearcherSettings, rec: CampaignRecord) -> proposals.Proposer | None:
+    """A goal campaign's LLM proposer where an LLM is configured (its task's config is what proposals start from)."""
+    if rec.goal is None or rec.discovery is None or settings.llm is None:
+        return None
+    example = catalog.examples(settings.examples_root).get(rec.goal.task)
+    task_config = tomllib.loads(example.config.read_text()) if example else {}
+    return proposals.llm_proposer(settings, rec.goal, task_config)

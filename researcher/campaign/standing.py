@@ -17,6 +17,7 @@ from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.state import StudyState, last_summary, study_framing, study_options, summaries
+from researcher.types.design import same_value
 
 NO_VERDICT = "no verdict yet"
 
@@ -50,7 +51,7 @@ def as_claimed(claim_topic: str, verdict: verdicts.Verdict | None, study: Eviden
         return verdict
     if asked.asks in ("same", "different"):
         return verdicts.Verdict.NO if asked.asks == "same" else verdicts.Verdict.YES
-    subject = next((a for a in study.arms if topic.same_value(a.value, asked.values[0])), None)
+    subject = next((a for a in study.arms if same_value(a.value, asked.values[0])), None)
     if subject is None:
         return verdict
     ahead = subject.name == study.comparison.better

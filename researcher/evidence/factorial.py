@@ -1,4 +1,5 @@
-"""Factorial designs: the plan's checks, and main effects and two-factor interactions with 95% intervals.
+"""Factorial designs: main effects and two-factor interactions with 95% intervals (the plan's checks of a
+factorial, before any run, are ``researcher.planner.design_check``'s).
 
 A factorial varies several factors at two levels each (server config keys and client-side factors
 alike) over every combination (2^k) or a fraction of them. Arms are the configurations (server
@@ -20,77 +21,20 @@ each, with the names they cannot be told apart from.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from researcher.evidence import stats
 from researcher.evidence.analysis import AXIS_TEXT
 from researcher.findings.records import Effect, Evidence, JsonObject
-from researcher.planner import catalog
-from researcher.planner.schema import Experiment, Factor, Framing, Plan
-from researcher.planner.topic import same_value
+from researcher.types.design import Experiment, Factor, same_value
 
-__all__ = ["arm_settings", "design_complaint", "effects", "effects_section", "mlflow_values"]
+__all__ = ["arm_settings", "effects", "effects_section", "mlflow_values"]
 
 
 def arm_settings(experiment: Experiment) -> JsonObject:
     """What makes an arm: its server overrides and its client factor levels (as ``PlannedExperiment.settings``)."""
     return {**experiment.overrides, **experiment.factors}
-
-
-# ---------------------------------------------------------------------- the plan
-
-
-def design_complaint(framing: Framing, plan: Plan) -> str | None:
-    """Why a plan does not run the framed design; None when it does.
-
-    Every experiment sets every framed factor (server factors in ``overrides``, client factors in
-    ``factors``); client factor names never go to the server; a factorial has two or more factors, each
-    at its framed levels only, with both levels run and no combination twice."""
-    problems: list[str] = []
-    client = framing.client_factors()
-    for exp in plan.experiments:
-        misplaced = [k for k in exp.overrides if k in client]
-        if misplaced:
-            problems.append(f"experiment {exp.name} sets client factor(s) {', '.join(misplaced)} in `overrides` (server "
-                            "config keys only): set them in `factors`")
-        served = [k for k in exp.factors if k in catalog.CONFIG_KEYS]
-        if served:
-            problems.append(f"experiment {exp.name} sets server config key(s) {', '.join(served)} in `factors`: set "
-                            "them in `overrides`")
-        unset = [f.name for f in framing.factors if f.name not in _settings(f, exp.overrides, exp.factors)]
-        if unset:
-            problems.append(f"experiment {exp.name} does not set factor(s) {', '.join(unset)} (every experiment sets "
-                            "every factor explicitly)")
-    if plan.shape == "factorial":
-        if len(framing.factors) < 2:
-            problems.append("a factorial plan needs a framing with two or more factors; this framing has "
-                            f"{len(framing.factors)}: use shape comparison or sweep")
-        seen: dict[str, str] = {}
-        for exp in plan.experiments:
-            levels = []
-            for f in framing.factors:
-                value = _settings(f, exp.overrides, exp.factors).get(f.name)
-                if not any(same_value(value, level) for level in f.levels):
-                    problems.append(f"experiment {exp.name} sets {f.name} = {value!r}, not one of its framed levels "
-                                    f"{f.levels}")
-                levels.append(repr(value))
-            combination = json.dumps(levels)
-            if combination in seen:
-                problems.append(f"experiments {seen[combination]} and {exp.name} run the same combination of levels")
-            seen.setdefault(combination, exp.name)
-        for f in framing.factors:
-            run = [_settings(f, e.overrides, e.factors).get(f.name) for e in plan.experiments]
-            missing = [level for level in f.levels[:2] if not any(same_value(level, v) for v in run)]
-            if missing:
-                problems.append(f"factor {f.name} never runs at level(s) {missing}: a factorial runs both levels")
-    return "; ".join(_unique(problems)) + "." if problems else None
-
-
-def _settings(factor: Factor, overrides: Mapping[str, Any], factors: Mapping[str, Any]) -> Mapping[str, Any]:
-    return overrides if factor.where == "server" else factors
 
 
 # ---------------------------------------------------------------------- the analysis

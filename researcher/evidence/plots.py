@@ -27,7 +27,7 @@ from typing import Any
 from researcher.evidence import curves, stats
 from researcher.findings.axes import AXIS_TEXT, AXIS_UNIT
 from researcher.findings.records import Arm, Comparison, Evidence, IterationSummary
-from researcher.study.files import write_atomic
+from swarm.atomic import write_atomic
 
 DPI = 100
 PAGE_PX = 640  # fits MLflow's description box in a 1400 px window with its chat panel open

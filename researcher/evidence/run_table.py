@@ -31,6 +31,7 @@ from researcher.runs import record as runs
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker, unreachable
+from swarm.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 COLUMNS = ("iteration", "hypothesis", "experiment", "config", "seed", "status", "steps", "final_reward",
@@ -202,9 +203,9 @@ def write(layout: StudyLayout, metric: str = "train/reward_mean") -> Review:
     rows = table(layout, metric, study)
     png = plot(rows, study, layout.study_dir / "figures" / "review.png", metric, f"{layout.study_id} · every run")
     csv_path = layout.study_dir / "review.csv"
-    studyfiles.write_atomic(csv_path, to_csv(rows))
+    write_atomic(csv_path, to_csv(rows))
     md_path = layout.study_dir / "review.md"
-    studyfiles.write_atomic(md_path, to_markdown(layout.study_id, rows, "figures/review.png"))
+    write_atomic(md_path, to_markdown(layout.study_id, rows, "figures/review.png"))
     return Review(md_path, csv_path, png, rows)
 
 

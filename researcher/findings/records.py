@@ -203,7 +203,7 @@ class PlannedHypothesis(Record):
 
 
 class PlannedExperiment(Record):
-    """An experiment as plan.json holds it (``planner.schema.Experiment.model_dump()``)."""
+    """An experiment as plan.json holds it (``researcher.types.design.Experiment.model_dump()``)."""
 
     name: str
     hypothesis: str = ""

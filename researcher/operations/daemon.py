@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.operations import scheduler as sched
-from researcher.watchdogs import is_disk_full
+from researcher.types.failures import is_disk_full
 from swarm import stopping
 
 log = logging.getLogger(__name__)

@@ -42,6 +42,7 @@ from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.store import is_locked, read_state
 from swarm import stopping
+from swarm.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def schedule_path(layout: StudyLayout) -> Path:
 
 
 def write_schedule(layout: StudyLayout, spec: ScheduleSpec) -> None:
-    studyfiles.write_atomic(schedule_path(layout), spec.to_toml())
+    write_atomic(schedule_path(layout), spec.to_toml())
 
 
 def read_schedules(studies_root: Path) -> dict[str, ScheduleSpec]:

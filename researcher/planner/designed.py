@@ -22,20 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from researcher.findings.axes import EVAL_METRIC, primary_axis
 from researcher.findings.records import JsonObject
 from researcher.planner import catalog
-from researcher.planner.schema import (
-    ClientCode,
-    Decision,
-    Experiment,
-    Factor,
-    Framing,
-    Hypothesis,
-    Plan,
-    Planner,
-    PlannerContext,
-    Reply,
-    ReportText,
-    free,
-)
+from researcher.planner.schema import ClientCode, Decision, Planner, PlannerContext, Reply, ReportText, free
+from researcher.types.design import Experiment, Factor, Framing, Hypothesis, Plan
 
 
 class DesignArm(BaseModel):

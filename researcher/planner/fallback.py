@@ -28,8 +28,6 @@ from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import (
     ClientCode,
     Decision,
-    Framing,
-    Plan,
     Planner,
     PlannerContext,
     PlannerError,
@@ -38,8 +36,9 @@ from researcher.planner.schema import (
     ReportText,
     TopicNotMappable,
 )
-from researcher.planner.usage import LLMCall, LLMUsage, add_usage, new_usage
-from researcher.watchdogs import FailStudy
+from researcher.types.design import Framing, Plan
+from researcher.types.failures import FailStudy
+from researcher.types.usage import LLMCall, LLMUsage, add_usage, new_usage
 
 __all__ = ["FallbackPlanner", "StepFailed", "Takeover"]
 T = TypeVar("T", bound=BaseModel)

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 from researcher.planner import catalog
-from researcher.planner.topic import MIN_SWEEP, same_value
+from researcher.planner.topic import MIN_SWEEP
+from researcher.types.design import same_value
 
 __all__ = ["around", "mid", "rounded", "spread", "untested_neighbour"]
 

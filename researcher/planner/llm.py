@@ -40,17 +40,17 @@ from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import (
     ClientCode,
     Decision,
-    Framing,
-    Plan,
     PlannerContext,
     PlannerError,
+    ProposedChanges,
     QuotaExhausted,
     Reply,
     ReportText,
 )
-from researcher.planner.usage import LLMCall, LLMUsage, add_usage, new_usage
-from researcher.settings import LLMSettings
-from researcher.watchdogs import is_quota_error, is_transient
+from researcher.types.design import Framing, Plan
+from researcher.types.failures import is_quota_error, is_transient
+from researcher.types.settings import LLMSettings
+from researcher.types.usage import LLMCall, LLMUsage, add_usage, new_usage
 
 log = logging.getLogger(__name__)
 __all__ = ["LLMPlanner", "is_transient"]
@@ -112,6 +112,11 @@ class LLMPlanner:
     def report(self, framing: Framing, context: PlannerContext) -> Reply[ReportText]:
         return self._ask("write_report", ReportText, framing=framing.model_dump_json(indent=2),
                          context=json.dumps(context, indent=2, default=str))
+
+    def propose(self, goal: str, context: JsonObject, config_keys: str) -> Reply[ProposedChanges]:
+        """A discovery campaign's hypotheses beyond the catalog for its next round."""
+        return self._ask("propose_hypotheses", ProposedChanges, goal=goal,
+                         context=json.dumps(context, indent=2, default=str), config_keys=config_keys)
 
     # ------------------------------------------------------------------ calls
 

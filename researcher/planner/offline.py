@@ -24,20 +24,9 @@ from researcher.findings.records import Comparison, Effect, JsonObject
 from researcher.findings.verdicts import Verdict, classify, settled
 from researcher.planner import catalog, ladder, screen
 from researcher.planner.catalog import show as _show
-from researcher.planner.schema import (
-    ClientCode,
-    Decision,
-    Experiment,
-    Framing,
-    Hypothesis,
-    Plan,
-    PlannerContext,
-    Reply,
-    ReportText,
-    TopicNotMappable,
-    free,
-)
-from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse, same_value
+from researcher.planner.schema import ClientCode, Decision, PlannerContext, Reply, ReportText, TopicNotMappable, free
+from researcher.planner.topic import MIN_SWEEP, TopicQuestion, parse
+from researcher.types.design import DATA_TASK, Experiment, Framing, Hypothesis, Plan, same_value
 
 MAX_ARMS = 8  # Plan.experiments holds at most 8 configurations
 
@@ -113,8 +102,8 @@ class OfflinePlanner:
     def _task(self, question: TopicQuestion, catalog_text: str) -> str:
         """The example task a topic runs on; a study on the user's data when the topic names none."""
         task = question.task
-        if not question.task_named and catalog.DATA_TASK in self.available_tasks:
-            task = catalog.DATA_TASK  # a study on the user's data: a topic naming no example task is about it
+        if not question.task_named and DATA_TASK in self.available_tasks:
+            task = DATA_TASK  # a study on the user's data: a topic naming no example task is about it
         if task not in self.available_tasks:
             raise TopicNotMappable(f"The topic needs the example study {task!r}, which is not installed "
                                    f"(found: {self.available_tasks}).\n" + catalog_text)

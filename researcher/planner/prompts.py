@@ -11,7 +11,8 @@ from pathlib import Path
 
 _VAR = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
-STEPS = ("frame_topic", "plan_experiments", "write_client", "repair_client", "decide", "write_report")
+STEPS = ("frame_topic", "plan_experiments", "write_client", "repair_client", "decide", "write_report",
+         "propose_hypotheses")
 
 
 class PromptError(ValueError):

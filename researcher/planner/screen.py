@@ -17,7 +17,8 @@ from typing import Any
 from researcher.findings.axes import AXIS_TEXT, EVAL_METRIC, primary_axis
 from researcher.findings.records import Effect
 from researcher.planner import catalog
-from researcher.planner.schema import Decision, Experiment, Factor, Framing, Hypothesis, Plan
+from researcher.planner.schema import Decision
+from researcher.types.design import Experiment, Factor, Framing, Hypothesis, Plan
 
 __all__ = ["arms", "confirmations", "decide", "flagged", "framing", "is_screen", "knobs", "plan"]
 

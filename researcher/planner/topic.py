@@ -19,13 +19,13 @@ range, an unknown task, no task named) it says in ``assumptions``, which end up 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from researcher.planner import catalog
+from researcher.types.design import same_value
 
 Shape = Literal["comparison", "sweep"]
 MIN_SWEEP = 4  # a dose-response curve needs at least this many values of the knob
@@ -172,17 +172,6 @@ def fit(knob: catalog.Knob, value: Any) -> tuple[Any, str | None]:
                          f"ran {clamped:g}, the nearest value in range")
             fitted = clamped
     return fitted, "; ".join(notes) or None
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Config values equal as a server would read them (0.05 == 5e-2; True is not 1)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(a, str) and isinstance(b, str):
-        return a.strip().lower() == b.strip().lower()
-    return a == b
 
 
 def framing_complaint(question: TopicQuestion, knob: str, task: str) -> str | None:

@@ -24,7 +24,7 @@ from researcher.runs import detached, resources, sandbox, smoke
 from researcher.runs import record as runs
 from researcher.runs import status as run_status
 from researcher.runs.logs import CLIENT_LOG, SERVER_LOG, SUMMARY, cap, log_size, tail
-from researcher.runs.processes import STATE_DIR, RunProcesses
+from researcher.runs.processes import STATE_DIR, LaunchError, RunProcesses
 from researcher.runs.record import RunRecord
 from researcher.runs.status import RunStatus
 from swarm import ports
@@ -174,7 +174,10 @@ class Launcher(RunProcesses):
             with self.client_for(record) as client:
                 record.base_step = client.status().step
                 record.target_step += record.base_step
-                client.patch_config(**{**record.config, "max_steps": record.target_step})
+                try:
+                    client.patch_config(**{**record.config, "max_steps": record.target_step})
+                except SwarmError as exc:  # a config it cannot take live (a key fixed at its start): the run fails
+                    raise LaunchError(f"the server at {record.url} refused the run's config: {exc}") from exc
             record.launches += 1
             run_status.move(record, RunStatus.RUNNING)
             runs.save(run_dir, record)

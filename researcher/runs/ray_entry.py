@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from swarm import ports
+from swarm.atomic import write_atomic
 
 ADDRESS_FILE = "address.json"
 
@@ -71,10 +72,8 @@ def serve(run_dir: Path, argv: list[str]) -> None:
     _ensure_token(host, argv)
     port = ports.free_port(host)
     submission = os.environ.get("RESEARCHER_SUBMISSION_ID", "")
-    tmp = run_dir / f".{ADDRESS_FILE}.tmp"
-    tmp.write_text(json.dumps({"submission_id": submission, "host": host, "port": port,
-                               "node_id": os.environ.get("RAY_NODE_ID", "")}))
-    os.replace(tmp, run_dir / ADDRESS_FILE)
+    write_atomic(run_dir / ADDRESS_FILE, json.dumps({"submission_id": submission, "host": host, "port": port,
+                                                     "node_id": os.environ.get("RAY_NODE_ID", "")}))
     print(f"ray job {submission}: swarm serve on {host}:{port}", flush=True)  # into the Ray job log
     _log_to(run_dir / "server.log")
     os.chdir(run_dir)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from researcher.findings.records import JsonObject
 from researcher.runs.status import ENDED, RunStatus
+from swarm.atomic import write_atomic
 
 RUN_FILE = "run.json"
 
@@ -142,9 +143,7 @@ def private_dir(folder: Path) -> Path:
 
 def save(run_dir: Path, record: RunRecord) -> None:
     private_dir(run_dir)
-    tmp = run_dir / f".{RUN_FILE}.tmp"
-    tmp.write_text(record.model_dump_json(indent=2))
-    os.replace(tmp, path(run_dir))
+    write_atomic(path(run_dir), record.model_dump_json(indent=2))
 
 
 def all_records(runs_dir: Path) -> list[RunRecord]:

@@ -12,6 +12,6 @@
   into the study's options, deadline and id.
 
 Nothing here imports the graph, its nodes or the context (the nodes use these modules); running a
-study's graph under the lock is ``researcher.session``'s, one layer up. This package re-exports
+study's graph under the lock is ``researcher.session.runner``'s, one layer up. This package re-exports
 nothing, so importing one module never loads another.
 """

@@ -32,9 +32,10 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from researcher.planner import catalog
-from researcher.settings import StudyOptions
-from researcher.study.files import dumps_toml, write_atomic
+from researcher.study.files import dumps_toml
+from researcher.types.design import DATA_TASK
+from researcher.types.settings import StudyOptions
+from swarm.atomic import write_atomic
 
 if TYPE_CHECKING:
     from swarm.data import RowKeys
@@ -119,7 +120,7 @@ def write_task(options: StudyOptions, study_dir: Path, base_config: Path, *, sca
     ``scale_to_model`` (a study on ``--model`` without its own ``--data-config``): the learning rate,
     completion length and staleness come from ``swarm.defaults.training_defaults`` for that model and
     the data's longest reference answer, never from the tiny-model example the base config is."""
-    folder = root(study_dir) / catalog.DATA_TASK
+    folder = root(study_dir) / DATA_TASK
     config = tomllib.loads(base_config.read_text())
     config = dict(config.get("server", config))
     source = f"server keys of the data task (from {base_config})"

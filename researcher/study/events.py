@@ -45,10 +45,10 @@ from typing import Any
 
 from filelock import FileLock
 
-from researcher.planner.usage import LLMCall
 from researcher.runs.logs import rotate
 from researcher.study.files import append_whole
 from researcher.study.layout import StudyLayout
+from researcher.types.usage import LLMCall
 
 log = logging.getLogger(__name__)
 __all__ = ["NODE_DOING", "Event", "EventLog", "Follower", "events_path", "llm_call_listener", "read_events", "recorder"]

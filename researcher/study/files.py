@@ -26,6 +26,7 @@ from typing import Any
 
 from researcher.findings.records import IterationPlan, JsonObject, LookPlan, PlanFile, SequentialDesign
 from researcher.study.layout import StudyLayout
+from swarm.atomic import write_atomic
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _CONFIG_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")  # the server's config keys: lowercase snake_case
@@ -65,19 +66,6 @@ def dumps_toml(data: Mapping[str, object], header: str = "") -> str:
         lines.append(f"\n[{name}]")
         lines.extend(f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items())
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole or keeps what it held: a write the disk refuses (ENOSPC) leaves
-    no half-written file, and its temporary file is removed so it holds no space."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def append_whole(path: Path, text: str) -> None:

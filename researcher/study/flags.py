@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from researcher.settings import StudyOptions
 from researcher.study.layout import check_study_id, slugify
+from researcher.types.settings import StudyOptions
 from swarm.models.hub import hub_snapshot, parse_hub_name
 from swarm.models.named import model_facts
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from researcher.findings.records import IterationSummary
-from researcher.planner.schema import Framing
-from researcher.planner.usage import LLMUsage
 from researcher.runs.status import RunStatus, check
-from researcher.settings import StudyOptions
+from researcher.types.design import Framing
+from researcher.types.settings import StudyOptions
+from researcher.types.usage import LLMUsage
 
 if TYPE_CHECKING:
     from researcher.runs.record import RunRecord
@@ -65,7 +65,7 @@ class StudyState(TypedDict, total=False):
     options: dict[str, Any]          # StudyOptions as a dict (read with study_options())
     budget: Budget
     iteration: int
-    framing: dict[str, Any]          # planner.schema.Framing as a dict (read with study_framing())
+    framing: dict[str, Any]          # types.design.Framing as a dict (read with study_framing())
     experiments: list[str]           # names of this iteration's experiments (files under studies/)
     validation: Validation
     trials: list[Trial]              # this iteration's runs

@@ -2,7 +2,7 @@
 (read-only), the one-writer lock and the stop request.
 
 ``researcher status``, the scheduler and the daemon only read a phase or test a lock; importing
-this module loads the SQLite checkpointer, never LangGraph's graph runtime (``researcher.session``
+this module loads the SQLite checkpointer, never LangGraph's graph runtime (``researcher.session.runner``
 does that when a session actually runs the graph).
 """
 

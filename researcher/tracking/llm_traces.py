@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from researcher.planner.usage import LLMCall
 from researcher.tracking.tracker import Tracker
+from researcher.types.usage import LLMCall
 
 log = logging.getLogger(__name__)
 __all__ = ["PENDING", "RUN_LINK_TAG", "PlannerTraces"]

@@ -38,7 +38,7 @@ VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"  # the saved-view tag prefix of M
 TRAINING_VIEW = "workflowType=machine_learning"
 # MLflow's experiment-type tag, set to model training (``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT`` in ``main.*.js``).
 KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
-ARM_TAG = "arm"  # the training runs' tag naming their arm's configuration (arm_label; researcher.nodes.launch_runs)
+ARM_TAG = "arm"  # the training runs' tag naming their arm's configuration (arm_label; researcher.session.nodes.launch_runs)
 VERDICT_SECTION = "verdict"
 
 
@@ -46,7 +46,7 @@ def view_name(metric: str) -> str:
     return f"By arm, {metric} first"
 
 
-# The server's cumulative episodes through each step (swarm.server.training.step_loop.TOTAL_EPISODES): the x-axis of a
+# The server's cumulative episodes through each step (swarm.server.training.ledger.TOTAL_EPISODES): the x-axis of a
 # verdict judged per episode consumed (arms matched on episodes train different steps).
 EPISODES_METRIC = "train/episodes_total"
 # The same count logged beside each held-out round, at the round's steps only (swarm.server.training.step_rows):

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from swarm.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 LOCAL_PREFIX = "local-"
@@ -97,7 +99,7 @@ class Spool:
         ids = self.ids()
         ids[local] = real
         self.folder.mkdir(parents=True, exist_ok=True)
-        _replace(self.ids_file, json.dumps(ids, indent=1))
+        write_atomic(self.ids_file, json.dumps(ids, indent=1))
 
     def replay(self, apply: Callable[[str, dict[str, Any]], object]) -> int:
         """Apply the spooled ops in order (the file's, then those held in memory); stop at the first
@@ -130,7 +132,7 @@ class Spool:
         if not from_file:
             return
         try:
-            _replace(self.ops_file, "".join(line + "\n" for line in in_file[from_file:]))
+            write_atomic(self.ops_file, "".join(line + "\n" for line in in_file[from_file:]))
         except OSError as exc:
             if exc.errno not in _FULL:
                 raise
@@ -154,17 +156,6 @@ class Spool:
                 os.fsync(out.fileno())
         except OSError as exc:  # they are unreadable anyway: kept for a person only when there is room
             log.warning("could not keep them in %s: %s", self.bad_file, exc)
-
-
-def _replace(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or keeps what it held (its temporary file removed)."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _parse(line: str) -> tuple[str, dict[str, Any]] | None:

@@ -1,6 +1,6 @@
 """Backends own the model: generation with exact tokens and log-probs, training steps, checkpoints.
 
-The engine contracts (``base``: ``Generator``, ``Trainer``, ``Sampler``, ``TrainConfig``) and their
+The role contracts (``base``: ``Generator``, ``Trainer``, ``Sampler``, ``TrainConfig``) and their
 adapters: the in-process torch model (``torch``), the vLLM generator (``vllm``) and the verl trainer
 (``verl``). Heavy libraries (torch, transformers, verl, ray) are imported only inside them.
 ``load_backend`` builds the in-process model; which engines a process runs, from its settings, is

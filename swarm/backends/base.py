@@ -1,4 +1,4 @@
-"""The contract between the server's engine and the engines that own the model.
+"""The contract between the server core and the generator and trainer that own the model.
 
 A server is composed of one **generator** and one **trainer**, chosen by name
 (``swarm serve --engine torch|vllm --trainer torch|verl``):
@@ -8,10 +8,10 @@ A server is composed of one **generator** and one **trainer**, chosen by name
   it. It is awaited on the server's event loop: the torch generator batches requests on the device
   thread, the vLLM generator sends token ids to a vLLM server.
 - ``Trainer`` computes advantages, runs policy and supervised updates on finished samples, exports
-  its weights and saves/loads checkpoints. Its methods block, so the engine runs them off the event
+  its weights and saves/loads checkpoints. Its methods block, so the server runs them off the event
   loop (on the device thread).
 
-After every update the engine publishes the trainer's weights to the generator explicitly
+After every update the server publishes the trainer's weights to the generator explicitly
 (``Generator.load_weights(version, weights)``); that call is what moves the version completions are
 tagged with. The torch backend plays both roles in the server process (``InProcessModel``): a
 ``Trainer``, and a ``Sampler`` the device thread drives synchronously, which the server adapts to
@@ -172,7 +172,7 @@ class TrainConfig(BaseModel):
 
     @classmethod
     def training_fields(cls) -> dict[str, FieldInfo]:
-        """The fields that configure the policy update (a subclass adding engine knobs narrows it),
+        """The fields that configure the policy update (a subclass adding the server's knobs narrows it),
         so a trainer can refuse the ones it cannot honour and ignore the rest."""
         return dict(cls.model_fields)
 
@@ -243,10 +243,20 @@ class GeneratorUnavailable(RuntimeError):
         self.retry_after = max(0.0, float(retry_after))
 
 
+class QueueFull(RuntimeError):
+    """The generator already holds as many rows as it may run and queue (``max_batch_rows`` running,
+    ``max_queued_rows`` waiting); retry after ``retry_after`` seconds. The server answers chat calls
+    with a 429 instead of letting the queue grow without end."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Sampling with exact tokens: token prompts + sampling params -> ids, log-probs and the policy
-    version of the weights that produced them. Owned by the engine; awaited on its event loop."""
+    version of the weights that produced them. Owned by the server core; awaited on its event loop."""
 
     model_name: str
     max_context: int
@@ -261,7 +271,7 @@ class Generator(Protocol):
 
     @property
     def streams_weights(self) -> bool:
-        """True: the trainer streams weights to it (``load_streamed``); read only, so an engine may
+        """True: the trainer streams weights to it (``load_streamed``); read only, so a generator may
         answer it from its state (a pool: its local member's)."""
         return False
 
@@ -272,7 +282,7 @@ class Generator(Protocol):
 
     @property
     def available(self) -> bool:
-        """False while the engine cannot serve (e.g. restarting): chat calls then get a 503."""
+        """False while the generator cannot serve (e.g. restarting): chat calls then get a 503."""
         ...
 
     def describe(self) -> dict[str, object]:
@@ -283,7 +293,7 @@ class Generator(Protocol):
                        sink: TokenSink | None = None, *, affinity: str | None = None) -> Sampled:
         """One row per prompt; ``sink`` receives each token as it is sampled (streaming).
         ``affinity`` is a routing hint: calls with the same affinity (an episode's id) prefer the same
-        engine, so the prefix they share stays warm in its cache; a single engine ignores it.
+        pool member, so the prefix they share stays warm in its cache; a single generator ignores it.
         ``ValueError`` for prompts or params it cannot serve (the caller's mistake)."""
         ...
 
@@ -313,7 +323,7 @@ class Generator(Protocol):
 
 @runtime_checkable
 class Trainer(Protocol):
-    """Policy updates on finished samples. Methods block; the engine calls them off the event loop,
+    """Policy updates on finished samples. Methods block; the server calls them off the event loop,
     one at a time."""
 
     policy_version: int

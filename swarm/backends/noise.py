@@ -21,8 +21,9 @@ into a token by inverse CDF over the processed distribution it records the log-p
 - the request's own ``seed`` when it sends one (``None`` otherwise);
 
 and ``position`` is the token's index in that call's completion (0 for the first sampled token).
-Held-out (eval) episodes are keyed by ``("eval", task_id, call, choice, seed)`` with no round, so every
-round evaluates its problems with the same noise; a call outside any episode by its prompt ids. Two
+Held-out (eval) episodes are keyed by ``("eval", task_id, call, [sample,] choice, seed)`` with no round,
+so every round evaluates its problems with the same noise (a task's second and later samples in a round,
+``swarm run --eval-samples``, each with their own); a call outside any episode by its prompt ids. Two
 servers with the same seed therefore draw the same noise for the same task, sample and position, which
 is what makes two runs (or two arms of a comparison) reproduce, or share noise, token for token.
 """
@@ -30,8 +31,9 @@ is what makes two runs (or two arms of a comparison) reproduce, or share noise, 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
-__all__ = ["sample_key", "splitmix64", "uniform"]
+__all__ = ["KeyedNoise", "sample_key", "splitmix64", "uniform"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment (the golden ratio in 64 bits)
@@ -51,6 +53,17 @@ def uniform(key: int, position: int) -> float:
     if position < 0:
         raise ValueError(f"position must be >= 0, got {position}")
     return (splitmix64(key + (position + 1) * _GAMMA) >> 11) * 2.0**-53
+
+
+@dataclass(frozen=True)
+class KeyedNoise:
+    """A server's keyed sampling noise: ``seed`` starts every row's key (``sample_key``);
+    ``batch_invariant`` (``--deterministic``) decodes each keyed row alone, so a run reproduces bit for bit;
+    without it (``--coupled``) rows share the batched forward, so two runs of the same seed share their noise
+    (common random numbers for comparing arms) at the default's speed, though not bit for bit."""
+
+    seed: int
+    batch_invariant: bool = True
 
 
 def sample_key(seed: int, *parts: str | int | None) -> int:

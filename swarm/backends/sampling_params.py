@@ -1,6 +1,6 @@
 """What one prompt row asks of a generator (``SamplingParams``) and the checks every engine runs on a
 request before anything is generated (``validate_requests``), with vLLM's ranges for its sampling
-extensions. A leaf: the engine contract (``swarm.backends.base``) and every engine build on it, and
+extensions. A leaf: the role contract (``swarm.backends.base``) and every engine build on it, and
 it imports neither them nor the text rules (``swarm.text``).
 """
 
@@ -28,9 +28,11 @@ class SamplingParams:
     -100 bans an id).
 
     ``noise_key`` (not vLLM's): a 64-bit stream key; the row then draws each token's uniform from
-    ``swarm.backends.noise.uniform(noise_key, position)`` instead of a random stream, and decodes in a
-    batch of its own, so it samples the same tokens whatever else is generated beside it
-    (``swarm serve --deterministic``). ``seed`` is then unused by the sampler.
+    ``swarm.backends.noise.uniform(noise_key, position)`` instead of a random stream, and
+    (``batch_invariant``, the default) decodes in a batch of its own, so it samples the same tokens
+    whatever else is generated beside it (``swarm serve --deterministic``). With ``batch_invariant``
+    False it shares the batched forward (``swarm serve --coupled``): the same noise at the default's speed,
+    its logits rounded by the batch it shares. ``seed`` is unused by the sampler when a key is set.
 
     ``grammar`` (vLLM's ``structured_outputs.grammar``): an llguidance Lark grammar the row's text must
     match (``swarm.text.constraints`` builds it for ``tool_choice`` and ``response_format``). At each
@@ -53,7 +55,8 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's logit_bias
-    noise_key: int | None = None  # counter-based noise and batch-invariant decoding (see above)
+    noise_key: int | None = None  # counter-based noise (see above)
+    batch_invariant: bool = True  # a keyed row decodes in a batch of its own (see above)
     grammar: str | None = None  # constrained decoding (see above); None: unconstrained
 
 

@@ -4,7 +4,7 @@ Study code runs in bubblewrap namespaces with a seccomp filter. It sees the syst
 interpreter, the environment, the ``swarm`` package and its study's folder, all read-only. It writes
 only its run folder (a private tmpfs of fixed size). It reaches only its server's port, handed in
 through a listening socket. It executes no program and makes no process. What it attempts against
-these walls is reported as ``sandbox violation: …`` lines. ``docs/operations.md`` ("The box") says
+these walls is reported as ``sandbox violation: …`` lines. ``docs/guides/operations.md`` ("The box") says
 what the box stops and what it does not.
 
 - ``missing()``: None when this machine can build the box, else what is missing.

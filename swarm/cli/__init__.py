@@ -19,7 +19,9 @@ shows it to every user). A missing URL falls back to ``<state-dir>/server.json``
 The verbs live by concern: ``serve`` (host and train a model), ``run`` (a study client or data file),
 ``observe`` (status, metrics, plan, events), ``steer`` (config and control), ``worker`` (join a
 server's generator pool), ``export`` (a state dir's episodes to a file); ``_common`` holds the
-app, the consoles and the token and URL rules they share.
+app, the consoles and the token and URL rules they share. ``serve``, ``run`` and ``worker`` gather
+their options into typed groups (``ServeFlags``, ``RunFlags``, ``WorkerFlags``), each group a panel
+of the command's ``--help`` (``_common.grouped``).
 """
 
 from __future__ import annotations

@@ -3,11 +3,14 @@ and how a verb finds its server URL and tokens (see ``swarm.cli``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -37,9 +40,26 @@ Url = Annotated[str | None, typer.Argument(help="server URL (default: the url in
                                            show_default=False)]
 Token = Annotated[str | None, typer.Option(envvar="SWARM_TOKEN", show_envvar=True,
                                            help="control token (else $SWARM_TOKEN, else <state-dir>/token)")]
-StateDir = Annotated[Path, typer.Option(help="where `swarm serve` keeps its token and state")]
+STATE_DIR_HELP = "where `swarm serve` keeps its token and state"
+StateDir = Annotated[Path, typer.Option(help=STATE_DIR_HELP)]
 AsJson = Annotated[bool, typer.Option("--json", help="print raw JSON (the protocol model)")]
 
+F = TypeVar("F")
+
+
+def grouped(flags: type[F], options: Mapping[str, Any]) -> F:
+    """A command's options as ``flags``, a dataclass of typed groups: each field is a group (a dataclass
+    whose fields are option names, shown under its ``PANEL`` in ``--help``) filled by name. Every option
+    belongs to exactly one group (``TypeError`` names any left out)."""
+    hints = typing.get_type_hints(flags)
+    groups: dict[str, Any] = {}
+    for part in dataclasses.fields(cast(Any, flags)):  # a dataclass (the TypeVar cannot say so)
+        group = hints[part.name]
+        groups[part.name] = group(**{f.name: options[f.name] for f in dataclasses.fields(group)})
+    placed = {f.name for group in groups.values() for f in dataclasses.fields(group)}
+    if placed != set(options):
+        raise TypeError(f"options outside a group of {flags.__name__}: {sorted(set(options) - placed)}")
+    return flags(**groups)
 
 
 @app.callback()
@@ -60,9 +80,9 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def fetch_model(model: str) -> str:
     """``model`` ready to load. A Hugging Face Hub name is downloaded into the hub cache (offline: found
-    there) and pinned to the commit it resolved to, ``org/name@<commit>``, so every engine of the process
-    loads that one snapshot even if the Hub's branch moves meanwhile; any other name is returned as it
-    is (its engines resolve it). A Hub model neither cached nor downloadable ends the command (exit 2)
+    there) and pinned to the commit it resolved to, ``org/name@<commit>``, so the generator and the trainer of
+    the process load that one snapshot even if the Hub's branch moves meanwhile; any other name is
+    returned as it is (they resolve it). A Hub model neither cached nor downloadable ends the command (exit 2)
     with the download command, before anything loads or listens."""
     from swarm.models.hub import hub_snapshot, parse_hub_name
 

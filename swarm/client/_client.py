@@ -145,13 +145,14 @@ class SwarmClient:
     def run(self, tasks: Iterable[Task], workflow: Callable[[EpisodeHandle, Task], float | None],
             *, group_size: int = 8, concurrency: int = 16, episodes: int | None = None,
             category: str | None = None, progress: bool = True, heldout: list[Task] | None = None,
-            eval_every: int = 0) -> RunSummary:
+            eval_every: int = 0, eval_samples: int = 1) -> RunSummary:
         """Run ``workflow`` over ``tasks``, ``group_size`` episodes per task; with ``heldout`` tasks and
-        ``eval_every`` > 0, also evaluate them at step 0 and every ``eval_every`` steps; see
-        ``swarm.client._runner``."""
+        ``eval_every`` > 0, also evaluate them at step 0 and every ``eval_every`` steps, each task
+        ``eval_samples`` times a round (the server then reports ``eval/reward_mean_sd``, the round's
+        sampling noise); see ``swarm.client._runner``."""
         return run_workflow(self, tasks, workflow, group_size=group_size, concurrency=concurrency,
                             episodes=episodes, category=category, progress=progress, heldout=heldout,
-                            eval_every=eval_every)
+                            eval_every=eval_every, eval_samples=eval_samples)
 
     def episode_status(self, episode_id: str) -> EpisodeStatus:
         """Where one episode stands on the server (claimed, finished, aborted, expired)."""

@@ -82,16 +82,19 @@ class RunSummary:
 
 def run_workflow(client: EpisodeSource, tasks: Iterable[Task], workflow: Workflow, *, group_size: int,
                  concurrency: int, episodes: int | None, category: str | None, progress: bool,
-                 heldout: Iterable[Task] | None = None, eval_every: int = 0) -> RunSummary:
+                 heldout: Iterable[Task] | None = None, eval_every: int = 0, eval_samples: int = 1) -> RunSummary:
     """Run until tasks run out, ``episodes`` have been started, or a claim fails for good; evaluate
-    ``heldout`` at step 0 and every ``eval_every`` steps (0: never)."""
+    ``heldout`` at step 0 and every ``eval_every`` steps (0: never), each task ``eval_samples`` times a round."""
     if group_size < 1 or concurrency < 1:
         raise ValueError(f"group_size and concurrency must be >= 1 (got {group_size}, {concurrency})")
     if episodes is not None and episodes < 1:
         raise ValueError(f"episodes must be >= 1 when given (got {episodes})")
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: no held-out evaluation), got {eval_every}")
-    state = RunState(episode_items(tasks, group_size), episodes, check_heldout(heldout or []), eval_every)
+    if eval_samples < 1:
+        raise ValueError(f"eval_samples must be >= 1 (each held-out task's episodes a round), got {eval_samples}")
+    heldout = [task for task in check_heldout(heldout or []) for _ in range(eval_samples)]
+    state = RunState(episode_items(tasks, group_size), episodes, heldout, eval_every)
     start = time.monotonic()
     # Import the openai SDK (~1.5 s) while the first claims are in flight, not after them.
     threading.Thread(target=client.openai_pool.client, name="openai-import", daemon=True).start()
@@ -229,8 +232,9 @@ def _one_episode(client: EpisodeSource, state: RunState, workflow: Workflow, ite
 
 
 def _claim_eval_round(client: EpisodeSource, state: RunState, step: int) -> None:
-    """Claim one eval episode per held-out task, all before any runs (so the server's step cannot
-    move mid-round), and queue them for the workers."""
+    """Claim one eval episode per held-out task (each task ``eval_samples`` times: the server gives each of
+    its samples its own noise), all before any runs (so the server's step cannot move mid-round), and queue
+    them for the workers."""
     claimed: list[EpisodeHandle] = []
     try:
         for task in state.heldout:

@@ -118,20 +118,24 @@ def _reward_of(ep: EpisodeHandle, value: object) -> tuple[float | None, str | No
 
 def run_study(module: ModuleType, client: SwarmClient, *, seed: int = 0, episodes: int | None = None,
               concurrency: int | None = None, group_size: int | None = None, progress: bool = True,
-              eval_every: int | None = None, rewards_out: Path | None = None) -> RunSummary:
+              eval_every: int | None = None, rewards_out: Path | None = None,
+              eval_samples: int | None = None) -> RunSummary:
     """``setup(client)`` if the study has one, then ``client.run`` over ``tasks(seed)``, evaluating
-    ``heldout()`` every ``eval_every`` steps (default: the study's ``EVAL_EVERY``, else 5; 0: off);
-    with ``rewards_out``, every episode's reward is recorded there (``RewardLog``)."""
+    ``heldout()`` every ``eval_every`` steps (default: the study's ``EVAL_EVERY``, else 5; 0: off), each
+    task ``eval_samples`` times a round (default: the study's ``EVAL_SAMPLES``, else 1); with
+    ``rewards_out``, every episode's reward is recorded there (``RewardLog``)."""
     if rewards_out is None:
         return _run(module, client, module.workflow, seed=seed, episodes=episodes, concurrency=concurrency,
-                    group_size=group_size, progress=progress, eval_every=eval_every)
+                    group_size=group_size, progress=progress, eval_every=eval_every, eval_samples=eval_samples)
     with RewardLog(rewards_out) as rewards:
         return _run(module, client, rewards.wrap(module.workflow), seed=seed, episodes=episodes,
-                    concurrency=concurrency, group_size=group_size, progress=progress, eval_every=eval_every)
+                    concurrency=concurrency, group_size=group_size, progress=progress, eval_every=eval_every,
+                    eval_samples=eval_samples)
 
 
 def _run(module: ModuleType, client: SwarmClient, workflow: Workflow, *, seed: int, episodes: int | None,
-         concurrency: int | None, group_size: int | None, progress: bool, eval_every: int | None) -> RunSummary:
+         concurrency: int | None, group_size: int | None, progress: bool, eval_every: int | None,
+         eval_samples: int | None) -> RunSummary:
     heldout = study_heldout(module)
     every = int(getattr(module, "EVAL_EVERY", DEFAULT_EVAL_EVERY)) if eval_every is None else eval_every
     if every < 0:
@@ -144,7 +148,8 @@ def _run(module: ModuleType, client: SwarmClient, workflow: Workflow, *, seed: i
     return client.run(module.tasks(seed), workflow,
                       group_size=group_size or int(getattr(module, "GROUP_SIZE", 8)),
                       concurrency=concurrency or int(getattr(module, "CONCURRENCY", 16)),
-                      episodes=episodes, progress=progress, heldout=heldout, eval_every=every if heldout else 0)
+                      episodes=episodes, progress=progress, heldout=heldout, eval_every=every if heldout else 0,
+                      eval_samples=eval_samples or int(getattr(module, "EVAL_SAMPLES", 1)))
 
 
 def stop_on_sigterm() -> None:

@@ -13,9 +13,10 @@ Results come back to the asyncio loop through futures; streamed tokens are pushe
 ``loop.call_soon_threadsafe`` so route code never blocks the event loop.
 
 Bounds: at most ``max_rows`` rows run and ``max_queued_rows`` more wait; ``submit`` beyond that
-raises ``QueueFull`` at once (the chat route answers 429) instead of letting the queue grow without
-end. A request whose future is cancelled (its client went away) is dropped from the queue, and its
-running rows stop at the next decode step (``_JobFeed.cancelled``), freeing their slots.
+raises the generator contract's ``QueueFull`` (``swarm.backends.base``) at once (the chat route answers
+429) instead of letting the queue grow without end. A request whose future is cancelled (its client
+went away) is dropped from the queue, and its running rows stop at the next decode step
+(``_JobFeed.cancelled``), freeing their slots.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from swarm.backends.base import Generation, RowFeed, Sampled, Sampler, SamplingParams, TokenSink, TopAlternatives
+from swarm.backends.base import (
+    Generation,
+    QueueFull,
+    RowFeed,
+    Sampled,
+    Sampler,
+    SamplingParams,
+    TokenSink,
+    TopAlternatives,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +66,6 @@ class _CallJob:
 _STOP = object()
 # A steady stream of arrivals may hold a batch open for at most this many windows.
 _MAX_WINDOWS = 32
-
-
-class QueueFull(RuntimeError):
-    """The worker already holds as many generation rows as it may run and queue."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass

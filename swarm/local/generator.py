@@ -1,6 +1,6 @@
 """``LocalGenerator``: the ``Generator`` role for a model that lives in the server process.
 
-It adapts a synchronous ``Sampler`` (the torch backend) to the engine's async generator contract:
+It adapts a synchronous ``Sampler`` (the torch backend) to the server's async ``Generator`` contract:
 requests go to the ``DeviceWorker`` (which batches them continuously on the device thread), and
 published weights are loaded on that same thread, between generations. When the generator and the
 trainer are one torch backend (the default), publishing finds the weights already in place and only

@@ -29,10 +29,11 @@ def load_roles(settings: ServerSettings) -> tuple[InProcessModel | None, Generat
 
     # GPUs split before anything starts: the vLLM child's are kept out of verl's Ray workers, and
     # the in-process torch engine takes none of either (``--device auto``).
-    if settings.deterministic and settings.engine != "torch":
+    if (settings.deterministic or settings.coupled) and settings.engine != "torch":
         # vLLM samples from its own per-request streams, and its batch-invariant mode (VLLM_BATCH_INVARIANT=1)
         # needs an NVIDIA GPU of compute capability 8.0 or more: no counter-based noise to share with it here.
-        raise ValueError("--deterministic needs --engine torch: the vLLM engine draws its sampling noise from "
+        flag = "--deterministic" if settings.deterministic else "--coupled"
+        raise ValueError(f"{flag} needs --engine torch: the vLLM engine draws its sampling noise from "
                          "vLLM's own per-request streams (and vLLM's batch-invariant mode needs a recent GPU)")
     vllm_child, verl = settings.engine == "vllm" and not settings.vllm_url, settings.trainer == "verl"
     visible, bf16 = visible_cuda()

@@ -24,7 +24,7 @@ LOCAL_ID = "local"
 _RATE_WINDOW_S = 10.0
 
 
-class Engine(Protocol):
+class MemberGenerator(Protocol):
     """What a member generates with: a ``Generator`` or a ``RemoteWorker``."""
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
@@ -38,13 +38,20 @@ class Bound(Protocol):
     max_staleness: int
 
 
+class LiveBound(Protocol):
+    """Where the pool reads the live staleness rule (the server's ``swarm.server.view.LiveConfig``)."""
+
+    @property
+    def config(self) -> Bound: ...
+
+
 @dataclass
 class Member:
     """One pool member. ``version`` is what it holds (None: nothing loaded yet)."""
 
     id: str
     engine_name: str
-    engine: Engine
+    generator: MemberGenerator
     capacity: int
     address: str | None = None
     version: int | None = None
@@ -107,14 +114,14 @@ class Member:
 
 class LocalMember(Member):
     """The server's own generator: its version is the generator's, and it is always eligible (its
-    publication is the step loop's business: a failed one is reported and the generator restarted)."""
+    publication is the server's business: a failed one is reported and the generator restarted)."""
 
     def __init__(self, generator: Generator, engine_name: str, capacity: int) -> None:
-        super().__init__(id=LOCAL_ID, engine_name=engine_name, engine=generator, capacity=capacity)
-        self.generator = generator
+        super().__init__(id=LOCAL_ID, engine_name=engine_name, generator=generator, capacity=capacity)
+        self.local = generator  # the same generator, with the whole ``Generator`` contract
 
     def held_version(self) -> int | None:
-        return self.generator.policy_version
+        return self.local.policy_version
 
     def within(self, newest: int, bound: Bound) -> bool:
-        return self.generator.available
+        return self.local.available

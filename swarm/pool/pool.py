@@ -1,13 +1,13 @@
 """``GeneratorPool``: the server's generator as a pool of members (docs/guides/pool.md; its place on the
 chat path: docs/architecture.md).
 
-The engine and chat completions talk to this one ``Generator``; behind it are the server's own
+The server core and chat completions talk to this one ``Generator``; behind it are the server's own
 generator (the ``local`` member, unless ``--no-local-generator``) and any ``swarm worker`` processes
 that joined (``swarm.pool.roster``). Routing, per call:
 
 - only members that may serve: active (not draining or dropped) and within the staleness bound
   (``mode="sync"``: they hold the newest published version; ``async``: at most ``max_staleness``
-  behind it); the local member is always within it (its publication is the step loop's business);
+  behind it); the local member is always within it (its publication is the server's business);
 - sticky per ``affinity`` (an episode's id): its calls stay on one member while it may serve, so the
   episode's prefix stays warm; otherwise the least loaded (rows in flight / capacity);
 - none can serve: ``GeneratorUnavailable`` (a 503 with Retry-After; no episode is lost).
@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 from swarm.backends.base import Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink, Weights
 from swarm.mismatch import SOURCE_DIFF_PREFIX
-from swarm.pool.members import Bound, LocalMember, Member
+from swarm.pool.members import Bound, LiveBound, LocalMember, Member
 from swarm.pool.remote import WorkerBusy, WorkerLost
 from swarm.pool.stitch import Rows
 from swarm.protocol import WorkerStatus
@@ -56,17 +56,17 @@ class Dissemination(Protocol):
 
 
 class GeneratorPool(Generator):
-    """A ``Generator`` over members. ``bound()`` gives the live staleness rule (the server's config)."""
+    """A ``Generator`` over members. ``live.config`` holds the live staleness rule (the server's config)."""
 
     def __init__(self, local: Generator | None, *, text: ChatText, model_name: str, max_context: int,
-                 eos_token_id: int, bound: Callable[[], Bound], local_engine: str = "torch",
+                 eos_token_id: int, live: LiveBound, local_engine: str = "torch",
                  local_capacity: int = 64, include_local: bool = True) -> None:
         self.local = local
         self.text = text
         self.model_name = model_name
         self.max_context = max_context
         self.eos_token_id = eos_token_id
-        self.bound = bound
+        self.live = live
         self.reports_top_logprobs = local.reports_top_logprobs if local is not None else True
         self.members: dict[str, Member] = {}
         if local is not None and include_local:
@@ -124,7 +124,7 @@ class GeneratorPool(Generator):
 
     @property
     def available(self) -> bool:
-        return any(m.eligible(self._published, self.bound()) for m in self.members.values())
+        return any(m.eligible(self._published, self.live.config) for m in self.members.values())
 
     def describe(self) -> dict[str, object]:
         """The local generator's description (the engine and its health), plus the pool's size."""
@@ -135,7 +135,7 @@ class GeneratorPool(Generator):
 
     def workers(self) -> list[WorkerStatus]:
         """Every member for ``/api/v1/status`` (the local one first)."""
-        bound, newest = self.bound(), self._published
+        bound, newest = self.live.config, self._published
         return [m.status(newest, bound) for m in self.members.values()]
 
     async def start(self) -> None:
@@ -146,7 +146,7 @@ class GeneratorPool(Generator):
         if self.roster is not None:
             await self.roster.close()
         for member in list(self.members.values()):
-            close = getattr(member.engine, "aclose", None)
+            close = getattr(member.generator, "aclose", None)
             if member.remote and close is not None:
                 await close()
         if self.local is not None:
@@ -202,7 +202,7 @@ class GeneratorPool(Generator):
         """One call on one member: counted in its load while it runs, and in its output once it returns."""
         member.in_flight += len(prompts)
         try:
-            sampled = await member.engine.generate(prompts, params, sink, affinity=affinity)
+            sampled = await member.generator.generate(prompts, params, sink, affinity=affinity)
         finally:
             member.in_flight -= len(prompts)
         member.produced(sum(len(g.token_ids) for g in sampled.generations))
@@ -240,7 +240,7 @@ class GeneratorPool(Generator):
 
     def choose(self, affinity: str | None, *, exclude: Collection[str] = (), rows: int = 1) -> Member:
         """The member a call goes to: the affinity's member while it may serve, else the least loaded."""
-        bound, newest = self.bound(), self._published
+        bound, newest = self.live.config, self._published
         candidates = [m for m in self.members.values() if m.id not in exclude and m.eligible(newest, bound)]
         if not candidates:
             raise GeneratorUnavailable(self._why_none(newest, bound), retry_after=_RETRY_AFTER_S)

@@ -22,7 +22,6 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 from swarm.backends.base import Weights
@@ -47,6 +46,13 @@ class PoolConfig(Bound, Protocol):
     disseminate_timeout_s: float
 
 
+class LivePoolConfig(Protocol):
+    """Where the roster reads the live config (the server's ``swarm.server.view.LiveConfig``)."""
+
+    @property
+    def config(self) -> PoolConfig: ...
+
+
 class UnknownWorker(LookupError):
     """No such member, or it was dropped: the worker must join again."""
 
@@ -54,10 +60,10 @@ class UnknownWorker(LookupError):
 class Roster:
     """Members' comings and goings, and what each publication sends them."""
 
-    def __init__(self, pool: GeneratorPool, publisher: Publisher, config: Callable[[], PoolConfig]) -> None:
+    def __init__(self, pool: GeneratorPool, publisher: Publisher, live: LivePoolConfig) -> None:
         self.pool = pool
         self.publisher = publisher
-        self.config = config
+        self.live = live
         self._dropped_at: dict[str, float] = {}
         self._pushing: asyncio.Future[None] | None = None  # an overlapped push still running
         pool.roster = self
@@ -65,11 +71,11 @@ class Roster:
     async def join(self, body: Join) -> Joined:
         """Admit a worker as ``syncing``; it gets traffic once it holds a version it may serve."""
         version = await self.publisher.snapshot()
-        config = self.config()
+        config = self.live.config
         member_id = f"w-{secrets.token_hex(4)}"
-        engine = RemoteWorker(body.address, self.publisher.token, member_id=member_id)
-        member = Member(id=member_id, engine_name=body.engine, engine=engine, capacity=body.capacity,
-                        address=engine.address, lease_expires=time.monotonic() + config.worker_lease_s)
+        client = RemoteWorker(body.address, self.publisher.token, member_id=member_id)
+        member = Member(id=member_id, engine_name=body.engine, generator=client, capacity=body.capacity,
+                        address=client.address, lease_expires=time.monotonic() + config.worker_lease_s)
         self.pool.add(member)
         log.info("worker %s joined from %s (%s, capacity %d); it syncs to version %s", member_id, body.address,
                  body.engine, body.capacity, version)
@@ -80,7 +86,7 @@ class Roster:
         """Renew the lease, take the version it holds; tell it the newest (and where a full copy is)."""
         member = self._member(member_id)
         member.version = body.version
-        member.lease_expires = time.monotonic() + self.config().worker_lease_s
+        member.lease_expires = time.monotonic() + self.live.config.worker_lease_s
         newest = self.pool.published_version
         snapshot, peers = None, []
         if body.version is None or body.version < newest:
@@ -88,7 +94,7 @@ class Roster:
                 snapshot = await self.publisher.snapshot()
             peers = [m.address for m in self.pool.remote_members() if m.id != member_id and m.phase == "active"
                      and m.version == newest and m.address][:_PEERS]
-        return BeatReply(version=newest, state=member.state(newest, self.config()), snapshot_version=snapshot,
+        return BeatReply(version=newest, state=member.state(newest, self.live.config), snapshot_version=snapshot,
                          peers=peers)
 
     def leave(self, member_id: str) -> None:
@@ -111,7 +117,7 @@ class Roster:
             if not member.remote:
                 continue
             if member.phase != "dropped" and now > member.lease_expires:
-                self.pool.drop(member.id, f"no heartbeat for {self.config().worker_lease_s:g} s")
+                self.pool.drop(member.id, f"no heartbeat for {self.live.config.worker_lease_s:g} s")
                 dropped += 1
             if member.phase == "dropped":
                 since = self._dropped_at.setdefault(member.id, now)
@@ -135,7 +141,7 @@ class Roster:
         local generator took them as a stream (NCCL), so they are exported from the trainer, and only
         when an active member is there to take them (a GPU learner without workers gathers nothing)."""
         await self.settle()  # one push at a time, and the chain is chosen from the versions it left
-        config = self.config()
+        config = self.live.config
         active = [m for m in self.pool.remote_members() if m.phase == "active"]
         if not active:
             self.publisher.reset()

@@ -95,6 +95,7 @@ class WireParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     logit_bias: list[tuple[int, float]] = Field(default_factory=list)
     noise_key: int | None = Field(None, ge=0, lt=2**64)
+    batch_invariant: bool = True
     grammar: str | None = Field(None, min_length=1)  # a constrained row: the worker applies the same mask
 
     @classmethod

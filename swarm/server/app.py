@@ -6,7 +6,7 @@ that plays both roles (the default torch engine: one model, one device thread), 
 ``generator=`` and ``trainer=`` pair; ``serve`` builds them from settings. Building the app opens the state dir's durable buffer
 (``buffer.db``) and checkpoints and resumes from them (``swarm.server.durability.recovery``). The app's
 lifespan starts the device thread and the generator, publishes the trainer's (restored) weights to
-the generator when they differ, starts the engine's training loop and the lease sweeper, and stops
+the generator when they differ, starts the core's training loop and the lease sweeper, and stops
 them in reverse order. Events go to an ``EventBus`` persisted in the buffer, so ids continue across
 restarts and ``GET /api/v1/events`` can resume with ``Last-Event-ID``.
 """
@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from swarm.backends.base import Generator, InProcessModel, Trainer
+from swarm.backends.noise import KeyedNoise
 from swarm.config import ServerSettings
 from swarm.local.device_worker import DeviceWorker
 from swarm.local.generator import LocalGenerator
@@ -38,9 +39,9 @@ from swarm.server.auth import (
     resolve_token,
     resolve_worker_token,
 )
-from swarm.server.core import ServerCore
+from swarm.server.core import ModelRoles, ServerCore, Storage
 from swarm.server.durability.checkpoints import CheckpointManager
-from swarm.server.durability.diskspace import DiskMonitor
+from swarm.server.durability.diskspace import DiskMonitor, QuietEventLog
 from swarm.server.durability.recovery import Restored, restore
 from swarm.server.durability.store import EpisodeStore
 from swarm.server.episodes.lifecycle import Lifecycle
@@ -53,6 +54,7 @@ from swarm.server.http.routes_openai import router as openai_router
 from swarm.server.http.routes_workers import router as workers_router
 from swarm.server.mlflow_sink import ServerRun
 from swarm.server.training.trainer_thread import TrainerThread
+from swarm.server.view import LiveConfig
 from swarm.weights.publish import SNAPSHOT_PREFIX, Publisher, cpu_copy
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
     store = EpisodeStore(state_dir / "buffer.db")
     checkpoints = CheckpointManager(state_dir / "checkpoints")
     restored = restore(store, checkpoints, trainer, settings.config)
-    config = restored.config or settings.config
+    live = LiveConfig(restored.config or settings.config)  # one cell: the pool, its roster and the core read it
+    config = live.config
     # The device thread runs in-process model work: torch generation and/or the torch trainer.
     device_model: Any = backend if backend is not None else trainer
     worker = DeviceWorker(device_model, window_s=config.batch_window_ms / 1000.0, max_rows=config.max_batch_rows)
@@ -86,32 +89,32 @@ def create_app(settings: ServerSettings, backend: InProcessModel | None = None, 
         generator = LocalGenerator(backend, worker)
     pool = GeneratorPool(generator, text=generator.text, model_name=generator.model_name,
                          max_context=generator.max_context, eos_token_id=generator.eos_token_id,
-                         bound=lambda: core.config, local_engine=settings.engine,
+                         live=live, local_engine=settings.engine,
                          local_capacity=config.max_batch_rows, include_local=settings.local_generator)
     # A trainer that is not the device thread's model (verl: Ray workers) gets its own thread, so
     # generation on the device thread goes on while it trains.
     trainer_thread = None if trainer is device_model else TrainerThread()
     max_context = min(generator.max_context, settings.max_context or generator.max_context)
     disk = DiskMonitor(state_dir, reserve_bytes=int(settings.disk_reserve_mb * 2**20))
-    core = ServerCore(config=config, generator=pool, trainer=trainer, worker=worker, keys=keys,
-                    state_dir=state_dir, store=store, checkpoints=checkpoints, disk=disk,
-                    max_context=max_context, run_blocking=trainer_thread.call if trainer_thread else None,
-                    defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}),
-                    noise_seed=settings.seed if settings.deterministic else None)
+    roles = ModelRoles(generator=pool, trainer=trainer, device=worker, trainer_calls=trainer_thread or worker)
+    storage = Storage(state_dir=state_dir, store=store, checkpoints=checkpoints, disk=disk)
+    core = ServerCore(live=live, roles=roles, storage=storage, keys=keys, max_context=max_context,
+                      defaults=settings.defaults.model_copy(update={"resumed": restored.config is not None}),
+                      noise=keyed_noise(settings), seed=settings.seed)
     if settings.deterministic and config.mode != "sync":
         log.warning("--deterministic in async mode: sampling is reproducible, but which version samples an "
                     "episode and which samples a step trains still depend on timing; use mode = \"sync\"")
     core.restore(restored)
-    roster = _roster(pool, keys, core, run_blocking=trainer_thread.call if trainer_thread else worker.call)
+    roster = _roster(pool, keys, live, roles)
     # The event log is best effort: on a full disk events still reach subscribers, unrecorded.
     bus = EventBus(start_id=store.last_event_id(), history=store.recent_events(),
-                   on_publish=disk.quietly("recording an event", store.append_event))
-    core.add_listener(lambda type_, data: bus.publish(type_, **data))
-    pool.on_status = lambda _: core.emit("generator.status", **pool.describe())  # a vLLM child's health
+                   journal=QuietEventLog(store, disk))
+    core.add_listener(bus)
+    pool.on_status = core.generator_status  # a vLLM child's health
     parts = _Parts(core=core, worker=worker, trainer_thread=trainer_thread, bus=bus, restored=restored,
                    owns_trainer=trainer is not backend,
                    tracker=ServerRun(settings, config=core.config.model_dump(mode="json"), step=core.step,
-                                     steps=store.step_metrics, checkpoints=checkpoints.all)
+                                     store=store, checkpoints=checkpoints)
                    if settings.mlflow_uri else None)
     ctx = AppContext(settings=settings, core=core, lifecycle=core.lifecycle, chat=core.completions,
                      runs=core.runs, keys=keys, max_context=max_context, roster=roster)
@@ -141,8 +144,7 @@ def _http_app(parts: _Parts, ctx: AppContext, token: str) -> FastAPI:
     app.include_router(openai_router, responses=ERROR_RESPONSES)
     app.include_router(episodes_router, responses=ERROR_RESPONSES)
     app.include_router(control_router, responses=ERROR_RESPONSES)
-    app.include_router(events_router(bus, require_control, max_subscribers=lambda: core.config.max_event_subscribers),
-                       responses=ERROR_RESPONSES)
+    app.include_router(events_router(bus, require_control, live=core.live), responses=ERROR_RESPONSES)
     app.include_router(workers_router, responses=ERROR_RESPONSES)
     if ctx.roster is not None:
         from swarm.weights.relay import relay_router  # torch (shards): only when the app is built
@@ -172,7 +174,7 @@ class _Parts:
         self.worker.start()
         if self.tracker is not None:
             self.tracker.start()  # never waits on MLflow
-            core.add_listener(self.tracker.on_event)
+            core.add_listener(self.tracker)
         try:
             await generator.start()
         except Exception as exc:  # e.g. vLLM missing or not coming up: `swarm serve` exits with this
@@ -219,18 +221,18 @@ class _Parts:
         core.store.close()
 
 
-def _roster(pool: GeneratorPool, keys: KeyRing, core: ServerCore, run_blocking: Any) -> Roster | None:
+def _roster(pool: GeneratorPool, keys: KeyRing, live: LiveConfig, roles: ModelRoles) -> Roster | None:
     """The pool's membership and dissemination; None without a worker token. When the trainer streams
     its weights to a local vLLM (NCCL), workers get a state dict exported after each step, and only
     while any is active."""
     if keys.worker_token is None:
         return None
-    trainer = core.trainer
+    trainer, calls = roles.trainer, roles.trainer_calls
 
-    async def export() -> tuple[int, Any]:  # one trainer-thread call: the version and its copied weights agree
-        return await run_blocking(lambda: (trainer.policy_version, cpu_copy(trainer.export_weights())))
+    async def export() -> tuple[int, Any]:  # one trainer call: the version and its copied weights agree
+        return await calls.call(lambda: (trainer.policy_version, cpu_copy(trainer.export_weights())))
 
-    return Roster(pool, Publisher(keys.worker_token, export=export), lambda: core.config)
+    return Roster(pool, Publisher(keys.worker_token, export=export), live)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -273,3 +275,11 @@ async def _sweep(lifecycle: Lifecycle) -> None:
             continue
         if expired:
             log.info("expired %d episode(s) with stale leases", expired)
+
+
+def keyed_noise(settings: ServerSettings) -> KeyedNoise | None:
+    """The server's keyed sampling noise: batch-invariant with ``--deterministic``, shared-batch with
+    ``--coupled`` (``swarm.backends.noise.KeyedNoise``); None (a random stream) otherwise."""
+    if settings.deterministic:
+        return KeyedNoise(settings.seed, batch_invariant=True)
+    return KeyedNoise(settings.seed, batch_invariant=False) if settings.coupled else None

@@ -1,15 +1,17 @@
 """The core: sole owner of the server's mutable state — episodes, groups, config, counters.
 
-It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``) and gives each of
-its parts what that part uses (live values through ``ServerView``): claims go through ``claims``
+It is composed of one ``Generator`` and one ``Trainer`` (``swarm.backends.base``, with the threads they
+run on: ``ModelRoles``) and the state dir's durable parts (``Storage``), and gives each of its parts the
+objects that part calls (live values through ``ServerView``): claims go through ``claims``
 (``swarm.server.episodes.claims``; pause, stop and sync drains are refused here, in ``claim``, and work that
 could not train within ``max_staleness`` by ``admission``, ``swarm.server.flow.admission``), heartbeats,
 finishes, aborts and lease expiry through ``lifecycle`` (``swarm.server.episodes.lifecycle``), chat calls
 through ``completions`` (render → generate → record, ``swarm.server.episodes.completions``; a run key's calls
 find their episodes through ``runs``, ``swarm.server.episodes.runs``), training through
-``loop`` (collect → advantages → update → publish → commit, ``swarm.server.training.step_loop``) and held-out
+``loop`` (when a step runs, ``swarm.server.training.step_loop``; the step itself, collect → advantages →
+update → publish → commit, is ``swarm.server.training.step.train_step``) and held-out
 evaluation through ``evals`` (eval claims, rounds, their ``eval/*`` metrics, ``swarm.server.episodes.evaluation``).
-All methods run on the asyncio event loop thread (route handlers and the engine's own tasks), so
+All methods run on the asyncio event loop thread (route handlers and the core's own tasks), so
 state changes need no locks; blocking model work runs on the device thread and is awaited.
 Episode lifecycle: CLAIMED → FINISHED | ABORTED | EXPIRED (``protocol.EPISODE_TRANSITIONS``).
 
@@ -28,15 +30,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from swarm.backends.base import Trainer
+from swarm.backends.noise import KeyedNoise
 from swarm.config import ServerConfig
 from swarm.local.device_worker import DeviceWorker
 from swarm.pool.pool import GeneratorPool
 from swarm.protocol import (
-    AbortRequest,
     ClaimRequest,
     ConfigDefaults,
     ConfigView,
@@ -59,43 +62,79 @@ from swarm.server.episodes.evaluation import Evaluation
 from swarm.server.episodes.lifecycle import Lifecycle
 from swarm.server.episodes.runs import RunEpisodes
 from swarm.server.errors import BadRequest, InsufficientStorage, RetryLater
-from swarm.server.flow.admission import Admission, Backlog
+from swarm.server.flow.admission import Admission
 from swarm.server.flow.capacity import CapacityMeter
 from swarm.server.records.episode import EpisodeRecord, GroupBook
 from swarm.server.records.registry import EpisodeRegistry
-from swarm.server.training.step_loop import RunBlocking, StepLoop
+from swarm.server.training.error_log import ErrorLog
+from swarm.server.training.generator_sync import GeneratorSync
+from swarm.server.training.ledger import StepLedger
+from swarm.server.training.step import StepParts
+from swarm.server.training.step_loop import StepLoop
 from swarm.server.training.step_rows import StepRows
+from swarm.server.training.trainer_thread import TrainerCalls
+from swarm.server.view import LiveConfig
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[str, dict[str, Any]], object]  # what it returns is ignored
+__all__ = ["Listener", "ModelRoles", "ServerCore", "Storage"]
+
+
+class Listener(Protocol):
+    """Receives every event the core emits (the event bus, the server's MLflow run)."""
+
+    def on_event(self, type_: str, data: dict[str, Any]) -> object:
+        """``type_`` (``episode.*``, ``step.*``, …) and its data, on the event loop; what it returns is ignored."""
+
+
+@dataclass(frozen=True)
+class ModelRoles:
+    """The model side of the server: the generator (a pool over the local one and any workers), the
+    trainer, the device thread that runs in-process model work, and where the trainer's blocking calls
+    run (``trainer_calls``: the device thread itself, or a ``TrainerThread`` of their own)."""
+
+    generator: GeneratorPool
+    trainer: Trainer
+    device: DeviceWorker
+    trainer_calls: TrainerCalls
+
+
+@dataclass(frozen=True)
+class Storage:
+    """The state dir's durable parts: the episode buffer, the checkpoints and the free-space monitor."""
+
+    state_dir: Path
+    store: EpisodeStore
+    checkpoints: CheckpointManager
+    disk: DiskMonitor
 
 
 class ServerCore:
-    def __init__(self, *, config: ServerConfig, generator: GeneratorPool, trainer: Trainer, worker: DeviceWorker,
-                 keys: KeyRing, state_dir: Path, store: EpisodeStore, checkpoints: CheckpointManager,
-                 max_context: int, run_blocking: RunBlocking[Any] | None = None,
+    def __init__(self, *, live: LiveConfig, roles: ModelRoles, storage: Storage, keys: KeyRing, max_context: int,
                  clock: Callable[[], float] = time.time, defaults: ConfigDefaults | None = None,
-                 disk: DiskMonitor | None = None, noise_seed: int | None = None) -> None:
-        """``noise_seed``: deterministic mode (``swarm serve --deterministic``, the server's seed): keyed
-        sampling noise (``completions``), one batch admitted per version (``admission``), each step's
-        groups in claim order (``GroupBook``) and the ``random_reward`` coin drawn from the episode's place."""
-        self.config = config
+                 noise: KeyedNoise | None = None, seed: int = 0) -> None:
+        """``live``: the config it starts with (the pool reads the same cell). ``seed``: the server's, which
+        salts the held-out episodes' sampling seeds (``completions.eval_seed``). ``noise``: deterministic or
+        coupled mode (``swarm serve --deterministic``/``--coupled``, the server's seed): keyed sampling
+        noise (``completions``), each step's groups in claim order (``GroupBook``) and the
+        ``random_reward`` coin drawn from the episode's place; deterministic mode also admits one batch
+        per version (``admission``), coupled mode keeps the config's admission."""
+        self.live = live
         self.defaults = defaults or ConfigDefaults()  # where the starting config's unset keys came from (status)
-        self.config_version = 0
+        generator, trainer = roles.generator, roles.trainer
         self.generator = generator
         self.trainer = trainer
-        self.worker = worker  # the device thread (in-process model work)
+        self.worker = roles.device  # the device thread (in-process model work)
         self.keys = keys
-        self.state_dir = state_dir
-        self.store = store
-        self.disk = disk or DiskMonitor(state_dir)  # free space under the state dir (claims, status)
+        self.state_dir = storage.state_dir
+        self.store = store = storage.store
+        self.disk = storage.disk  # free space under the state dir (claims, status)
         self.clock = clock
         self._state = ServerState.starting
         self.counts = EpisodeCounts()
         self.capacity = CapacityMeter()  # learner utilisation and per-client rollout rate (``swarm plan``)
         self.episodes = EpisodeRegistry()
-        deterministic = noise_seed is not None
+        deterministic = noise is not None
         self.groups = GroupBook(canonical=deterministic)
         self._listeners: list[Listener] = []
         self._version = trainer.policy_version
@@ -103,35 +142,32 @@ class ServerCore:
         self._started_at = time.monotonic()
         self.created = int(clock())
         self.max_context = max_context
-        # The trainer shares the device thread with the local generator: a chat call that arrives
-        # while a step trains waits for the update, so it samples (and is tagged with) the new version.
-        self._update_blocks_sampling = run_blocking is None
-        # The parts get what they use; what changes while serving they read through ``ServerView``.
+        # The parts get the objects they call; what changes while serving they read through ``ServerView``.
         # They are built in dependency order, each from parts that exist: what two of them share (the
-        # step loop's wake-up, the step-metrics rows) is made first and handed to both.
+        # step loop's wake-up, the step-metrics rows, the error log) is made first and handed to both.
         wake = asyncio.Event()  # the step loop waits on it; an ended episode, a resume or a config change sets it
-        rows = StepRows(store, self)  # the step loop appends its rows; a held-out round merges its eval/* in
-        self.evals = Evaluation(self, episodes=self.episodes, publish=rows.add)
+        self.rows = rows = StepRows(store, self)  # each step appends its row; a held-out round merges its eval/* in
+        self.errors = errors = ErrorLog(self)  # what training survived: error events, the status' last_error
+        self.evals = Evaluation(self, episodes=self.episodes, rows=rows)
         self.lifecycle = Lifecycle(self, episodes=self.episodes, groups=self.groups, store=store, counts=self.counts,
-                                   capacity=self.capacity, disk=self.disk, eval_ended=self.evals.ended, wake=wake.set)
-        evals = self.evals
-        self.loop = StepLoop(self, trainer=trainer, generator=generator, run_blocking=run_blocking or worker.call,
-                             checkpoints=checkpoints, store=store, groups=self.groups, episodes=self.episodes,
-                             capacity=self.capacity, disk=self.disk, rows=rows, wake=wake, may_step=self._may_step,
-                             eval_live=lambda: evals.live, eval_due=evals.due, drop=self.lifecycle.drop,
-                             trained=self._trained)
-        loop = self.loop
-        self.admission = Admission(self, backlog=self._backlog, capacity=self.capacity,
-                                   active=lambda: not loop.past_max_steps(), deterministic=deterministic)
+                                   capacity=self.capacity, disk=self.disk, evals=self.evals, wake=wake)
+        calls = roles.trainer_calls
+        self.sync = GeneratorSync(self, trainer=trainer, generator=generator, calls=calls, errors=errors)
+        ledger = StepLedger(self, store=store, disk=self.disk, rows=rows, capacity=self.capacity, errors=errors)
+        parts = StepParts(view=self, trainer=trainer, calls=calls, groups=self.groups, episodes=self.lifecycle,
+                          sync=self.sync, ledger=ledger, errors=errors)
+        # A trainer on the device thread shares it with the local generator: a chat call that arrives
+        # while a step trains waits for the update, so it samples (and is tagged with) the new version.
+        self.loop = StepLoop(parts, evals=self.evals, episodes=self.episodes, generator=generator,
+                             checkpoints=storage.checkpoints, wake=wake, sampling_waits_for_update=calls is roles.device)
+        self.admission = Admission(self, training=self.loop, capacity=self.capacity,
+                                   deterministic=noise is not None and noise.batch_invariant)
         self.claims = Claims(self, keys=keys, episodes=self.episodes, groups=self.groups,
-                             category_ratios=config.category_ratios, admission=self.admission,
+                             category_ratios=self.config.category_ratios, admission=self.admission,
                              deterministic=deterministic)
         self.completions = Completions(self, generator=generator, max_context=max_context, episodes=self.episodes,
-                                       live=self.lifecycle.live, admit_first=self.admission.first_call,
-                                       noise_seed=noise_seed)
-        self.runs = RunEpisodes(
-            self, episodes=self.episodes, open_training=self.open_training,
-            abort=lambda episode_id, why: self.lifecycle.abort(episode_id, AbortRequest(reason=why)))
+                                       lifecycle=self.lifecycle, admission=self.admission, noise=noise, seed=seed)
+        self.runs = RunEpisodes(self, episodes=self.episodes, claims=self, lifecycle=self.lifecycle)
         self._apply_worker_limits()
 
     def _apply_worker_limits(self) -> None:
@@ -141,35 +177,52 @@ class ServerCore:
     # ------------------------------------------------------------------ seams
 
     def add_listener(self, listener: Listener) -> None:
-        """Receive every event the core emits: ``listener(type, data)`` on the event loop."""
+        """Receive every event the core emits: ``listener.on_event(type, data)`` on the event loop."""
         self._listeners.append(listener)
 
     def emit(self, type_: str, **data: Any) -> None:
         for listener in self._listeners:
             try:
-                listener(type_, data)
+                listener.on_event(type_, data)
             except Exception:  # a broken listener must not break the core
                 log.exception("event listener failed on %s", type_)
 
+    def generator_status(self, _: object) -> None:
+        """The generator's own health changed (a vLLM child): a ``generator.status`` event."""
+        self.emit("generator.status", **self.generator.describe())
+
     def restore(self, restored: Restored) -> None:
         """Take over the state ``recovery.restore`` rebuilt (before serving)."""
-        self.loop.step = restored.step
+        self.loop.ledger.step = restored.step
         if restored.config is not None:
             self.config = restored.config
             self.claims.reset_throttle(self.config.category_ratios)
             self._apply_worker_limits()
-        self.config_version = restored.config_version
+        self.live.version = restored.config_version
         self._version = restored.policy_version
         for name in EpisodeCounts.model_fields:  # in place: the lifecycle counts into the same object
             setattr(self.counts, name, getattr(restored.counts, name))
         self.lifecycle.drop_reasons.update(restored.drop_reasons)
-        self.loop.rows.restore()
+        self.rows.restore()
         for group in restored.ready:
             self.groups.ready.append(group)
             for member in group.members:
                 self.episodes.add_finished(member)
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self) -> ServerConfig:
+        """The live config (``LiveConfig``: replaced by every ``PATCH /api/v1/config``)."""
+        return self.live.config
+
+    @config.setter
+    def config(self, config: ServerConfig) -> None:
+        self.live.config = config
+
+    @property
+    def config_version(self) -> int:
+        return self.live.version
 
     @property
     def state(self) -> ServerState:
@@ -190,7 +243,7 @@ class ServerCore:
 
     @property
     def metrics(self) -> list[StepMetrics]:
-        return self.loop.rows.rows
+        return self.rows.rows
 
     @property
     def in_flight(self) -> int:
@@ -255,38 +308,6 @@ class ServerCore:
         """Enough complete groups for a step (``batch_mode``/``batch_groups``)."""
         return self.groups.batch_ready(self.config.batch_mode, self.config.batch_groups, self.config.group_size)
 
-    def _may_step(self) -> bool:
-        """The step loop's question: not paused or stopping, a batch is ready and, in sync mode, no
-        episode is in flight (the drain)."""
-        if self._paused or self._state in (ServerState.stopping, ServerState.stopped):
-            return False
-        if not self.batch_ready():
-            return False
-        return self.config.mode == "async" or self.in_flight == 0
-
-    def _backlog(self) -> Backlog:
-        """The work held toward future steps, in the batch's unit (``swarm.server.flow.admission``). The
-        running step's batch counts where work admitted now could be sampled before its update (a
-        trainer on its own thread, pool workers, an update not queued yet); not once sampling can only
-        follow the update (one device thread for both: what it samples next carries the new version)."""
-        config, loop = self.config, self.loop
-        follows = self._update_blocks_sampling and loop.update_queued and not self.generator.remote_members()
-        batch = [] if follows else loop.batch
-        episodes, groups = self.episodes.live_training()
-        if config.batch_mode == "episodes":
-            return Backlog(training=sum(len(g.finished) for g in batch), waiting=self.groups.ready_episodes(),
-                           in_flight=episodes, batch=config.batch_groups * config.group_size)
-        return Backlog(training=len(batch), waiting=len(self.groups.ready), in_flight=groups,
-                       batch=config.batch_groups)
-
-    def _trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord], reason: str) -> None:
-        """A step committed: count its episodes (the stale ones as dropped for ``reason``); they leave
-        memory (the store keeps the durable copy)."""
-        self.counts.trained += len(kept)
-        self.lifecycle.tally_drops(len(stale), reason)
-        for episode in (*kept, *stale):
-            self.episodes.evict(episode)
-
     async def run(self) -> None:
         """The training loop (``StepLoop.run``); runs as a task for the app's life."""
         self._state = ServerState.running
@@ -301,12 +322,12 @@ class ServerCore:
         return await self.loop.checkpoint()
 
     async def publish(self) -> float:
-        """Hand the trainer's weights to the generator now (``StepLoop.publish``); seconds taken."""
-        return await self.loop.publish()
+        """Hand the trainer's weights to the generator now (``GeneratorSync.publish``); seconds taken."""
+        return await self.sync.publish()
 
     def report(self, where: str, exc: BaseException) -> None:
         """Record an error the server survived: an ``error`` event and the status' ``last_error``."""
-        self.loop.report(where, exc)
+        self.errors.report(where, exc)
 
     # ------------------------------------------------------------------ control
 
@@ -319,7 +340,7 @@ class ServerCore:
         if config.category_ratios != self.config.category_ratios:
             self.claims.reset_throttle(config.category_ratios)
         self.config = config
-        self.config_version += 1
+        self.live.version += 1
         # Durable at once, so a crash before the next checkpoint does not undo a live change.
         store_safely("save live config", lambda: self.store.put_meta(
             CONFIG_KEY, {"version": self.config_version, "values": config.model_dump(mode="json")}))
@@ -368,7 +389,7 @@ class ServerCore:
                 "chat_rows_in_flight": float(self.completions.in_flight.rows),
                 "cancelled_rows": float(stats.cancelled),
             },
-            uptime_s=uptime, generator=self.generator.describe(), last_error=self.loop.last_error,
+            uptime_s=uptime, generator=self.generator.describe(), last_error=self.errors.last,
             workers=self.generator.workers(), drop_reasons=dict(self.lifecycle.drop_reasons),
             refusal_reasons=dict(self.admission.refused), recent=self.capacity.recent(), defaults=self.defaults,
             disk=self.disk.check(), client_sampling=self.completions.client_sampling.counts(),
@@ -376,5 +397,5 @@ class ServerCore:
 
     def metrics_since(self, since_step: int) -> list[StepMetrics]:
         """The rows of steps after ``since_step`` (``StepRows.since``)."""
-        return self.loop.rows.since(since_step)
+        return self.rows.since(since_step)
 

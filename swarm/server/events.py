@@ -37,7 +37,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
 from swarm.protocol import API_PREFIX, Event
+from swarm.server.durability.diskspace import EventSink
 from swarm.server.errors import RetryLater
+from swarm.server.view import LiveConfig
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +91,12 @@ class EventBus:
         start_id: int = 0,
         queue_size: int = 1_000,
         history: Iterable[Event] = (),
-        on_publish: Callable[[Event], None] | None = None,
+        journal: EventSink | None = None,
     ) -> None:
         """``start_id``: the last id already used (the next event gets ``start_id + 1``).
         ``history``: earlier events (e.g. from the store) to seed the replay ring.
-        ``on_publish``: called with each event, in id order (e.g. ``store.append_event``); its
-        errors are logged, never raised into the publisher."""
+        ``journal``: persists each event, in id order (``journal.append_event``: the store, or
+        ``QuietEventLog`` around it); its errors are logged, never raised into the publisher."""
         if capacity < 1 or queue_size < 1 or start_id < 0:
             raise ValueError("capacity and queue_size must be >= 1 and start_id >= 0")
         self._lock = threading.Lock()
@@ -105,7 +107,7 @@ class EventBus:
         self._last_id = start_id
         self._queue_size = queue_size
         self._subscribers: set[_Subscriber] = set()
-        self._on_publish = on_publish
+        self._journal = journal
         self._closed = False
 
     @property
@@ -115,6 +117,10 @@ class EventBus:
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
+
+    def on_event(self, type_: str, data: dict[str, Any]) -> None:
+        """A server core listener (``ServerCore.add_listener``): publish what the core emits."""
+        self.publish(type_, **data)
 
     def publish(self, type: str, /, **data: Any) -> Event:  # the SSE field is called type
         """Record one event and hand it to every subscriber; never blocks on readers."""
@@ -128,11 +134,11 @@ class EventBus:
             self._last_id += 1
             event = Event(id=self._last_id, type=type, time=time.time(), data=data)
             self._ring.append(event)
-            if self._on_publish is not None:
+            if self._journal is not None:
                 try:
-                    self._on_publish(event)
+                    self._journal.append_event(event)
                 except Exception:  # persisting is best effort; the live stream must go on
-                    log.exception("on_publish failed for event %d", event.id)
+                    log.exception("recording event %d failed", event.id)
             for sub in list(self._subscribers):
                 if sub.overflowed:
                     continue
@@ -239,11 +245,11 @@ class EventBus:
 
 
 def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s: float = 15.0,
-                  max_subscribers: Callable[[], int | None] = lambda: None) -> APIRouter:
+                  live: LiveConfig | None = None) -> APIRouter:
     """``GET /api/v1/events``: the bus as Server-Sent Events (``id`` = event id, ``event`` = type,
     ``data`` = the ``protocol.Event`` as JSON). ``require_control`` is a FastAPI dependency that
-    refuses callers without the control token; ``max_subscribers()`` is the live reader cap (None:
-    no cap)."""
+    refuses callers without the control token; ``live.config.max_event_subscribers`` is the live
+    reader cap (None, or no ``live``: no cap)."""
     router = APIRouter()
 
     @router.get(
@@ -263,7 +269,7 @@ def events_router(bus: EventBus, require_control: Callable[..., Any], *, ping_s:
     ) -> EventSourceResponse:
         start = last_event_id_header if last_event_id_header is not None else last_event_id
         try:
-            subscription = bus.open(start, limit=max_subscribers())
+            subscription = bus.open(start, limit=live.config.max_event_subscribers if live is not None else None)
         except TooManySubscribers as exc:
             raise RetryLater(str(exc), retry_after=SUBSCRIBER_RETRY_S) from None
         return _EventStream(subscription, _sse(subscription.events, timeout_s, max_events), ping=ping_s)

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from swarm.config import ServerSettings
 from swarm.protocol import StepMetrics
-from swarm.server.durability.checkpoints import Checkpoint
+from swarm.server.durability.checkpoints import CheckpointManager
+from swarm.server.durability.store import EpisodeStore
 from swarm.tracking import SERVER_CURSOR_FILE, MlflowRunWriter
 
 __all__ = ["CURSOR_FILE", "ServerRun", "server_params"]
@@ -53,18 +54,18 @@ def server_params(settings: ServerSettings, config: Mapping[str, object]) -> dic
 class ServerRun:
     """Feeds one ``MlflowRunWriter``: ``start`` before serving, ``watch`` the training task, ``close``
     on the way out; ``on_event`` receives the server's events. It is given the live config and step
-    it starts at, the durable buffer's step rows (``steps(after, limit)``, JSON documents) and the
-    kept checkpoints (``checkpoints()``, oldest first)."""
+    it starts at, the durable buffer (its step rows: ``store.step_metrics(after, limit)``, JSON
+    documents) and the checkpoints (the kept ones: ``checkpoints.all()``, oldest first)."""
 
     def __init__(self, settings: ServerSettings, *, config: Mapping[str, object], step: int,
-                 steps: Callable[[int, int], list[str]], checkpoints: Callable[[], Iterable[Checkpoint]]) -> None:
+                 store: EpisodeStore, checkpoints: CheckpointManager) -> None:
         if not settings.mlflow_uri:
             raise ValueError("ServerRun needs settings.mlflow_uri")
         self._uri = settings.mlflow_uri
         self._settings = settings
         self._config = config
         self._step = step
-        self._rows = steps
+        self._store = store
         self._checkpoints = checkpoints
         self._writer: MlflowRunWriter | None = None
         self._error: str | None = None
@@ -83,7 +84,7 @@ class ServerRun:
             tags={"swarm.state_dir": str(settings.state_dir.resolve())},
             cursor_path=settings.state_dir / CURSOR_FILE, rewind_to=self._step)
         self._writer.rewind(self._writer.delivered_step - 1)  # the row at the cursor may have gained eval/*
-        for checkpoint in self._checkpoints():  # kept ones, oldest first: saved while MLflow was away
+        for checkpoint in self._checkpoints.all():  # kept ones, oldest first: saved while MLflow was away
             self._tag_checkpoint(checkpoint.step, checkpoint.path)
 
     def watch(self, task: asyncio.Task[Any]) -> None:
@@ -102,10 +103,10 @@ class ServerRun:
 
     def _steps(self, after: int, limit: int) -> list[StepMetrics]:
         """The writer's source: the durable buffer's step metrics (the same documents as /api/v1/metrics)."""
-        return [StepMetrics.model_validate_json(body) for body in self._rows(after, limit)]
+        return [StepMetrics.model_validate_json(body) for body in self._store.step_metrics(after, limit)]
 
     def on_event(self, type_: str, data: dict[str, Any]) -> None:
-        """A server event (an engine listener): checkpoints, late eval rows and config changes."""
+        """A server event (a core listener, ``ServerCore.add_listener``): checkpoints, late eval rows and config changes."""
         if self._writer is None:
             return
         if type_ == "checkpoint.saved":

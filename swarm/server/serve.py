@@ -1,4 +1,4 @@
-"""``serve(settings)``: build the engines, resolve the token, and run uvicorn until stopped.
+"""``serve(settings)``: build the generator and trainer, resolve the token, and run uvicorn until stopped.
 
 Writes ``<state_dir>/server.json`` (url, pid, model) so tools can find a running server, and
 ``<state_dir>/token`` when the token was generated. On an existing state dir the server resumes (see
@@ -30,6 +30,7 @@ from types import FrameType
 import uvicorn
 
 from swarm import stopping
+from swarm.atomic import write_atomic
 from swarm.config import ServerSettings
 from swarm.local.roles import load_roles
 from swarm.server.app import create_app
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # connection in the instant the server closes it (uvicorn's 5 s default raced exactly that way
 # under load: a "connection error" that was nobody's fault).
 _KEEP_ALIVE_S = 75
-_GRACEFUL_S = 4  # open requests get this long after SIGTERM; the engines' own stop fits the rest of the deadline
+_GRACEFUL_S = 4  # open requests get this long after SIGTERM; the generator's and trainer's own stop fits the rest
 
 
 def serve(settings: ServerSettings) -> None:
@@ -100,18 +101,15 @@ class _Server(uvicorn.Server):
 
 async def announce(path: Path, info: dict[str, object], stopping_now: Callable[[], bool]) -> bool:
     """Write ``server.json`` whole (a temporary file renamed over it). On a full disk, wait for room
-    rather than exit: the engines are up (vLLM's start alone takes minutes on a busy CPU) and the
+    rather than exit: the generator and trainer are up (vLLM's start alone takes minutes on a busy CPU) and the
     server already answers, reporting the full disk; a full disk is a state, not a crash (the soak
     found a server exiting here). False if the server stopped first."""
-    tmp = path.with_name(f".{path.name}.tmp")
     waiting = False
     while not stopping_now():
         try:
-            tmp.write_text(json.dumps(info, indent=2))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(info, indent=2))  # a refused write leaves no temporary file
             return True
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             if not is_disk_full(exc):
                 raise
             if not waiting:

@@ -13,6 +13,11 @@ vLLM's structured outputs (``structured_outputs.grammar``, served by vLLM's llgu
   enforces it). Both use llguidance's ``%json`` with at most one space between JSON tokens: compact
   (``{"a":1}``) and ``json.dumps``' form (``{"a": 1}``) both fit, so a model writes the style it
   learned, and a small or untrained one cannot wander in blanks (vLLM's default allows any run of them).
+- An object schema that lists its ``properties`` but says nothing of ``additionalProperties`` takes no
+  other keys (``closed``), as vLLM's default backend does (xgrammar's strict mode; its llguidance
+  backend's ``disable_additional_properties``). JSON Schema's own default admits any key, so a model
+  could write a key no tool takes (smolagents' tool schemas and pydantic's leave it unset) and the
+  framework refuses the call. A schema that sets ``additionalProperties`` keeps its choice.
 - A forced tool call: the tool-call parser's own wire format, so the reply parses into
   ``message.tool_calls`` exactly as a call the model wrote unforced. ``hermes``:
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; ``llama3_json``:
@@ -32,7 +37,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["JSON_STYLE", "check_grammar", "json_grammar", "response_grammar", "tool_call_grammar"]
+__all__ = ["JSON_STYLE", "check_grammar", "closed", "json_grammar", "response_grammar", "tool_call_grammar"]
 
 # llguidance's JSON options: at most one space between JSON tokens (see the module docstring).
 JSON_STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}
@@ -115,9 +120,46 @@ def _validated(matcher: Any, grammar: str) -> tuple[bool, bool, str]:
 
 
 def _json_rule(schema: Mapping[str, Any]) -> str:
-    """``%json {...}``: llguidance's inline JSON-schema rule, in ``JSON_STYLE`` unless the schema sets its own."""
-    styled = {**schema, "x-guidance": {**JSON_STYLE, **dict(schema.get("x-guidance") or {})}}
+    """``%json {...}``: llguidance's inline JSON-schema rule for ``closed(schema)``, in ``JSON_STYLE``
+    unless the schema sets its own."""
+    styled = {**closed(schema), "x-guidance": {**JSON_STYLE, **dict(schema.get("x-guidance") or {})}}
     return "%json " + json.dumps(styled, ensure_ascii=False)
+
+
+# The keywords whose value is a schema, a list of schemas, or a map from names to schemas: where
+# ``closed`` looks for objects (``const``, ``enum``, ``default`` and ``examples`` hold data, not schemas).
+_SCHEMA_KEYS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+                "unevaluatedItems", "additionalProperties", "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Mapping[str, Any], *, close: bool = True) -> dict[str, Any]:
+    """``schema`` (a copy) with ``"additionalProperties": false`` on every object schema, at any depth,
+    that lists ``properties`` or ``patternProperties`` and leaves ``additionalProperties`` unset: what
+    vLLM's structured outputs generate by default (see the module docstring). The members of an
+    ``allOf`` stay open themselves (closed, each would refuse the keys the others add) but not inside."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _closed_value(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_KEYS or key in _SCHEMA_LISTS:
+            out[key] = _closed_value(value)
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [closed(v, close=False) if isinstance(v, Mapping) else v for v in value]
+        else:
+            out[key] = value
+    if close and ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return closed(value)
+    if isinstance(value, list):
+        return [closed(v) if isinstance(v, Mapping) else v for v in value]
+    return value
 
 
 def _literal(text: str, token_id: TokenLookup) -> str:

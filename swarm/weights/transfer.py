@@ -14,8 +14,9 @@ and a vLLM on other GPUs (NCCL refuses two ranks on one device).
 ``choose_transfer`` applies exactly those conditions: ``auto`` picks ``nccl`` only when all hold,
 else ``disk``, and says why; an explicit ``nccl`` that cannot work is refused at start. The
 generator (``swarm.backends.vllm.generator``) runs a transfer's ``apply`` while new requests are
-held back; the step loop (``swarm.server.training.step_loop``) turns any failure or timeout into an
-``error`` event and has the generator restart on the latest weights (``VllmGenerator.recover``).
+held back; the server's publication (``swarm.server.training.generator_sync``) turns any failure or
+timeout into an ``error`` event and has the generator restart on the latest weights
+(``VllmGenerator.recover``).
 
 Blocking sender calls run on daemon threads (``in_daemon_thread``): a send stuck inside NCCL can
 then be abandoned after a timeout without holding the server's shutdown hostage.

@@ -11,7 +11,7 @@ gets peft adapters and only they train; it generates from, publishes and checkpo
 Models come from a local Hugging Face folder or from the ``tiny`` preset, which is built once into a
 cache folder and then loaded like any other folder. Nothing is ever downloaded.
 
-Not thread-safe by design: the engine calls every method from one worker thread.
+Not thread-safe by design: the server calls every method from one worker thread.
 """
 
 from __future__ import annotations

@@ -47,12 +47,14 @@ which other rows share the batch (up to float rounding of the batched matmuls).
 
 A row with a ``noise_key`` (``swarm serve --deterministic``) goes further: its uniforms come from
 ``swarm.backends.noise.uniform(noise_key, position)``, a pure function of its key and the token's
-position in the completion, and it is prefilled and decoded in a batch of its own (never merged, the
-growing cache even where slots are used). Its forward passes then have exactly the shapes and inputs
+position in the completion, and (``batch_invariant``) it is prefilled and decoded in a batch of its own
+(never merged, the growing cache even where slots are used). Its forward passes then have exactly the shapes and inputs
 of the row generated alone, so its logits, tokens and log-probs are bitwise the same whatever else is
 being generated (batch invariance by construction, where batched kernels would round differently by
 batch size and padding). The price is one forward per such row per step instead of one per batch
-(``tests/bench/bench_deterministic.py`` measures it).
+(``tests/bench/bench_deterministic.py`` measures it). A keyed row that is not ``batch_invariant``
+(``swarm serve --coupled``) joins the shared batch with its keyed uniforms: the same noise as in another
+run, at the default's speed, its logits rounded by the batch it shares.
 
 A row with a ``grammar`` (constrained decoding: ``tool_choice`` required or named, ``response_format``
 json) gets an llguidance matcher when it joins; each step its disallowed ids are masked to ``-inf``
@@ -152,6 +154,11 @@ def _uniforms(rows: Sequence[_Row], plan: SamplingPlan, default: torch.Generator
             elif row.generator is not None:
                 uniforms[k] = torch.rand(1, generator=row.generator, dtype=torch.float64)[0]
     return uniforms
+
+
+def _alone(params: SamplingParams) -> bool:
+    """Whether a row decodes in a batch of its own: a keyed, batch-invariant row (see the module docstring)."""
+    return params.noise_key is not None and params.batch_invariant
 
 
 def _pick_tokens(logits: torch.Tensor, rows: Sequence[_Row], plan: SamplingPlan, default: torch.Generator,
@@ -260,8 +267,8 @@ class _Loop:
         with torch.inference_mode():
             while True:
                 alone = [b for b in (self._step(batch) for batch in alone) if b is not None]
-                keyed = [i for i in pending if self.rows[i].params.noise_key is not None]
-                shared = [i for i in pending if self.rows[i].params.noise_key is None]
+                keyed = [i for i in pending if _alone(self.rows[i].params)]
+                shared = [i for i in pending if not _alone(self.rows[i].params)]
                 for index in keyed:
                     if (batch := self._step(self._prefill([index], alone=True))) is not None:
                         alone.append(batch)

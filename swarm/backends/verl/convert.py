@@ -3,7 +3,7 @@
 Layout (verl's agent-loop convention): ``prompts`` are the tokens before the first generated token,
 left-padded; ``responses`` are everything after, right-padded, with ``response_mask`` 1 on generated
 tokens and 0 on tool/user tokens and padding. Rewards go to ``rm_scores`` at the last response token;
-the engine's episode-level advantages are also provided (``advantages``, broadcast over the mask) so a
+the server's episode-level advantages are also provided (``advantages``, broadcast over the mask) so a
 trainer may skip its own estimator; ``uid`` carries the GRPO group id.
 """
 

@@ -2,7 +2,7 @@
 
 The driver (the swarm server) keeps no model. It starts Ray (or connects with ``ray_address``),
 creates N verl ``TrainingWorker``s (``SwarmTrainingWorker``, FSDP2) on a ``RayResourcePool``, and for
-each step sends them the engine's samples as verl ``DataProto`` → padding-free ``TensorDict``
+each step sends them the server's samples as verl ``DataProto`` → padding-free ``TensorDict``
 batches, the way verl's own ``RayPPOTrainer`` does:
 
 1. ``infer_batch``: the current policy's log-probs and entropy of the sampled tokens (the PPO
@@ -19,7 +19,7 @@ Checkpoints (``save``/``load``) are full, worker-count-independent folders; thei
 documented in ``swarm.backends.verl.checkpoint``. ``close()`` ends the workers and the local Ray
 cluster (``ray_cluster`` explains how Ray dies with a killed server).
 
-Not thread-safe by design: the engine calls every method from one thread, one at a time.
+Not thread-safe by design: the server calls every method from one thread, one at a time.
 """
 
 from __future__ import annotations

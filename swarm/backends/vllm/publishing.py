@@ -96,7 +96,7 @@ class WeightPublishing:
     @property
     def streams_weights(self: PublishingHost) -> bool:
         """True when the trainer streams its weights into vLLM itself (NCCL from its workers): the
-        step loop then calls ``load_streamed`` and never gathers a state dict for this generator."""
+        server's publication then calls ``load_streamed`` and never gathers a state dict for this generator."""
         return self.transfer.streams
 
     async def load_streamed(self: PublishingHost, version: int) -> None:

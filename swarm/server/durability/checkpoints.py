@@ -58,7 +58,7 @@ class Checkpoint:
     policy_version: int
     time: float
     config: dict[str, Any] = field(default_factory=dict)
-    engine_state: dict[str, Any] = field(default_factory=dict)
+    server_state: dict[str, Any] = field(default_factory=dict)  # the buffer cursor, config version, max version
 
     @property
     def weights_dir(self) -> Path:
@@ -82,7 +82,7 @@ class CheckpointManager:
         step: int,
         policy_version: int,
         write_weights: Callable[[Path], None],
-        engine_state: dict[str, Any],
+        server_state: dict[str, Any],
         config: dict[str, Any] | None = None,
     ) -> Path:
         """Write checkpoint ``step`` and return its directory. ``write_weights(dir)`` fills the
@@ -92,12 +92,12 @@ class CheckpointManager:
             raise CheckpointError(f"step and policy_version must be >= 0, got {step}, {policy_version}")
         meta = {
             "format": _FORMAT, "step": step, "policy_version": policy_version, "time": time.time(),
-            "config": config or {}, "engine_state": engine_state,
+            "config": config or {}, "server_state": server_state,
         }
         try:  # fail before the (slow) weights are written, not after
             meta_text = json.dumps(meta, indent=2, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"engine_state and config must be plain JSON: {exc}") from None
+            raise CheckpointError(f"server_state and config must be plain JSON: {exc}") from None
 
         tmp = self.root / f"{_TMP_PREFIX}step-{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
@@ -172,7 +172,8 @@ class CheckpointManager:
             return Checkpoint(
                 path=path, step=int(meta["step"]), policy_version=int(meta["policy_version"]),
                 time=float(meta["time"]), config=dict(meta.get("config") or {}),
-                engine_state=dict(meta.get("engine_state") or {}),
+                # "engine_state": the key's name before 0.1 (the server core was called the engine)
+                server_state=dict(meta.get("server_state") or meta.get("engine_state") or {}),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path}: no readable meta.json ({exc})") from None

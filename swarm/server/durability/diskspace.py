@@ -26,13 +26,13 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol
 
-from swarm.protocol import DiskStatus
+from swarm.protocol import DiskStatus, Event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "RETRY_AFTER_S", "DiskMonitor", "is_disk_full"]
+__all__ = ["DEFAULT_RESERVE_BYTES", "RETRY_AFTER_S", "DiskMonitor", "EventSink", "QuietEventLog", "is_disk_full"]
 
 DEFAULT_RESERVE_BYTES = 64 * 2**20  # ample for thousands of finishes (kilobytes each) and a step's commit
 RETRY_AFTER_S = 1.0  # what a 507 tells a client to wait, and how often training tries its writes again
@@ -40,7 +40,6 @@ _MIN_MARGIN = 2**20
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _FULL_MESSAGES = ("no space left on device", "database or disk is full", "disk quota exceeded")
 
-T = TypeVar("T")
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
@@ -111,19 +110,6 @@ class DiskMonitor:
         self._measure(self._clock())
         return self._free < self.reserve_bytes
 
-    def quietly(self, where: str, write: Callable[[T], None]) -> Callable[[T], None]:
-        """``write`` for best-effort records (the event log): a full disk is noted (logged once per
-        full spell), not raised; other errors are raised as before."""
-        def guarded(item: T) -> None:
-            try:
-                write(item)
-            except Exception as exc:
-                if not is_disk_full(exc):
-                    raise
-                self.failed(where, exc)
-            else:
-                self.succeeded()
-        return guarded
 
     def _measure(self, now: float) -> None:
         try:
@@ -145,3 +131,28 @@ class DiskMonitor:
         else:
             reason = ""
         return DiskStatus(full=bool(reason), free_bytes=self._free, reserve_bytes=self.reserve_bytes, reason=reason)
+
+
+class EventSink(Protocol):
+    """Where events are persisted (``swarm.server.durability.store.EpisodeStore``)."""
+
+    def append_event(self, event: Event) -> None: ...
+
+
+class QuietEventLog:
+    """The event log as a best-effort record on a disk that may fill: a write a full disk refuses is
+    noted on the monitor (logged once per full spell), not raised; other errors are raised as before."""
+
+    def __init__(self, sink: EventSink, disk: DiskMonitor) -> None:
+        self._sink = sink
+        self._disk = disk
+
+    def append_event(self, event: Event) -> None:
+        try:
+            self._sink.append_event(event)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._disk.failed("recording an event", exc)
+        else:
+            self._disk.succeeded()

@@ -30,13 +30,13 @@ failed export leaves no half-written file.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from swarm.atomic import replacing
 from swarm.server.durability.store import PRUNED_KEY
 from swarm.server.records.finished import unpack_array
 
@@ -68,19 +68,11 @@ def export_episodes(db_path: Path, out: Path, fmt: str, *, since_step: int | Non
     given) to ``out`` atomically. Raises ``ExportError`` for a missing buffer or unknown format."""
     if fmt not in ("parquet", "jsonl"):
         raise ExportError(f"unknown format {fmt!r}: parquet or jsonl")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     counter = {"pruned": 0}
-    try:
+    with replacing(out, durable=True) as tmp:
         rows = iter_episode_rows(db_path, since_step=since_step, through_step=through_step, decode=decode,
                                  on_pruned=lambda n: counter.__setitem__("pruned", n))
         written = _write_parquet(rows, tmp) if fmt == "parquet" else _write_jsonl(rows, tmp)
-        with open(tmp, "rb") as file:
-            os.fsync(file.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return ExportResult(path=out, episodes=written, pruned=counter["pruned"])
 
 

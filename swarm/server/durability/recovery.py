@@ -85,7 +85,7 @@ def restore(store: EpisodeStore, checkpoints: CheckpointManager, trainer: Traine
         log.info("restored checkpoint step %d (policy version %d) from %s", latest.step, latest.policy_version,
                  latest.path)
     out.config, out.config_version = _live_config(store, latest.config if latest else {},
-                                                  (latest.engine_state if latest else {}), config)
+                                                  (latest.server_state if latest else {}), config)
     # Never reuse a version id: older weights than the newest served get a fresh, higher id.
     highest = int(store.get_meta(MAX_VERSION_KEY, 0))
     if trainer.policy_version < highest:
@@ -142,7 +142,7 @@ def _load_newest(checkpoints: CheckpointManager, trainer: Trainer) -> tuple[Chec
     return None, quarantined
 
 
-def _live_config(store: EpisodeStore, checkpoint_config: dict[str, Any], engine_state: dict[str, Any],
+def _live_config(store: EpisodeStore, checkpoint_config: dict[str, Any], server_state: dict[str, Any],
                  default: ServerConfig) -> tuple[ServerConfig | None, int]:
     """The newest live config: the store's copy (written on every PATCH) or else the checkpoint's."""
     saved = store.get_meta(CONFIG_KEY)
@@ -150,7 +150,7 @@ def _live_config(store: EpisodeStore, checkpoint_config: dict[str, Any], engine_
     if isinstance(saved, dict) and isinstance(saved.get("values"), dict):
         candidates.append((int(saved.get("version", 0)), saved["values"]))
     if checkpoint_config:
-        candidates.append((int(engine_state.get("config_version", 0)), checkpoint_config))
+        candidates.append((int(server_state.get("config_version", 0)), checkpoint_config))
     for version, values in sorted(candidates, key=lambda c: -c[0]):
         try:
             return default.patched(values), version

@@ -343,7 +343,7 @@ class EpisodeStore:
         return reasons | ({TRACE_PRUNED: reasons.get(TRACE_PRUNED, 0) + pruned} if pruned else {})
 
     def cursor(self) -> dict[str, int]:
-        """The buffer cursor to put in a checkpoint's engine_state."""
+        """The buffer cursor to put in a checkpoint's server_state."""
         with self._lock:  # AUTOINCREMENT keeps the highest seq ever used in sqlite_sequence, pruned or not
             last_seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='episodes'"
                                         ).fetchone()[0]
@@ -352,7 +352,7 @@ class EpisodeStore:
     # -- event log (so event ids and replay survive a restart)
 
     def append_event(self, event: Event) -> None:
-        """Persist one event; suitable as ``EventBus(on_publish=store.append_event)``."""
+        """Persist one event; suitable as ``EventBus(journal=store)``."""
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO events(id, body) VALUES (?, ?)", (event.id, event.model_dump_json()))
             if event.id % 1000 == 0:  # prune now and then, not on every insert

@@ -32,7 +32,7 @@ __all__ = ["Claims"]
 
 class Claims:
     """The claim side of training episodes: the group a claim joins and the record it creates.
-    Pause, stop, sync-mode drains and counting are the engine's; the staleness bound is ``admission``'s."""
+    Pause, stop, sync-mode drains and counting are the server core's; the staleness bound is ``admission``'s."""
 
     def __init__(self, view: ServerView, *, keys: KeyRing, episodes: EpisodeRegistry, groups: GroupBook,
                  category_ratios: dict[str, float], admission: Admission, deterministic: bool = False) -> None:

@@ -18,11 +18,12 @@ until its generation ends; and an episode's recorded tokens, plus what its runni
 add, stay within ``max_episode_tokens``.
 
 A held-out eval episode's calls are served and never recorded (so they reserve no episode tokens).
-A call that sends no ``seed`` gets a fixed one, derived from the task id and the call's index in
-the episode, so an eval is reproducible for a given policy (up to the batch's floating-point noise).
-In deterministic mode (``noise_seed``) every row instead carries a counter-based noise key built from
-its episode's task, round, member, call and choice (``swarm.backends.noise``), which also makes the
-generator decode it batch-invariantly: reproducible exactly, whatever shares the batch.
+A call that sends no ``seed`` gets a fixed one, derived from the task id, the call's index in the
+episode and the server's seed, so an eval is reproducible for a given policy and seed (up to the batch's
+floating-point noise), and the seeds of a study draw fresh held-out noise.
+In deterministic and coupled modes (``noise``) every row instead carries a counter-based noise key built
+from its episode's task, round, member, call and choice (``swarm.backends.noise``); in deterministic mode
+the generator also decodes it batch-invariantly: reproducible exactly, whatever shares the batch.
 
 Rendering follows vLLM's chat route (string tool-call arguments parsed to dicts, ``chat_template_kwargs``
 from the server's defaults and the request) and, inside an episode, drift repair: a conversation that
@@ -41,13 +42,23 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swarm.backends import noise
-from swarm.backends.base import Generation, Generator, GeneratorUnavailable, Sampled, SamplingParams, TokenSink
+from swarm.backends.base import (
+    Generation,
+    Generator,
+    GeneratorUnavailable,
+    QueueFull,
+    Sampled,
+    SamplingParams,
+    TokenSink,
+)
+from swarm.backends.noise import KeyedNoise
 from swarm.config import PROMPT_CHARS_PER_TOKEN
-from swarm.local.device_worker import QueueFull
 from swarm.protocol import ChatCompletionRequest, EpisodeState
 from swarm.server.call_constraints import call_grammar
 from swarm.server.call_sampling import ClientSampling, completion_budget
+from swarm.server.episodes.lifecycle import Lifecycle
 from swarm.server.errors import BadRequest, Conflict, ContextTooLong, RetryLater, Unavailable
+from swarm.server.flow.admission import Admission
 from swarm.server.flow.inflight import InFlight
 from swarm.server.records.episode import EpisodeRecord
 from swarm.server.records.registry import EpisodeRegistry
@@ -100,16 +111,17 @@ class ChatCall:
 
 class Completions:
     """Serves chat calls through the generator and records them into the episodes of ``episodes``;
-    ``live(episode_id)`` is the core's check that an episode may still take calls (else a 4xx)."""
+    ``lifecycle.live(episode_id)`` says whether an episode may still take calls (else a 4xx), and
+    ``admission.first_call`` admits a training episode's first call."""
 
     def __init__(self, view: ServerView, *, generator: Generator, max_context: int, episodes: EpisodeRegistry,
-                 live: Callable[[str], EpisodeRecord], admit_first: Callable[[str], None],
-                 noise_seed: int | None = None) -> None:
+                 lifecycle: Lifecycle, admission: Admission, noise: KeyedNoise | None = None, seed: int = 0) -> None:
         self.view = view
-        self.noise_seed = noise_seed  # deterministic mode: every row gets a counter-based noise key
+        self.seed = seed  # salts held-out episodes' sampling seeds: one run's noise, shared by arms of one seed
+        self.noise = noise  # deterministic or coupled mode: every row gets a counter-based noise key
         self.episodes = episodes
-        self.live = live
-        self.admit_first = admit_first
+        self._lifecycle = lifecycle
+        self._admission = admission
         self.generator = generator
         self.max_context = max_context
         self.in_flight = InFlight()
@@ -121,9 +133,9 @@ class Completions:
         """Validate and render (raising the caller's 4xx), then generate in a task. ``key`` names
         the credential whose in-flight calls are capped. With an ``episode_id`` the result is
         recorded into that episode; without, it is served only."""
-        episode = self.live(episode_id) if episode_id is not None else None  # 404/409/410 first
+        episode = self._lifecycle.live(episode_id) if episode_id is not None else None  # 404/409/410 first
         if episode is not None and not episode.is_eval and episode.calls_started == 0:
-            self.admit_first(episode.client_id)  # it fixes the episode's version: 429 if it could not train in time
+            self._admission.first_call(episode.client_id)  # it fixes the episode's version: 429 if it could not train in time
             episode.first_call_at = self.view.clock()
         if not self.generator.available:
             raise _unavailable(GeneratorUnavailable("the generator is restarting", retry_after=5.0))
@@ -137,7 +149,7 @@ class Completions:
             prompt = rendered.prompt
             seed = request.seed
             if episode is not None and episode.is_eval and seed is None:
-                seed = eval_seed(episode.task_id, episode.calls_started)
+                seed = eval_seed(episode.task_id, episode.calls_started, self.seed, episode.member)
             params = self._noise_keys(self._sampling(request, len(prompt), seed, episode), episode, prompt, request.seed)
             params = [replace(p, grammar=grammar) for p in params] if grammar is not None else params
             if episode is not None and not episode.is_eval:  # an eval call is served, never recorded
@@ -154,19 +166,19 @@ class Completions:
 
     def _noise_keys(self, params: list[SamplingParams], episode: EpisodeRecord | None, prompt: list[int],
                     request_seed: int | None) -> list[SamplingParams]:
-        """In deterministic mode, each row's ``noise_key`` from its place in the work (what the key
-        holds and why: ``swarm.backends.noise``); otherwise ``params`` as they are."""
-        if self.noise_seed is None:
+        """In deterministic or coupled mode, each row's ``noise_key`` from its place in the work (what the
+        key holds and why: ``swarm.backends.noise``); otherwise ``params`` as they are."""
+        if self.noise is None:
             return params
         row: tuple[str | int, ...]
         if episode is None:
             row = ("call", hashlib.blake2b(repr(prompt).encode(), digest_size=16).hexdigest())
         elif episode.is_eval:
-            row = ("eval", episode.task_id, episode.calls_started)
+            row = ("eval", episode.task_id, episode.calls_started, *([episode.member] if episode.member else []))
         else:
             row = ("train", episode.task_id, episode.task_round, episode.member, episode.calls_started)
-        return [replace(p, noise_key=noise.sample_key(self.noise_seed, *row, choice, request_seed))
-                for choice, p in enumerate(params)]
+        return [replace(p, noise_key=noise.sample_key(self.noise.seed, *row, choice, request_seed),
+                        batch_invariant=self.noise.batch_invariant) for choice, p in enumerate(params)]
 
     def _check_size(self, request: ChatCompletionRequest) -> None:
         """Refuse text that cannot fit before paying to tokenise it (a 4 MB message took 14 s)."""
@@ -180,7 +192,7 @@ class Completions:
 
     def _reserve_tokens(self, episode_id: str, prompt_len: int, params: list[SamplingParams]) -> Callable[[], None]:
         """Hold room in the episode's token budget for everything this call could record."""
-        episode = self.live(episode_id)  # it may have ended while the prompt rendered
+        episode = self._lifecycle.live(episode_id)  # it may have ended while the prompt rendered
         cap = self.view.config.max_episode_tokens
         recorded, running = episode.trace.tokens, self._reserved[episode_id]
         adds = sum(prompt_len + p.max_tokens for p in params)
@@ -312,10 +324,14 @@ def _extensions(request: ChatCompletionRequest) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def eval_seed(task_id: str, call_index: int) -> int:
-    """The fixed sampling seed of an eval episode's ``call_index``-th call on ``task_id``: the same
-    held-out task draws the same random numbers under every policy (and ``seed + n`` stays int64)."""
-    digest = hashlib.blake2b(f"{task_id}\0{call_index}".encode(), digest_size=8).digest()
+def eval_seed(task_id: str, call_index: int, server_seed: int = 0, sample: int = 0) -> int:
+    """The fixed sampling seed of an eval episode's ``call_index``-th call on ``task_id`` in a server of
+    ``server_seed``: the same held-out task draws the same random numbers under every policy of that seed
+    (every round, and the arms of a study that share the seed), and fresh ones under another seed, so a
+    study's seeds replicate the held-out sampling noise rather than all reading one frozen draw of it
+    (and ``seed + n`` stays int64). ``sample``: the task's n-th eval episode in the round draws its own."""
+    parts = [task_id, str(call_index), str(server_seed)] + ([str(sample)] if sample else [])
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
 
 

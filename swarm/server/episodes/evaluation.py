@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from swarm.protocol import ClaimRequest, EpisodeState
 from swarm.server.records.episode import EpisodeRecord
@@ -40,25 +40,44 @@ from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
 
-__all__ = ["EvalBook", "EvalRound", "Evaluation"]
+__all__ = ["EvalBook", "EvalRound", "Evaluation", "StepRowBook"]
+
+
+class StepRowBook(Protocol):
+    """Where a round's metrics go: the metrics row of the step it evaluated
+    (``swarm.server.training.step_rows.StepRows``)."""
+
+    def add(self, step: int, extra: dict[str, float]) -> object:
+        """Merge ``extra`` into the row of ``step`` (creating it), durable at once."""
 
 
 @dataclass
 class EvalRound:
-    """The held-out episodes claimed while the server was at ``step``: how many are still live, and
-    the rewards of those that finished (aborted and expired ones leave no reward)."""
+    """The held-out episodes claimed while the server was at ``step``: how many are still live, how many
+    each task had claimed (a task's n-th sample draws its own noise), and the rewards of those that finished
+    (aborted and expired ones leave no reward), by task."""
 
     step: int
     live: int = 0
     rewards: list[float] = field(default_factory=list)
+    claims: Counter[str] = field(default_factory=Counter)
+    by_task: dict[str, list[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``eval/*`` metrics of a round with rewards; ``eval/step`` names the policy evaluated."""
+        """``eval/*`` metrics of a round with rewards; ``eval/step`` names the policy evaluated. Where a task
+        was sampled more than once (``swarm run --eval-samples``), ``eval/reward_mean_sd``: the sampling
+        noise of ``eval/reward_mean`` with the weights fixed, sqrt(s² / n) from the pooled within-task
+        variance s² (the problems are the same every round, so only the sampling varies)."""
         n = len(self.rewards)
         mean = sum(self.rewards) / n
         std = math.sqrt(sum((r - mean) ** 2 for r in self.rewards) / n)
-        return {"eval/reward_mean": mean, "eval/reward_std": std, "eval/episodes": float(n),
-                "eval/step": float(self.step)}
+        out = {"eval/reward_mean": mean, "eval/reward_std": std, "eval/episodes": float(n),
+               "eval/step": float(self.step)}
+        df = sum(len(r) - 1 for r in self.by_task.values() if r)
+        if df > 0:
+            within = sum(sum((x - sum(r) / len(r)) ** 2 for x in r) for r in self.by_task.values() if r) / df
+            out["eval/reward_mean_sd"] = math.sqrt(within / n)
+        return out
 
 
 class EvalBook:
@@ -78,30 +97,35 @@ class EvalBook:
         """Whether a round of ``step`` was claimed (it may have ended)."""
         return step in self._rounds
 
-    def claimed(self, step: int) -> None:
+    def claimed(self, step: int, task_id: str = "") -> int:
+        """An eval episode of ``task_id`` claimed at ``step``; returns its sample index: how many of that
+        task the round (pooled over the step's rounds) had claimed before it."""
         for old in [s for s, r in self._rounds.items() if s < step and not r.live]:
             del self._rounds[old]
-        self._rounds.setdefault(step, EvalRound(step)).live += 1
+        round_ = self._rounds.setdefault(step, EvalRound(step))
+        round_.live += 1
+        round_.claims[task_id] += 1
+        return round_.claims[task_id] - 1
 
-    def ended(self, step: int, reward: float | None) -> EvalRound | None:
+    def ended(self, step: int, reward: float | None, task_id: str = "") -> EvalRound | None:
         """An eval episode of ``step`` left CLAIMED; the round if that was its last live episode."""
         round_ = self._rounds[step]
         round_.live -= 1
         if reward is not None:
             round_.rewards.append(reward)
+            round_.by_task.setdefault(task_id, []).append(reward)
         return round_ if round_.live == 0 else None
 
 
 class Evaluation:
-    """The held-out side: eval claims, their rounds, and the rounds' publication through
-    ``publish(step, metrics)`` (``StepRows.add``). When an eval claim may come in (between
-    steps, admitted) is the engine's and the step loop's to say."""
+    """The held-out side: eval claims, their rounds, and the rounds' publication into the step rows
+    (``rows.add(step, metrics)``). When an eval claim may come in (between steps, admitted) is the
+    server core's and the step loop's to say."""
 
-    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry,
-                 publish: Callable[[int, dict[str, float]], Any]) -> None:
+    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry, rows: StepRowBook) -> None:
         self._view = view
         self._episodes = episodes
-        self._publish = publish
+        self._rows = rows
         self.book = EvalBook()
         self.every = 0  # the cadence the latest eval claim declared (0: unknown, no step is held)
 
@@ -129,7 +153,7 @@ class Evaluation:
             claimed_version=view.policy_version, purpose="eval", claimed_step=view.step,
         )
         self._episodes.add_claimed(episode, None, request.request_id)
-        self.book.claimed(episode.claimed_step)
+        episode.member = self.book.claimed(episode.claimed_step, request.task_id)  # its sample: its own noise
         view.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
                   category=request.category, client_id=request.client_id, purpose="eval",
                   step=episode.claimed_step)
@@ -138,8 +162,9 @@ class Evaluation:
     def ended(self, episode: EpisodeRecord, state: EpisodeState) -> None:
         """An eval episode left CLAIMED (its reward counts if it finished); the round it completed,
         if any, is published. A round whose every episode failed publishes nothing."""
-        round_ = self.book.ended(episode.claimed_step, episode.reward if state is EpisodeState.finished else None)
+        reward = episode.reward if state is EpisodeState.finished else None
+        round_ = self.book.ended(episode.claimed_step, reward, episode.task_id)
         if round_ is not None and round_.rewards:
             metrics = round_.metrics()
-            self._publish(round_.step, metrics)
+            self._rows.add(round_.step, metrics)
             self._view.emit("eval.finished", step=round_.step, metrics=metrics)

@@ -1,14 +1,15 @@
 """Episodes after their claim: heartbeats, finish, abort, lease expiry, and what an ending does to
 its group (complete, or dropped below ``min_group_size``) or to its held-out round.
 
-``Lifecycle`` is the engine's episode side. A finished training episode is committed to the durable
+``Lifecycle`` is the server core's episode side. A finished training episode is committed to the durable
 buffer before ``finish`` returns; a retried finish with the same body is a no-op and a different
 one a 409, also for an episode already trained and evicted (the store answers then); aborted,
 expired and dropped episodes are recorded too (best effort). Ended episodes leave memory through
 the ``EpisodeRegistry`` (a bounded tombstone keeps a late call's answer clear). The core gives it
-the registry, the group book, the store, the counters, the capacity meter, the disk monitor, and two callbacks:
-``eval_ended`` (an eval episode's round, ``swarm.server.episodes.evaluation``) and ``wake`` (the step loop
-may have a batch now).
+the registry, the group book, the store, the counters, the capacity meter, the disk monitor, the held-out
+rounds (``evals``: an eval episode that ends ends its round, ``swarm.server.episodes.evaluation``) and the
+step loop's ``wake`` event (a step may have a batch now). A committed step hands back its episodes
+(``trained``): counted, and evicted from memory.
 
 A finish whose commit fails for want of space (``swarm.server.durability.diskspace``) is a 507 with
 ``retry_after``: the episode stays CLAIMED and unacknowledged, its lease is renewed (the client is
@@ -17,13 +18,14 @@ alive and retrying), and the same finish sent again once space is back commits i
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Callable
 from functools import partial
 
 from swarm.protocol import AbortRequest, EpisodeCounts, EpisodeState, EpisodeStatus, FinishRequest
 from swarm.server.durability.diskspace import RETRY_AFTER_S, DiskMonitor, is_disk_full
 from swarm.server.durability.store import EpisodeConflict, EpisodeStore, StoreError, store_safely
+from swarm.server.episodes.evaluation import Evaluation
 from swarm.server.errors import BadRequest, Conflict, Gone, InsufficientStorage, NotFound
 from swarm.server.flow.capacity import CapacityMeter
 from swarm.server.records.episode import DROP_REASONS, EpisodeRecord, Group, GroupBook, is_stale
@@ -38,8 +40,8 @@ class Lifecycle:
     """Heartbeats, finishes, aborts and expiries of claimed episodes (see the module docstring)."""
 
     def __init__(self, view: ServerView, *, episodes: EpisodeRegistry, groups: GroupBook, store: EpisodeStore,
-                 counts: EpisodeCounts, capacity: CapacityMeter, disk: DiskMonitor,
-                 eval_ended: Callable[[EpisodeRecord, EpisodeState], None], wake: Callable[[], None]) -> None:
+                 counts: EpisodeCounts, capacity: CapacityMeter, disk: DiskMonitor, evals: Evaluation,
+                 wake: asyncio.Event) -> None:
         self._view = view
         self.episodes = episodes
         self.groups = groups
@@ -47,7 +49,7 @@ class Lifecycle:
         self.counts = counts
         self.capacity = capacity
         self.disk = disk
-        self._eval_ended = eval_ended
+        self._evals = evals
         self._wake = wake
         self.drop_reasons: Counter[str] = Counter()  # every drop, by reason (``tally_drops``)
 
@@ -176,23 +178,33 @@ class Lifecycle:
         episode.move(state)
         group = self.episodes.settle(episode)
         if group is None:  # an eval episode: its round, not a group
-            self._eval_ended(episode, state)
-            self._wake()  # a step may have waited for this round
+            self._evals.ended(episode, state)
+            self._wake.set()  # a step may have waited for this round
             return
         verdict = self.groups.settle(group, min_group_size=self._view.config.min_group_size,
                                       varied_only=self._view.config.batch_mode == "varied_groups")
         if verdict in DROP_REASONS:  # too few finished, or (varied_groups) identical rewards
             self.drop(group.finished, DROP_REASONS[verdict])
-        self._wake()
+        self._wake.set()
 
     def drop(self, episodes: list[EpisodeRecord], reason: str) -> None:
-        """Set finished episodes aside untrained, for ``reason`` (counted, and recorded in the buffer)."""
+        """Set finished episodes aside untrained, for ``reason`` (counted, and recorded in the buffer);
+        those no longer held (trained or dropped already) are skipped."""
+        episodes = [e for e in episodes if self.episodes.held(e.episode_id) is not None]
         if not episodes:
             return
         self.tally_drops(len(episodes), reason)
         ids = [e.episode_id for e in episodes]
         store_safely("record drop", lambda: self.store.mark_dropped(ids, reason))
         for episode in episodes:
+            self.episodes.evict(episode)
+
+    def trained(self, kept: list[EpisodeRecord], stale: list[EpisodeRecord], reason: str) -> None:
+        """A step committed: count its episodes (the stale ones as dropped for ``reason``); they leave
+        memory (the store keeps the durable copy)."""
+        self.counts.trained += len(kept)
+        self.tally_drops(len(stale), reason)
+        for episode in (*kept, *stale):
             self.episodes.evict(episode)
 
     def tally_drops(self, count: int, reason: str) -> None:

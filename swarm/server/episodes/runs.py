@@ -30,33 +30,42 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from typing import Protocol
 
-from swarm.protocol import ChatCompletionRequest, ClaimRequest, EpisodeState
+from swarm.protocol import AbortRequest, ChatCompletionRequest, ClaimRequest, EpisodeState
 from swarm.server.auth import Principal
+from swarm.server.episodes.lifecycle import Lifecycle
 from swarm.server.errors import BadRequest, NotFound
 from swarm.server.records.episode import EpisodeRecord
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 from swarm.text.drift import Conversation, Splice
 
-__all__ = ["RESPONSE_PREFIXES", "SESSION_HEADER", "RunEpisodes"]
+__all__ = ["RESPONSE_PREFIXES", "SESSION_HEADER", "RunEpisodes", "TrainingClaims"]
 
 RESPONSE_PREFIXES = ("chatcmpl-", "resp_")  # the ids a client sees; an episode id is bare hex
 SESSION_HEADER = "x-session-id"  # verifiers sends its rollout's trace id in it, every turn
 _MAX_SESSION = 256
 
 
-class RunEpisodes:
-    """Which episode each run-key call belongs to, and which episode each response id names."""
+class TrainingClaims(Protocol):
+    """Where a run key's new conversation is claimed (``swarm.server.core.ServerCore``)."""
 
-    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry,
-                 open_training: Callable[[ClaimRequest], EpisodeRecord], abort: Callable[[str, str], object],
+    def open_training(self, request: ClaimRequest) -> EpisodeRecord:
+        """A training episode, admitted as any claim is (429 when it may not start now)."""
+
+
+class RunEpisodes:
+    """Which episode each run-key call belongs to, and which episode each response id names. New
+    conversations are claimed through ``claims``; an episode whose first call failed is aborted
+    through ``lifecycle``."""
+
+    def __init__(self, view: ServerView, *, episodes: EpisodeRegistry, claims: TrainingClaims, lifecycle: Lifecycle,
                  max_names: int = 100_000) -> None:
         self._view = view
         self._episodes = episodes
-        self._open_training = open_training
-        self._abort = abort
+        self._claims = claims
+        self._lifecycle = lifecycle
         self._max_names = max_names
         self._open: dict[str, list[str]] = {}  # run -> its episodes that may be live (pruned on each look-up)
         self._run_of: OrderedDict[str, str] = OrderedDict()  # episode id -> the run that opened it
@@ -86,7 +95,7 @@ class RunEpisodes:
     def discard(self, episode_id: str, exc: BaseException) -> None:
         """Abort an episode whose first call failed before it started (a 4xx, a 429, a disconnect), so
         it does not hold its group until its lease runs out."""
-        self._abort(episode_id, f"its first call failed: {exc or type(exc).__name__}")
+        self._lifecycle.abort(episode_id, AbortRequest(reason=f"its first call failed: {exc or type(exc).__name__}"))
 
     def _continued(self, run: str, talk: Conversation) -> EpisodeRecord | None:
         """The open episode of ``run`` whose reply this conversation re-sends last (module docstring)."""
@@ -114,7 +123,7 @@ class RunEpisodes:
         """A new episode of ``run`` in the group of this conversation (a 429 when it may not start now),
         found again by its session, or else by the replies it samples."""
         task_id = f"{run}:{talk.keys[-1].hex()[:24]}"
-        episode_id = self._open_training(ClaimRequest(task_id=task_id, client_id=f"run:{run}")).episode_id
+        episode_id = self._claims.open_training(ClaimRequest(task_id=task_id, client_id=f"run:{run}")).episode_id
         if session is not None:
             self._remember(self._sessions, _session_key(run, session), episode_id)
         else:

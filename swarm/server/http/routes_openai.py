@@ -20,7 +20,7 @@ any model (one model per server; examples and SDK snippets send ``policy``).
 response, so the tokens recorded, merged and repaired are exactly chat's.
 
 A client that disconnects before its answer is ready has its generation cancelled, streaming or not:
-its rows stop in the generator and free their slots (the engine's in-flight caps count them until then).
+its rows stop in the generator and free their slots (the server's in-flight caps count them until then).
 """
 
 from __future__ import annotations

@@ -195,6 +195,10 @@ class GroupBook:
         taken, self.ready = self.ready[:count], self.ready[count:]
         return taken
 
+    def put_back(self, groups: list[Group]) -> None:
+        """A batch that could not train now (no room to reserve its version) waits at the front."""
+        self.ready[:0] = groups
+
     def ready_episodes(self) -> int:
         return sum(len(g.finished) for g in self.ready)
 

@@ -47,7 +47,7 @@ class FinishedEpisode:
     calls: int = 0
     drift_forks: int = 0
     merge: bool = True
-    # The engine's group *instance* (one group_id can be played many times); None = group_id.
+    # The server's group *instance* (one group_id can be played many times); None = group_id.
     group_key: str | None = None
 
     @property

@@ -1,4 +1,6 @@
-"""The training side of the server: the step loop (``step_loop``: collect → advantages → update →
-publish → commit), a step's metrics (``stepstats``) and their rows (``step_rows``), the bookkeeping a
-full disk holds back (``step_commits``), the supervised warm-up (``sft``) and the thread for a trainer
-that does not share the device thread (``trainer_thread``)."""
+"""The training side of the server: one step read top to bottom (``step.train_step``: collect →
+advantages → update → publish → commit, with the step's rewards and metrics), the loop that decides when
+a step runs (``step_loop``), the committed steps' record (``ledger``) and their metrics rows (``step_rows``),
+the publication of new weights to the generator (``generator_sync``), the errors training survives
+(``error_log``), the supervised warm-up (``sft``) and where the trainer's blocking calls run
+(``trainer_thread``)."""

@@ -7,12 +7,12 @@ completion's tokens and the end-of-turn token (mask 1), exactly what generation 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any
 
 from swarm.backends.base import Generator, TrainConfig, Trainer, TrainSample
 from swarm.protocol import SftExample, SftRequest
+from swarm.server.training.trainer_thread import TrainerCalls
 from swarm.text.templates import prepare_messages
 
 
@@ -41,9 +41,9 @@ def minibatches(samples: Sequence[TrainSample], batch_size: int, steps: int) -> 
         yield batch
 
 
-async def run_sft(generator: Generator, trainer: Trainer, run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
-                  config: TrainConfig, request: SftRequest, max_context: int) -> list[float]:
-    """Run the request's supervised steps through ``run_blocking``; returns each step's loss.
+async def run_sft(generator: Generator, trainer: Trainer, calls: TrainerCalls, config: TrainConfig,
+                  request: SftRequest, max_context: int) -> list[float]:
+    """Run the request's supervised steps through ``calls``; returns each step's loss.
     Raises ``ValueError`` for examples that cannot be trained (nothing is updated then)."""
     samples = sft_samples(generator, request.examples)
     longest = max(len(s.tokens) for s in samples)
@@ -53,6 +53,6 @@ async def run_sft(generator: Generator, trainer: Trainer, run_blocking: Callable
         config = config.model_copy(update={"lr": request.lr})
     losses: list[float] = []
     for batch in minibatches(samples, request.batch_size, request.steps):
-        update = await run_blocking(partial(trainer.supervised_step, batch, config))
+        update = await calls.call(partial(trainer.supervised_step, batch, config))
         losses.append(float(update["sft/loss"]))
     return losses

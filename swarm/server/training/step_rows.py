@@ -19,7 +19,7 @@ from swarm.server.view import ServerView
 
 IN_MEMORY = 1000
 EVAL_EPISODES = "eval/episodes_total"  # a held-out round's x: the cumulative episodes of the step it evaluated
-TRAIN_EPISODES = "train/episodes_total"  # swarm.server.training.step_loop.TOTAL_EPISODES (which imports this module)
+TRAIN_EPISODES = "train/episodes_total"  # swarm.server.training.ledger.TOTAL_EPISODES, written with each step
 
 
 class StepRows:

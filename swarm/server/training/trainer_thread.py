@@ -1,7 +1,10 @@
-"""One thread for a trainer that does not share the device thread (verl's Ray workers).
+"""Where the trainer's blocking calls run: ``TrainerCalls``, and ``TrainerThread`` for a trainer that
+does not share the device thread (verl's Ray workers).
 
-Why: generation on the device thread goes on while such a trainer trains, and one worker thread keeps
-the trainer's calls in the order they were made (update, export, save).
+Why: the trainer's methods block, so the server runs them off the event loop, one at a time and in the
+order they were made (update, export, save). The in-process torch model runs them on its device thread
+(``swarm.local.device_worker.DeviceWorker.call``), between generation batches; any other trainer gets
+its own thread here, so generation on the device thread goes on while it trains.
 """
 
 from __future__ import annotations
@@ -9,11 +12,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-__all__ = ["TrainerThread"]
+__all__ = ["TrainerCalls", "TrainerThread"]
 
 T = TypeVar("T")
+
+
+class TrainerCalls(Protocol):
+    """Runs a blocking trainer call off the event loop, after those queued before it."""
+
+    async def call(self, fn: Callable[[], T]) -> T: ...
 
 
 class TrainerThread:

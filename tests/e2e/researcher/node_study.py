@@ -8,15 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from researcher.context import StudyContext
 from researcher.planner.offline import OfflinePlanner
-from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
-from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
 from researcher.study import budget
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+from researcher.types.settings import ResearcherSettings, StudyOptions
+from researcher.types.usage import new_usage
 from swarm.protocol import StepMetrics
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "studies" / "examples"

@@ -20,19 +20,19 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
-from researcher.nodes import validate, write_client
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.runs import detached, sandbox
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.runs.sandbox import Limits, check_client
-from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
+from researcher.session.nodes import validate, write_client
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout, check_study_id
 from researcher.tracking.tracker import Tracker
+from researcher.types.settings import ResearcherSettings, StudyOptions
 from swarm import box
 
 REPO = Path(__file__).resolve().parents[3]
@@ -226,7 +226,7 @@ def test_import_check_fails_validation_before_the_client_runs(tmp_path: Path) ->
     state = {"iteration": 1, "options": {"smoke_episodes": 2, "smoke_timeout_s": 30.0}, "budget": {"max_repairs": 3},
              "validation": None}
 
-    result = validate.run(state, ctx)  # type: ignore[arg-type]
+    result = validate.validate(state, ctx)  # type: ignore[arg-type]
 
     error = result["validation"]["error"]
     assert result["phase"] == "writing" and result["validation"]["ok"] is False  # back to the repair round
@@ -274,11 +274,11 @@ def test_a_plan_with_a_bad_override_key_fails_the_study_before_anything_is_writt
     state = {"iteration": 1, "framing": framing.model_dump(), "validation": None,
              "options": StudyOptions().model_dump()}
 
-    result = write_client.run(state, ctx)  # type: ignore[arg-type]
+    result = write_client.write(state, ctx)  # type: ignore[arg-type]
 
     assert result["phase"] == "failed" and "invalid config override key" in result["error"]
     assert not layout.experiment_dir("e1").exists()
-    assert validate.run({**state, **result}, ctx) == {}  # validate hands the failed study on to the report
+    assert validate.validate({**state, **result}, ctx) == {}  # validate hands the failed study on to the report
 
 
 def test_study_ids_and_override_keys_are_validated(tmp_path: Path) -> None:

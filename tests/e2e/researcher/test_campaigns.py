@@ -227,21 +227,21 @@ def test_a_campaign_study_starts_from_the_baseline_and_parks_after_its_look(tmp_
 
     from node_study import finish_trials, node_study
 
-    from researcher.nodes import analyze, decide, plan_experiments, write_client
-    from researcher.settings import StudyOptions
+    from researcher.session.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.types.settings import StudyOptions
 
     options = StudyOptions(seeds=2, max_iterations=3, park_after_look=True, baseline={"temperature": 0.7, "lr": 0.5})
     ctx, state = node_study(tmp_path, "camp-c2", "Does a learning rate of 3e-3 beat 3e-5 on letters?", options,
                             run_s=60.0, runs_launched=4, budget_s=3600)
     layout = ctx.layout
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
-    state |= write_client.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
+    state |= write_client.write(state, ctx)  # type: ignore[arg-type]
     configs = {p.parent.name: tomllib.loads(p.read_text()) for p in layout.study_dir.glob("experiments/*/config.toml")}
     assert len(configs) == 2 and all(c["temperature"] == 0.7 for c in configs.values())
     assert sorted(c["lr"] for c in configs.values()) == [3e-5, 3e-3]  # the arms' own lr, not the baseline's
     finish_trials(state, lambda trial: 0.3 + 0.01 * (trial["trial"] % 3))
-    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
-    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
+    state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "continue" and state["phase"] == "planning"  # the pilot decides nothing
     assert ctx.should_park() == "look 1 done: the campaign decides which hypothesis gets the next seeds"
 
@@ -252,18 +252,18 @@ def test_a_claim_that_asks_for_a_slowdown_is_scored_on_its_own_question(tmp_path
     of 0.2 slow learning…?") reads Yes, in the look the campaign books and in its ended verdict."""
     from node_study import finish_trials, node_study
 
-    from researcher.nodes import analyze, decide, plan_experiments, write_client
-    from researcher.settings import StudyOptions
+    from researcher.session.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.types.settings import StudyOptions
 
     topic = "Does a KL coefficient of 0.2 slow learning on letters compared with 0?"
     options = StudyOptions(seeds=4, max_iterations=2, park_after_look=True)
     ctx, state = node_study(tmp_path, "camp-kl", topic, options, run_s=60.0, runs_launched=6, budget_s=3600)
     for _ in range(2):  # the pilot, then a look that decides
-        state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
-        state |= write_client.run(state, ctx)  # type: ignore[arg-type]
+        state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
+        state |= write_client.write(state, ctx)  # type: ignore[arg-type]
         finish_trials(state, lambda trial: (0.30 if "0_2" in trial["experiment"] else 0.40) + 0.002 * (trial["trial"] % 3))
-        state |= analyze.run(state, ctx)  # type: ignore[arg-type]
-        state |= decide.run(state, ctx)  # type: ignore[arg-type]
+        state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
+        state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     assert standing.study_verdict(state) is Verdict.NO  # the study's own sign: larger minus smaller
     look = standing.latest_look(ctx.layout, state)
     assert look is not None and look.look == 2 and look.verdict == "Yes" and look.better == "kl_coef=0.0"

@@ -81,6 +81,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     assert {r.status for r in records} == {"finished"}
     # Matched on episodes consumed: group size 8 trains its 6 steps, group size 2 the 24 that use as many.
     assert {r.config["group_size"]: r.target_step for r in records} == {8: 6, 2: 24}
+    assert all(r.config.get("coupled") is True for r in records)  # paired arms share their noise by default
     assert all(r.last_step >= r.target_step for r in records)
     no_leftover_servers(runs_dir)
 
@@ -91,6 +92,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     assert log_md.count("Iteration 1 planned") == 1 and "Resumed (phase running" in log_md
     report = (study_dir / "report.md").read_text()
     assert "## Answer" in report and "group_size=8" in report and "figures/iteration-1.png" in report
+    assert "Paired arms shared their tasks and sampling noise" in report
     assert (study_dir / "figures" / "iteration-1.png").stat().st_size > 1000
 
     final = json.loads(cli.run("status", sid, "--json", *cli.dirs).stdout)

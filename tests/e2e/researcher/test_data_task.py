@@ -14,8 +14,9 @@ import pytest
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
 from researcher.runs import sandbox
-from researcher.settings import StudyOptions
 from researcher.study import datatask, flags
+from researcher.types.design import DATA_TASK
+from researcher.types.settings import StudyOptions
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = ROOT / "studies" / "examples" / "arith"
@@ -26,7 +27,7 @@ def test_data_task_is_generated_recorded_and_framed(tmp_path: Path) -> None:
     options = StudyOptions(**datatask.options_for(ARITH / "train.parquet", ARITH / "test.parquet", "verl", 100))
     root = datatask.write_task(options, tmp_path / "study", ARITH / "config.toml")
     found = catalog.examples(root)
-    assert list(found) == [catalog.DATA_TASK]
+    assert list(found) == [DATA_TASK]
     source = found["data"].client.read_text()
     assert sandbox.check_client(source) is None
     assert options.data_sha256 == datatask.sha256(ARITH / "train.parquet") and str(ARITH / "train.parquet") in source

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from researcher.planner import catalog
 from researcher.runs import sandbox
-from researcher.settings import StudyOptions
 from researcher.study import datatask
+from researcher.types.design import DATA_TASK
+from researcher.types.settings import StudyOptions
 from swarm.client import probe_study
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,7 +26,7 @@ def test_a_saved_dataset_is_snapshotted_and_read_with_its_keys(tmp_path: Path) -
     saved = tmp_path / "gsm-like"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:32]),
                           "test": datasets.Dataset.from_list(rows[32:])}).save_to_disk(str(saved))
-    task = tmp_path / "study" / "task" / catalog.DATA_TASK
+    task = tmp_path / "study" / "task" / DATA_TASK
     fields = datatask.options_for(saved, f"{saved}:test", "exact", 0, prompt_key="question", answer_key="answer",
                                   snapshot_dir=task)
     options = StudyOptions(**fields)
@@ -33,7 +34,7 @@ def test_a_saved_dataset_is_snapshotted_and_read_with_its_keys(tmp_path: Path) -
     assert (options.data_name, options.heldout_name) == (str(saved), f"{saved}:test")
     assert options.data_sha256 == datatask.sha256(task / "data.parquet")
     root = datatask.write_task(options, tmp_path / "study", ARITH / "config.toml")
-    client = catalog.examples(root)[catalog.DATA_TASK].client
+    client = catalog.examples(root)[DATA_TASK].client
     source = client.read_text()
     assert sandbox.check_client(source) is None
     assert "PROMPT_KEY = 'question'" in source and "ANSWER_KEY = 'answer'" in source
@@ -50,4 +51,4 @@ def test_an_uncached_dataset_name_stops_the_study_before_it_starts(cli, tmp_path
     said = " ".join((done.stdout + done.stderr).split())
     assert "datasets.load_dataset('acme/uncached', 'main', split='train')" in said, said
     assert not (cli.studies / "named" / "study.toml").exists()
-    assert not (cli.studies / "named" / "task" / catalog.DATA_TASK / "data.parquet").exists()
+    assert not (cli.studies / "named" / "task" / DATA_TASK / "data.parquet").exists()

@@ -19,12 +19,13 @@ from support.scripted_llm import ScriptedLLM
 
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import Framing, PlannerError
+from researcher.planner.schema import PlannerError
 from researcher.runs import record as runs
-from researcher.settings import LLMSettings
 from researcher.study.events import read_events
 from researcher.tracking.llm_traces import RUN_LINK_TAG, PlannerTraces
 from researcher.tracking.tracker import Tracker
+from researcher.types.design import Framing
+from researcher.types.settings import LLMSettings
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = (REPO / "studies" / "examples" / "letters" / "client.py").read_text()

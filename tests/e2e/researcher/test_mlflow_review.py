@@ -17,12 +17,12 @@ from support import free_port, wait_for
 from support.stops import terminate
 
 from researcher.findings.records import IterationPlan, PlannedExperiment
-from researcher.nodes import write_report
-from researcher.nodes.launch_runs import _arm_letter, _arm_tag
+from researcher.session.nodes import write_report
+from researcher.session.nodes.launch_runs import _arm_letter, _arm_tag
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
 from swarm.protocol import StepMetrics
-from swarm.server.training.step_loop import TOTAL_EPISODES
+from swarm.server.training.ledger import TOTAL_EPISODES
 from swarm.server.training.step_rows import EVAL_EPISODES, TRAIN_EPISODES
 
 

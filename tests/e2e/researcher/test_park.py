@@ -13,7 +13,7 @@ from researcher.runs import detached
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
-from researcher.settings import ResearcherSettings
+from researcher.types.settings import ResearcherSettings
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "studies" / "examples" / "letters"

@@ -20,7 +20,6 @@ import pytest
 from support import free_port
 from support.scripted_llm import ScriptedLLM, Slow
 
-from researcher.composition import build_context, build_settings
 from researcher.planner import catalog
 from researcher.planner.deadline import (
     MIN_ATTEMPT_S,
@@ -33,11 +32,13 @@ from researcher.planner.fallback import FallbackPlanner, StepFailed, Takeover
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import Framing, OutOfTime
-from researcher.settings import LLMSettings
+from researcher.planner.schema import OutOfTime
+from researcher.session.composition import build_context, build_settings
 from researcher.study.events import read_events
 from researcher.study.layout import StudyLayout
 from researcher.study.store import read_state
+from researcher.types.design import Framing
+from researcher.types.settings import LLMSettings
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "studies" / "examples"

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
-from researcher.nodes import validate
 from researcher.planner.offline import OfflinePlanner
 from researcher.runs import preflight
 from researcher.runs.launcher import Launcher
-from researcher.settings import ResearcherSettings
+from researcher.session.context import StudyContext
+from researcher.session.nodes import validate
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+from researcher.types.settings import ResearcherSettings
 from swarm.client import RewardRecord
 
 REPO = Path(__file__).resolve().parents[3]
@@ -100,7 +100,7 @@ def _validate(ctx: StudyContext, source: str) -> dict:
     studyfiles.write_experiment(ctx.layout, "e1", source, dict(group_size=4), "h1")
     state = {"iteration": 1, "options": {"smoke_episodes": 4, "smoke_timeout_s": 120.0},
              "budget": {"max_repairs": 3}, "validation": None}
-    return validate.run(state, ctx)  # type: ignore[arg-type]
+    return validate.validate(state, ctx)  # type: ignore[arg-type]
 
 
 def _failed(result: dict) -> str:

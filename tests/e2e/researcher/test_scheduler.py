@@ -22,21 +22,6 @@ from researcher.operations.scheduler import ScheduleSpec
 from researcher.study.layout import StudyLayout
 
 
-def test_spec_validation_refuses_bad_input() -> None:
-    with pytest.raises(ValueError, match="--at"):
-        ScheduleSpec(window_s=60, at="25:00")
-    with pytest.raises(ValueError, match="invalid --cron"):
-        ScheduleSpec(window_s=60, cron="0 22 * *")
-    with pytest.raises(ValueError, match="not both"):
-        ScheduleSpec(window_s=60, cron="0 22 * * *", at="22:00")
-    with pytest.raises(ValueError, match="give --at"):
-        ScheduleSpec(window_s=60)
-    spec = ScheduleSpec(window_s=8 * 3600, cron="0 22 * * *")
-    assert ScheduleSpec.from_toml(spec.to_toml()) == spec
-    now = dt.datetime(2026, 11, 22, 23, 0, tzinfo=dt.UTC)
-    assert scheduler.next_clock_time("22:00", now) == dt.datetime(2026, 11, 23, 22, 0, tzinfo=dt.UTC)
-
-
 def test_schedule_writes_file_and_durable_job(tmp_path: Path) -> None:
     studies, artifacts = tmp_path / "studies", tmp_path / "artifacts"
     when = scheduler.schedule("nightly", ScheduleSpec(window_s=3600, at="22:00"), studies, artifacts)

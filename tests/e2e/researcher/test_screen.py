@@ -15,8 +15,8 @@ from researcher.findings.records import Effect
 from researcher.planner import screen
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.schema import TopicNotMappable
-from researcher.settings import StudyOptions
 from researcher.study import files as studyfiles
+from researcher.types.settings import StudyOptions
 
 QUESTION = "What makes the letters task learn faster?"
 
@@ -43,21 +43,21 @@ def test_an_open_question_is_framed_as_a_balanced_fractional_factorial() -> None
 def test_the_screen_flags_the_knob_that_moves_the_reward_and_names_its_confirmation(tmp_path: Path) -> None:
     options = StudyOptions(seeds=2, max_iterations=3)
     ctx, state = node_study(tmp_path, "screen", QUESTION, options, run_s=30.0, runs_launched=0, budget_s=3600)
-    from researcher.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.session.nodes import analyze, decide, plan_experiments, write_client
 
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
     assert len(state["trials"]) == 16, state.get("error")
-    state |= write_client.run(state, ctx)  # type: ignore[arg-type]
+    state |= write_client.write(state, ctx)  # type: ignore[arg-type]
     overrides = {e.name: e.overrides for e in studyfiles.read_plan(ctx.layout).iteration(1).experiments}
     # lr 3e-3 learns 0.2 faster; temperature 1.3 a resolved 0.01 slower, below the minimum of interest (0.02);
     # every other knob changes nothing; a seed's noise is ±0.01.
     finish_trials(state, lambda t: 0.3 + (0.2 if overrides[t["experiment"]]["lr"] > 1e-3 else 0.0)
                   - (0.01 if overrides[t["experiment"]]["temperature"] > 1 else 0.0) + 0.01 * (t["seed"] % 2))
-    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
+    state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
     effects = {e.name: e for e in (Effect.model_validate(e) for e in state["iterations"][-1]["study"]["effects"])}
     assert effects["temperature"].resolved and abs(effects["temperature"].estimate + 0.01) < 1e-9
     assert [e.name for e in screen.flagged(list(effects.values()), 0.02)] == ["lr"]
-    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "conclude" and "the screen flags lr (+0.200" in state["decision"]["reason"]
     framing = OfflinePlanner(["letters"]).frame(QUESTION, "").value
     assert screen.confirmations(framing, list(effects.values()), 0.02) == [
@@ -71,17 +71,17 @@ def test_a_campaign_question_is_screened_first_and_each_flagged_knob_becomes_a_c
     from researcher.campaign import ledger, runner
     from researcher.campaign.record import CampaignRecord, ClaimRecord
     from researcher.campaign.spec import CONFIRM_SEED_BASE, parse
-    from researcher.nodes import analyze, decide, plan_experiments, write_client
+    from researcher.session.nodes import analyze, decide, plan_experiments, write_client
 
     ctx, state = node_study(tmp_path, "open-c1", QUESTION, StudyOptions(seeds=2), run_s=30.0, runs_launched=0,
                             budget_s=3600)
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
-    state |= write_client.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
+    state |= write_client.write(state, ctx)  # type: ignore[arg-type]
     overrides = {e.name: e.overrides for e in studyfiles.read_plan(ctx.layout).iteration(1).experiments}
     finish_trials(state, lambda t: 0.5 - (0.1 if overrides[t["experiment"]]["temperature"] > 1 else 0.0)
                   + 0.01 * (t["seed"] % 2))
-    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
-    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
+    state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     state["phase"] = "done"
 
     text = f'[campaign]\nname = "open"\nquestion = "{QUESTION}"\nsteps_per_run = 5\n'

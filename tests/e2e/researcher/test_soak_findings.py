@@ -23,13 +23,13 @@ from types import SimpleNamespace
 
 from support import free_port, wait_for
 
-from researcher import session
-from researcher.nodes import monitor
 from researcher.runs import detached, smoke
 from researcher.runs import launcher as launching
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
 from researcher.runs.record import RunRecord
+from researcher.session import runner
+from researcher.session.nodes import monitor
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
 from swarm import tracking
@@ -114,12 +114,12 @@ def test_a_study_that_ends_while_mlflow_is_away_delivers_its_spool_when_it_answe
     assert away.spool.pending()
 
     started = time.monotonic()
-    assert not session.deliver_spool(SimpleNamespace(tracker=away, layout=layout), wait_s=0.0)
+    assert not runner.deliver_spool(SimpleNamespace(tracker=away, layout=layout), wait_s=0.0)
     assert time.monotonic() - started < 30
     assert "`researcher resume s` delivers them" in layout.log_md.read_text()
 
     back = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "mlruns", spool)  # the store answers again
-    assert session.deliver_spool(SimpleNamespace(tracker=back, layout=layout), wait_s=0.0)
+    assert runner.deliver_spool(SimpleNamespace(tracker=back, layout=layout), wait_s=0.0)
     assert not back.spool.pending()
     experiment = back.client.get_experiment_by_name("s")
     assert experiment is not None and len(back.client.search_runs([experiment.experiment_id])) == 1

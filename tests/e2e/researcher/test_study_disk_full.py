@@ -2,7 +2,7 @@
 
 The study folder and the artifacts (graph.db, events.jsonl, the MLflow store and spool) lie on a small
 tmpfs, filled to the last byte mid-study. The session-level tests drive the real graph on the offline
-planner through ``researcher.session``, filling the disk at a chosen event (the context's ``emit`` is
+planner through ``researcher.session.runner``, filling the disk at a chosen event (the context's ``emit`` is
 the seam): right after a node ran, so LangGraph's own checkpoint write is refused, or as a node starts,
 so the node's own write is. The end-to-end test (``-m study``) runs ``researcher start`` as a process
 with real training runs, fills the disk while they train, then resumes to a report.
@@ -20,14 +20,15 @@ import pytest
 from support import wait_for
 from support.disks import fill, small_disk
 
-from researcher import session
-from researcher.composition import build_context, build_settings
 from researcher.runs import record as runs
-from researcher.settings import StudyOptions
+from researcher.session import runner
+from researcher.session.composition import build_context, build_settings
 from researcher.study import files as studyfiles
 from researcher.study.events import EventLog, events_path, read_events
 from researcher.study.layout import StudyLayout
 from researcher.tracking.spool import Spool
+from researcher.types.settings import StudyOptions
+from swarm.atomic import write_atomic
 
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
 
@@ -84,7 +85,7 @@ def test_a_full_disk_parks_the_session_and_a_resume_runs_on(tmp_path: Path, when
         else:
             ctx.emit = _fill_on(ctx.emit, disk, "node", action="enter", node="plan_experiments")
 
-        state = session.start(ctx, TOPIC, options, time.time() + 600)  # returns: no traceback
+        state = runner.start(ctx, TOPIC, options, time.time() + 600)  # returns: no traceback
 
         assert (disk / "filler").is_file(), "the disk was never filled"
         assert state["phase"] == "parked", state.get("error")
@@ -97,7 +98,7 @@ def test_a_full_disk_parks_the_session_and_a_resume_runs_on(tmp_path: Path, when
 
         (disk / "filler").unlink()  # room again: the next session runs on from the last checkpoint
         resumed_ctx = build_context(settings, layout.study_id, options, window_s=0)  # parks at the next boundary
-        resumed = session.resume(resumed_ctx)
+        resumed = runner.resume(resumed_ctx)
         assert resumed["phase"] == "parked" and "window ended" in resumed["parked"]["reason"]
         assert resumed["framing"]["knob"] == "group_size"  # framed (again, where its checkpoint was refused)
         _assert_whole(layout.study_dir, layout.artifacts_dir)
@@ -114,7 +115,7 @@ def test_study_files_are_whole_or_unchanged_when_the_disk_refuses_a_write(tmp_pa
         log = EventLog(events_path(layout))
         studyfiles.log(layout, "first entry")
         log.append("note", text="first event")
-        studyfiles.write_atomic(layout.plan_json, json.dumps({"iterations": {}}))
+        write_atomic(layout.plan_json, json.dumps({"iterations": {}}))
         before = {p: p.read_bytes() for p in (layout.log_md, events_path(layout), layout.plan_json)}
         fill(disk)
         big = "y" * 20000  # more than the slack left in each file's last page: a short write, then ENOSPC
@@ -123,7 +124,7 @@ def test_study_files_are_whole_or_unchanged_when_the_disk_refuses_a_write(tmp_pa
         with pytest.raises(OSError):
             log.append("note", text=big)
         with pytest.raises(OSError):
-            studyfiles.write_atomic(layout.plan_json, json.dumps({"iterations": {"1": big}}))
+            write_atomic(layout.plan_json, json.dumps({"iterations": {"1": big}}))
         assert {p: p.read_bytes() for p in before} == before
         assert not [p.name for p in layout.study_dir.iterdir() if p.name.endswith(".tmp")]
         assert [e["id"] for e in read_events(events_path(layout))] == [1]

@@ -17,10 +17,10 @@ import pytest
 from node_study import finish_trials, node_study
 
 from researcher.findings.verdicts import Verdict, answer_class
-from researcher.nodes import analyze, decide, plan_experiments, write_report
 from researcher.runs import record as runs
-from researcher.settings import StudyOptions
+from researcher.session.nodes import analyze, decide, plan_experiments, write_report
 from researcher.study import files as studyfiles
+from researcher.types.settings import StudyOptions
 
 AA_TOPIC = "A/A check: do two identical configurations of letters learn at different speeds?"
 
@@ -38,12 +38,12 @@ def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_run
     ctx, state = node_study(tmp_path, "cannot-decide", AA_TOPIC, StudyOptions(seeds=2, max_iterations=2), run_s=60.0,
                             runs_launched=4, budget_s=600, emit=lambda event, data: events.append((event, data)))
     layout = ctx.layout
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
     # The pilot's runs: flat curves whose per-seed difference is -0.03 and +0.05 (mean 0.01, sd 0.057).
     level = {("it1-a", 1000): 0.30, ("it1-a-copy", 1000): 0.33, ("it1-a", 1001): 0.40, ("it1-a-copy", 1001): 0.35}
     finish_trials(state, lambda trial: level[trial["experiment"], trial["seed"]])
-    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
-    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
+    state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     design = studyfiles.read_plan(layout).design
     assert design is not None and design.reachable is False and design.looks == 2 and design.pilot_seeds == 2
     assert design.needed_seeds is not None and design.max_seeds is not None and design.needed_seeds > design.max_seeds
@@ -53,12 +53,12 @@ def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_run
     assert ("sized", {"text": design.sizing, "reachable": False, "needed": design.needed_seeds,
                       "max_seeds": design.max_seeds}) in events
     assert state["decision"]["action"] == "continue", state["decision"]  # what fits still runs
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
     log = layout.log_md.read_text()
     assert log.index("Iteration 1 analysed") < log.index(design.sizing) < log.index("Iteration 2 planned")
     look = studyfiles.read_plan(layout).iteration(2).look
     assert look is not None and look.fraction == 1.0 and look.seeds == design.max_seeds  # the last look spends it all
-    state |= write_report.run({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
+    state |= write_report.write({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
     answer = layout.report_md.read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
     assert answer.endswith(design.sizing) and not answer.startswith(("Yes", "No:")), answer
 
@@ -70,18 +70,18 @@ def test_a_pilot_the_budget_runs_no_look_after_is_the_only_look_and_decides(tmp_
     ctx, state = node_study(tmp_path, "pilot-only", "Does a learning rate of 3e-3 beat 3e-5 on letters?",
                             StudyOptions(seeds=3, max_iterations=3), run_s=300.0, runs_launched=6, budget_s=3600)
     layout = ctx.layout
-    state |= plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    state |= plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
     assert studyfiles.read_plan(layout).iteration(1).look.fraction is None  # registered as a pilot
     finish_trials(state, lambda trial: (0.5 if "0_003" in trial["experiment"] else 0.1) + 0.01 * (trial["seed"] % 3))
     state["budget"]["deadline"] = time.time() + 250  # the pilot took the time: no second look fits
-    state |= analyze.run(state, ctx)  # type: ignore[arg-type]
+    state |= analyze.analyze(state, ctx)  # type: ignore[arg-type]
     assert studyfiles.read_plan(layout).iteration(1).look.fraction == 1.0
     assert "the pilot is the study's only look and spends the whole alpha" in layout.log_md.read_text()
     comparison = state["iterations"][-1]["study"]["comparison"]
     assert comparison["look"] == 1 and comparison["fraction"] == 1.0 and comparison["hw"] < 0.1
-    state |= decide.run(state, ctx)  # type: ignore[arg-type]
+    state |= decide.decide(state, ctx)  # type: ignore[arg-type]
     assert state["decision"]["action"] == "conclude"
-    state |= write_report.run({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
+    state |= write_report.write({**state, "phase": "reporting"}, ctx)  # type: ignore[arg-type]
     answer = layout.report_md.read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
     assert answer_class(answer) is Verdict.YES, answer
 

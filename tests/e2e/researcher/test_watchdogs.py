@@ -16,13 +16,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from support import free_port, wait_for
 
-from researcher import session, watchdogs
-from researcher.composition import build_context, build_settings
-from researcher.planner.llm import LLMPlanner, is_transient
+from researcher.planner.llm import LLMPlanner
 from researcher.planner.prompts import PromptLibrary
 from researcher.planner.schema import QuotaExhausted
-from researcher.settings import LLMSettings, StudyOptions
+from researcher.session import runner, watchdogs
+from researcher.session.composition import build_context, build_settings
 from researcher.tracking.tracker import Tracker
+from researcher.types import failures
+from researcher.types.settings import LLMSettings, StudyOptions
 
 REPO = Path(__file__).resolve().parents[3]
 TOPIC = "Does a larger GRPO group size make the letters task learn faster?"
@@ -83,7 +84,7 @@ def test_disk_threshold_above_free_space_parks_with_a_clear_log_line(tmp_path: P
     assert watchdogs.disk_low(tmp_path, options.min_free_disk_mb)
     assert watchdogs.disk_low(tmp_path, 1.0) is None
     ctx = build_context(settings, "full-disk", options)
-    state = session.start(ctx, TOPIC, options, time.time() + 600)
+    state = runner.start(ctx, TOPIC, options, time.time() + 600)
     assert state["phase"] == "parked" and state["parked"]["phase"] == "planning"
     assert "disk almost full" in state["parked"]["reason"]
     log_md = (tmp_path / "studies" / "full-disk" / "LOG.md").read_text()
@@ -103,32 +104,13 @@ def test_a_write_the_disk_refused_is_recognised_as_a_full_disk(tmp_path: Path) -
         fill(disk)
         with pytest.raises(OSError) as refused:
             (disk / "LOG.md").write_text("x" * 65536)
-    assert watchdogs.is_disk_full(refused.value)
+    assert failures.is_disk_full(refused.value)
     wrapped = RuntimeError("saving the study state failed")
     wrapped.__cause__ = sqlite3.OperationalError("database or disk is full")
     wrapped.__cause__.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]  # as SQLite sets it
-    assert watchdogs.is_disk_full(wrapped) and watchdogs.is_disk_full(OSError(errno.EDQUOT, "quota"))
-    assert not watchdogs.is_disk_full(OSError(errno.EACCES, "denied"))
-    assert not watchdogs.is_disk_full(sqlite3.OperationalError("database is locked"))
-
-
-def test_quota_detection_on_error_shapes() -> None:
-    import httpx
-    import openai
-
-    def error(status: int, body: dict) -> openai.APIStatusError:
-        response = httpx.Response(status, json=body, request=httpx.Request("POST", "http://x/v1/chat/completions"))
-        return openai.OpenAI(api_key="k", base_url="http://x/v1")._make_status_error_from_response(response)
-
-    quota = error(429, QUOTA_BODY)
-    slow_down = error(429, {"error": {"message": "Rate limit reached for requests", "type": "requests",
-                                      "code": "rate_limit_exceeded"}})
-    billing = error(403, {"error": {"message": "Your credit balance is too low", "type": "invalid_request_error"}})
-    payment = error(402, {"error": {"message": "Payment Required"}})
-    assert watchdogs.is_quota_error(quota) and not is_transient(quota)
-    assert not watchdogs.is_quota_error(slow_down) and is_transient(slow_down)
-    assert watchdogs.is_quota_error(billing) and watchdogs.is_quota_error(payment)
-    assert not watchdogs.is_quota_error(error(400, {"error": {"message": "bad request"}}))
+    assert failures.is_disk_full(wrapped) and failures.is_disk_full(OSError(errno.EDQUOT, "quota"))
+    assert not failures.is_disk_full(OSError(errno.EACCES, "denied"))
+    assert not failures.is_disk_full(sqlite3.OperationalError("database is locked"))
 
 
 def test_mlflow_unreachable_spools_then_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,16 +143,3 @@ def test_mlflow_unreachable_spools_then_replays(tmp_path: Path, monkeypatch: pyt
     assert len(up.client.get_metric_history(real_child, "train/reward_mean")) == 2
     assert up.flush(force=True)  # replaying again creates nothing twice
     assert len(up.client.search_runs([up.experiment_id("spooled")])) == 2
-
-
-def test_client_stuck_rule() -> None:
-    now = 1000.0
-    assert watchdogs.client_stuck(finished_now=5, finished_before=5, since=now - 700, now=now, server_waiting=True,
-                                  limit_s=600)
-    assert not watchdogs.client_stuck(finished_now=6, finished_before=5, since=now - 700, now=now,
-                                      server_waiting=True, limit_s=600)
-    assert not watchdogs.client_stuck(finished_now=5, finished_before=5, since=now - 700, now=now,
-                                      server_waiting=False, limit_s=600)  # training, not waiting
-    assert not watchdogs.client_stuck(finished_now=5, finished_before=5, since=now - 100, now=now,
-                                      server_waiting=True, limit_s=600)
-

@@ -18,21 +18,21 @@ from typing import Any
 
 from support.scripted_llm import ScriptedLLM
 
-from researcher.context import StudyContext
 from researcher.findings.records import IterationPlan
-from researcher.nodes import frame_topic, plan_experiments, write_client
 from researcher.planner import catalog, topic
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import Framing
-from researcher.planner.usage import new_usage
 from researcher.runs.launcher import Launcher
-from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
+from researcher.session.nodes import frame_topic, plan_experiments, write_client
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+from researcher.types.design import Framing
+from researcher.types.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.types.usage import new_usage
 from swarm.client import load_study
 
 REPO = Path(__file__).resolve().parents[3]
@@ -155,7 +155,7 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
             for p in ("plain", "hint")]
     studyfiles.write_plan(layout, 2, IterationPlan.model_validate({"experiments": arms, "code_change": ""}), framing)
 
-    out = write_client.run(_state(layout, 2), ctx)  # type: ignore[arg-type]
+    out = write_client.write(_state(layout, 2), ctx)  # type: ignore[arg-type]
     assert out["phase"] == "validating"
     for prompt in ("plain", "hint"):
         folder = layout.experiment_dir(f"it2-{prompt}")
@@ -169,7 +169,7 @@ def test_each_experiment_folder_gets_its_factor_levels_and_code_changes_are_reco
     plan = IterationPlan.model_validate({"experiments": [{**arms[0], "name": "it3-pad", "factors": {"scratchpad": True}}],
                                          "code_change": "add a scratchpad tool behind FACTORS['scratchpad']"})
     studyfiles.write_plan(layout, 3, plan, framing)
-    out = write_client.run(_state(layout, 3), ctx)  # type: ignore[arg-type]
+    out = write_client.write(_state(layout, 3), ctx)  # type: ignore[arg-type]
     assert out["phase"] == "failed" and "(even after a repair round)" in out["error"]
     assert "client factor(s) scratchpad that the client's FACTORS does not declare (it declares: prompt)" in out["error"]
     assert not layout.experiment_dir("it3-pad").exists() and not (tmp_path / "mlflow.db").exists()

@@ -17,20 +17,21 @@ from typing import Any
 import pytest
 from support.scripted_llm import ScriptedLLM
 
-from researcher.context import StudyContext
-from researcher.nodes import plan_experiments
 from researcher.planner import catalog, topic
 from researcher.planner.llm import LLMPlanner
 from researcher.planner.offline import OfflinePlanner
 from researcher.planner.prompts import PromptLibrary
-from researcher.planner.schema import Framing, Plan, Reply
-from researcher.planner.usage import new_usage
+from researcher.planner.schema import Reply
 from researcher.runs.launcher import Launcher
-from researcher.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
+from researcher.session.nodes import plan_experiments
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+from researcher.types.design import DATA_TASK, Framing, Plan, same_value
+from researcher.types.settings import LLMSettings, ResearcherSettings, StudyOptions
+from researcher.types.usage import new_usage
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "studies" / "examples"
@@ -98,7 +99,7 @@ def test_topic_runs_exactly_the_named_arms(text: str, task: str, knob: str, valu
     framing, plan, question = _offline_plan(text)
     assert (framing.task, framing.knob) == (task, knob)
     ran = [e.overrides[knob] for e in plan.experiments]
-    assert len(ran) == len(values) and all(any(topic.same_value(r, v) for r in ran) for v in values), ran
+    assert len(ran) == len(values) and all(any(same_value(r, v) for r in ran) for v in values), ran
     assert all(type(r) is type(v) for r, v in zip(sorted(ran, key=str), sorted(values, key=str))), ran
     assert (plan.shape, question.shape, plan.stage) == (shape, shape, "initial")
     if shape == "sweep":
@@ -267,7 +268,7 @@ def test_plan_node_refuses_a_plan_that_keeps_dropping_a_named_value(tmp_path: Pa
              "runs_launched": 0, "budget": budget.make_budget(now, now + 3600, max_runs=8, max_iterations=3,
                                                               max_repairs=3, max_llm_tokens=100_000,
                                                               max_llm_cost_usd=0.0)}
-    out = plan_experiments.run(state, ctx)  # type: ignore[arg-type]
+    out = plan_experiments.plan_iteration(state, ctx)  # type: ignore[arg-type]
     assert out["phase"] == "failed" and "even after a repair round" in out["error"]
     assert "drops kl_coef = 0.2" in out["error"] and out["llm"]["calls"] == 2
     first, again = planner.contexts
@@ -283,8 +284,8 @@ def test_a_topic_naming_no_task_run_on_the_users_data_says_so() -> None:
     """A campaign claim with ``data`` runs the user's data task: the plan's notes must not say letters ran."""
     reading = topic.parse("Does a random reward of 0.5 slow learning compared with 0?")
     assert reading.task == catalog.DEFAULT_TASK and "ran letters" in " ".join(reading.assumptions)
-    on_data = topic.on_task(reading, catalog.DATA_TASK)
+    on_data = topic.on_task(reading, DATA_TASK)
     notes = " ".join(on_data.assumptions)
-    assert on_data.task == catalog.DATA_TASK and "ran letters" not in notes and "own data task" in notes
+    assert on_data.task == DATA_TASK and "ran letters" not in notes and "own data task" in notes
     named = topic.parse(KL_TOPIC)
-    assert topic.on_task(named, catalog.DATA_TASK) is named  # a task the topic names stays its task
+    assert topic.on_task(named, DATA_TASK) is named  # a task the topic names stays its task

@@ -63,12 +63,15 @@ def test_bad_files_stop_before_any_episode_is_claimed(server: ServeProcess, tmp_
 
 def test_arith_data_trains_with_heldout_evaluation(server: ServeProcess) -> None:
     done = swarm_run(server, "--data", str(ARITH / "train.parquet"), "--heldout", str(ARITH / "test.parquet"),
-                     "--warmup-steps", "20", "--episodes", "96", "--eval-every", "2", "--heldout-size", "16")
+                     "--warmup-steps", "20", "--episodes", "96", "--eval-every", "2", "--heldout-size", "16",
+                     "--eval-samples", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "finished=96" in done.stdout
     steps = httpx.get(f"{server.url}/api/v1/metrics", headers={"Authorization": f"Bearer {server.token}"}).json()
-    evals = [s["metrics"]["eval/reward_mean"] for s in steps if "eval/reward_mean" in s["metrics"]]
-    assert evals and all(0.0 <= r <= 1.0 for r in evals)
+    rounds = [s["metrics"] for s in steps if "eval/reward_mean" in s["metrics"]]
+    assert rounds and all(0.0 <= m["eval/reward_mean"] <= 1.0 for m in rounds)
+    # Each of the 16 held-out problems twice a round, each sample its own noise: the round's sampling sd.
+    assert all(m["eval/episodes"] == 32 and 0.0 <= m["eval/reward_mean_sd"] <= 0.5 for m in rounds)
 
 
 def test_a_saved_model_folder_serves_as_model_path(tmp_path: Path) -> None:

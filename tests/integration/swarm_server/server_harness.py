@@ -51,8 +51,8 @@ class RunningServer:
 def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "test-token",
            max_context: int | None = None, trainer: Any = None, generator: Callable[[Any], Any] | None = None,
            mlflow_uri: str | None = None, disk_reserve_mb: float | None = None, deterministic: bool = False,
-           served_model_name: list[str] | None = None, **config: Any) -> RunningServer:
-    """``deterministic``: ``swarm serve --deterministic``;
+           coupled: bool = False, served_model_name: list[str] | None = None, **config: Any) -> RunningServer:
+    """``deterministic``, ``coupled``: ``swarm serve --deterministic``, ``--coupled``;
     ``trainer``: compose the server from the loaded backend as generator and this trainer;
     ``generator``: build the generator from the loaded backend, which is then the trainer;
     ``mlflow_uri``: the server writes its MLflow run there (``swarm serve --mlflow-uri``);
@@ -62,7 +62,7 @@ def launch(model: Path, state_dir: Path, *, seed: int = 0, token: str | None = "
 
     settings = ServerSettings(model=str(model), host="127.0.0.1", port=free_port(), state_dir=state_dir,
                               token=token, seed=seed, max_context=max_context, mlflow_uri=mlflow_uri,
-                              deterministic=deterministic, served_model_name=served_model_name,
+                              deterministic=deterministic, coupled=coupled, served_model_name=served_model_name,
                               config=ServerConfig().patched(config) if config else ServerConfig(),
                               **({} if disk_reserve_mb is None else {"disk_reserve_mb": disk_reserve_mb}))
     backend = load_backend(settings.model, settings.config, seed=seed)

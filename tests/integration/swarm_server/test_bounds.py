@@ -25,7 +25,8 @@ from server_harness import RunningServer
 from support import wait_for
 
 from swarm.backends import SamplingParams
-from swarm.local.device_worker import DeviceWorker, QueueFull
+from swarm.backends.base import QueueFull
+from swarm.local.device_worker import DeviceWorker
 from swarm.server.events import EventBus, TooManySubscribers
 
 # Greedy on the tiny model runs this prompt to max_tokens (no end-of-turn): a slot held for seconds.

@@ -30,7 +30,12 @@ def test_published_version_reaches_the_generator_before_completions_carry_it(sta
     generator = server.core.generator.local
     assert generator.backend is not trainer  # two models: publication is a real copy
     events: list[tuple[str, dict]] = []
-    server.core.add_listener(lambda type_, data: events.append((type_, dict(data))))
+
+    class Recorder:  # a core listener (``ServerCore.add_listener``)
+        def on_event(self, type_: str, data: dict) -> None:
+            events.append((type_, dict(data)))
+
+    server.core.add_listener(Recorder())
 
     with server.client() as http:
         episode = http.post("/api/v1/episodes", json={"task_id": "t"}).json()

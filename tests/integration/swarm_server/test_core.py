@@ -280,7 +280,6 @@ def test_sft_warm_up_lowers_the_loss(start_server) -> None:
 
 
 @pytest.mark.parametrize(("old_module", "old_name", "new_module", "new_name"), [
-    ("swarm.server.engine", "Engine", "swarm.server.core", "ServerCore"),
     ("swarm.local.engines", "load_engines", "swarm.local.roles", "load_roles"),
 ])
 def test_renamed_import_paths_still_work_with_a_deprecation_warning(old_module: str, old_name: str, new_module: str,

@@ -55,3 +55,30 @@ def test_same_seed_and_config_give_the_same_run_at_any_concurrency(start_server:
     assert played_four == played_one  # token ids, rewards and the version that sampled them
     assert len(metrics_one) == 3 and metrics_four == metrics_one
     assert len({reward for *_, reward in played_one}) > 1  # the steps had something to learn from
+
+
+def _untrained(played: list[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each task's samples (ids and reward) drawn by the untrained policy (version 0)."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for version, task, ids, reward in played:
+        if version == 0:
+            out.setdefault(task, []).append((ids, reward))
+    return {task: sorted(samples) for task, samples in out.items()}
+
+
+def test_coupled_arms_sample_the_same_tokens_until_their_policies_part(start_server: Callable[..., Any]) -> None:
+    """``--coupled``: two arms of one seed that differ only in learning rate sample the same tokens for each
+    task both sampled with the untrained policy (version 0), keyed noise in batched decoding, whatever the
+    concurrency, while their updates differ. Uncoupled arms of the same seed differ at
+    version 0 already (a shared stream's draws go out in arrival order). Coupled mode keeps the config's
+    admission, so how many groups each arm starts before its first step may differ: tasks are compared
+    where both arms sampled them."""
+    coupled = [start_server(seed=5, coupled=True, **{**_CONFIG, "lr": lr}) for lr in (0.02, 0.002)]
+    fast, fast_metrics = _train(coupled[0], concurrency=4)
+    slow, slow_metrics = _train(coupled[1], concurrency=1)
+    both = _untrained(fast).keys() & _untrained(slow).keys()
+    assert both and all(_untrained(fast)[t] == _untrained(slow)[t] for t in both)
+    assert fast_metrics != slow_metrics  # the learning rates still differ: so do the updates
+    uncoupled = [start_server(seed=5, **{**_CONFIG, "lr": lr}) for lr in (0.02, 0.002)]
+    a, b = _untrained(_train(uncoupled[0], concurrency=4)[0]), _untrained(_train(uncoupled[1], concurrency=1)[0])
+    assert a.keys() & b.keys() and all(a[t] != b[t] for t in a.keys() & b.keys())

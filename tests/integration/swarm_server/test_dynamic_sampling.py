@@ -18,7 +18,7 @@ from server_harness import RunningServer
 from support import wait_for
 
 from swarm.server.records.episode import UNIFORM_REASON
-from swarm.server.training.rewards import coin
+from swarm.server.training.step import coin
 
 MESSAGES = [{"role": "user", "content": "say a"}]
 

@@ -63,18 +63,18 @@ def _metrics(server: RunningServer, since_step: int = 0) -> list[dict]:
 def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_their_round_ends(
         start_server) -> None:
     server = start_server(group_size=2, min_group_size=2, batch_groups=1)
-    engine = server.core
+    core = server.core
     with server.client() as http:  # grouping an eval episode is refused, and nothing changes
         refused = http.post("/api/v1/episodes", json={"task_id": "h0", "purpose": "eval", "group_id": "g"})
     assert refused.status_code == 422 and "never grouped" in refused.text
-    assert engine.evals.live == 0 and _status(server)["episodes"]["claimed"] == 0
+    assert core.evals.live == 0 and _status(server)["episodes"]["claimed"] == 0
 
     first, second = _claim(server, "h0", purpose="eval"), _claim(server, "h0", purpose="eval")
     other, lost = _claim(server, "h1", purpose="eval"), _claim(server, "h2", purpose="eval", lease_s=0.3)
     assert first["purpose"] == "eval" and first["step"] == 0 and first["policy_version"] == 0
-    # The same held-out task under the same policy gets the same sampled reply (a fixed seed per call).
+    # A task's second episode in a round is its second sample: its own noise (``--eval-samples``).
     replies = [_chat(server, ep)["choices"][0]["token_ids"] for ep in (first, second, other)]
-    assert replies[0] == replies[1] and replies[0] != replies[2]
+    assert len({tuple(r) for r in replies}) == 3
 
     a, b = _claim(server, "t1"), _claim(server, "t1")
     assert a["purpose"] == "train" and a["step"] == 0
@@ -83,30 +83,32 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_t
     for ep, reward in ((a, 0.0), (b, 1.0)):
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
     # The group is ready, but a step waits while the eval round is live: it evaluates one policy.
-    assert engine.groups.ready and not engine.loop.can_step() and engine.step == 0
+    assert core.groups.ready and not core.loop.can_step() and core.step == 0
 
-    for ep, reward in ((first, 0.25), (second, 0.25), (other, 1.0)):
+    for ep, reward in ((first, 0.25), (second, 0.75), (other, 1.0)):
         assert _end(server, ep, "finish", {"reward": reward}).status_code == 200
     assert _end(server, first, "finish", {"reward": 0.25}).status_code == 200  # a retried finish: no-op
     assert _end(server, first, "finish", {"reward": 0.5}).status_code == 409  # a finish is final
-    wait_for(lambda: engine.evals.live == 0)  # the short-leased one expires without a reward
-    wait_for(lambda: engine.step == 1)
+    wait_for(lambda: core.evals.live == 0)  # the short-leased one expires without a reward
+    wait_for(lambda: core.step == 1)
 
     # The round evaluated the untrained policy: row 0, eval/* only; the step's row has no eval/*.
     baseline, step = _metrics(server)
     m = baseline["metrics"]
     assert baseline["step"] == 0 and set(m) == {"eval/reward_mean", "eval/reward_std", "eval/episodes", "eval/step",
-                                                "eval/episodes_total"}
+                                                "eval/episodes_total", "eval/reward_mean_sd"}
     assert m["eval/step"] == 0 and m["eval/episodes"] == 3 and m["eval/episodes_total"] == 0  # none trained yet
-    assert m["eval/reward_mean"] == pytest.approx(0.5) and m["eval/reward_std"] == pytest.approx(0.3535534)
+    assert m["eval/reward_mean"] == pytest.approx(2 / 3) and m["eval/reward_std"] == pytest.approx(0.3118048)
+    # h0's two samples (0.25, 0.75) give the within-task variance 0.125: the round's sampling sd sqrt(0.125 / 3).
+    assert m["eval/reward_mean_sd"] == pytest.approx((0.125 / 3) ** 0.5)
     assert step["step"] == 1 and not any(key.startswith("eval/") for key in step["metrics"])
     assert step["metrics"]["train/episodes"] == 2 and step["metrics"]["train/reward_mean"] == 0.5
     assert [s["step"] for s in _metrics(server, since_step=1)] == []  # since a step: the steps after it
     # The durable buffer (what the MLflow writer logs) holds the same rows; no eval episode.
-    stored = [json.loads(body) for body in engine.store.step_metrics(-1)]
+    stored = [json.loads(body) for body in core.store.step_metrics(-1)]
     assert [s["metrics"] for s in stored] == [baseline["metrics"], step["metrics"]]
-    assert all(engine.store.get(ep["episode_id"]) is None for ep in (first, second, other, lost))
-    assert engine.store.get(a["episode_id"]) is not None
+    assert all(core.store.get(ep["episode_id"]) is None for ep in (first, second, other, lost))
+    assert core.store.get(a["episode_id"]) is not None
     counts = _status(server)["episodes"]  # the buffer counts are training's only
     assert counts["claimed"] == 2 and counts["finished"] == 2 and counts["trained"] == 2
     assert counts["expired"] == 0 and counts["aborted"] == 0
@@ -119,7 +121,7 @@ def test_eval_episodes_are_served_reproducibly_never_trained_and_reported_when_t
     for ep in (c, d):
         _chat(server, ep)
         assert _end(server, ep, "finish", {"reward": 0.5}).status_code == 200
-    wait_for(lambda: engine.step == 2)
+    wait_for(lambda: core.step == 2)
     assert not any(key.startswith("eval/") for key in _metrics(server)[-1]["metrics"])
     assert _status(server)["episodes"]["aborted"] == 0
 
@@ -233,9 +235,9 @@ def test_a_round_that_ends_after_the_last_step_is_reported_at_once_and_kept(star
     from mlflow.tracking import MlflowClient
 
     from researcher.evidence.analysis import read_axes
-    from researcher.nodes import monitor
     from researcher.runs.launcher import Launcher
     from researcher.runs.record import METRICS_FILE, RunRecord
+    from researcher.session.nodes import monitor
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     server = start_server(group_size=2, min_group_size=2, batch_groups=1, checkpoint_every=1, mlflow_uri=uri)
@@ -312,9 +314,23 @@ def test_eval_book_ends_rounds_and_pools_a_step_s_later_rounds() -> None:
     assert book.ended(7, None).rewards == []  # type: ignore[union-attr]  # every episode failed: nothing to report
 
 
+def test_a_held_out_task_draws_the_same_noise_under_one_seed_and_fresh_noise_under_another(start_server) -> None:
+    """Arms of one seed evaluate a held-out task with the same sampling noise (their difference holds none of
+    it); another seed draws afresh, so a study's seeds replicate the held-out noise instead of every run
+    reading one frozen draw (whose luck no interval over seeds could see)."""
+    replies = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        server = start_server(seed=seed, group_size=2, min_group_size=2, batch_groups=1, max_tokens=24)
+        replies[name] = [_chat(server, _claim(server, task, purpose="eval"))["choices"][0]["token_ids"]
+                         for task in ("h0", "h1")]
+    assert replies["a"] == replies["b"] and replies["c"] != replies["a"]
+
+
 def test_eval_seed_is_fixed_per_task_and_call_and_fits_int64_with_n() -> None:
     assert eval_seed("held-0", 0) == eval_seed("held-0", 0)
     assert len({eval_seed("held-0", 0), eval_seed("held-0", 1), eval_seed("held-1", 0)}) == 3
+    # Another server seed, another draw: a study's seeds replicate the held-out noise, not one frozen draw.
+    assert eval_seed("held-0", 0, server_seed=1) != eval_seed("held-0", 0) == eval_seed("held-0", 0, server_seed=0)
     assert all(0 <= eval_seed(f"t{i}", i) <= 2**62 for i in range(100))
     with pytest.raises(ValidationError, match="never grouped"):
         ClaimRequest(task_id="h", purpose="eval", group_size=4)

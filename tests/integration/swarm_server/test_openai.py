@@ -49,9 +49,9 @@ def test_plain_n_stop_logprobs_and_recording(server) -> None:
     assert not any(s in stopped.choices[0].message.content for s in ("e", "a", "o"))
 
     # What the server recorded decodes to exactly what each client saw.
-    engine = server.core
-    trace = engine.lifecycle.get(episode["episode_id"]).trace
-    backend = engine.generator.local
+    core = server.core
+    trace = core.lifecycle.get(episode["episode_id"]).trace
+    backend = core.generator.local
     seen = [plain.choices[0], *list(many.choices), stopped.choices[0]]
     recorded = []
     for timeline in trace.timelines:

@@ -81,9 +81,14 @@ def _finish(server: RunningServer, episode_id: str, key: str) -> None:
 
 def test_a_publication_that_raises_or_hangs_restarts_the_generator_on_the_new_version(server) -> None:
     running, model = server
-    engine = running.core
+    core = running.core
     events: list[tuple[str, dict]] = []
-    engine.add_listener(lambda type_, data: events.append((type_, dict(data))))
+
+    class Recorder:  # a core listener (``ServerCore.add_listener``)
+        def on_event(self, type_: str, data: dict) -> None:
+            events.append((type_, dict(data)))
+
+    core.add_listener(Recorder())
 
     for step, failure in ((1, "raise"), (2, "hang")):
         model.script.append(failure)
@@ -95,17 +100,17 @@ def test_a_publication_that_raises_or_hangs_restarts_the_generator_on_the_new_ve
             wait_for(lambda: any(t == "error" for t, d in events if d.get("step") == 1), 10)
             assert time.monotonic() - started >= TIMEOUT_S
             model.release.set()
-        wait_for(lambda s=step: engine.step == s, 30)
+        wait_for(lambda s=step: core.step == s, 30)
 
         errors = [d for t, d in events if t == "error"]
         assert errors[-1]["where"] == "publish" and f"policy version {step}" in errors[-1]["message"]
         assert ("took longer than publish_timeout_s=1 s" if failure == "hang" else "injected: the transfer broke") \
             in errors[-1]["message"]
-        assert engine.status().last_error.where == "publish"
+        assert core.status().last_error.where == "publish"
         recovered = [d for t, d in events if t == "generator.recovered"]
         assert recovered[-1]["policy_version"] == step and recovered[-1]["generator_version"] == step
-        assert engine.generator.policy_version == step
-        assert engine.metrics[-1].metrics["perf/generator_lag"] == 0.0
+        assert core.generator.policy_version == step
+        assert core.metrics[-1].metrics["perf/generator_lag"] == 0.0
         next_version, episode_id, key = _episode_version(running, f"after{step}")
         assert next_version == step  # the next step's completions carry the new version
         with running.client(key) as http:

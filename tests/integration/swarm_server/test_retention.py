@@ -188,7 +188,7 @@ def test_step_rows_in_memory_stay_bounded_and_every_row_is_served_across_a_resta
 
     assert [m.step for m in server.core.metrics] == [4, 5, 6]
     assert served(server, 0) == [1, 2, 3, 4, 5, 6] and served(server, 2) == [3, 4, 5, 6] and served(server, 5) == [6]
-    server.core.loop.rows.add(1, {"eval/reward_mean": 0.5})  # an old step's held-out round ends
+    server.core.rows.add(1, {"eval/reward_mean": 0.5})  # an old step's held-out round ends
     assert [m.step for m in server.core.metrics] == [4, 5, 6]
     server.stop()
 

@@ -14,8 +14,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_status_and_scheduler_load_no_graph() -> None:
     """`researcher status`, `list` and the daemon read a phase without importing LangGraph's graph."""
+    loaded = ("langgraph.graph", "researcher.session.graph", "researcher.session.nodes", "researcher.session.runner")
     code = ("import sys, researcher.cli, researcher.operations.scheduler, researcher.operations.daemon; "
-            "print(','.join(m for m in ('langgraph.graph', 'researcher.graph', 'researcher.session') if m in sys.modules))")
+            f"print(','.join(m for m in {loaded!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

@@ -18,7 +18,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from researcher.campaign.discovery import SEED_STRIDE, Change, Comparison, Discovery, Effect, Knob, Stage
+from researcher.campaign.discovery import (
+    MAX_PROPOSALS,
+    SEED_STRIDE,
+    Change,
+    Comparison,
+    Discovery,
+    Effect,
+    Knob,
+    Proposal,
+    Stage,
+)
 from researcher.campaign.error_budget import ErrorBudget, gamma
 
 KNOBS = [Knob(key="lr", ladder=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2]),
@@ -228,3 +238,70 @@ def test_a_confirmed_change_is_refined_combined_adopted_and_verified_on_fresh_se
     with pytest.raises(ValueError, match="no comparison"):
         d.record_comparison(Comparison(diff=0.0, low=0.0, high=0.0))
     assert [c.knob for c in d.tests[0].changes] == ["lr"] and isinstance(d.tests[0].changes[0], Change)
+
+
+def test_proposals_beyond_the_catalog_are_confirmed_after_the_screens_flags_and_refined() -> None:
+    """An LLM's hypotheses join a round without changing its screen, go through the same confirmation after the
+    screen's own flags (spending the same error budget), and a confirmed new key is refined like any knob."""
+    d = Discovery(knobs=KNOBS, defaults=DEFAULTS)
+    screen = d.next_stage()
+    taken = d.propose([Proposal(knob="lr", value=2e-3, why="between the ladder's levels"),
+                       Proposal(knob="lr", value=5e-3),  # a second level of a knob already proposed
+                       Proposal(knob="kl_coef", value=0.01),  # a level the screen tests anyway
+                       Proposal(knob="temperature", value=1.0),  # the incumbent's
+                       Proposal(knob="top_p", value=0.9, current=1.0, why="a key the catalog does not screen"),
+                       Proposal(knob="entropy_coef", value=0.001, current=0.0),
+                       Proposal(knob="max_tokens", value=24, current=16)])
+    assert [(p.knob, p.value) for p in taken] == [("lr", 2e-3), ("top_p", 0.9), ("entropy_coef", 0.001)]
+    assert len(taken) == MAX_PROPOSALS and d.next_stage() == screen  # the screen's arms are unchanged
+    d.record_screen([Effect(knob="policy_loss", low="vanilla", high="gspo", estimate=0.03, resolved=True),
+                     Effect(knob="lr", low=3e-4, high=3e-3, estimate=0.01, resolved=False)])
+    assert [(c.knob, c.value) for c in d.flagged] == [("policy_loss", "gspo"), ("lr", 2e-3), ("top_p", 0.9),
+                                                      ("entropy_coef", 0.001)]
+    assert d._knob("lr").ladder == [1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 1e-2]  # refined around its new level
+    alphas = []
+    for held in (False, True, True, False):  # gspo fails; lr 2e-3 and top_p 0.9 hold; entropy does not
+        stage = d.next_stage()
+        assert stage is not None and stage.kind == "confirm" and stage.alpha is not None
+        alphas.append(stage.alpha)
+        d.record_comparison(Comparison(diff=0.03 if held else 0.0, low=0.01 if held else -0.02, high=0.05))
+    assert d.budget.levels == alphas and d.budget.rejected == [False, True, True, False]  # one budget for all
+    refine = d.next_stage()
+    assert refine is not None and refine.kind == "refine" and [a["lr"] for a in refine.arms] == [1e-3, 2e-3, 3e-3]
+    d.record_refine(2e-3)
+    refine = d.next_stage()
+    assert refine is not None and refine.knob == "top_p" and {a["top_p"] for a in refine.arms} == {0.9, 1.0}
+    d.record_refine(0.9)
+    combine = d.next_stage()
+    assert combine is not None and combine.arms[1] == {**DEFAULTS, "lr": 2e-3, "top_p": 0.9}
+    with pytest.raises(ValueError, match="before its screen"):
+        d.propose([Proposal(knob="lr", value=5e-3)])
+
+
+def test_a_confirmed_proposal_for_an_unset_key_skips_the_refine_it_has_no_levels_for() -> None:
+    d = Discovery(knobs=KNOBS, defaults=DEFAULTS)
+    assert [p.knob for p in d.propose([Proposal(knob="top_k", value=20, why="unset: the server's default")])] == ["top_k"]
+    d.record_screen([])  # the screen flagged nothing: the proposal alone is confirmed
+    confirm = d.next_stage()
+    assert confirm is not None and confirm.arms == [DEFAULTS, {**DEFAULTS, "top_k": 20}]
+    d.record_comparison(Comparison(diff=0.03, low=0.01, high=0.05))
+    combine = d.next_stage()
+    assert combine is not None and combine.kind == "combine" and combine.arms[1] == {**DEFAULTS, "top_k": 20}
+
+
+def test_a_budget_that_ends_after_a_confirmation_keeps_the_confirmed_change() -> None:
+    """Cut before its refine, a round still adopts what it confirmed; in round 1 that confirmation compared
+    the baseline itself with the change on fresh seeds, so it is the verified headline."""
+    d = Discovery(knobs=KNOBS, defaults=DEFAULTS)
+    d.record_screen([Effect(knob="lr", low=3e-4, high=3e-3, estimate=0.07, resolved=True)])
+    d.record_comparison(Comparison(diff=0.022, low=0.013, high=0.031))
+    assert d.next_stage().kind == "refine"  # type: ignore[union-attr]
+    d.stop("the budget ended the search")
+    assert d.incumbent == {**DEFAULTS, "lr": 3e-3} and d.next_stage() is None
+    assert d.headline().startswith("Best configuration so far: {lr=0.003}: confirmed gain +0.022")
+    later = Discovery(knobs=KNOBS, defaults=DEFAULTS, incumbent={**DEFAULTS, "lr": 3e-3}, round=2)
+    later.record_screen([Effect(knob="kl_coef", low=0.0, high=0.01, estimate=0.05, resolved=True)])
+    later.record_comparison(Comparison(diff=0.03, low=0.01, high=0.05))
+    later.stop("the budget ended the search")
+    verify = later.next_stage()  # round 2's confirmation was against round 1's incumbent: verify on fresh seeds
+    assert verify is not None and verify.kind == "verify" and verify.arms[1] == {**DEFAULTS, "lr": 3e-3, "kl_coef": 0.01}

@@ -12,22 +12,22 @@ from pathlib import Path
 import pytest
 from evidence_inputs import evidence, finished_trials, summarize
 
-from researcher.context import StudyContext
 from researcher.evidence import analysis, plots
 from researcher.findings import verdicts
 from researcher.findings.records import Evidence, IterationPlan, IterationSummary
-from researcher.nodes import analyze, write_report
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
-from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
-from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
+from researcher.session.nodes import analyze, write_report
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking import review_view
 from researcher.tracking.tracker import Tracker
+from researcher.types.settings import ResearcherSettings, StudyOptions
+from researcher.types.usage import new_usage
 from swarm.protocol import StepMetrics
 
 STEPS = 10
@@ -291,7 +291,7 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
              "iterations": [], "mlflow_parent_run": parent, "llm": new_usage(),
              "budget": budget.make_budget(now, now + 3600, max_runs=12, max_iterations=3, max_repairs=3,
                                           max_llm_tokens=0, max_llm_cost_usd=0.0)}
-    out = analyze.run(state, ctx)  # type: ignore[arg-type]
+    out = analyze.analyze(state, ctx)  # type: ignore[arg-type]
     study = IterationSummary.model_validate(out["iterations"][-1]).study
     assert sorted(len(r.aucs) for r in study.arms) == [6, 6] and study.noise_floor["episode"].seeds == 12
     # The progress lines are the whole study's on the verdict's axis and metric; the first is the "best" shown.
@@ -322,7 +322,7 @@ def test_analyze_and_report_carry_the_pooled_evidence_to_disk_and_mlflow(tmp_pat
     listed = {f.path for f in tracker.client.list_artifacts(parent, "figures")}
     assert "figures/axes.png" in listed
 
-    write_report.run({**state, **out}, ctx)  # type: ignore[arg-type]
+    write_report.write({**state, **out}, ctx)  # type: ignore[arg-type]
     report = layout.report_md.read_text()
     assert "## Answer" in report and "## Evidence (whole study)" in report and "pooled over iterations 1, 2" in report
     assert "AUC per episode consumed (verdict)" in report and "| AUC per wall-clock second |" in report
@@ -435,7 +435,7 @@ def test_a_study_from_before_pooled_evidence_is_answered_from_its_runs_on_disk(t
              "iterations": history, "options": StudyOptions(seeds=3, max_runs=12).model_dump(), "llm": new_usage(),
              "budget": budget.make_budget(now, now + 3600, max_runs=12, max_iterations=3, max_repairs=3,
                                           max_llm_tokens=0, max_llm_cost_usd=0.0)}
-    write_report.run(state, ctx)  # type: ignore[arg-type]
+    write_report.write(state, ctx)  # type: ignore[arg-type]
     report = layout.report_md.read_text()
     answer = report.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
     assert answer.startswith("Yes: the larger lr (0.003) learned faster per training step"), answer

@@ -1,5 +1,5 @@
-"""Factorial designs: client factor levels written into client.py, old plans and states still load, the
-plan checks of a factorial, and main effects and interactions recovered with their intervals from
+"""Factorial designs: client factor levels written into client.py, old plans and states still load, and
+main effects and interactions recovered with their intervals from
 hand-made learning curves (real metrics.jsonl files scored by ``researcher.evidence.analysis``)."""
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from evidence_inputs import evidence
 from researcher.evidence import factorial, stats
 from researcher.findings import verdicts
 from researcher.findings.records import Arm, Evidence, IterationSummary, PlannedExperiment
-from researcher.planner import catalog
-from researcher.planner.schema import Experiment, Factor, Framing, Plan
 from researcher.runs import record as runs
 from researcher.study import files as studyfiles
-from swarm.config import ENGINE_KEYS, ServerConfig
+from researcher.types.design import Factor
 from swarm.protocol import StepMetrics
 
 CLIENT = '''"""A client with factors."""
@@ -56,53 +54,6 @@ def test_set_factors_rewrites_only_the_factors_assignment() -> None:
         studyfiles.set_factors("FACTORS = dict(tool=True)\n", {"tool": False})
     with pytest.raises(ValueError, match="assigns FACTORS 2 times"):
         studyfiles.set_factors("FACTORS = {'a': 1}\nFACTORS = {'a': 2}\n", {"a": 3})
-
-
-def test_old_plans_and_states_load_with_defaults_and_new_fields_are_validated() -> None:
-    old_framing = {"answerable": True, "reason": "r", "question": "q", "task": "letters", "knob": "lr",
-                   "metric": "train/reward_mean"}
-    framing = Framing.model_validate(old_framing)
-    assert (framing.base, framing.factors, framing.example) == ("", [], "letters")
-    old_plan = {"rationale": "r", "hypotheses": [{"id": "h1", "statement": "s", "metric": "m", "expected_effect": "e"}],
-                "experiments": [{"name": "it1-a", "hypothesis": "h1", "overrides": {"lr": 1e-3}}]}
-    plan = Plan.model_validate(old_plan)
-    assert (plan.shape, plan.code_change, plan.experiments[0].factors) == ("comparison", "", {})
-    new = Framing.model_validate({**old_framing, "task": "vowels", "base": "letters", "knob": "tool",
-                                  "factors": [{"name": "tool", "where": "client", "levels": [False, True]}]})
-    assert new.example == "letters" and list(new.client_factors()) == ["tool"]
-    with pytest.raises(ValueError, match="at least 2 items"):
-        Factor(name="tool", where="client", levels=[True])
-    with pytest.raises(ValueError, match="should match pattern"):
-        Factor(name="no spaces", where="client", levels=[1, 2])
-    # The static list of config keys the planner is shown is the server's own.
-    assert set(catalog.CONFIG_KEYS) == set(ServerConfig.model_fields) | set(ENGINE_KEYS)
-
-
-def _plan(*experiments: Experiment, shape: str = "factorial") -> Plan:
-    return Plan(rationale="r", shape=shape, experiments=list(experiments),
-                hypotheses=[{"id": "h1", "statement": "s", "metric": "m", "expected_effect": "e"}])
-
-
-def _exp(name: str, lr: float, tool: object) -> Experiment:
-    return Experiment(name=name, hypothesis="h1", overrides={"lr": lr}, factors={"tool": tool})
-
-
-def test_a_factorial_plan_must_run_the_framed_design() -> None:
-    framing = Framing(answerable=True, reason="r", question="q", task="letters", knob="lr", factors=FACTORS)
-    full = [_exp("a", 1e-3, False), _exp("b", 3e-3, False), _exp("c", 1e-3, True), _exp("d", 3e-3, True)]
-    assert factorial.design_complaint(framing, _plan(*full)) is None
-    wrong = factorial.design_complaint(framing, _plan(
-        _exp("a", 1e-3, False), _exp("b", 1e-3, False), _exp("c", 0.01, False),
-        Experiment(name="d", hypothesis="h1", overrides={"lr": 3e-3, "tool": True})))
-    assert wrong is not None
-    assert "experiments a and b run the same combination of levels" in wrong
-    assert "experiment c sets lr = 0.01, not one of its framed levels [0.001, 0.003]" in wrong
-    assert "experiment d sets client factor(s) tool in `overrides`" in wrong
-    assert "experiment d does not set factor(s) tool" in wrong
-    assert "factor tool never runs at level(s) [True]" in wrong
-    one = Framing(answerable=True, reason="r", question="q", task="letters", knob="lr", factors=FACTORS[:1])
-    assert "needs a framing with two or more factors" in (factorial.design_complaint(one, _plan(*full)) or "")
-    assert factorial.design_complaint(one, _plan(*full, shape="comparison")) is None
 
 
 def _trials(tmp: Path, cells: dict[tuple[float, bool], float], seeds: int = len(OFFSETS)) -> list[dict]:

@@ -17,20 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from researcher.context import StudyContext
 from researcher.evidence import plots, run_table, stats
 from researcher.findings import verdicts
 from researcher.findings.records import Comparison, IterationPlan, IterationSummary
-from researcher.nodes import analyze
 from researcher.planner.offline import OfflinePlanner
-from researcher.planner.usage import new_usage
 from researcher.runs import record as runs
 from researcher.runs.launcher import Launcher
-from researcher.settings import ResearcherSettings, StudyOptions
+from researcher.session.context import StudyContext
+from researcher.session.nodes import analyze
 from researcher.study import budget
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
+from researcher.types.settings import ResearcherSettings, StudyOptions
+from researcher.types.usage import new_usage
 from swarm.protocol import StepMetrics
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "studies" / "examples"
@@ -85,7 +85,7 @@ def study(tmp_path: Path) -> tuple[StudyLayout, dict]:
              "options": StudyOptions(seeds=3, max_runs=6).model_dump(),
              "budget": budget.make_budget(now, now + 3600, max_runs=6, max_iterations=1, max_repairs=3,
                                           max_llm_tokens=0, max_llm_cost_usd=0.0)}
-    return layout, analyze.run(state, ctx)  # type: ignore[arg-type]
+    return layout, analyze.analyze(state, ctx)  # type: ignore[arg-type]
 
 
 def _read(path: Path) -> dict[tuple[str, str], dict[int, list[tuple[float, float]]]]:

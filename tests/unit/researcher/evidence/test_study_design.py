@@ -12,9 +12,9 @@ from evidence_inputs import finished_trials, summarize
 
 from researcher.evidence import sizing
 from researcher.findings.records import Comparison, Evidence, IterationSummary, LookPlan
-from researcher.nodes import write_report
 from researcher.planner import arm_budgets
 from researcher.runs import record as runs
+from researcher.session.nodes import write_report
 from swarm.protocol import StepMetrics
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "studies" / "examples"

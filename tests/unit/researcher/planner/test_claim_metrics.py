@@ -18,6 +18,7 @@ from researcher.findings.axes import EVAL_METRIC
 from researcher.planner import catalog, topic
 from researcher.planner.offline import OfflinePlanner
 from researcher.study import files as studyfiles
+from researcher.types.design import same_value
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "studies" / "examples"
 TASKS = sorted(catalog.examples(EXAMPLES))
@@ -58,7 +59,7 @@ def test_each_claim_runs_its_arms_on_its_metric(text: str, knob: str, values: li
     framing, plan = _frame_and_plan(text)
     assert framing.knob == knob
     ran = [e.overrides[knob] for e in plan.experiments]
-    assert len(ran) == len(values) and all(any(topic.same_value(r, v) for r in ran) for v in values), ran
+    assert len(ran) == len(values) and all(any(same_value(r, v) for r in ran) for v in values), ran
     assert {h.metric for h in plan.hypotheses} == {metric}
     assert framing.metric == (catalog.REWARD_METRIC if metric == EVAL_METRIC else metric)
     assert topic.plan_complaint(topic.parse(text), knob, [e.overrides for e in plan.experiments]) is None

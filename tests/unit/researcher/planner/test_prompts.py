@@ -18,6 +18,7 @@ PASSED = {
     "repair_client": {"code", "error", "example", "context"},
     "decide": {"framing", "context"},
     "write_report": {"framing", "context"},
+    "propose_hypotheses": {"goal", "context", "config_keys"},
 }
 
 

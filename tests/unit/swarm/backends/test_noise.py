@@ -96,3 +96,29 @@ def test_a_keyed_row_joining_a_running_batch_samples_what_it_would_alone(backend
                      feed=feed)
     assert feed.calls > 3  # it joined mid-batch (rows 0 and 1 are the initial ones)
     _same(alone, feed.done[2])
+
+
+def test_coupled_rows_share_the_batch_and_still_sample_their_keys_noise(backend: TorchBackend) -> None:
+    """``--coupled``: keyed rows that are not batch-invariant take one batched forward per decode step (not
+    one each) and draw the same tokens from the same keys as alone, up to the batch's float rounding."""
+    prompts = [_prompt(backend, text) for text in ("Spell a word.", "Hi.", "Count to five.")]
+
+    def rows(batch_invariant: bool) -> list[SamplingParams]:
+        return [SamplingParams(max_tokens=12, ignore_eos=True, noise_key=noise.sample_key(0, "pair", i),
+                               batch_invariant=batch_invariant) for i in range(len(prompts))]
+
+    forwards = []
+    hook = backend.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        coupled = backend.generate(prompts, rows(False))
+        shared = len(forwards)
+        forwards.clear()
+        exact = backend.generate(prompts, rows(True))
+    finally:
+        hook.remove()
+    assert len(forwards) == len(prompts) * shared  # batch-invariant rows decode one by one
+    assert [g.token_ids for g in coupled] == [g.token_ids for g in exact]  # the keys' noise, not the batch's
+    for c, e in zip(coupled, exact, strict=True):
+        assert c.logprobs == pytest.approx(e.logprobs, abs=1e-4)
+    uncoupled = backend.generate(prompts, [SamplingParams(max_tokens=12, ignore_eos=True) for _ in prompts])
+    assert [g.token_ids for g in uncoupled] != [g.token_ids for g in coupled]

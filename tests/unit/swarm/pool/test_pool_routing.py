@@ -1,4 +1,4 @@
-"""GeneratorPool routing on members that are stand-ins for engines (no model, no HTTP): sticky per
+"""GeneratorPool routing on members whose generators are stand-ins (no model, no HTTP): sticky per
 affinity, least loaded otherwise, never outside the staleness bound, and a member lost mid-call
 continued on another from exactly the tokens it produced."""
 
@@ -30,7 +30,7 @@ class Text:
         return "".join(chr(96 + i) for i in ids)
 
 
-class Engine:
+class CountingGenerator:
     """Counts from ``start`` (token i has log-prob -i/10), streaming each token; ``die_after``:
     raises ``WorkerLost`` after streaming that many tokens of a row (a worker killed mid-call)."""
 
@@ -55,16 +55,23 @@ class Engine:
         return Sampled(generations=rows, policy_version=self.version)
 
 
+@dataclass
+class _Live:
+    """The live config cell the pool reads its staleness rule from."""
+
+    config: Bound
+
+
 def _pool(bound: Bound, published: int = 3) -> GeneratorPool:
     pool = GeneratorPool(None, text=Text(), model_name="m", max_context=512, eos_token_id=EOS,  # type: ignore[arg-type]
-                         bound=lambda: bound)
+                         live=_Live(bound))
     pool._published = published
     return pool
 
 
-def _member(pool: GeneratorPool, name: str, engine: Engine, capacity: int = 4) -> Member:
-    member = Member(id=name, engine_name="torch", engine=engine, capacity=capacity, address=f"http://{name}",
-                    version=engine.version)
+def _member(pool: GeneratorPool, name: str, generator: CountingGenerator, capacity: int = 4) -> Member:
+    member = Member(id=name, engine_name="torch", generator=generator, capacity=capacity, address=f"http://{name}",
+                    version=generator.version)
     pool.add(member)
     return member
 
@@ -75,7 +82,7 @@ def _params(n: int = 4) -> list[SamplingParams]:
 
 def test_calls_of_one_affinity_stay_on_one_member_and_others_go_to_the_least_loaded() -> None:
     pool = _pool(Bound())
-    a, b = _member(pool, "a", Engine(3)), _member(pool, "b", Engine(3))
+    a, b = _member(pool, "a", CountingGenerator(3)), _member(pool, "b", CountingGenerator(3))
     first = pool.choose("episode-1")
     first.in_flight = 3  # now the busier one
     assert pool.choose("episode-1") is first  # sticky while it may serve
@@ -89,8 +96,8 @@ def test_calls_of_one_affinity_stay_on_one_member_and_others_go_to_the_least_loa
 def test_members_outside_the_staleness_bound_get_no_calls() -> None:
     bound = Bound(mode="async", max_staleness=1)
     pool = _pool(bound, published=5)
-    old = _member(pool, "old", Engine(3))
-    fresh = _member(pool, "fresh", Engine(4))
+    old = _member(pool, "old", CountingGenerator(3))
+    fresh = _member(pool, "fresh", CountingGenerator(4))
     assert pool.choose("e") is fresh  # 5 - 3 > 1
     assert old.state(5, bound) == "syncing" and fresh.state(5, bound) == "ready"
     bound.mode = "sync"  # only the newest version serves
@@ -106,8 +113,8 @@ def test_members_outside_the_staleness_bound_get_no_calls() -> None:
 
 def test_a_member_lost_mid_call_is_dropped_and_the_rows_continue_elsewhere_exactly() -> None:
     pool = _pool(Bound(max_staleness=4))
-    dying = Engine(3, start=1, die_after=2)
-    spare = Engine(3, start=50)
+    dying = CountingGenerator(3, start=1, die_after=2)
+    spare = CountingGenerator(3, start=50)
     _member(pool, "dying", dying, capacity=100)  # least loaded: chosen first
     _member(pool, "spare", spare, capacity=1)
     streamed: list[tuple[int, int]] = []
@@ -142,6 +149,6 @@ def test_a_row_that_ended_before_its_member_died_is_not_run_again() -> None:
 
 def test_no_member_left_is_a_503_not_a_hang() -> None:
     pool = _pool(Bound())
-    _member(pool, "only", Engine(3, die_after=0))
+    _member(pool, "only", CountingGenerator(3, die_after=0))
     with pytest.raises(GeneratorUnavailable):
         asyncio.run(pool.generate([[1]], _params(), affinity="e"))

@@ -84,6 +84,7 @@ class _View:
     config_version: int = 0
     policy_version: int = 0
     step: int = 0
+    paused: bool = False
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def clock(self) -> float:
@@ -93,11 +94,25 @@ class _View:
         self.events.append((type_, data))
 
 
+@dataclass
+class _Training:
+    """The training side as admission sees it: a fixed backlog, and whether steps still train."""
+
+    held: Backlog
+    active: bool = True
+
+    def backlog(self) -> Backlog:
+        return self.held
+
+    def past_max_steps(self) -> bool:
+        return not self.active
+
+
 def _admission(backlog: Backlog, active: bool = True, **config: Any) -> tuple[Admission, CapacityMeter, _Clock, _View]:
     clock = _Clock()
     meter = CapacityMeter(clock)
     view = _View(ServerConfig().patched(config))
-    return Admission(view, backlog=lambda: backlog, capacity=meter, active=lambda: active), meter, clock, view
+    return Admission(view, training=_Training(backlog, active), capacity=meter), meter, clock, view
 
 
 def _steps(meter: CapacityMeter, clock: _Clock, interval: float, count: int = 4) -> None:

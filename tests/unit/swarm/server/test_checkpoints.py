@@ -33,11 +33,20 @@ def test_save_latest_and_meta(tmp_path: Path) -> None:
     latest = manager.latest()
     assert latest is not None
     assert (latest.step, latest.policy_version) == (4, 4)
-    assert latest.engine_state == {"cursor": {"last_seq": 17, "trained_step": 4}}
+    assert latest.server_state == {"cursor": {"last_seq": 17, "trained_step": 4}}
     assert latest.config == {"lr": 0.001}
     assert (latest.weights_dir / "model.bin").read_text() == "w4"
     assert CheckpointManager.load_meta(path) == latest
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["step-4"]  # no temp dirs left
+
+
+def test_a_checkpoint_written_before_the_rename_keeps_its_server_state(tmp_path: Path) -> None:
+    """Checkpoints of 0.1 and before call the server state ``engine_state`` in ``meta.json``."""
+    path = CheckpointManager(tmp_path).save(2, 2, _writer("w2"), {"cursor": 5, "config_version": 3})
+    meta = json.loads((path / "meta.json").read_text())
+    meta["engine_state"] = meta.pop("server_state")
+    (path / "meta.json").write_text(json.dumps(meta))
+    assert CheckpointManager.load_meta(path).server_state == {"cursor": 5, "config_version": 3}
 
 
 def test_prunes_to_keep_and_orders_numerically(tmp_path: Path) -> None:
@@ -54,7 +63,7 @@ def test_saving_a_step_again_replaces_it(tmp_path: Path) -> None:
     manager.save(3, 3, _writer("old"), {"n": 1})
     manager.save(3, 3, _writer("new"), {"n": 2})
     latest = manager.latest()
-    assert latest.engine_state == {"n": 2} and (latest.weights_dir / "model.bin").read_text() == "new"
+    assert latest.server_state == {"n": 2} and (latest.weights_dir / "model.bin").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["step-3"]
 
 
@@ -135,7 +144,7 @@ def test_sigkill_during_slow_write_keeps_previous_latest(tmp_path: Path) -> None
     assert any(p.name.startswith(".tmp-") for p in root.iterdir())  # the half-written step 2
     manager = CheckpointManager(root)
     latest = manager.latest()
-    assert latest is not None and latest.step == 1 and latest.engine_state == {"cursor": 1}
+    assert latest is not None and latest.step == 1 and latest.server_state == {"cursor": 1}
     assert (latest.weights_dir / "model.bin").read_bytes() == b"A" * 100_000
     assert [p.name for p in root.iterdir()] == ["step-1"]  # the leftover was cleaned up
     manager.save(2, 2, _writer("w2"), {"cursor": 2})

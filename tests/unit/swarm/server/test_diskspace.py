@@ -15,9 +15,19 @@ from swarm.server.durability.checkpoints import CheckpointManager
 from swarm.server.durability.diskspace import DiskMonitor, is_disk_full
 from swarm.server.durability.store import EpisodeStore, FinishedEpisode
 from swarm.server.records.timeline import EpisodeTrace
-from swarm.server.training.step_commits import StepCommit, StepCommits
+from swarm.server.training.ledger import StepCommit, StepCommits
 
 MiB = 2**20
+
+
+class _Reports:
+    """Where the step commits report a refused commit (the server's ``ErrorLog``)."""
+
+    def __init__(self) -> None:
+        self.where: list[str] = []
+
+    def report(self, where: str, exc: BaseException) -> None:
+        self.where.append(where)
 
 
 def _episode(i: int, tokens: int = 50) -> FinishedEpisode:
@@ -88,12 +98,12 @@ def test_a_refused_commit_rolls_back_and_the_buffer_takes_writes_again_once_spac
             assert store.get("ep-1") is None  # rolled back whole
 
             monitor = DiskMonitor(disk, reserve_bytes=0, ttl_s=0.0)
-            reported: list[int] = []
-            commits = StepCommits(store, monitor, on_full=lambda step, exc: reported.append(step))
+            reported = _Reports()
+            commits = StepCommits(store, monitor, reported)
             record = StepCommit(1, ["ep-0"], '{"step": 1}', meta={"max_policy_version": 1})
             assert not commits.commit(record)  # kept, not given up
             assert not commits.flush()  # still full: it waits (the first refusal is reported, a retry not)
-            assert reported == [1] and commits.pending == 1 and monitor.full
+            assert reported.where == ["commit"] and commits.pending == 1 and monitor.full
             with pytest.raises(OSError) as no_checkpoint:
                 commits.require_written()
             assert no_checkpoint.value.errno == errno.ENOSPC
@@ -118,7 +128,7 @@ def test_a_checkpoint_the_disk_cannot_hold_leaves_the_previous_one_whole(tmp_pat
         assert is_disk_full(failed.value)
         assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == ["step-1"]  # no partial directory
         latest = manager.latest()
-        assert latest is not None and latest.step == 1 and latest.engine_state == {"cursor": 1}
+        assert latest is not None and latest.step == 1 and latest.server_state == {"cursor": 1}
         assert (latest.weights_dir / "model.bin").read_bytes() == before
         filler.unlink()
         assert manager.save(2, 2, lambda d: (d / "model.bin").write_bytes(b"w2" * 1000), {"cursor": 2}).name == "step-2"

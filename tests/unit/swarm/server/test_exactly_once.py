@@ -120,4 +120,4 @@ def test_every_acknowledged_episode_is_trained_exactly_once_across_sigkills(tmp_
         assert store.trained_counts() == dict(weights)  # and the audit agrees with the model
         assert store.untrained() == []
         assert store.counts()["finished"] == TOTAL
-        assert latest.engine_state["cursor"] == store.cursor()
+        assert latest.server_state["cursor"] == store.cursor()

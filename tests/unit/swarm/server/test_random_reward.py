@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from swarm.server.training.rewards import coin, training_rewards
+from swarm.server.training.step import coin, training_rewards
 
 
 def _episodes(n: int, reward: float) -> list[Any]:
