@@ -13,6 +13,8 @@ vLLM's structured outputs (``structured_outputs.grammar``, served by vLLM's llgu
   enforces it). Both use llguidance's ``%json`` with at most one space between JSON tokens: compact
   (``{"a":1}``) and ``json.dumps``' form (``{"a": 1}``) both fit, so a model writes the style it
   learned, and a small or untrained one cannot wander in blanks (vLLM's default allows any run of them).
+  vLLM's own llguidance (1.7) ignores that pattern, so the vLLM engine sends the grammar ``compact``: no
+  blanks between JSON tokens.
 - An object schema that lists its ``properties`` but says nothing of ``additionalProperties`` takes no
   other keys (``closed``), as vLLM's default backend does (xgrammar's strict mode; its llguidance
   backend's ``disable_additional_properties``). JSON Schema's own default admits any key, so a model
@@ -41,6 +43,9 @@ __all__ = ["JSON_STYLE", "check_grammar", "closed", "json_grammar", "response_gr
 
 # llguidance's JSON options: at most one space between JSON tokens (see the module docstring).
 JSON_STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}
+# llguidance before 1.9 (vLLM 0.32 ships 1.7.6) ignores ``whitespace_pattern``: flexible then means any run of
+# blanks, and an untrained model fills max_tokens with them. There the JSON goes compact (no blanks at all).
+COMPACT_STYLE = {"whitespace_flexible": False}
 TokenLookup = Callable[[str], "int | None"]  # an added token's id by its text (None: not one token)
 
 _HERMES = ("<tool_call>", "</tool_call>")
@@ -187,3 +192,9 @@ def _chosen_name(tool_choice: object) -> str:
             return name
     raise ValueError(f"tool_choice: 'none', 'auto', 'required' or {{\"type\": \"function\", \"function\": "
                      f"{{\"name\": ...}}}}, not {tool_choice!r}")
+
+
+def compact(grammar: str) -> str:
+    """``grammar`` with its JSON rules in ``COMPACT_STYLE`` where they are in ``JSON_STYLE`` (a schema that set
+    its own blanks keeps them): for an llguidance that ignores ``whitespace_pattern`` (vLLM's)."""
+    return grammar.replace(json.dumps(JSON_STYLE)[1:-1], json.dumps(COMPACT_STYLE)[1:-1])

@@ -28,6 +28,7 @@ import httpx
 from swarm.backends.base import FinishReason, Generation, SamplingParams, TokenSink
 from swarm.backends.vllm.chat import cut_at_stop, releasable
 from swarm.backends.vllm.errors import GeneratorUnavailable
+from swarm.text.constraints import compact
 
 __all__ = ["RowState", "completion_body", "raise_for_status", "sse_payloads"]
 
@@ -62,7 +63,7 @@ def completion_body(prompt: Sequence[int], p: SamplingParams, *, stream: bool, e
     if p.seed is not None:
         body["seed"] = p.seed
     if p.grammar is not None:
-        body["structured_outputs"] = {"grammar": p.grammar}
+        body["structured_outputs"] = {"grammar": compact(p.grammar)}  # vLLM's llguidance: compact JSON
     bias = {str(i): PAD_BIAS for i in padding_ids}
     bias.update({str(t): b for t, b in p.logit_bias})  # the request's own (OpenAI's logit_bias)
     if bias:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 
-from swarm.text.constraints import closed, json_grammar, response_grammar, tool_call_grammar
+from swarm.text.constraints import closed, compact, json_grammar, response_grammar, tool_call_grammar
 
 ARGS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
 ADD = {"type": "function", "function": {"name": "add", "parameters": ARGS}}  # no additionalProperties: smolagents'
@@ -73,3 +73,14 @@ def test_json_schema_is_closed_and_json_object_stays_open(tokenizer: LLTokenizer
     assert _accepts(tokenizer, open_schema, '{"a": 1, "b": 2, "note": "x"}')
     anything = response_grammar({"type": "json_object"})
     assert anything is not None and _accepts(tokenizer, anything, '{"note": "x", "n": [1, {"k": null}]}')
+
+
+def test_compact_grammars_take_no_blanks_between_json_tokens(tokenizer: LLTokenizer) -> None:
+    """What the vLLM engine sends: its llguidance ignores the one-blank pattern, so its JSON goes compact."""
+    schema = response_grammar({"type": "json_schema", "json_schema": {"name": "args", "schema": ARGS}})
+    assert schema is not None and _accepts(tokenizer, schema, '{"a": 1, "b": 2}')
+    assert not _accepts(tokenizer, schema, '{"a":      1, "b": 2}')
+    tight = compact(schema)
+    assert _accepts(tokenizer, tight, '{"a":1,"b":2}') and not _accepts(tokenizer, tight, '{"a": 1, "b": 2}')
+    own = json_grammar({**ARGS, "x-guidance": {"whitespace_pattern": "[ ]*"}})
+    assert compact(own) == own  # a schema that chose its own blanks keeps them
