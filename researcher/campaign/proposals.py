@@ -27,7 +27,7 @@ from researcher.planner.schema import PlannerError, ProposedChange
 from researcher.study.files import dumps_toml
 from researcher.types.settings import ResearcherSettings
 
-__all__ = ["FIXED_KEYS", "Proposer", "ask", "check", "context", "llm_proposer", "note"]
+__all__ = ["FIXED_KEYS", "Proposer", "check", "context", "llm_proposer", "note", "vet"]
 
 # What a hypothesis may not move: what the run is (model, engines, placement), how long it runs, its seed,
 # its reward, and how the comparison itself draws noise.
@@ -51,10 +51,9 @@ def context(d: Discovery) -> JsonObject:
                       for t in d.tests]}
 
 
-def ask(answer: list[ProposedChange], d: Discovery, task_config: dict[str, Any],
-        checker: Callable[[list[dict[str, Any]]], list[str | None]] | None = None) -> tuple[list[Proposal], list[str]]:
+def vet(answer: list[ProposedChange], d: Discovery, task_config: dict[str, Any]) -> tuple[list[Proposal], list[str]]:
     """The model's ``answer`` as proposals that pass the checks (module docstring), and why each other one
-    was refused. ``checker`` validates whole configs (``check`` by default)."""
+    was refused."""
     refused: list[str] = []
     candidates: list[Proposal] = []
     for change in answer:
@@ -66,7 +65,7 @@ def ask(answer: list[ProposedChange], d: Discovery, task_config: dict[str, Any],
         else:
             current = d.incumbent.get(change.key, task_config.get(change.key))
             candidates.append(Proposal(knob=change.key, value=change.value, current=current, why=change.why))
-    problems = (checker or check)([{**task_config, **d.incumbent, p.knob: p.value} for p in candidates])
+    problems = check([{**task_config, **d.incumbent, p.knob: p.value} for p in candidates])
     passed = []
     for proposal, problem in zip(candidates, problems, strict=True):
         if problem:
@@ -108,7 +107,7 @@ def llm_proposer(settings: ResearcherSettings, goal: Goal, task_config: dict[str
             reply = planner.propose(goal.text, context(d), catalog.describe_config_keys())
         except PlannerError as exc:
             return [], [f"the LLM proposed nothing ({exc})"]
-        return ask(reply.value.hypotheses, d, task_config)
+        return vet(reply.value.hypotheses, d, task_config)
 
     return propose
 

@@ -37,10 +37,10 @@ def write(state: StudyState, ctx: StudyContext) -> StudyState:
     plan = plans.iteration(iteration)
     try:
         baseline = study_options(state).baseline or {}  # a campaign's settled findings: the arms' own win
-        configs = coupling.couple({exp.name: studyfiles.server_config(example.config, {**baseline, **exp.overrides})
-                                   for exp in plan.experiments},
-                                  # existing servers (--server) keep the noise mode they were started with
-                                  study_options(state).couple and not ctx.settings.servers)
+        planned = {exp.name: studyfiles.server_config(example.config, {**baseline, **exp.overrides})
+                   for exp in plan.experiments}
+        # Existing servers (--server) keep the noise mode they were started with.
+        configs = coupling.couple(planned, study_options(state).couple and not ctx.settings.servers)
     except ValueError as exc:
         studyfiles.log(ctx.layout, f"Iteration {iteration}: the plan is unusable: {exc}")
         return {"phase": "failed", "error": f"the plan of iteration {iteration} is unusable: {exc}"}
