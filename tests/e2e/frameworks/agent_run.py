@@ -36,7 +36,8 @@ from swarm.protocol import Status
 PYTHON = ROOT / ".venv-frameworks" / "bin" / "python"
 AGENTS = Path(__file__).resolve().parent / "agents"
 SERVED_NAME = "gpt-4o-mini"  # a name llama-index's OpenAI and autogen's client know (--served-model-name)
-needs_frameworks = pytest.mark.skipif(not PYTHON.exists(), reason="no .venv-frameworks: run .ci/setup-frameworks")
+# Every framework test runs its agent in .venv-frameworks (.ci/setup-all builds it): missing, they fail, naming it.
+needs_frameworks = pytest.mark.usefixtures("frameworks_python")
 
 CONFIG = """
 group_size = 1

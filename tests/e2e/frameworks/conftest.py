@@ -9,10 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_run import serve
+from agent_run import PYTHON, serve
 from support import ServeProcess
 
 LONG_CONTEXT = 8192
+
+
+@pytest.fixture(scope="session")
+def frameworks_python() -> Path:
+    """The frameworks' interpreter; a test fails (never skips) without it: ``.ci/setup-all`` builds it."""
+    if not PYTHON.exists():
+        pytest.fail(f"{PYTHON} is missing: run .ci/setup-frameworks (.ci/setup-all builds it)")
+    return PYTHON
 
 
 @pytest.fixture(scope="session")
