@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from pathlib import Path
 from types import FrameType
@@ -167,13 +167,33 @@ def run_child(argv: Sequence[str], **popen: Any) -> int:
     process: then the whole group is ended (``stop_child``), so nothing it started is left serving.
     Its exit code; 0 after such a stop. Call it from the main thread."""
     interrupt_on_sigterm()
-    child = start_child(argv, **popen)
+    child = None
     try:
+        with _stop_signals_held():
+            child = start_child(argv, **popen)
         return child.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_child(child)
+        if child is not None:
+            stop_child(child)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT's handlers until the block ends, then run them for what came. A signal
+    inside ``Popen`` after its fork (it waits there for the exec) raised out of it and left a child
+    nobody held the pid of: it kept serving after this process exited. Main thread only."""
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum))
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held and callable(previous[held[0]]):
+            previous[held[0]](held[0], None)
 
 
 def stop_child(child: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> int | None:

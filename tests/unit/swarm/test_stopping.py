@@ -101,3 +101,14 @@ def test_a_handler_of_its_own_still_gets_the_first_signal_after_the_watcher_saw_
     proc.terminate()
     assert proc.wait(timeout=30) == 0
     assert "shut down gracefully" in proc.stdout.read()
+
+
+def test_a_signal_while_the_child_starts_still_ends_it(tmp_path: Path) -> None:
+    """SIGTERM while ``Popen`` waits for the forked child's exec (here a slow ``preexec_fn``): the child
+    is still ended, not orphaned (CI saw ``researcher ui``'s MLflow server outlive it this way)."""
+    proc = _script(tmp_path, "code = stopping.run_child([sys.executable, '-c', 'import time; time.sleep(120)'], "
+                             "preexec_fn=lambda: time.sleep(2))\nprint('child ended', code, flush=True)\n")
+    _ready(proc, 1)  # forked, not yet exec'd
+    took, code, kin = terminate(proc)
+    assert code == 0 and len(kin) == 1, (code, kin)
+    assert "child ended 0" in proc.stdout.read()
