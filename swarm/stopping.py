@@ -185,15 +185,16 @@ def _stop_signals_held() -> Iterator[None]:
     inside ``Popen`` after its fork (it waits there for the exec) raised out of it and left a child
     nobody held the pid of: it kept serving after this process exited. Main thread only."""
     held: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum))
+    previous = {int(signum): signal.signal(signum, lambda signum, _frame: held.append(signum))
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if held and callable(previous[held[0]]):
-            previous[held[0]](held[0], None)
+        handler = previous[held[0]] if held else None
+        if callable(handler):
+            handler(held[0], None)
 
 
 def stop_child(child: subprocess.Popen[Any], grace_s: float = CHILD_GRACE_S) -> int | None:

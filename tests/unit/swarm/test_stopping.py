@@ -109,6 +109,6 @@ def test_a_signal_while_the_child_starts_still_ends_it(tmp_path: Path) -> None:
     proc = _script(tmp_path, "code = stopping.run_child([sys.executable, '-c', 'import time; time.sleep(120)'], "
                              "preexec_fn=lambda: time.sleep(2))\nprint('child ended', code, flush=True)\n")
     _ready(proc, 1)  # forked, not yet exec'd
-    took, code, kin = terminate(proc)
+    _, code, kin = terminate(proc)
     assert code == 0 and len(kin) == 1, (code, kin)
     assert "child ended 0" in proc.stdout.read()
