@@ -93,6 +93,9 @@ def start(
     couple: Annotated[bool | None, typer.Option("--couple/--no-couple", help=(
         "paired arms share their tasks and sampling noise (swarm serve --coupled) where the torch engine runs "
         "them and they differ (default: on)"), show_default=False)] = None,
+    eval_samples: Annotated[int | None, typer.Option(min=1, max=64, help=(
+        "each held-out task's episodes a round (default: the study client's EVAL_SAMPLES, else 1); with 2 or more "
+        "the report gives one round's sampling noise against min_effect/4"))] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(min=0, help="planner LLM token budget")] = None,
     max_llm_cost: Annotated[float | None, typer.Option(min=0, help="planner LLM cost budget (USD)")] = None,
     model: Annotated[str | None, typer.Option(help=(
@@ -159,7 +162,7 @@ def start(
         study_id=study_id, servers=server, window=window,
         options={"max_runs": max_runs, "steps_per_run": steps_per_run, "seeds": seeds, "seed_base": seed_base,
                  "parallel_runs": parallel, "max_iterations": max_iterations, "min_effect": min_effect,
-                 "couple": couple,
+                 "couple": couple, "eval_samples": eval_samples,
                  "max_llm_tokens": max_llm_tokens, "max_llm_cost_usd": max_llm_cost, "model": model,
                  "gpus_per_run": gpus_per_run, "run_resources": run_resources,
                  "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,

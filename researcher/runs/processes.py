@@ -92,7 +92,8 @@ class RunProcesses:
                 "--episodes", str(record.episodes),
                 "--group-size", str(record.group_size), "--seed", str(record.seed),
                 "--concurrency", str(record.concurrency), "--retry-for", "30",
-                *(["--eval-every", str(record.eval_every)] if record.eval_every else [])]
+                *(["--eval-every", str(record.eval_every)] if record.eval_every else []),
+                *(["--eval-samples", str(record.eval_samples)] if record.eval_samples else [])]
 
     def _spawn_server(self, run_dir: Path, config: Path, record: RunRecord) -> tuple[int, float | None]:
         """Start the run's `swarm serve` on loopback. With a real MLflow run id the server is its run's one metrics

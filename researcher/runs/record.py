@@ -44,6 +44,7 @@ class RunRecord(BaseModel):
     episodes: int                         # episodes per client start
     group_size: int
     eval_every: int | None = None         # held-out cadence in steps (None: the client's own EVAL_EVERY)
+    eval_samples: int | None = None       # each held-out task's episodes a round (None: the client's EVAL_SAMPLES)
     threads: int = 1                      # torch threads of its server (for the cost column)
     concurrency: int = 32                 # episodes in flight: one training batch (more would go stale)
     external: bool = False                # an existing server given by URL (never stopped by us)

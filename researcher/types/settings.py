@@ -74,6 +74,9 @@ class StudyOptions(BaseModel):
     couple: bool = Field(True, description="paired arms share their tasks and sampling noise (swarm serve "
                          "--coupled) where every arm runs the torch engine and the arms differ "
                          "(researcher.study.coupling)")
+    eval_samples: int | None = Field(None, ge=1, le=64, description="each held-out task's episodes a round "
+                                     "(`swarm run --eval-samples`); None: the study client's EVAL_SAMPLES, else 1. "
+                                     "With 2 or more every run logs eval/reward_mean_sd, one round's sampling noise")
     min_effect: float = Field(0.02, ge=0, description="the smallest AUC difference that matters: smaller resolved "
                               "differences are no Yes/No, and the pilot sizes the study to resolve ±min_effect")
     # A campaign's study (researcher.campaign): it parks after each look, so the campaign decides which

@@ -183,7 +183,7 @@ def _new_record(state: StudyState, ctx: StudyContext, trial: Trial, existing: Ru
     record = RunRecord(key=trial["key"], study_id=state["study_id"], iteration=state["iteration"], trial=trial["trial"],
                        experiment=trial["experiment"], seed=trial["seed"], config=config,
                        client=str(folder / "client.py"), target_step=steps, episodes=episodes, group_size=group_size,
-                       eval_every=eval_every,
+                       eval_every=eval_every, eval_samples=study_options(state).eval_samples,
                        concurrency=batch, threads=ctx.launcher.threads,
                        external=external, url=url, mlflow_run_id=child,
                        resources={} if external else resources.request_for(study_options(state).model_dump(), config,

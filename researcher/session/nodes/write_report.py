@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import tomllib
 
-from researcher.evidence import analysis, factorial, run_table, window
+from researcher.evidence import analysis, factorial, heldout_noise, run_table, window
 from researcher.evidence.analysis import AXES, AXIS_TEXT, AXIS_UNIT
 from researcher.findings import verdicts
 from researcher.findings.records import (
@@ -26,6 +26,7 @@ from researcher.study import coupling, events
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.study.state import Phase, StudyState, study_framing, study_options, summaries
+from researcher.types.settings import StudyOptions
 from researcher.types.usage import LLMUsage, add_usage, new_usage
 from swarm import box
 from swarm.atomic import write_atomic
@@ -158,7 +159,7 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     out += looks_section(history, plan.design)
     for summary in history:
         out += _iteration_section(summary, plan.iteration(summary.iteration))
-    out += ["## Discussion", "", caveats, "", *noise_lines(ctx.layout, plan, history),
+    out += ["## Discussion", "", caveats, "", *noise_lines(ctx.layout, plan, history, study_options(state)),
             *takeover_section(ctx.layout), *unboxed_section(ctx, state), "## Runs", "",
             "| run key | experiment | seed | status | steps | client restarts |", "|---|---|---|---|---|---|"]
     for r in records:  # restarts after a client failed; a client topped up with more episodes is no failure
@@ -177,13 +178,17 @@ def _render(state: StudyState, history: list[IterationSummary], ctx: StudyContex
     return "\n".join(out)
 
 
-def noise_lines(layout: StudyLayout, plan: PlanFile, history: list[IterationSummary]) -> list[str]:
-    """How the last analysed iteration's arms drew their sampling noise (``researcher.study.coupling``)."""
+def noise_lines(layout: StudyLayout, plan: PlanFile, history: list[IterationSummary],
+                options: StudyOptions) -> list[str]:
+    """How the last analysed iteration's arms drew their sampling noise (``researcher.study.coupling``), and
+    how much noise one held-out round carries (``researcher.evidence.heldout_noise``)."""
     if not history:
         return []
     folders = [layout.experiment_dir(e.name) for e in plan.iteration(history[-1].iteration).experiments]
     configs = {f.name: tomllib.loads((f / "config.toml").read_text()) for f in folders if (f / "config.toml").is_file()}
-    return [coupling.describe(configs), ""] if configs else []
+    sds = heldout_noise.measured(layout.run_dir(r.iteration, r.trial) for r in runs.all_records(layout.runs_dir))
+    return [*([coupling.describe(configs), ""] if configs else []),
+            *([heldout_noise.describe(sds, options.min_effect, options.eval_samples), ""] if sds is not None else [])]
 
 
 def unboxed_section(ctx: StudyContext, state: StudyState) -> list[str]:

@@ -58,7 +58,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     live = LiveView(cli, tmp_path, sid)
     try:
         proc = cli.popen("start", "--topic", TOPIC, "--budget", "8m", "--study-id", sid, "--steps-per-run", "6",
-                         "--seeds", "2", "--parallel", "2", "--max-iterations", "1", *cli.dirs,
+                         "--seeds", "2", "--parallel", "2", "--max-iterations", "1", "--eval-samples", "2", *cli.dirs,
                          log=tmp_path / "start.log")
         try:
             live.attach(proc)
@@ -82,6 +82,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     # Matched on episodes consumed: group size 8 trains its 6 steps, group size 2 the 24 that use as many.
     assert {r.config["group_size"]: r.target_step for r in records} == {8: 6, 2: 24}
     assert all(r.config.get("coupled") is True for r in records)  # paired arms share their noise by default
+    assert all(r.eval_samples == 2 for r in records)  # each held-out task twice a round: its noise is measured
     assert all(r.last_step >= r.target_step for r in records)
     no_leftover_servers(runs_dir)
 
@@ -93,6 +94,8 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     report = (study_dir / "report.md").read_text()
     assert "## Answer" in report and "group_size=8" in report and "figures/iteration-1.png" in report
     assert "Paired arms shared their tasks and sampling noise" in report
+    assert "One held-out round's sampling noise, with the weights fixed, was sd" in report
+    assert "at 2 samples a task" in report or "within min_effect/4" in report
     assert (study_dir / "figures" / "iteration-1.png").stat().st_size > 1000
 
     final = json.loads(cli.run("status", sid, "--json", *cli.dirs).stdout)
