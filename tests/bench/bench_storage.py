@@ -202,8 +202,8 @@ def _ledger_bytes(rows: int, work: Path) -> None:
     import uuid
 
     from swarm.server.durability.store import EpisodeStore
-    from swarm.server.records.finished import FinishedEpisode
-    from swarm.server.records.timeline import Timeline
+    from swarm.server.records.finished import FinishedEpisode, Outcome
+    from swarm.server.records.timeline import EpisodeTrace, Timeline
 
     timeline = Timeline(tokens=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25], versions=[0], calls=1)
     per_step = 32
@@ -212,7 +212,8 @@ def _ledger_bytes(rows: int, work: Path) -> None:
             ids = [uuid.uuid4().hex for _ in range(per_step)]
             for episode_id in ids:
                 store.save_finished(FinishedEpisode(episode_id=episode_id, task_id="t", group_id="g", group_size=1,
-                                                    category=None, client_id="c", reward=1.0, timelines=[timeline]))
+                                                    category=None, client_id="c", outcome=Outcome(reward=1.0),
+                                                    trace=EpisodeTrace(timelines=[timeline])))
             store.commit_step(step, ids)
             if step % 5 == 0:  # a checkpoint every 5 steps
                 store.prune(step)

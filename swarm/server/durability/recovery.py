@@ -34,7 +34,7 @@ from swarm.config import ServerConfig
 from swarm.protocol import EpisodeCounts, EpisodeState, FinishRequest
 from swarm.server.durability.checkpoints import Checkpoint, CheckpointManager
 from swarm.server.durability.store import EpisodeStore
-from swarm.server.records.episode import EpisodeRecord, Group, is_stale
+from swarm.server.records.episode import Claim, EpisodeRecord, Group, is_stale
 from swarm.server.records.finished import FinishedEpisode
 
 log = logging.getLogger(__name__)
@@ -163,12 +163,13 @@ def _group(key: str, members: list[FinishedEpisode], config: ServerConfig) -> Gr
     first = members[0]
     group = Group(key=key, group_id=first.group_id, size=first.group_size, category=first.category)
     for m in members:
+        claim = Claim(version=min((v for t in m.trace.timelines for v in t.versions), default=0), step=0,
+                      lease_s=config.lease_s, expires_at=m.finished_at)
         record = EpisodeRecord(
             episode_id=m.episode_id, task_id=m.task_id, group_key=key, group_id=m.group_id, category=m.category,
-            client_id=m.client_id, lease_s=config.lease_s, lease_expires_at=m.finished_at, trace=m.trace(),
-            claimed_version=min((v for t in m.timelines for v in t.versions), default=0),
-            state=EpisodeState.finished,
-            finish=FinishRequest(reward=m.reward, metrics=m.metrics, metadata=m.metadata),
+            client_id=m.client_id, trace=m.trace, claim=claim,
         )
+        record.state = EpisodeState.finished
+        record.finish = FinishRequest(reward=m.outcome.reward, metrics=m.outcome.metrics, metadata=m.outcome.metadata)
         group.members.append(record)
     return group

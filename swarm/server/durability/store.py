@@ -39,8 +39,15 @@ from swarm.protocol import Event
 from swarm.server.durability import store_pruned as ledger
 from swarm.server.durability.store_pruned import PRUNED_KEY, TRACE_PRUNED
 from swarm.server.durability.store_schema import SCHEMA, SCHEMA_VERSION, UPGRADES_FROM
-from swarm.server.records.finished import FinishedEpisode, InvalidEpisode, body_digest, pack_array, unpack_array
-from swarm.server.records.timeline import Timeline
+from swarm.server.records.finished import (
+    FinishedEpisode,
+    InvalidEpisode,
+    Outcome,
+    body_digest,
+    pack_array,
+    unpack_array,
+)
+from swarm.server.records.timeline import EpisodeTrace, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +154,10 @@ class EpisodeStore:
         except InvalidEpisode as exc:
             raise StoreError(str(exc)) from None
         digest = body_digest(record)
+        outcome, trace = record.outcome, record.trace
         try:
-            metrics = json.dumps(record.metrics, sort_keys=True, allow_nan=False)
-            metadata = json.dumps(record.metadata, sort_keys=True, allow_nan=False)
+            metrics = json.dumps(outcome.metrics, sort_keys=True, allow_nan=False)
+            metadata = json.dumps(outcome.metadata, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"metrics and metadata must be JSON with finite numbers: {exc}") from None
         with self._tx() as db:
@@ -165,8 +173,8 @@ class EpisodeStore:
                 " reward, metrics, metadata, finished_at, merge, calls, drift_forks, digest)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record.episode_id, record.task_id, record.group_id, record.group_key, record.group_size,
-                 record.category, record.client_id, float(record.reward), metrics, metadata, float(record.finished_at),
-                 int(record.merge), record.calls, record.drift_forks, digest),
+                 record.category, record.client_id, float(outcome.reward), metrics, metadata, float(record.finished_at),
+                 int(trace.merge), trace.calls, trace.drift_forks, digest),
             )
             seq = cur.lastrowid
             db.executemany(
@@ -174,11 +182,11 @@ class EpisodeStore:
                 " VALUES (?,?,?,?,?,?,?,?)",
                 [(seq, i, pack_array("i", t.tokens), bytes(t.loss_mask), pack_array("f", t.logprobs),
                   pack_array("i", t.versions), float(t.temperature), int(t.calls))
-                 for i, t in enumerate(record.timelines)],
+                 for i, t in enumerate(trace.timelines)],
             )
             db.executemany("INSERT INTO constrained_spans(episode_seq, idx, spans) VALUES (?,?,?)",
                            [(seq, i, pack_array("i", [x for span in t.constrained for x in span]))
-                            for i, t in enumerate(record.timelines) if t.constrained])
+                            for i, t in enumerate(trace.timelines) if t.constrained])
         return True
 
     def get(self, episode_id: str) -> FinishedEpisode | None:
@@ -225,9 +233,10 @@ class EpisodeStore:
                 timelines[idx].constrained = list(zip(flat[::2], flat[1::2], strict=True))
             out.append(FinishedEpisode(
                 episode_id=episode_id, task_id=task_id, group_id=group_id, group_key=group_key,
-                group_size=group_size, category=category, client_id=client_id, reward=reward,
-                metrics=json.loads(metrics), metadata=json.loads(metadata), finished_at=finished_at,
-                timelines=timelines, calls=calls, drift_forks=drift_forks, merge=bool(merge),
+                group_size=group_size, category=category, client_id=client_id,
+                outcome=Outcome(reward=reward, metrics=json.loads(metrics), metadata=json.loads(metadata)),
+                finished_at=finished_at,
+                trace=EpisodeTrace(merge=bool(merge), timelines=timelines, calls=calls, drift_forks=drift_forks),
             ))
         return out
 

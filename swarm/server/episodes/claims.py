@@ -22,7 +22,7 @@ from swarm.server.auth import KeyRing
 from swarm.server.errors import RetryLater
 from swarm.server.flow.admission import Admission
 from swarm.server.flow.category_mix import CategoryThrottle
-from swarm.server.records.episode import EpisodeRecord, GroupBook
+from swarm.server.records.episode import Claim, EpisodeRecord, GroupBook, Place
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
@@ -69,12 +69,13 @@ class Claims:
         lease_s = request.lease_s or config.lease_s
         member = len(group.members)
         coin_key = f"{request.task_id}\0{group.task_round}\0{member}" if self._deterministic else ""
+        claim = Claim(version=self._view.policy_version, step=self._view.step, lease_s=lease_s,
+                      expires_at=self._view.clock() + lease_s)
         episode = EpisodeRecord(
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key=group.key, group_id=group_id,
-            category=request.category, client_id=request.client_id, lease_s=lease_s,
-            lease_expires_at=self._view.clock() + lease_s, trace=EpisodeTrace(merge=config.merge_timelines),
-            claimed_version=self._view.policy_version, claimed_step=self._view.step,
-            task_round=group.task_round, member=member, coin_key=coin_key,
+            category=request.category, client_id=request.client_id,
+            trace=EpisodeTrace(merge=config.merge_timelines), claim=claim,
+            place=Place(task_round=group.task_round, member=member, coin_key=coin_key),
         )
         group.members.append(episode)
         self._episodes.add_claimed(episode, group, request.request_id)
@@ -85,7 +86,7 @@ class Claims:
         return Episode(
             episode_id=episode.episode_id, base_url=base_url,
             api_key=self._keys.episode_key(episode.episode_id),
-            policy_version=episode.claimed_version, lease_expires_at=episode.lease_expires_at,
+            policy_version=episode.claim.version, lease_expires_at=episode.claim.expires_at,
             task_id=episode.task_id, group_id=episode.group_id, category=episode.category,
-            purpose=episode.purpose, step=episode.claimed_step,
+            purpose=episode.purpose, step=episode.claim.step,
         )

@@ -149,7 +149,7 @@ class Completions:
             prompt = rendered.prompt
             seed = request.seed
             if episode is not None and episode.is_eval and seed is None:
-                seed = eval_seed(episode.task_id, episode.calls_started, self.seed, episode.member)
+                seed = eval_seed(episode.task_id, episode.calls_started, self.seed, episode.place.member)
             params = self._noise_keys(self._sampling(request, len(prompt), seed, episode), episode, prompt, request.seed)
             params = [replace(p, grammar=grammar) for p in params] if grammar is not None else params
             if episode is not None and not episode.is_eval:  # an eval call is served, never recorded
@@ -174,9 +174,10 @@ class Completions:
         if episode is None:
             row = ("call", hashlib.blake2b(repr(prompt).encode(), digest_size=16).hexdigest())
         elif episode.is_eval:
-            row = ("eval", episode.task_id, episode.calls_started, *([episode.member] if episode.member else []))
+            member = episode.place.member
+            row = ("eval", episode.task_id, episode.calls_started, *([member] if member else []))
         else:
-            row = ("train", episode.task_id, episode.task_round, episode.member, episode.calls_started)
+            row = ("train", episode.task_id, episode.place.task_round, episode.place.member, episode.calls_started)
         return [replace(p, noise_key=noise.sample_key(self.noise.seed, *row, choice, request_seed),
                         batch_invariant=self.noise.batch_invariant) for choice, p in enumerate(params)]
 
@@ -242,7 +243,7 @@ class Completions:
         episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
             return
-        episode.lease_expires_at = self.view.clock() + episode.lease_s  # a chat call is a sign of life
+        episode.claim.expires_at = self.view.clock() + episode.claim.lease_s  # a chat call is a sign of life
         if conversation_key is not None:
             for reply, generation in zip(replies, generations, strict=True):
                 episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from swarm.protocol import ClaimRequest, EpisodeState
-from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.episode import Claim, EpisodeRecord, Place
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.view import ServerView
@@ -146,24 +146,23 @@ class Evaluation:
             self.every = request.eval_every
         config = view.config
         lease_s = request.lease_s or config.lease_s
+        claim = Claim(version=view.policy_version, step=view.step, lease_s=lease_s, expires_at=view.clock() + lease_s)
         episode = EpisodeRecord(
             episode_id=uuid.uuid4().hex, task_id=request.task_id, group_key="", group_id=request.task_id,
-            category=request.category, client_id=request.client_id, lease_s=lease_s,
-            lease_expires_at=view.clock() + lease_s, trace=EpisodeTrace(merge=config.merge_timelines),
-            claimed_version=view.policy_version, purpose="eval", claimed_step=view.step,
+            category=request.category, client_id=request.client_id,
+            trace=EpisodeTrace(merge=config.merge_timelines), claim=claim, purpose="eval",
         )
         self._episodes.add_claimed(episode, None, request.request_id)
-        episode.member = self.book.claimed(episode.claimed_step, request.task_id)  # its sample: its own noise
+        episode.place = Place(member=self.book.claimed(claim.step, request.task_id))  # its sample: its own noise
         view.emit("episode.claimed", episode_id=episode.episode_id, task_id=request.task_id, group_id=None,
-                  category=request.category, client_id=request.client_id, purpose="eval",
-                  step=episode.claimed_step)
+                  category=request.category, client_id=request.client_id, purpose="eval", step=claim.step)
         return episode
 
     def ended(self, episode: EpisodeRecord, state: EpisodeState) -> None:
         """An eval episode left CLAIMED (its reward counts if it finished); the round it completed,
         if any, is published. A round whose every episode failed publishes nothing."""
         reward = episode.reward if state is EpisodeState.finished else None
-        round_ = self.book.ended(episode.claimed_step, reward, episode.task_id)
+        round_ = self.book.ended(episode.claim.step, reward, episode.task_id)
         if round_ is not None and round_.rewards:
             metrics = round_.metrics()
             self._rows.add(round_.step, metrics)

@@ -29,7 +29,7 @@ from swarm.server.episodes.evaluation import Evaluation
 from swarm.server.errors import BadRequest, Conflict, Gone, InsufficientStorage, NotFound
 from swarm.server.flow.capacity import CapacityMeter
 from swarm.server.records.episode import DROP_REASONS, EpisodeRecord, Group, GroupBook, is_stale
-from swarm.server.records.finished import FinishedEpisode
+from swarm.server.records.finished import FinishedEpisode, Outcome
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.view import ServerView
 
@@ -68,8 +68,8 @@ class Lifecycle:
                 if self.store.known(episode_id):  # pruned by retention: finished, its reward gone with its row
                     return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished)
                 raise
-            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
-        lease = episode.lease_expires_at if episode.state is EpisodeState.claimed else None
+            return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.outcome.reward)
+        lease = episode.claim.expires_at if episode.state is EpisodeState.claimed else None
         return EpisodeStatus(episode_id=episode_id, state=episode.state, lease_expires_at=lease,
                              reward=episode.reward)
 
@@ -77,7 +77,7 @@ class Lifecycle:
         """A CLAIMED episode (heartbeat, chat calls); a clear 4xx for any other state."""
         episode = self.get(episode_id)
         if episode.state is EpisodeState.expired:
-            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.lease_s:g} s lease); "
+            raise Gone(f"episode {episode_id} expired (no heartbeat within its {episode.claim.lease_s:g} s lease); "
                        "its trace was discarded: claim a new episode")
         if episode.state is not EpisodeState.claimed:
             raise Conflict(f"episode {episode_id} is already {episode.state.value}")
@@ -85,7 +85,7 @@ class Lifecycle:
 
     def heartbeat(self, episode_id: str) -> EpisodeStatus:
         episode = self.live(episode_id)
-        episode.lease_expires_at = self._view.clock() + episode.lease_s
+        episode.claim.expires_at = self._view.clock() + episode.claim.lease_s
         return self.status_of(episode_id)
 
     def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
@@ -104,7 +104,7 @@ class Lifecycle:
             self._terminate(episode, EpisodeState.finished)
             self.episodes.bury(episode)  # the tombstone answers a retried finish
             self._view.emit("episode.finished", episode_id=episode_id, reward=body.reward, group_id=None,
-                      purpose="eval", step=episode.claimed_step)
+                      purpose="eval", step=episode.claim.step)
             return self.status_of(episode_id)
         try:
             self._persist_finished(episode, self.episodes.group_of(episode_id))
@@ -123,12 +123,12 @@ class Lifecycle:
 
     def _no_room(self, episode: EpisodeRecord, exc: Exception) -> InsufficientStorage:
         """The 507 of a finish that could not be committed; the episode's lease is renewed meanwhile."""
-        episode.lease_expires_at = self._view.clock() + episode.lease_s
+        episode.claim.expires_at = self._view.clock() + episode.claim.lease_s
         self.disk.failed("committing a finished episode", exc)
         return InsufficientStorage(
             f"the disk under the server's state dir is full ({exc}): episode {episode.episode_id} was not stored "
             "and is still open; send the same finish again after Retry-After",
-            detail=self.disk.check().model_dump(), retry_after=min(RETRY_AFTER_S, episode.lease_s / 3))
+            detail=self.disk.check().model_dump(), retry_after=min(RETRY_AFTER_S, episode.claim.lease_s / 3))
 
     def _finish_evicted(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
         """A retried finish of an episode already trained (evicted) or from before a restart: the
@@ -141,10 +141,10 @@ class Lifecycle:
         if stored is None:
             raise NotFound(f"unknown episode {episode_id} (never claimed here, or it was still running when "
                            "the server restarted: claim a new episode)")
-        if (stored.reward, stored.metrics, stored.metadata) != (body.reward, dict(body.metrics), dict(body.metadata)):
+        if stored.outcome != _outcome(body):
             raise Conflict(f"episode {episode_id} was already finished with a different body "
-                           f"(reward {stored.reward}); a finish is final")
-        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.reward)
+                           f"(reward {stored.outcome.reward}); a finish is final")
+        return EpisodeStatus(episode_id=episode_id, state=EpisodeState.finished, reward=stored.outcome.reward)
 
     def abort(self, episode_id: str, body: AbortRequest) -> EpisodeStatus:
         episode = self.get(episode_id)
@@ -163,7 +163,7 @@ class Lifecycle:
     def expire_stale(self) -> int:
         """Expire every CLAIMED episode whose lease ran out; its partial trace is discarded."""
         now = self._view.clock()
-        stale = [e for e in self.episodes.live() if e.lease_expires_at < now]
+        stale = [e for e in self.episodes.live() if e.claim.expires_at < now]
         for episode in stale:
             self._terminate(episode, EpisodeState.expired)
             if not episode.is_eval:
@@ -224,11 +224,15 @@ class Lifecycle:
         record = FinishedEpisode.from_trace(
             episode.trace, episode_id=episode.episode_id, task_id=episode.task_id, group_id=episode.group_id,
             group_key=episode.group_key, group_size=group.size, category=episode.category,
-            client_id=episode.client_id, reward=episode.finish.reward, metrics=dict(episode.finish.metrics),
-            metadata=dict(episode.finish.metadata), finished_at=self._view.clock())
+            client_id=episode.client_id, outcome=_outcome(episode.finish), finished_at=self._view.clock())
         try:
             self.store.save_finished(record)
         except EpisodeConflict as exc:
             raise Conflict(str(exc)) from None
         except StoreError as exc:
             raise BadRequest(f"this finish cannot be stored: {exc}") from None
+
+
+def _outcome(body: FinishRequest) -> Outcome:
+    """The stored form of a finish body (plain dicts, as the durable buffer reads them back)."""
+    return Outcome(reward=body.reward, metrics=dict(body.metrics), metadata=dict(body.metadata))

@@ -44,8 +44,32 @@ def is_stale(reason: str) -> bool:
 
 
 @dataclass
+class Claim:
+    """What a claim fixed when it was made and the lease that keeps it alive. The policy ``version``
+    and trainer ``step`` it started from never change; ``expires_at`` (the view's clock) moves
+    ``lease_s`` ahead on every heartbeat or chat call, and a claim past it expires."""
+
+    version: int
+    step: int
+    lease_s: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Place:
+    """Its place in the work, which keys its sampling noise in deterministic mode
+    (``swarm.backends.noise``): the same task claimed in the same order draws the same noise in every
+    run, where the random episode id would not."""
+
+    task_round: int = 0  # groups of its task id this server started before its group
+    member: int = 0  # its index within its group (claim order); an eval episode's among its task's in the round
+    coin_key: str = ""  # what ``random_reward``'s coin is drawn from (empty: the episode id)
+
+
+@dataclass
 class EpisodeRecord:
-    """Everything the server knows about one episode."""
+    """Everything the server knows about one episode. The constructor takes what its claim decided;
+    the fields after ``place`` are its life since (always at their defaults when it is claimed)."""
 
     episode_id: str
     task_id: str
@@ -53,23 +77,21 @@ class EpisodeRecord:
     group_id: str
     category: str | None
     client_id: str
-    lease_s: float
-    lease_expires_at: float
     trace: EpisodeTrace
-    claimed_version: int
-    state: EpisodeState = EpisodeState.claimed
-    finish: FinishRequest | None = None
-    abort_reason: str | None = None
+    claim: Claim
     purpose: Purpose = "train"
-    claimed_step: int = 0
-    first_call_at: float | None = None  # the view's clock at its first chat call, which fixed its version
-    calls_started: int = 0  # chat calls begun on this episode (an eval call's fixed seed counts them)
-    replies: ReplyBook = field(default_factory=ReplyBook)  # sampled ids of every reply returned (drift repair)
-    source: str | None = None  # the pool member that generated its calls; "" once several did (not kept durably)
-    # Its place in the work, which keys its sampling noise in deterministic mode (``swarm.backends.noise``):
-    task_round: int = 0  # groups of its task id this server started before its group
-    member: int = 0  # its index within its group (claim order)
-    coin_key: str = ""  # what ``random_reward``'s coin is drawn from (empty: the episode id)
+    place: Place = field(default_factory=Place)
+    state: EpisodeState = field(init=False, default=EpisodeState.claimed)
+    finish: FinishRequest | None = field(init=False, default=None)
+    abort_reason: str | None = field(init=False, default=None)
+    # the view's clock at its first chat call, which fixed its version
+    first_call_at: float | None = field(init=False, default=None)
+    # chat calls begun on this episode (an eval call's fixed seed counts them)
+    calls_started: int = field(init=False, default=0)
+    # sampled ids of every reply returned (drift repair)
+    replies: ReplyBook = field(init=False, default_factory=ReplyBook)
+    # the pool member that generated its calls; "" once several did (not kept durably)
+    source: str | None = field(init=False, default=None)
 
     def samples(self, advantage: float, version: int) -> list[TrainSample]:
         """Its training samples; those sampled by policy ``version`` (the trainer's now) are tagged
@@ -110,7 +132,7 @@ class Group:
     category: str | None
     members: list[EpisodeRecord] = field(default_factory=list)
     serial: int = 0  # claim order among this server's groups (canonical step order)
-    task_round: int = 0  # see ``EpisodeRecord.task_round``
+    task_round: int = 0  # see ``Place.task_round``
 
     @property
     def full(self) -> bool:

@@ -1,11 +1,11 @@
 """The finished-episode record the durable buffer stores, and its compact binary encoding.
 
 ``FinishedEpisode`` is what the core hands to ``EpisodeStore.save_finished``: the claim's fields,
-the client's finish body and the token-exact trace (``swarm.server.records.timeline``). ``from_trace`` and
-``trace()`` convert both ways without loss. Arrays are stored little-endian: token ids and policy
-versions as int32, log-probs as **float32** (exact enough for importance ratios; about 1e-7
-relative), loss masks as one byte per token, constrained spans (``Timeline.constrained``) as int32
-``start, end`` pairs.
+the client's finish body (``Outcome``) and the token-exact trace (``swarm.server.records.timeline``).
+``from_trace`` copies the stored part of the live trace; a restart trains on the stored ``trace`` as it
+is. Arrays are stored little-endian: token ids and policy versions as int32, log-probs as **float32**
+(exact enough for importance ratios; about 1e-7 relative), loss masks as one byte per token,
+constrained spans (``Timeline.constrained``) as int32 ``start, end`` pairs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from swarm.server.records.timeline import EpisodeTrace, Timeline
 
-__all__ = ["FinishedEpisode", "InvalidEpisode", "body_digest", "pack_array", "unpack_array"]
+__all__ = ["FinishedEpisode", "InvalidEpisode", "Outcome", "body_digest", "pack_array", "unpack_array"]
 
 
 class InvalidEpisode(ValueError):
@@ -30,8 +30,19 @@ class InvalidEpisode(ValueError):
 
 
 @dataclass
+class Outcome:
+    """What the client reported with ``finish``. Kept together because a retried finish is the same
+    one exactly when all three match (anything else is a conflict: a finish is final)."""
+
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class FinishedEpisode:
-    """One finished episode as the core hands it over, trace included."""
+    """One finished episode as the core hands it over: the claim's fields, the client's ``outcome``
+    and the stored part of its ``trace`` (the live agent-protocol counters are not kept)."""
 
     episode_id: str
     task_id: str
@@ -39,14 +50,9 @@ class FinishedEpisode:
     group_size: int
     category: str | None
     client_id: str
-    reward: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    outcome: Outcome
     finished_at: float = field(default_factory=time.time)
-    timelines: list[Timeline] = field(default_factory=list)
-    calls: int = 0
-    drift_forks: int = 0
-    merge: bool = True
+    trace: EpisodeTrace = field(default_factory=EpisodeTrace)
     # The server's group *instance* (one group_id can be played many times); None = group_id.
     group_key: str | None = None
 
@@ -56,17 +62,10 @@ class FinishedEpisode:
 
     @classmethod
     def from_trace(cls, trace: EpisodeTrace, **fields: Any) -> FinishedEpisode:
-        """Build from the core's trace plus the episode's fields (``episode_id=…, reward=…``)."""
-        timelines = [_copy_timeline(t) for t in trace.timelines]
-        return cls(timelines=timelines, calls=trace.calls, drift_forks=trace.drift_forks, merge=trace.merge, **fields)
-
-    def trace(self) -> EpisodeTrace:
-        return EpisodeTrace(
-            merge=self.merge,
-            timelines=[_copy_timeline(t) for t in self.timelines],
-            calls=self.calls,
-            drift_forks=self.drift_forks,
-        )
+        """Build from a copy of the core's live trace plus the episode's fields (``episode_id=…, outcome=…``)."""
+        stored = EpisodeTrace(merge=trace.merge, timelines=[_copy_timeline(t) for t in trace.timelines],
+                              calls=trace.calls, drift_forks=trace.drift_forks)
+        return cls(trace=stored, **fields)
 
     def validate(self) -> None:
         """Raise ``InvalidEpisode`` naming the first problem; called before anything is written."""
@@ -74,11 +73,11 @@ class FinishedEpisode:
             raise InvalidEpisode("episode_id, task_id and group_id must be non-empty")
         if self.group_size < 1:
             raise InvalidEpisode(f"group_size must be >= 1, got {self.group_size}")
-        if not math.isfinite(self.reward):
-            raise InvalidEpisode(f"reward must be finite, got {self.reward}")
+        if not math.isfinite(self.outcome.reward):
+            raise InvalidEpisode(f"reward must be finite, got {self.outcome.reward}")
         if not math.isfinite(self.finished_at):
             raise InvalidEpisode("finished_at must be finite")
-        for i, t in enumerate(self.timelines):
+        for i, t in enumerate(self.trace.timelines):
             n = len(t.tokens)
             if len(t.loss_mask) != n or len(t.logprobs) != n:
                 raise InvalidEpisode(
@@ -127,10 +126,11 @@ def unpack_array(typecode: str, blob: bytes) -> list[Any]:
 def body_digest(record: FinishedEpisode) -> str:
     """Identity of everything but ``finished_at`` (a retried finish carries a new time)."""
     h = hashlib.sha256()
+    outcome, trace = record.outcome, record.trace
     head = [record.task_id, record.group_id, record.group_key, record.group_size, record.category, record.client_id,
-            record.reward, record.metrics, record.metadata, record.merge, record.calls, record.drift_forks]
+            outcome.reward, outcome.metrics, outcome.metadata, trace.merge, trace.calls, trace.drift_forks]
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
-    for t in record.timelines:
+    for t in trace.timelines:
         h.update(pack_array("i", t.tokens))
         h.update(bytes(t.loss_mask))
         h.update(pack_array("f", t.logprobs))

@@ -16,7 +16,7 @@ episode (the spurious-rewards control, arXiv 2506.10947: random rewards gave Qwe
 Llama-family models none, so a study can ask whether its model learns from the reward at all). The flip
 is drawn from the episode id, not from a generator's state, so a step retried after a crash or a restart
 trains on the same rewards; in deterministic mode from the episode's place in the work (task, round,
-member: ``EpisodeRecord.coin_key``) instead, the same in every run.
+member: ``Place.coin_key``) instead, the same in every run.
 
 Metrics (``step_metrics``): ``train/*`` describe the episodes, ``context/*`` what timeline merging did to
 the samples and ``episode/<key>`` averages the metrics clients posted with ``finish`` (over the episodes
@@ -183,7 +183,7 @@ def training_rewards(episodes: Sequence[EpisodeRecord], random_reward: float) ->
     """The rewards the trainer turns into advantages: each episode's posted one, or (``random_reward`` > 0)
     its coin flip."""
     if random_reward > 0:
-        return [coin(e.coin_key or e.episode_id, random_reward) for e in episodes]
+        return [coin(e.place.coin_key or e.episode_id, random_reward) for e in episodes]
     return [float(e.reward or 0.0) for e in episodes]
 
 

@@ -120,8 +120,8 @@ def _conversation(server: ServeProcess) -> tuple[list[tuple[int, list[tuple[int,
     with EpisodeStore(server.state_dir / "buffer.db") as store:
         stored = store.get(episode.episode_id)
     assert stored is not None
-    shapes = [(len(t.versions), _runs(t.loss_mask)) for t in stored.timelines]
-    return shapes, stored.drift_forks, stored.calls, replies
+    shapes = [(len(t.versions), _runs(t.loss_mask)) for t in stored.trace.timelines]
+    return shapes, stored.trace.drift_forks, stored.trace.calls, replies
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -53,7 +53,7 @@ def test_tool_loops_on_vllm_stay_one_exact_timeline(server: ServeProcess, bpe_mo
         for loop in loops:
             stored = store.get(loop.episode_id)
             assert stored is not None
-            assert_one_exact_timeline(loop, stored.timelines, stored.drift_forks)
+            assert_one_exact_timeline(loop, stored.trace.timelines, stored.trace.drift_forks)
     unrepeatable = sum(non_canonical(text, loop) for loop in loops)
     print(f"\nvLLM: {EPISODES} episodes, {unrepeatable} sampled replies not canonical, 0 forks")
     assert unrepeatable > 0

@@ -88,19 +88,19 @@ def test_export_while_serving_round_trips_token_ids(start_server, tmp_path: Path
     for row, line in zip(rows, lines, strict=True):
         episode = stored[row["episode_id"]]
         assert row["trained_step"] == line["trained_step"] == steps.get(row["episode_id"])
-        assert row["reward"] == line["reward"] == episode.reward
+        assert row["reward"] == line["reward"] == episode.outcome.reward
         for source in (row, line):
-            assert [t["tokens"] for t in source["timelines"]] == [t.tokens for t in episode.timelines]
-            assert [t["loss_mask"] for t in source["timelines"]] == [t.loss_mask for t in episode.timelines]
-            assert [t["versions"] for t in source["timelines"]] == [t.versions for t in episode.timelines]
-            assert [t["logprobs"] for t in source["timelines"]] == [t.logprobs for t in episode.timelines]
-            timeline = episode.timelines[0]
+            assert [t["tokens"] for t in source["timelines"]] == [t.tokens for t in episode.trace.timelines]
+            assert [t["loss_mask"] for t in source["timelines"]] == [t.loss_mask for t in episode.trace.timelines]
+            assert [t["versions"] for t in source["timelines"]] == [t.versions for t in episode.trace.timelines]
+            assert [t["logprobs"] for t in source["timelines"]] == [t.logprobs for t in episode.trace.timelines]
+            timeline = episode.trace.timelines[0]
             start = timeline.loss_mask.index(1)
             assert source["prompt_token_ids"] == timeline.tokens[:start]
             assert source["completion_token_ids"] == timeline.tokens[start:]
             assert source["policy_versions"] == sorted(set(timeline.versions))
     merged = stored[second["episode_id"]]
-    assert len(merged.timelines) == 1 and merged.timelines[0].calls == 2  # the multi-call episode, merged
+    assert len(merged.trace.timelines) == 1 and merged.trace.timelines[0].calls == 2  # the multi-call episode, merged
     assert rows[2]["trained_step"] is None and lines[2]["trained_step"] is None
     assert rows[0]["prompt_text"] and "say a" in rows[0]["prompt_text"]  # the checkpoint's tokenizer decoded it
     assert lines[0]["prompt_text"] is None  # --tokenizer none: token ids only

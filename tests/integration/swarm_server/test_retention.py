@@ -21,8 +21,8 @@ from swarm.server.durability.checkpoints import CheckpointManager
 from swarm.server.durability.retention import enforce_retention, safe_step
 from swarm.server.durability.store import PRUNED_KEY, EpisodeStore, StoreError
 from swarm.server.durability.store_schema import SCHEMA_VERSION
-from swarm.server.records.finished import FinishedEpisode
-from swarm.server.records.timeline import Timeline
+from swarm.server.records.finished import FinishedEpisode, Outcome
+from swarm.server.records.timeline import EpisodeTrace, Timeline
 
 CONFIG = {"group_size": 1, "min_group_size": 1, "batch_groups": 1, "max_staleness": 64, "max_tokens": 4,
           "checkpoint_every": 1, "retention_export_dir": "exported"}
@@ -71,8 +71,8 @@ def test_since_checkpoint_drops_only_what_no_restart_needs(start_server, tmp_pat
         ledger = store.pruned_steps()
         logged = {e for _, e, _ in store.training_log()}
     assert [traces[e] is None for e in ids] == [True, True, True, False, False]  # rows and traces gone
-    assert [len(traces[e].timelines) for e in ids[3:]] == [1, 1]  # type: ignore[union-attr]
-    assert len(traces[pending["episode_id"]].timelines) == 1  # type: ignore[union-attr]
+    assert [len(traces[e].trace.timelines) for e in ids[3:]] == [1, 1]  # type: ignore[union-attr]
+    assert len(traces[pending["episode_id"]].trace.timelines) == 1  # type: ignore[union-attr]
     assert ledger == {ids[0]: 1, ids[1]: 2, ids[2]: 3} and logged == set(ids[3:])
     assert counts["finished"] == 6 and counts["trained"] == 5 and counts["dropped"] == 0
     exported = sorted((state / "exported").iterdir())
@@ -98,14 +98,13 @@ def test_since_checkpoint_drops_only_what_no_restart_needs(start_server, tmp_pat
         assert store.cursor() == {"last_seq": 6, "trained_step": 4}
     assert not unaccounted and trained == dict.fromkeys(acknowledged, 1)  # every finish: stored or pruned, once
     assert rolled_back == {4, 5}  # resumed from step 3: steps 4 and 5 trained again
-    assert all(s is not None and len(s.timelines) == 1 for s in samples)
+    assert all(s is not None and len(s.trace.timelines) == 1 for s in samples)
 
 
 def _episode(n: int, episode_id: str | None = None) -> FinishedEpisode:
+    timeline = Timeline(tokens=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25], versions=[0], calls=1)
     return FinishedEpisode(episode_id=episode_id or f"e{n}", task_id="t", group_id=f"g{n}", group_size=1, category=None,
-                           client_id="c", reward=1.0, timelines=[Timeline(tokens=[1, 2, 3], loss_mask=[0, 1, 1],
-                                                                          logprobs=[0.0, -0.5, -0.25], versions=[0],
-                                                                          calls=1)])
+                           client_id="c", outcome=Outcome(reward=1.0), trace=EpisodeTrace(timelines=[timeline]))
 
 
 def _checkpoint(checkpoints: CheckpointManager, step: int) -> None:
@@ -121,7 +120,7 @@ def test_retention_all_keeps_everything_and_rollback_below_the_mark_drops(tmp_pa
             _checkpoint(checkpoints, n)
         assert safe_step(checkpoints) == 3
         assert enforce_retention(store, checkpoints, ServerConfig(retention="all"), tmp_path) is None
-        assert all(len(store.get(f"e{n}").timelines) == 1 for n in (1, 2, 3))  # type: ignore[union-attr]
+        assert all(len(store.get(f"e{n}").trace.timelines) == 1 for n in (1, 2, 3))  # type: ignore[union-attr]
         pruned = enforce_retention(store, checkpoints, ServerConfig(), tmp_path)
         assert pruned is not None and (pruned.after, pruned.through, pruned.episodes, pruned.timelines) == (0, 3, 3, 3)
         assert enforce_retention(store, checkpoints, ServerConfig(), tmp_path) is None  # nothing new to drop

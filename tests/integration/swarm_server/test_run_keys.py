@@ -83,7 +83,7 @@ def test_one_key_n_conversations_are_n_episodes_each_trained_as_one_sample(serve
         assert _post(server, key, a2.id, 1.0).status_code == 200  # by the id of the response it answers
         assert _post(server, key, b, 0.0).status_code == 200  # by the episode the header named
         wait_for(lambda s=step: server.core.step > s, timeout=120, what="a step on the tool group")
-        assert (server.core.store.get(a).reward, server.core.store.get(b).reward) == (1.0, 0.0)
+        assert (server.core.store.get(a).outcome.reward, server.core.store.get(b).outcome.reward) == (1.0, 0.0)
         seen += [a, b]
     step = server.core.step
     with SwarmClient(server.url, token=server.token, retry_for_s=10) as swarm:
@@ -120,7 +120,7 @@ def test_sessions_keep_rollouts_whose_replies_are_the_same_apart(server: Running
     assert _post(server, key, "rollout-a", 1.0).status_code == 200
     assert _post(server, key, "rollout-b", 0.0).status_code == 200
     wait_for(lambda: server.core.step > step, timeout=120, what="a step on the two sessions")
-    assert (server.core.store.get(a).reward, server.core.store.get(b).reward) == (1.0, 0.0)
+    assert (server.core.store.get(a).outcome.reward, server.core.store.get(b).outcome.reward) == (1.0, 0.0)
 
 
 def test_responses_and_streams_name_their_episode_and_the_unrewarded_expire(tool_model: Path,

@@ -5,13 +5,13 @@ from __future__ import annotations
 from swarm.config import ServerConfig
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.call_sampling import ClientSampling, completion_budget
-from swarm.server.records.episode import EpisodeRecord
+from swarm.server.records.episode import Claim, EpisodeRecord
 from swarm.server.records.timeline import EpisodeTrace
 
 
 def _episode(purpose: str = "train") -> EpisodeRecord:
     return EpisodeRecord(episode_id="e", task_id="t", group_key="t#1", group_id="t", category=None, client_id="c",
-                         lease_s=60.0, lease_expires_at=60.0, trace=EpisodeTrace(), claimed_version=0,
+                         trace=EpisodeTrace(), claim=Claim(version=0, step=0, lease_s=60.0, expires_at=60.0),
                          purpose=purpose)  # type: ignore[arg-type]
 
 

@@ -14,6 +14,7 @@ from support.disks import fill, small_disk
 from swarm.server.durability.checkpoints import CheckpointManager
 from swarm.server.durability.diskspace import DiskMonitor, is_disk_full
 from swarm.server.durability.store import EpisodeStore, FinishedEpisode
+from swarm.server.records.finished import Outcome
 from swarm.server.records.timeline import EpisodeTrace
 from swarm.server.training.ledger import StepCommit, StepCommits
 
@@ -34,7 +35,7 @@ def _episode(i: int, tokens: int = 50) -> FinishedEpisode:
     trace = EpisodeTrace()
     trace.record([1, 2, 3], [(list(range(10, 10 + tokens)), [-0.5] * tokens)], version=0, temperature=1.0)
     return FinishedEpisode.from_trace(trace, episode_id=f"ep-{i}", task_id=f"t{i}", group_id=f"t{i}", group_size=1,
-                                      category=None, client_id="c", reward=1.0)
+                                      category=None, client_id="c", outcome=Outcome(reward=1.0))
 
 
 def test_the_errors_of_a_full_disk_are_recognised_and_others_are_not() -> None:

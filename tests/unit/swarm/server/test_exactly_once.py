@@ -36,7 +36,8 @@ _ENGINE = textwrap.dedent("""
     from pathlib import Path
     from swarm.server.durability.checkpoints import CheckpointManager
     from swarm.server.durability.store import EpisodeStore, FinishedEpisode
-    from swarm.server.records.timeline import Timeline
+    from swarm.server.records.finished import Outcome
+    from swarm.server.records.timeline import EpisodeTrace, Timeline
 
     state, total, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     store = EpisodeStore(state / "buffer.db")
@@ -63,7 +64,8 @@ _ENGINE = textwrap.dedent("""
             signal.pause()                            # the test's SIGKILL comes before this run ends
         tl = Timeline(tokens=[1, 2, i], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25], versions=[step], calls=1)
         store.save_finished(FinishedEpisode(episode_id=f"e{i}", task_id="t", group_id=f"g{i // 3}", group_size=3,
-                                            category=None, client_id="c", reward=1.0, timelines=[tl], calls=1))
+                                            category=None, client_id="c", outcome=Outcome(reward=1.0),
+                                            trace=EpisodeTrace(timelines=[tl], calls=1)))
         print(f"e{i}", flush=True)                     # = the HTTP finish returning
         pending.append(f"e{i}")
         i += 1

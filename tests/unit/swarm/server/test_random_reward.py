@@ -6,11 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from swarm.server.records.episode import Place
 from swarm.server.training.step import coin, training_rewards
 
 
 def _episodes(n: int, reward: float) -> list[Any]:
-    return [SimpleNamespace(episode_id=f"ep-{i}", reward=reward, coin_key="") for i in range(n)]
+    return [SimpleNamespace(episode_id=f"ep-{i}", reward=reward, place=Place()) for i in range(n)]
 
 
 def test_the_coin_pays_one_with_its_probability_and_the_same_for_an_id_every_time() -> None:

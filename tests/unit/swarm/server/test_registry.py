@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from swarm.server.records.episode import EpisodeRecord, Group
+from swarm.server.records.episode import Claim, EpisodeRecord, Group
 from swarm.server.records.registry import EpisodeRegistry
 from swarm.server.records.timeline import EpisodeTrace
 
 
 def _episode(episode_id: str) -> EpisodeRecord:
     return EpisodeRecord(episode_id=episode_id, task_id="t", group_key="g#0", group_id="g", category=None,
-                         client_id="c", lease_s=60.0, lease_expires_at=0.0, trace=EpisodeTrace(merge=True),
-                         claimed_version=0)
+                         client_id="c", trace=EpisodeTrace(merge=True),
+                         claim=Claim(version=0, step=0, lease_s=60.0, expires_at=0.0))
 
 
 def test_claims_are_found_by_id_and_request_until_evicted() -> None:

@@ -11,10 +11,12 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from swarm.server.durability.store import EpisodeConflict, EpisodeStore, FinishedEpisode, StoreError
+from swarm.server.records.finished import Outcome
 from swarm.server.records.timeline import EpisodeTrace
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -34,27 +36,31 @@ def _trace(seed: int) -> EpisodeTrace:
 
 
 def _episode(i: int, **over: object) -> FinishedEpisode:
-    fields: dict[str, object] = dict(
+    """Episode ``i`` of a group of four; ``over`` replaces its fields (``reward``, ``metrics`` and
+    ``metadata``: its outcome's)."""
+    outcome: dict[str, Any] = dict(reward=i / 10.0, metrics={"len": float(i)},
+                                   metadata={"note": f"n{i}", "nested": {"a": [1, 2]}})
+    fields: dict[str, Any] = dict(
         episode_id=f"ep-{i}", task_id=f"t-{i // 4}", group_id=f"g-{i // 4}", group_size=4,
-        category="math" if i % 2 else None, client_id="c1", reward=i / 10.0,
-        metrics={"len": float(i)}, metadata={"note": f"n{i}", "nested": {"a": [1, 2]}},
+        category="math" if i % 2 else None, client_id="c1",
     )
-    fields.update(over)
-    return FinishedEpisode.from_trace(_trace(i), **fields)
+    for key, value in over.items():
+        (outcome if key in ("reward", "metrics", "metadata") else fields)[key] = value
+    return FinishedEpisode.from_trace(_trace(i), outcome=Outcome(**outcome), **fields)
 
 
 def test_round_trip_is_exact(tmp_path: Path) -> None:
     original = _trace(5)
     record = FinishedEpisode.from_trace(
         original, episode_id="e1", task_id="t", group_id="g", group_size=2, category=None, client_id="c",
-        reward=0.5, metrics={"m": 1.0}, metadata={"k": "v"}, finished_at=123.5, group_key="g#3",
+        outcome=Outcome(reward=0.5, metrics={"m": 1.0}, metadata={"k": "v"}), finished_at=123.5, group_key="g#3",
     )
     with EpisodeStore(tmp_path / "buf.db") as store:
         assert store.save_finished(record) is True
     with EpisodeStore(tmp_path / "buf.db") as store:  # a fresh connection reads what was committed
         loaded = store.get("e1")
     assert loaded is not None
-    back = loaded.trace()
+    back = loaded.trace
     assert (back.merge, back.calls, back.drift_forks) == (original.merge, original.calls, original.drift_forks)
     assert original.drift_forks == 1 and len(original.timelines) == 3
     assert [t.constrained for t in original.timelines] == [[(9, 11)], [(9, 10)], []]  # the second call's tokens
@@ -68,7 +74,7 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
         for a, b in zip(got.logprobs, want.logprobs, strict=True):
             assert a == pytest.approx(b, rel=1e-6, abs=1e-7)  # float32
     assert [s.tokens for s in back.samples(1.0)] == [s.tokens for s in original.samples(1.0)]
-    assert (loaded.reward, loaded.metrics, loaded.metadata, loaded.finished_at) == (0.5, {"m": 1.0}, {"k": "v"}, 123.5)
+    assert (loaded.outcome, loaded.finished_at) == (Outcome(reward=0.5, metrics={"m": 1.0}, metadata={"k": "v"}), 123.5)
     assert (loaded.group_key, loaded.group, loaded.group_size) == ("g#3", "g#3", 2)
 
 
@@ -89,7 +95,7 @@ def test_idempotent_save_and_conflict(tmp_path: Path) -> None:
         assert store.save_finished(_episode(1, finished_at=999.0)) is False  # a retried finish
         with pytest.raises(EpisodeConflict, match="different body"):
             store.save_finished(_episode(1, reward=7.0))
-        assert store.get("ep-1").reward == pytest.approx(0.1)
+        assert store.get("ep-1").outcome.reward == pytest.approx(0.1)
         assert store.counts()["finished"] == 1
 
 
@@ -109,7 +115,7 @@ def test_bad_records_change_nothing(tmp_path: Path, bad: dict[str, object]) -> N
 
 def test_bad_timeline_is_refused(tmp_path: Path) -> None:
     record = _episode(1)
-    record.timelines[0].loss_mask.append(1)
+    record.trace.timelines[0].loss_mask.append(1)
     with EpisodeStore(tmp_path / "buf.db") as store:
         with pytest.raises(StoreError, match="lengths differ"):
             store.save_finished(record)
@@ -213,7 +219,8 @@ def test_two_threads_save_and_train_concurrently(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent("""
     import sys
     from swarm.server.durability.store import EpisodeStore, FinishedEpisode
-    from swarm.server.records.timeline import Timeline
+    from swarm.server.records.finished import Outcome
+    from swarm.server.records.timeline import EpisodeTrace, Timeline
     store = EpisodeStore(sys.argv[1])
     i = 0
     while True:
@@ -221,7 +228,7 @@ _WRITER = textwrap.dedent("""
                       logprobs=[-0.5] * 200, versions=[i], calls=1)
         store.save_finished(FinishedEpisode(
             episode_id=f"w-{i}", task_id="t", group_id=f"g-{i // 8}", group_size=8, category=None,
-            client_id="writer", reward=float(i), timelines=[tl], calls=1))
+            client_id="writer", outcome=Outcome(reward=float(i)), trace=EpisodeTrace(timelines=[tl], calls=1)))
         print(f"w-{i}", flush=True)
         i += 1
 """)
@@ -251,7 +258,7 @@ def test_sigkill_mid_write_loses_no_acknowledged_episode(tmp_path: Path) -> None
         stored = {e.episode_id for e in store.untrained()}
         assert set(acknowledged) <= stored
         assert len(stored) - len(acknowledged) <= 1  # at most the one committed just before its print
-        assert store.get(acknowledged[-1]).timelines[0].versions == [int(acknowledged[-1][2:])]
+        assert store.get(acknowledged[-1]).trace.timelines[0].versions == [int(acknowledged[-1][2:])]
     check = sqlite3.connect(db)
     assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     check.close()
