@@ -19,10 +19,15 @@ Two measurements, each against real ``swarm serve`` processes started through th
    are excluded). Printed for information: server and vLLM start-up, mean ``perf/step_s``,
    ``perf/weight_sync_s`` and ``rollout/logprob_diff_mean`` over the window, reward at its ends.
 
-Ends with ``RESULT vllm_front_ratio=<direct vLLM s / served s>`` (aim: >= 0.85) and
+Ends with ``RESULT vllm_front_ratio=<direct vLLM s / served s> median_ratio=… served_median_s=…
+served_slowest_s=… median_over_best=…`` (aim: ratio >= 0.85, the served median within 1.3x of its best) and
 ``RESULT vllm_over_torch=<letters steps/s with vLLM / with torch>``.
 
     .venv/bin/python tests/bench/bench_vllm.py [--clients 32] [--max-tokens 32] [--repeats 5] [--seconds 60]
+        [--front-only] [--profile FILE]
+
+``--front-only`` skips the letters windows. ``--profile FILE`` records the swarm server process with py-spy
+through the bursts (raw collapsed stacks; idle threads left out, so the direct bursts add next to nothing).
 
 Every process started here (servers with their vLLM child or Ray, clients) is stopped on the way
 out, errors included: a graceful ``stop`` first, then SIGKILL for whatever of their process tree is
@@ -246,9 +251,10 @@ def _answer(response: httpx.Response) -> dict:
     return response.json()
 
 
-async def _bursts(server: Server, vllm_url: str, clients: int, max_tokens: int, repeats: int
-                  ) -> tuple[list[float], list[float], int]:
-    """Interleaved bursts, served and direct; returns both lists of times and identical outputs."""
+async def _bursts(server: Server, vllm_url: str, clients: int, max_tokens: int, repeats: int,
+                  profile: Path | None = None) -> tuple[list[float], list[float], int, list[float]]:
+    """Interleaved bursts, served and direct: both lists of times, the outputs that are identical, and the
+    front's CPU seconds per served burst (less noisy than wall time on a shared machine)."""
     from swarm.backends.base import SamplingParams
     from swarm.backends.vllm.chat import ChatTokenizer
     from swarm.backends.vllm.completions import completion_body
@@ -279,28 +285,57 @@ async def _bursts(server: Server, vllm_url: str, clients: int, max_tokens: int, 
             answers = await asyncio.gather(*calls)
             return time.perf_counter() - started, answers
 
-        def served_burst():
-            return timed(chat_call(i, max_tokens) for i in range(clients))
+        server_process = psutil.Process(server.proc.pid)
+
+        async def served_burst() -> tuple[float, list[dict]]:
+            before = server_process.cpu_times()
+            result = await timed(chat_call(i, max_tokens) for i in range(clients))
+            after = server_process.cpu_times()
+            front_cpu.append(after.user + after.system - before.user - before.system)
+            return result
 
         def direct_burst():
             return timed(direct_call(b) for b in bodies)
 
+        front_cpu: list[float] = []  # the swarm server process's own CPU seconds (not vLLM's) per served burst
         await served_burst()  # warm-up at full size on both sides (first 32-row decode steps)
         await direct_burst()
+        front_cpu.clear()
         served_times, direct_times, same = [], [], 0
-        for repeat in range(repeats):
-            if repeat % 2 == 0:  # alternate which side goes first, so neither always follows the other
-                (served_s, served), (direct_s, raw) = await served_burst(), await direct_burst()
-            else:
-                (direct_s, raw), (served_s, served) = await direct_burst(), await served_burst()
-            served_times.append(served_s)
-            direct_times.append(direct_s)
-            same = sum(s["choices"][0]["token_ids"] == r["choices"][0]["token_ids"] for s, r in zip(served, raw))
-        return served_times, direct_times, same
+        with profiled(server.proc.pid, profile):  # after the warm-up: one-time work (template compiles) left out
+            for repeat in range(repeats):
+                if repeat % 2 == 0:  # alternate which side goes first, so neither always follows the other
+                    (served_s, served), (direct_s, raw) = await served_burst(), await direct_burst()
+                else:
+                    (direct_s, raw), (served_s, served) = await direct_burst(), await served_burst()
+                served_times.append(served_s)
+                direct_times.append(direct_s)
+                same = sum(s["choices"][0]["token_ids"] == r["choices"][0]["token_ids"] for s, r in zip(served, raw))
+        return served_times, direct_times, same, front_cpu
 
 
 def _runs(times: Sequence[float]) -> str:
     return ", ".join(f"{t:.3f}" for t in times)
+
+
+@contextmanager
+def profiled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy on ``pid`` until the block ends (nothing when ``out`` is None)."""
+    if out is None:
+        yield
+        return
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", "250",
+                            "--format", "raw", "--output", str(out), "--nonblocking"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)  # attached before the first burst
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        with suppress(subprocess.TimeoutExpired):
+            spy.wait(timeout=30)
+        if spy.poll() is None:
+            spy.kill()
 
 
 def main() -> None:
@@ -309,6 +344,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved bursts per side (best is kept)")
     parser.add_argument("--seconds", type=float, default=60.0, help="letters measurement window per engine")
+    parser.add_argument("--front-only", action="store_true", help="the bursts only, no letters windows")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the swarm server through the bursts")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
@@ -317,25 +354,33 @@ def main() -> None:
             generator = server.status()["generator"]
             print(f"vllm engine: server ready in {server.ready_s:.1f} s, vLLM child started in "
                   f"{generator['start_time_s']:.1f} s")
-            served_times, direct_times, same = asyncio.run(
-                _bursts(server, generator["url"], args.clients, args.max_tokens, args.repeats))
-            vllm = letters_window(server, work, "letters --engine vllm", args.seconds)
-            restarts = server.status()["generator"]["restarts"]
-        with serve(work, "torch") as server:
-            print(f"torch engine: server ready in {server.ready_s:.1f} s")
-            torch = letters_window(server, work, "letters --engine torch", args.seconds)
+            served_times, direct_times, same, front_cpu = asyncio.run(
+                _bursts(server, generator["url"], args.clients, args.max_tokens, args.repeats, args.profile))
+            if not args.front_only:
+                vllm = letters_window(server, work, "letters --engine vllm", args.seconds)
+                restarts = server.status()["generator"]["restarts"]
+        if not args.front_only:
+            with serve(work, "torch") as server:
+                print(f"torch engine: server ready in {server.ready_s:.1f} s")
+                torch = letters_window(server, work, "letters --engine torch", args.seconds)
 
     direct_s, served_s = min(direct_times), min(served_times)
+    served_median, direct_median = statistics.median(served_times), statistics.median(direct_times)
     print(f"clients={args.clients} max_tokens={args.max_tokens} identical_outputs={same}/{args.clients}")
     print(f"vLLM direct, {args.clients} concurrent token-id requests: {direct_s:.3f} s (runs: {_runs(direct_times)})")
-    print(f"served through the swarm front: {served_s:.3f} s (runs: {_runs(served_times)}); median ratio "
-          f"{statistics.median(direct_times) / statistics.median(served_times):.3f}")
-    keys = ("perf/step_s", "perf/train_s", "perf/weight_sync_s", "rollout/logprob_diff_mean", "rollout/logprob_diff_max")
-    print(vllm.describe(keys) + f"; vLLM restarts {restarts}")
-    print(torch.describe(keys))
-    print(f"RESULT vllm_front_ratio={direct_s / served_s:.3f}")
-    ratio = vllm.steps_per_s / torch.steps_per_s if torch.steps_per_s else float("nan")
-    print(f"RESULT vllm_over_torch={ratio:.3f}")
+    print(f"served through the swarm front: {served_s:.3f} s (runs: {_runs(served_times)}); the front's own CPU "
+          f"per burst: {statistics.median(front_cpu):.3f} s (runs: {_runs(front_cpu)})")
+    if not args.front_only:
+        keys = ("perf/step_s", "perf/train_s", "perf/weight_sync_s", "rollout/logprob_diff_mean",
+                "rollout/logprob_diff_max")
+        print(vllm.describe(keys) + f"; vLLM restarts {restarts}")
+        print(torch.describe(keys))
+    print(f"RESULT vllm_front_ratio={direct_s / served_s:.3f} median_ratio={direct_median / served_median:.3f} "
+          f"served_median_s={served_median:.3f} served_slowest_s={max(served_times):.3f} "
+          f"median_over_best={served_median / served_s:.3f} front_cpu_s={statistics.median(front_cpu):.3f}")
+    if not args.front_only:
+        ratio = vllm.steps_per_s / torch.steps_per_s if torch.steps_per_s else float("nan")
+        print(f"RESULT vllm_over_torch={ratio:.3f}")
 
 
 if __name__ == "__main__":
