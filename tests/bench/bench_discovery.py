@@ -80,7 +80,7 @@ def _study(search: Search, study_id: str, design: Design, seeds: int, steps: int
     done = _researcher(search.root, "start", "--topic", topic_for(design), "--design", json.dumps(design.model_dump()),
                        "--study-id", study_id, "--seeds", str(seeds), "--max-iterations", "1", "--steps-per-run",
                        str(steps), "--seed-base", str(seed_base), "--parallel", str(parallel), "--budget", "2h",
-                       timeout=7200)
+                       "--max-runs", str(seeds * len(design.arms)), timeout=7200)  # a referee's 2 x 10 is over the 16 default
     search.spent_s += time.monotonic() - started
     layout = StudyLayout(study_id, search.root / "studies", search.root / "artifacts")
     search.cpu_h += standing.cpu_hours(layout)
