@@ -8,6 +8,7 @@ figures and advises a concurrency; the same client restarted with it keeps the l
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -78,9 +79,13 @@ def test_plan_advice_raises_learner_busy_to_target(new_server: Callable[..., Ser
         assert planned.returncode == 0, planned.stderr
         advice = json.loads(planned.stdout)
         assert not advice["enough"] and advice["figures"]["learner_busy"] < 0.5
-        assert advice["staleness_needed"] <= 4, advice  # the server's max_staleness keeps them all
         concurrency = advice["concurrency_needed"]
         assert concurrency > 1, advice
+        # The max_staleness the advised episodes in flight need (one client: its concurrency), by the rule in
+        # swarm.plan.staleness_needed. Not a fixed bound: on a loaded machine episodes take longer, so more are
+        # in flight a step (a full run under load once went past this server's 4; the advice then says to raise it).
+        per_step = advice["figures"]["episodes_per_step"]
+        assert advice["staleness_needed"] == max(math.ceil(concurrency / per_step) - 1, 0), advice
 
         start = client.status().step
         fast_log = tmp_path / "fast.log"
