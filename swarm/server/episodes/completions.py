@@ -243,7 +243,7 @@ class Completions:
         episode = self.episodes.held(episode_id)
         if episode is None or episode.state is not EpisodeState.claimed:
             return
-        episode.claim.expires_at = self.view.clock() + episode.claim.lease_s  # a chat call is a sign of life
+        episode.claim.renew(self.view.clock())  # a chat call is a sign of life
         if conversation_key is not None:
             for reply, generation in zip(replies, generations, strict=True):
                 episode.replies.add(conversation_key, reply, prompt + list(generation.token_ids))

@@ -85,7 +85,7 @@ class Lifecycle:
 
     def heartbeat(self, episode_id: str) -> EpisodeStatus:
         episode = self.live(episode_id)
-        episode.claim.expires_at = self._view.clock() + episode.claim.lease_s
+        episode.claim.renew(self._view.clock())
         return self.status_of(episode_id)
 
     def finish(self, episode_id: str, body: FinishRequest) -> EpisodeStatus:
@@ -123,7 +123,7 @@ class Lifecycle:
 
     def _no_room(self, episode: EpisodeRecord, exc: Exception) -> InsufficientStorage:
         """The 507 of a finish that could not be committed; the episode's lease is renewed meanwhile."""
-        episode.claim.expires_at = self._view.clock() + episode.claim.lease_s
+        episode.claim.renew(self._view.clock())
         self.disk.failed("committing a finished episode", exc)
         return InsufficientStorage(
             f"the disk under the server's state dir is full ({exc}): episode {episode.episode_id} was not stored "

@@ -54,6 +54,10 @@ class Claim:
     lease_s: float
     expires_at: float
 
+    def renew(self, now: float) -> None:
+        """A sign of life (a heartbeat, a chat call, a finish held for disk space): ``lease_s`` from ``now``."""
+        self.expires_at = now + self.lease_s
+
 
 @dataclass(frozen=True)
 class Place:
