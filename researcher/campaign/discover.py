@@ -110,7 +110,7 @@ def _add_claim(spec: CampaignSpec, rec: CampaignRecord, stage: Stage, seeds: int
     design = design_for(stage, rec.goal.task, rec.discovery)
     claim = Claim(topic=topic_for(design), expect="stage", source=f"round {stage.round}: {stage.kind}",
                   design=design.model_dump(), alpha=min(2 * stage.alpha, 0.49) if stage.alpha else None,
-                  seed_base=stage.seed_base, seeds=seeds, max_iterations=looks)
+                  seed_base=stage.seed_base, seeds=seeds, max_iterations=looks, min_effect=stage.min_effect)
     rec.added.append(claim.model_dump(exclude_none=True))
     spec.claim.append(claim)
     index = len(rec.claims)

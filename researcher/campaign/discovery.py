@@ -46,6 +46,11 @@ Config = dict[str, Any]
 SEED_STRIDE = 10_000  # stage k's studies add this x (k + 1) to their seeds (a study spans 1000 an iteration, at most 9)
 MIN_LEVELS = 3  # a dose-response's levels at least
 MAX_PROPOSALS = 3  # hypotheses beyond the catalog a round takes
+# A confirmation is sized to resolve this share of the effect that selected it (the screen's estimate, biased
+# up by the selection), not the campaign's minimum: a change the screen saw at +0.1 needs a few seeds to hold,
+# not the dozen that would resolve ±0.02. A change that holds at less than this share is still kept: sizing
+# decides only how many seeds a confirmation starts with, never its test.
+SIZE_TO_SEEN = 0.5
 
 
 class Knob(BaseModel):
@@ -59,8 +64,11 @@ class Knob(BaseModel):
 
 
 class Change(BaseModel):
+    """Set ``knob`` to ``value``; ``seen``: the effect the screen that flagged it estimated (None: not screened)."""
+
     knob: str
     value: Any
+    seen: float | None = None
 
 
 class Proposal(Change):
@@ -73,7 +81,8 @@ class Proposal(Change):
 
 class Stage(BaseModel):
     """What to run next. ``arms[0]`` is the control (the incumbent, or the defaults for verify) in a
-    comparison; ``alpha`` is the one-sided level a confirmation is tested at (None: no test, a selection)."""
+    comparison; ``alpha`` is the one-sided level a confirmation is tested at (None: no test, a selection);
+    ``min_effect`` the difference its study is sized to resolve (None: the campaign's own)."""
 
     round: int
     kind: StageKind
@@ -81,6 +90,7 @@ class Stage(BaseModel):
     seed_base: int
     knob: str | None = None
     alpha: float | None = None
+    min_effect: float | None = None
 
 
 class Effect(BaseModel):
@@ -157,14 +167,16 @@ class Discovery(BaseModel):
         if self.step == "confirm":
             change = self.flagged[0]
             return Stage(round=self.round, kind="confirm", knob=change.knob, seed_base=seed_base,
-                         arms=[dict(self.incumbent), self._with([change])], alpha=self.budget.next_level())
+                         arms=[dict(self.incumbent), self._with([change])], alpha=self.budget.next_level(),
+                         min_effect=self._sized_to(change.seen))
         if self.step == "refine":
             change = self.refining[0]
             levels = refine_levels(self._knob(change.knob), change.value, self.incumbent.get(change.knob))
             return Stage(round=self.round, kind="refine", knob=change.knob, seed_base=seed_base,
                          arms=[self._with([Change(knob=change.knob, value=v)]) for v in levels])
         return Stage(round=self.round, kind="combine", seed_base=seed_base, alpha=self.budget.next_level(),
-                     arms=[dict(self.incumbent), self._with(self.refined)])
+                     arms=[dict(self.incumbent), self._with(self.refined)],
+                     min_effect=self._sized_to(max((t.diff for t in self.confirmed), default=None)))
 
     def screen_factors(self) -> list[tuple[str, list[Any]]]:
         """Each knob with its two screen levels around the incumbent's value (``screen_pair``)."""
@@ -195,7 +207,8 @@ class Discovery(BaseModel):
         self._ran("screen")
         flagged = sorted((e for e in effects if e.resolved and abs(e.estimate) > self.min_effect),
                          key=lambda e: -abs(e.estimate))
-        self.flagged = [Change(knob=e.knob, value=e.high if e.estimate > 0 else e.low) for e in flagged]
+        self.flagged = [Change(knob=e.knob, value=e.high if e.estimate > 0 else e.low, seen=abs(e.estimate))
+                        for e in flagged]
         self.flagged = [c for c in self.flagged if c.value != self.incumbent.get(c.knob)]
         for p in self.proposals:  # after the screen's own flags: confirmed like them, refined on the knob's ladder
             if all(c.knob != p.knob for c in self.flagged):
@@ -298,6 +311,10 @@ class Discovery(BaseModel):
         if not converged:
             self.round += 1
             self.step = "screen"
+
+    def _sized_to(self, seen: float | None) -> float | None:
+        """The difference a comparison's study is sized to resolve, given the effect that selected it."""
+        return None if seen is None else max(self.min_effect, SIZE_TO_SEEN * seen)
 
     def _with(self, changes: Sequence[Change]) -> Config:
         return {**self.incumbent, **{c.knob: c.value for c in changes}}

@@ -213,9 +213,11 @@ def test_a_confirmed_change_is_refined_combined_adopted_and_verified_on_fresh_se
     confirm = d.next_stage()
     assert confirm is not None and confirm.kind == "confirm" and confirm.arms[1]["lr"] == 3e-3
     assert confirm.alpha == pytest.approx(0.025)
+    assert confirm.min_effect == pytest.approx(0.035)  # sized to half the +0.07 the screen saw
     d.record_comparison(Comparison(diff=0.04, low=0.02, high=0.06))  # lr 3e-3 holds
     second = d.next_stage()
     assert second is not None and second.arms[1]["policy_loss"] == "gspo"
+    assert second.min_effect == pytest.approx(0.02)  # half of +0.03 is below the campaign's minimum
     assert second.alpha == pytest.approx(0.05 / 6 + 0.025)
     d.record_comparison(Comparison(diff=0.01, low=-0.01, high=0.03))  # GSPO does not
     refine = d.next_stage()
@@ -223,11 +225,13 @@ def test_a_confirmed_change_is_refined_combined_adopted_and_verified_on_fresh_se
     d.record_refine(3e-3)
     combine = d.next_stage()
     assert combine is not None and combine.kind == "combine" and combine.arms[1] == {**DEFAULTS, "lr": 3e-3}
+    assert combine.min_effect == pytest.approx(0.02)  # half the best confirmed +0.04
     d.record_comparison(Comparison(diff=-0.01, low=-0.03, high=0.01))  # the combination fails: the best single change
     assert d.incumbent == {**DEFAULTS, "lr": 3e-3} and d.round == 2 and d.next_stage().kind == "screen"  # type: ignore[union-attr]
     d.stop("the budget ended")
     verify = d.next_stage()
     assert verify is not None and verify.kind == "verify" and verify.arms == [DEFAULTS, {**DEFAULTS, "lr": 3e-3}]
+    assert verify.min_effect is None  # the headline resolves the campaign's own minimum
     bases = [s.seed_base for s in (confirm, second, refine, combine, verify)]
     assert len(set(bases)) == len(bases)
     d.record_comparison(Comparison(diff=0.035, low=0.01, high=0.06))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from researcher.campaign import discover, goal, ledger, spec
-from researcher.campaign.discovery import Discovery, Knob, Stage
+from researcher.campaign.discovery import Discovery, Effect, Knob, Stage
 from researcher.campaign.record import CampaignRecord
 from researcher.planner import topic
 from researcher.planner.designed import Design, DesignedPlanner, topic_for
@@ -87,6 +87,19 @@ def test_a_stage_the_budget_cannot_fit_ends_the_search_before_it_runs(tmp_path: 
     assert "Nothing beat the baseline: the budget ended the search" in rec.ended
     text = ledger.render(parsed, rec)
     assert "Goal: Make the letters task learn faster (read as the letters task" in text and "Not started: " in text
+
+
+def test_a_confirmation_is_sized_to_the_effect_its_screen_saw(tmp_path: Path) -> None:
+    """A flagged change's study resolves half the screen's estimate, not the campaign's minimum."""
+    d = Discovery(knobs=[Knob(key="lr", ladder=[1e-4, 1e-3, 1e-2]), Knob(key="kl_coef", ladder=[0.0, 0.1])],
+                  defaults={"lr": 1e-3, "kl_coef": 0.0})
+    d.record_screen([Effect(knob="lr", low=1e-4, high=1e-2, estimate=0.12, resolved=True)])
+    parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\nmin_effect = 0.02\n')
+    rec = CampaignRecord(name="g", budget_s=36000.0, study_deadline=0.0, claims=[],
+                         goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
+    discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
+    assert [c.stage.kind for c in rec.claims] == ["confirm"]  # type: ignore[union-attr]
+    assert parsed.knobs(0)["min_effect"] == pytest.approx(0.06)
 
 
 def test_a_single_configuration_runs_as_a_design_of_its_own() -> None:
