@@ -148,10 +148,12 @@ def record_outcome(rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -
     study = last.study if last and claim.phase == "done" else None
     if stage.kind == "screen":
         effects = [Effect(knob=e.name, low=e.levels[0][0], high=e.levels[0][1], estimate=e.estimate or 0.0,
-                          resolved=e.resolved) for e in (study.effects if study else []) if e.kind == "main"]
+                          resolved=e.resolved, hw=e.hw) for e in (study.effects if study else []) if e.kind == "main"]
         if study is None:
             rec.notes.append(f"Round {stage.round}'s screen ({claim.study_id}) ended {claim.phase}: nothing to read.")
-        d.record_screen(effects)
+        arms = {discovery.describe({**d.incumbent, **a.overrides}, d.defaults): a.axes[study.axis].mean
+                for a in study.arms if study.axis in a.axes} if study else {}
+        d.record_screen(effects, arms)
     elif stage.kind == "refine":
         best = _arm(study, stage.arms, study.best) if study and study.best else None
         d.record_refine(best[stage.knob or ""] if best else d.refining[0].value)

@@ -102,6 +102,15 @@ class Effect(BaseModel):
     high: Any
     estimate: float
     resolved: bool
+    hw: float | None = None  # its 95% interval's half-width (None: the screen gave none)
+
+
+class Screened(BaseModel):
+    """A screen as run: its main effects, and each arm's objective (its mean AUC) by configuration."""
+
+    round: int
+    effects: list[Effect]
+    arms: dict[str, float] = Field(default_factory=dict)
 
 
 class Comparison(BaseModel):
@@ -143,6 +152,7 @@ class Discovery(BaseModel):
     extra_knobs: list[Knob] = Field(default_factory=list)  # keys proposals brought in: refined, never screened
     proposals_asked: int = 0  # the last round whose proposals were asked for (an LLM is asked once a round)
     tests: list[Test] = Field(default_factory=list)
+    screens: list[Screened] = Field(default_factory=list)
     budget: ErrorBudget = Field(default_factory=ErrorBudget)
     converged: str = ""
     verified: Test | None = None
@@ -201,10 +211,12 @@ class Discovery(BaseModel):
             self.proposals.append(p)
         return list(self.proposals)
 
-    def record_screen(self, effects: Sequence[Effect]) -> None:
-        """The screen's main effects: the knobs to confirm, strongest first, at their better level; then the
-        round's proposals, on knobs the screen did not flag."""
+    def record_screen(self, effects: Sequence[Effect], arms: dict[str, float] | None = None) -> None:
+        """The screen's main effects (and its arms' objectives, by configuration, for the figures): the knobs
+        to confirm, strongest first, at their better level; then the round's proposals, on knobs the screen
+        did not flag."""
         self._ran("screen")
+        self.screens.append(Screened(round=self.round, effects=list(effects), arms=arms or {}))
         flagged = sorted((e for e in effects if e.resolved and abs(e.estimate) > self.min_effect),
                          key=lambda e: -abs(e.estimate))
         self.flagged = [Change(knob=e.knob, value=e.high if e.estimate > 0 else e.low, seen=abs(e.estimate))
@@ -217,7 +229,11 @@ class Discovery(BaseModel):
                 self.flagged.append(Change(knob=p.knob, value=p.value))
         self.proposals = []
         if not self.flagged:
-            self.converged = f"round {self.round}'s screen flagged no knob"
+            widths = [e.hw for e in effects if e.hw is not None]
+            # A screen too small to see effects near the minimum converges as well; the ledger says how small.
+            seen = f" (its narrowest interval was ±{min(widths):.3f}, against a minimum effect of {self.min_effect})" \
+                if widths and min(widths) > self.min_effect else ""
+            self.converged = f"round {self.round}'s screen flagged no knob{seen}"
             return
         self.step = "confirm"
 

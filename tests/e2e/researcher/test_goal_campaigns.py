@@ -34,12 +34,13 @@ def test_a_goal_campaign_on_digits_runs_a_whole_round_in_35_minutes(cli, tmp_pat
     ledger = (cli.studies / "digits-goal" / "ledger.md").read_text()
     assert "Goal: Make the digits task learn faster per episode consumed" in ledger
     assert "**Best configuration so far: {" in ledger or "**Nothing beat the baseline: " in ledger, ledger[:3000]
-    if search["tests"]:
-        for name in ("progress", "forest"):
-            figure = cli.studies / "digits-goal" / "figures" / f"{name}.png"
-            assert figure.stat().st_size > 1000
-            with figure.with_suffix(".csv").open() as f:
-                assert len(list(csv.DictReader(f))) == len(search["tests"])
+    # Both figures, even where the screen flagged nothing: its effects and arms show why.
+    rows = len(search["tests"]) + sum(len(s["effects"]) + len(s["arms"]) for s in search["screens"])
+    for name in ("progress", "forest"):
+        figure = cli.studies / "digits-goal" / "figures" / f"{name}.png"
+        assert figure.stat().st_size > 1000
+        with figure.with_suffix(".csv").open() as f:
+            assert len(list(csv.DictReader(f))) == rows
     # Selection and confirmation never share a seed: every stage's study drew its own block.
     bases = [c["stage"]["seed_base"] for c in rec["claims"]]
     assert len(set(bases)) == len(bases)

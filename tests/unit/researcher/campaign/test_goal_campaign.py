@@ -4,12 +4,13 @@ state from a task's own settings, and a stage the budget cannot fit ending the s
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
 import pytest
 
-from researcher.campaign import discover, goal, ledger, spec
+from researcher.campaign import discover, figures, goal, ledger, spec
 from researcher.campaign.discovery import Discovery, Effect, Knob, Stage
 from researcher.campaign.record import CampaignRecord
 from researcher.planner import topic
@@ -100,6 +101,31 @@ def test_a_confirmation_is_sized_to_the_effect_its_screen_saw(tmp_path: Path) ->
     discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
     assert [c.stage.kind for c in rec.claims] == ["confirm"]  # type: ignore[union-attr]
     assert parsed.knobs(0)["min_effect"] == pytest.approx(0.06)
+
+
+def test_a_campaign_whose_screen_flagged_nothing_still_draws_both_figures_with_their_data(tmp_path: Path) -> None:
+    """The figures show why nothing was flagged: each screen effect's interval, each arm's objective."""
+    d = Discovery(knobs=[Knob(key="lr", ladder=[1e-4, 1e-3, 1e-2]), Knob(key="kl_coef", ladder=[0.0, 0.1])],
+                  defaults={"lr": 1e-3, "kl_coef": 0.0})
+    rec = CampaignRecord(name="g", budget_s=3600.0, study_deadline=0.0, claims=[],
+                         goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
+    parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\n')
+    discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
+    rec.claims[0].recorded, rec.claims[0].cpu_hours = True, 0.2
+    d.record_screen([Effect(knob="lr", low=1e-4, high=1e-2, estimate=0.01, resolved=False, hw=0.12),
+                     Effect(knob="kl_coef", low=0.0, high=0.1, estimate=-0.02, resolved=False, hw=0.11)],
+                    {"{lr=0.0001}": 0.31, "{kl_coef=0.1, lr=0.01}": 0.35})
+    assert d.converged == ("round 1's screen flagged no knob (its narrowest interval was ±0.110, against a minimum "
+                           "effect of 0.02)")
+    written = figures.write(rec, tmp_path / "figures")
+    assert [p.name for p in written] == ["progress.png", "forest.png"]
+    with (tmp_path / "figures" / "forest.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["kind"], r["changes"]) for r in rows] == [
+        ("screen arm", "{lr=0.0001}"), ("screen arm", "{kl_coef=0.1, lr=0.01}"),
+        ("screen", "lr: 0.0001 -> 0.01"), ("screen", "kl_coef: 0.0 -> 0.1")]
+    assert float(rows[2]["low"]) == pytest.approx(-0.11) and float(rows[2]["high"]) == pytest.approx(0.13)
+    assert float(rows[0]["tested"]) == pytest.approx(0.31) and rows[2]["held"] == "False"
 
 
 def test_a_single_configuration_runs_as_a_design_of_its_own() -> None:
