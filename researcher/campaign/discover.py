@@ -2,41 +2,47 @@
 becomes a claim of the campaign, an ordinary study started with its arms given (``--design``), and what
 the study found goes back into the search when it ends.
 
-Sizing: before a stage starts, its cost is estimated from the run times measured so far (arms x seeds x
-looks x seconds a run, over the runs the campaign keeps alive at once), keeping back the final
-verification's first look (a study the budget gives no further look decides at its pilot). A stage that
-does not fit runs with fewer seeds (two an arm at least); one that
-still does not fit ends the search, and the ledger says so before anything runs. A screen is read only
-once its study has ended: a screen cut by the budget is never analysed.
+Sizing: before a stage starts, its cost is estimated from the seconds an episode took so far (``Pricing``:
+seeds x looks x each arm's run, over the runs the campaign keeps alive at once), keeping back the final
+verification's first look (a study the budget gives no further look decides at its pilot). Before a
+round's first confirmation, where confirming each flag, refining and combining them cannot fit, the
+flags are tested together, as one combination. A stage that does not fit runs with fewer seeds (two an
+arm at least); one that still does not fit ends the search, and the ledger says so before anything runs.
+A screen is read only once its study has ended with every arm's runs: a screen cut by the budget is
+never analysed. The run length is fixed before the first stage (``_run_length``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from researcher.campaign import discovery, proposals
-from researcher.campaign.discovery import Comparison, Discovery, Effect, Knob, Stage
+from researcher.campaign.discovery import MIN_LEVELS, Comparison, Config, Discovery, Effect, Knob, Stage
 from researcher.campaign.goal import Goal
 from researcher.campaign.record import CampaignRecord, ClaimRecord, claim_study_id
 from researcher.campaign.spec import CampaignSpec, Claim
 from researcher.findings.records import Evidence, arm_key
-from researcher.planner import catalog, screen
+from researcher.planner import arm_budgets, catalog, screen
 from researcher.planner.designed import Design, DesignArm, topic_for
 from researcher.runs import record as runs
 from researcher.study.layout import StudyLayout
-from researcher.study.state import StudyState, last_summary
+from researcher.study.state import StudyState, last_summary, study_options
 from researcher.types.design import Factor
 
 MIN_SEEDS = 2
 SEEDS = {"screen": 2, "refine": 2}  # selections: one look; comparisons take the campaign's seeds and looks
 SIZE_KNOBS = ("group_size", "batch_groups")  # fair only per episode consumed
-# A run's seconds before any was measured: a start-up and a few seconds a step (a letters run of 30 steps took
-# about 120 s on 2 busy cores).
-FIRST_GUESS_START_S, FIRST_GUESS_STEP_S = 30.0, 3.0
+# A run's seconds before any was measured: a start-up, then its episodes (a letters run of 30 steps of 32 episodes
+# took about 120 s on 2 busy cores: 0.094 s an episode).
+FIRST_GUESS_START_S, FIRST_GUESS_EPISODE_S = 30.0, 0.094
 STUDY_STEPS = 30  # StudyOptions.steps_per_run's default
+RUN_LENGTHS = (STUDY_STEPS, 20)  # a goal campaign's runs, longest first: 20 steps keep 4 held-out rounds
 
 
 def start(goal: Goal, examples_root: Path, min_effect: float) -> Discovery:
@@ -72,18 +78,22 @@ def advance(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifac
         comparison_looks = min(spec.campaign.max_iterations or 3, 9)
         looks = 1 if stage.kind in SEEDS else comparison_looks
         seeds = SEEDS.get(stage.kind, spec.campaign.seeds or 3)
-        run_s = measured_run_s(rec, studies_root, artifacts_root, spec.campaign.steps_per_run or STUDY_STEPS)
-        parallel = spec.campaign.parallel_runs or 2
+        price = _pricing(spec, rec, studies_root, artifacts_root)
         # The final verification's first look is kept back: it is the headline, and a study whose budget runs
         # no further look makes its pilot its only look.
-        reserve = 0.0 if stage.kind == "verify" else _cost(2, spec.campaign.seeds or 3, 1, run_s, parallel)
-        cost = _cost(len(stage.arms), seeds, looks, run_s, parallel)
+        reserve = 0.0 if stage.kind == "verify" else price.cost([d.defaults, d.incumbent], spec.campaign.seeds or 3, 1)
+        if stage.kind == "confirm" and _tested_together(d, rec, price.cost(stage.arms, seeds, looks),
+                                                        price.cost(stage.arms[1:] * MIN_LEVELS, SEEDS["refine"], 1),
+                                                        reserve):
+            continue
+        cost = price.cost(stage.arms, seeds, looks)
         while cost + reserve > rec.left_s and seeds > MIN_SEEDS:
             seeds -= 1
-            cost = _cost(len(stage.arms), seeds, looks, run_s, parallel)
+            cost = price.cost(stage.arms, seeds, looks)
         if cost + reserve <= rec.left_s:
             _add_claim(spec, rec, stage, seeds, looks)
             return
+        run_s = sum(price.run_s(stage.arms)) / len(stage.arms)
         why = (f"round {stage.round}'s {stage.kind} needs about {cost / 60:.0f} min at {seeds} seeds an arm "
                f"({len(stage.arms)} arms, {run_s:.0f} s a run), and {rec.left_s / 60:.0f} min are left")
         rec.notes.append(f"Not started: {why}.")
@@ -93,16 +103,87 @@ def advance(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifac
     rec.ended = f"{d.converged or 'the search ended'}. {d.headline()}"
 
 
-def _cost(arms: int, seeds: int, looks: int, run_s: float, parallel: int) -> float:
-    return math.ceil(arms * seeds * looks / max(parallel, 1)) * run_s
+def _tested_together(d: Discovery, rec: CampaignRecord, compare_s: float, refine_s: float, reserve_s: float) -> bool:
+    """Before a round's first confirmation: where confirming each flag, refining each and combining them cannot
+    fit the budget left, the flags are tested together instead (``Discovery.confirm_together``), and the ledger
+    says so. ``compare_s`` and ``refine_s``: one comparison's and one refinement's estimated seconds."""
+    if d.together or len(d.flagged) < 2 or any(t.round == d.round and t.kind == "confirm" for t in d.tests):
+        return False
+    one_by_one = compare_s * (len(d.flagged) + 1) + refine_s * len(d.flagged)
+    if one_by_one + reserve_s <= rec.left_s:
+        return False
+    rec.notes.append(f"Round {d.round}: confirming its {len(d.flagged)} flags one by one, then refining and combining "
+                     f"them, needs about {one_by_one / 60:.0f} min, and {rec.left_s / 60:.0f} min are left; they are "
+                     "tested together, as one combination.")
+    d.confirm_together()
+    return True
 
 
-def measured_run_s(rec: CampaignRecord, studies_root: Path, artifacts_root: Path, steps: int) -> float:
-    """The mean wall seconds of the campaign's finished runs so far (before any: a guess for runs of ``steps``)."""
-    walls = [r.wall_s for c in rec.claims
-             for r in runs.all_records(StudyLayout(c.study_id, studies_root, artifacts_root).runs_dir)
-             if r.wall_s is not None and r.status == "finished"]
-    return sum(walls) / len(walls) if walls else FIRST_GUESS_START_S + FIRST_GUESS_STEP_S * steps
+@dataclass(frozen=True)
+class Pricing:
+    """What a stage's runs cost: seconds an episode takes to train on (measured, else a guess), past a run's
+    start-up; the run length in steps at the largest batch; the runs the campaign keeps alive at once. A run
+    costs its episodes: per episode consumed, every arm trains to the same episodes (``arm_budgets.matched``);
+    per step, an arm with larger batches consumes more."""
+
+    episode_s: float
+    steps: int
+    parallel: int
+    per_episode: bool
+
+    def run_s(self, arms: Sequence[Config]) -> list[float]:
+        """Each arm's estimated seconds a run."""
+        if self.per_episode:
+            budgets = arm_budgets.matched({str(i): a for i, a in enumerate(arms)}, self.steps, 1)
+            episodes = [budgets[str(i)].episodes for i in range(len(arms))]
+        else:
+            episodes = [self.steps * arm_budgets.episodes_per_step(a) for a in arms]
+        return [FIRST_GUESS_START_S + self.episode_s * n for n in episodes]
+
+    def cost(self, arms: Sequence[Config], seeds: int, looks: int) -> float:
+        """Seconds a stage of these arms takes at ``seeds`` an arm and ``looks`` looks."""
+        return seeds * looks * sum(self.run_s(arms)) / max(self.parallel, 1)
+
+
+def _pricing(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> Pricing:
+    """The campaign's pricing now; its run length is fixed once, before the first stage (``_run_length``)."""
+    d = rec.discovery
+    assert d is not None and rec.goal is not None
+    price = Pricing(episode_s=measured_episode_s(rec, studies_root, artifacts_root), steps=STUDY_STEPS,
+                    parallel=spec.campaign.parallel_runs or 2, per_episode=rec.goal.objective == "episode")
+    if spec.campaign.steps_per_run:
+        return dataclasses.replace(price, steps=spec.campaign.steps_per_run)
+    if d.steps is None:
+        d.steps = _run_length(price, d, rec, spec.campaign.seeds or 3)
+    return dataclasses.replace(price, steps=d.steps)
+
+
+def _run_length(price: Pricing, d: Discovery, rec: CampaignRecord, seeds: int) -> int:
+    """The longest run (of ``RUN_LENGTHS``) at which the least whole round fits the budget: its screen, one
+    comparison (its flags together) and the verification's first look; the shortest where none does. The
+    ledger says when runs are shorter than a study's default: every stage's objective is read over this one
+    length, so it is fixed before the first stage."""
+    screen = [{**d.incumbent, **a} for a in discovery.screen_arms(d.screen_factors())]
+
+    def least_round_s(steps: int) -> float:
+        priced = dataclasses.replace(price, steps=steps)
+        return priced.cost(screen, SEEDS["screen"], 1) + 2 * priced.cost([d.incumbent, d.incumbent], seeds, 1)
+
+    steps = next((n for n in RUN_LENGTHS if least_round_s(n) <= rec.left_s), RUN_LENGTHS[-1])
+    if steps < STUDY_STEPS:
+        whole = least_round_s(STUDY_STEPS)
+        rec.notes.append(f"Runs of {steps} steps, not {STUDY_STEPS}: a whole round at {STUDY_STEPS} needs about "
+                         f"{whole / 60:.0f} min, and the budget is {rec.left_s / 60:.0f} min.")
+    return steps
+
+
+def measured_episode_s(rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> float:
+    """The mean seconds an episode took in the campaign's finished runs, past a run's start-up (before any
+    run: a guess)."""
+    per_episode = [max((r.wall_s - FIRST_GUESS_START_S) / (r.last_step * arm_budgets.episodes_per_step(r.config)), 1e-3)
+                   for c in rec.claims for r in runs.all_records(StudyLayout(c.study_id, studies_root, artifacts_root).runs_dir)
+                   if r.wall_s is not None and r.status == "finished" and r.last_step > 0]
+    return sum(per_episode) / len(per_episode) if per_episode else FIRST_GUESS_EPISODE_S
 
 
 def _add_claim(spec: CampaignSpec, rec: CampaignRecord, stage: Stage, seeds: int, looks: int) -> None:
@@ -110,7 +191,8 @@ def _add_claim(spec: CampaignSpec, rec: CampaignRecord, stage: Stage, seeds: int
     design = design_for(stage, rec.goal.task, rec.discovery)
     claim = Claim(topic=topic_for(design), expect="stage", source=f"round {stage.round}: {stage.kind}",
                   design=design.model_dump(), alpha=min(2 * stage.alpha, 0.49) if stage.alpha else None,
-                  seed_base=stage.seed_base, seeds=seeds, max_iterations=looks, min_effect=stage.min_effect)
+                  seed_base=stage.seed_base, seeds=seeds, max_iterations=looks, min_effect=stage.min_effect,
+                  steps_per_run=None if spec.campaign.steps_per_run else rec.discovery.steps)  # type: ignore[union-attr]
     rec.added.append(claim.model_dump(exclude_none=True))
     spec.claim.append(claim)
     index = len(rec.claims)
@@ -146,11 +228,14 @@ def record_outcome(rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -
     claim.recorded = True
     last = last_summary(state)
     study = last.study if last and claim.phase == "done" else None
+    if stage.kind == "screen" and not _complete(study, stage, study_options(state).seeds):
+        rec.notes.append(f"Round {stage.round}'s screen ({claim.study_id}) ended {claim.phase} before each of its "
+                         f"{len(stage.arms)} arms had {study_options(state).seeds} usable runs: it is not read.")
+        d.record_screen_cut(f"round {stage.round}'s screen did not complete (the budget cut its runs, or they failed)")
+        return
     if stage.kind == "screen":
         effects = [Effect(knob=e.name, low=e.levels[0][0], high=e.levels[0][1], estimate=e.estimate or 0.0,
                           resolved=e.resolved, hw=e.hw) for e in (study.effects if study else []) if e.kind == "main"]
-        if study is None:
-            rec.notes.append(f"Round {stage.round}'s screen ({claim.study_id}) ended {claim.phase}: nothing to read.")
         arms = {discovery.describe({**d.incumbent, **a.overrides}, d.defaults): a.axes[study.axis].mean
                 for a in study.arms if study.axis in a.axes} if study else {}
         d.record_screen(effects, arms)
@@ -160,6 +245,14 @@ def record_outcome(rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -
     else:
         d.record_comparison(_comparison(study, stage))
     rec.notes.append(_line(d, stage, claim))
+
+
+def _complete(study: Evidence | None, stage: Stage, seeds: int) -> bool:
+    """Every arm of the stage has ``seeds`` usable runs on the study's verdict axis."""
+    if study is None:
+        return False
+    usable = {arm_key(a.overrides) for a in study.arms if study.axis in a.axes and a.axes[study.axis].n >= seeds}
+    return all(arm_key(config) in usable for config in stage.arms)
 
 
 def _arm(study: Evidence, configs: list[dict[str, Any]], name: str) -> dict[str, Any] | None:

@@ -11,6 +11,9 @@ A round is a sequence of stages, each an ordinary study:
 4. **combine**: the incumbent with every refined change, against the incumbent. If it holds, it is the
    new incumbent; if not, the best single confirmed change is.
 
+A round whose budget cannot fit steps 2 to 4 tests its flags together instead: one combination against the
+incumbent (``confirm_together``), adopted if it holds.
+
 An LLM, where one is configured, may add a few hypotheses to a round before its screen runs (``propose``):
 a level outside a knob's ladder, or a config key the catalog does not screen. They are not screened: they
 join the screen's flags, after them, and go through the same confirmation on fresh seeds.
@@ -153,6 +156,8 @@ class Discovery(BaseModel):
     proposals_asked: int = 0  # the last round whose proposals were asked for (an LLM is asked once a round)
     tests: list[Test] = Field(default_factory=list)
     screens: list[Screened] = Field(default_factory=list)
+    steps: int | None = None  # every stage's run length (steps at the largest batch), fixed before the first
+    together: bool = False  # this round's flags go to one combination, unconfirmed one by one (``confirm_together``)
     budget: ErrorBudget = Field(default_factory=ErrorBudget)
     converged: str = ""
     verified: Test | None = None
@@ -186,13 +191,23 @@ class Discovery(BaseModel):
                          arms=[self._with([Change(knob=change.knob, value=v)]) for v in levels])
         return Stage(round=self.round, kind="combine", seed_base=seed_base, alpha=self.budget.next_level(),
                      arms=[dict(self.incumbent), self._with(self.refined)],
-                     min_effect=self._sized_to(max((t.diff for t in self.confirmed), default=None)))
+                     min_effect=self._sized_to(max([t.diff for t in self.confirmed]
+                                                   + [c.seen for c in self.refined if self.together and c.seen],
+                                                   default=None)))
 
     def screen_factors(self) -> list[tuple[str, list[Any]]]:
         """Each knob with its two screen levels around the incumbent's value (``screen_pair``)."""
         return [(k.key, screen_pair(k, self.incumbent.get(k.key))) for k in self.knobs]
 
     # ----------------------------------------------------------------- outcomes
+
+    def record_screen_cut(self, why: str) -> None:
+        """The screen ended before every arm had its runs (the budget cut it, or runs failed): it is not read,
+        since a fraction of a design it did not complete would mistake missing arms for absent effects. The
+        search ends, keeping the incumbent."""
+        self._ran("screen")
+        self.screens.append(Screened(round=self.round, effects=[]))
+        self.stop(why)
 
     def propose(self, proposals: Sequence[Proposal]) -> list[Proposal]:
         """Take up to ``MAX_PROPOSALS`` hypotheses beyond the catalog into this round, before its screen is
@@ -262,6 +277,16 @@ class Discovery(BaseModel):
         else:
             self._adopt(test)
 
+    def confirm_together(self) -> None:
+        """The round cannot fit a confirmation of each flag, their refinement and their combination: test the
+        flags together, as one combination against the incumbent (one confirmation, in the same error budget).
+        If it holds it is the new incumbent, a claim about the configuration, not about each of its parts;
+        if not, the search ends, as when nothing a screen flagged holds."""
+        if self.step != "confirm" or self.confirmed or self.converged:
+            raise ValueError(f"flags are confirmed together before any one of them; the campaign expects {self.next_stage()}")
+        self.refined, self.flagged, self.together = list(self.flagged), [], True
+        self.step = "combine"
+
     def record_refine(self, best: Any) -> None:
         """The dose-response's best level of the knob being refined (a selection: no test)."""
         self._ran("refine")
@@ -280,7 +305,7 @@ class Discovery(BaseModel):
             from_defaults = self.incumbent == self.defaults
             self.incumbent = self._with(best.changes)
             self.verified = best if from_defaults else None
-            self.flagged, self.confirmed, self.refining, self.refined = [], [], [], []
+            self.flagged, self.confirmed, self.refining, self.refined, self.together = [], [], [], [], False
         self.converged = self.converged or why
 
     # ----------------------------------------------------------------- the headline
@@ -313,16 +338,20 @@ class Discovery(BaseModel):
             self.step = "refine" if self.refining else "combine"
 
     def _adopt(self, combine: Test) -> None:
-        """The combination holds: it is the incumbent. Else the best single confirmed change is."""
+        """The combination holds: it is the incumbent. Else the best single confirmed change is (flags tested
+        together had none: the search ends)."""
         if combine.held:
             self.incumbent = self._with(self.refined)
+        elif self.together:
+            self._next_round(f"round {self.round}'s flags, tested together for want of budget, did not hold")
+            return
         else:
             best = max(self.confirmed, key=lambda t: t.diff)
             self.incumbent = self._with(best.changes)
         self._next_round("")
 
     def _next_round(self, converged: str) -> None:
-        self.flagged, self.confirmed, self.refining, self.refined = [], [], [], []
+        self.flagged, self.confirmed, self.refining, self.refined, self.together = [], [], [], [], False
         self.converged = converged
         if not converged:
             self.round += 1

@@ -309,3 +309,30 @@ def test_a_budget_that_ends_after_a_confirmation_keeps_the_confirmed_change() ->
     later.stop("the budget ended the search")
     verify = later.next_stage()  # round 2's confirmation was against round 1's incumbent: verify on fresh seeds
     assert verify is not None and verify.kind == "verify" and verify.arms[1] == {**DEFAULTS, "lr": 3e-3, "kl_coef": 0.01}
+
+
+def test_flags_tested_together_become_the_incumbent_if_they_hold_and_end_the_search_if_not() -> None:
+    """A round the budget cannot fit confirms its flags as one combination: one test, one level of the budget."""
+    d = Discovery(knobs=KNOBS, defaults=DEFAULTS)
+    d.record_screen([Effect(knob="lr", low=3e-4, high=3e-3, estimate=0.08, resolved=True),
+                     Effect(knob="policy_loss", low="vanilla", high="gspo", estimate=0.04, resolved=True)])
+    d.confirm_together()
+    stage = d.next_stage()
+    assert stage is not None and stage.kind == "combine" and stage.alpha == pytest.approx(0.025)
+    assert stage.arms == [DEFAULTS, {**DEFAULTS, "lr": 3e-3, "policy_loss": "gspo"}]
+    assert stage.min_effect == pytest.approx(0.04)  # half the largest effect the screen saw
+    d.record_comparison(Comparison(diff=0.09, low=0.05, high=0.13))
+    assert d.incumbent == {**DEFAULTS, "lr": 3e-3, "policy_loss": "gspo"} and d.round == 2 and not d.together
+    d.record_screen([Effect(knob="kl_coef", low=0.0, high=0.01, estimate=0.05, resolved=True),
+                     Effect(knob="temperature", low=0.7, high=1.3, estimate=0.03, resolved=True)])
+    d.confirm_together()
+    d.record_comparison(Comparison(diff=0.01, low=-0.02, high=0.04))
+    assert d.incumbent == {**DEFAULTS, "lr": 3e-3, "policy_loss": "gspo"}
+    assert d.converged == "round 2's flags, tested together for want of budget, did not hold"
+    assert [t.kind for t in d.tests] == ["combine", "combine"] and d.next_stage().kind == "verify"  # type: ignore[union-attr]
+    later = Discovery(knobs=KNOBS, defaults=DEFAULTS)
+    later.record_screen([Effect(knob="lr", low=3e-4, high=3e-3, estimate=0.08, resolved=True),
+                         Effect(knob="policy_loss", low="vanilla", high="gspo", estimate=0.04, resolved=True)])
+    later.record_comparison(Comparison(diff=0.05, low=0.02, high=0.08))
+    with pytest.raises(ValueError, match="before any one of them"):
+        later.confirm_together()

@@ -13,6 +13,7 @@ import pytest
 from researcher.campaign import discover, figures, goal, ledger, spec
 from researcher.campaign.discovery import Discovery, Effect, Knob, Stage
 from researcher.campaign.record import CampaignRecord
+from researcher.findings.records import Arm, Cell, Evidence
 from researcher.planner import topic
 from researcher.planner.designed import Design, DesignedPlanner, topic_for
 from researcher.planner.offline import OfflinePlanner
@@ -83,7 +84,10 @@ def test_a_stage_the_budget_cannot_fit_ends_the_search_before_it_runs(tmp_path: 
                          goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
     discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
     assert not rec.claims and rec.ended is not None
-    assert rec.notes == ["Not started: round 1's screen needs about 8 min at 2 seeds an arm (4 arms, 120 s a run), "
+    # Runs are first shortened to the shortest length (no whole round fits), then the screen still does not fit.
+    assert d.steps == 20
+    assert rec.notes == ["Runs of 20 steps, not 30: a whole round at 30 needs about 20 min, and the budget is 5 min.",
+                         "Not started: round 1's screen needs about 6 min at 2 seeds an arm (4 arms, 90 s a run), "
                          "and 5 min are left."]
     assert "Nothing beat the baseline: the budget ended the search" in rec.ended
     text = ledger.render(parsed, rec)
@@ -101,6 +105,30 @@ def test_a_confirmation_is_sized_to_the_effect_its_screen_saw(tmp_path: Path) ->
     discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
     assert [c.stage.kind for c in rec.claims] == ["confirm"]  # type: ignore[union-attr]
     assert parsed.knobs(0)["min_effect"] == pytest.approx(0.06)
+    assert d.steps == 30 and parsed.knobs(0)["steps_per_run"] == 30  # a whole round fits at the default length
+
+
+def test_flags_a_round_cannot_fit_one_by_one_are_tested_together(tmp_path: Path) -> None:
+    d = Discovery(knobs=[Knob(key="lr", ladder=[1e-4, 1e-3, 1e-2]), Knob(key="kl_coef", ladder=[0.0, 0.1]),
+                         Knob(key="temperature", ladder=[0.7, 1.0, 1.3])],
+                  defaults={"lr": 1e-3, "kl_coef": 0.0, "temperature": 1.0})
+    d.record_screen([Effect(knob="lr", low=1e-4, high=1e-2, estimate=0.12, resolved=True),
+                     Effect(knob="temperature", low=0.7, high=1.3, estimate=0.06, resolved=True)])
+    parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\nsteps_per_run = 30\n')
+    # 120 s a run, 2 at once: a comparison of 3 seeds x 3 looks takes 18 min, a refinement 6; 30 min fit one.
+    rec = CampaignRecord(name="g", budget_s=1800.0, study_deadline=0.0, claims=[],
+                         goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
+    discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
+    assert [c.stage.kind for c in rec.claims] == ["combine"]  # type: ignore[union-attr]
+    assert rec.claims[0].stage.arms[1] == {"lr": 1e-2, "kl_coef": 0.0, "temperature": 1.3}  # type: ignore[union-attr]
+    assert rec.notes[0].startswith("Round 1: confirming its 2 flags one by one, then refining and combining them, "
+                                   "needs about 66 min, and 30 min are left")
+    roomy = Discovery.model_validate(d.model_dump() | {"together": False, "step": "confirm", "tests": []})
+    roomy.refined, roomy.flagged = [], d.refined
+    rec = CampaignRecord(name="g", budget_s=36000.0, study_deadline=0.0, claims=[],
+                         goal=goal.read("Make the letters task learn faster", TASKS), discovery=roomy)
+    discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
+    assert [c.stage.kind for c in rec.claims] == ["confirm"]  # type: ignore[union-attr]
 
 
 def test_a_campaign_whose_screen_flagged_nothing_still_draws_both_figures_with_their_data(tmp_path: Path) -> None:
@@ -126,6 +154,25 @@ def test_a_campaign_whose_screen_flagged_nothing_still_draws_both_figures_with_t
         ("screen", "lr: 0.0001 -> 0.01"), ("screen", "kl_coef: 0.0 -> 0.1")]
     assert float(rows[2]["low"]) == pytest.approx(-0.11) and float(rows[2]["high"]) == pytest.approx(0.13)
     assert float(rows[0]["tested"]) == pytest.approx(0.31) and rows[2]["held"] == "False"
+
+
+def test_a_screen_the_budget_cut_is_not_read_and_ends_the_search_saying_so() -> None:
+    """An arm short of its seeds would read as an absent effect: the campaign says the screen did not complete."""
+    d = Discovery(knobs=[Knob(key="lr", ladder=[1e-4, 1e-3, 1e-2]), Knob(key="kl_coef", ladder=[0.0, 0.1])],
+                  defaults={"lr": 1e-3, "kl_coef": 0.0})
+    stage = d.next_stage()
+    assert stage is not None and stage.kind == "screen"
+    arms = [Arm(name=f"arm{i}", overrides=config, axes={"episode": Cell(mean=0.3, n=2)})
+            for i, config in enumerate(stage.arms)]
+    study = Evidence(knob="lr", metric="eval/reward_mean", axis="episode", arms=arms)
+    assert discover._complete(study, stage, seeds=2)
+    arms[-1].axes["episode"] = Cell(mean=0.3, n=1)  # its second run was cut
+    assert not discover._complete(study, stage, seeds=2)
+    assert not discover._complete(Evidence(knob="lr", metric="m", axis="episode", arms=arms[:-1]), stage, seeds=1)
+    d.record_screen_cut("round 1's screen did not complete")
+    assert d.converged == "round 1's screen did not complete" and d.next_stage() is None
+    assert d.headline() == "Nothing beat the baseline: round 1's screen did not complete."
+    assert d.stages_run == 1 and len(d.screens) == 1  # a verify stage would draw the next seed block
 
 
 def test_a_single_configuration_runs_as_a_design_of_its_own() -> None:
