@@ -2,7 +2,8 @@
 
 ``python -I -u -m swarm.box._inside CONFIG_JSON -- run CLIENT.py …`` (built by ``swarm.box._run``):
 
-1. hand the server's port out (``swarm.box._forward.send_listener``), before anything else runs;
+1. hand the server's port out (``swarm.box._forward.send_listener``), before anything else runs, and
+   take connections to it from outside (``install_connector``);
 2. add an audit hook that reports what the box is about to deny (``sandbox violation`` lines on the
    report pipe: a command, a fork, a connection elsewhere, a read of the server's state, a write
    outside the run folder). It only *reports*: the kernel does the denying, so code that slips past
@@ -30,6 +31,7 @@ _EXEC_EVENTS = {"os.system": "ran a shell command", "os.exec": "executed a progr
                 "spawned a program", "os.spawn": "spawned a program", "subprocess.Popen": "started a subprocess",
                 "os.fork": "forked a process", "os.forkpty": "forked a process", "pty.spawn": "spawned a program"}
 _MAX_REPORTS = 50
+_FORWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_forward.py")
 
 
 class _Reporter:
@@ -51,6 +53,13 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
+def _connector(frame: FrameType) -> bool:
+    """The box's own ``socket.create_connection`` (``_forward.install_connector``): it passes a study's
+    connect on, so the caller to judge is the one before it."""
+    code = frame.f_code
+    return code.co_name == "create_connection" and code.co_filename == _FORWARD
+
+
 def audit_hook(config: dict[str, Any], report: _Reporter) -> Any:
     """The hook for ``sys.addaudithook``: names the attempts the box denies (see the module docstring)."""
     port, hidden = config.get("port"), config["hidden"]
@@ -65,7 +74,7 @@ def audit_hook(config: dict[str, Any], report: _Reporter) -> Any:
         # must be the study's code, not the environment's or swarm's (a library's denied probe, such
         # as openai's ``platform.processor()`` running ``uname``, is denied all the same).
         frame: FrameType | None = sys._getframe(1)
-        while frame is not None and _under(frame.f_code.co_filename, stdlib):
+        while frame is not None and (_under(frame.f_code.co_filename, stdlib) or _connector(frame)):
             frame = frame.f_back
         if frame is None or frame.f_code.co_filename.startswith("<frozen") or \
                 _under(frame.f_code.co_filename, libraries):
@@ -110,9 +119,9 @@ def main(argv: list[str]) -> None:
     config = json.loads(argv[0])
     command = argv[argv.index("--") + 1:]
     if config.get("port"):
-        from swarm.box._forward import send_listener
+        from swarm.box._forward import install_connector, send_listener
 
-        send_listener(config["handoff"], config["port"])
+        install_connector(send_listener(config["handoff"], config["port"]), config["port"])
     report = _Reporter(config["report"])
     os.set_inheritable(config["report"], False)
     sys.addaudithook(audit_hook(config, report))

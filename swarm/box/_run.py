@@ -1,8 +1,8 @@
 """Run a ``swarm`` command in the box and wait for it: bubblewrap, the port hand-off, the reports.
 
 ``run_boxed_swarm`` is what ``swarm run --box`` calls. This process stays outside the box: it starts
-bubblewrap, takes the listening socket the box hands out and forwards it to the server
-(``swarm.box._forward``), prints each violation the box reports (``sandbox violation: …`` on stderr,
+bubblewrap, answers the box's requests for connections to the server and forwards the port it
+hands out (``swarm.box._forward``), prints each violation the box reports (``sandbox violation: …`` on stderr,
 the line the researcher records as a ``sandbox_violation`` event), and passes a SIGTERM or Ctrl-C
 on to the boxed ``swarm`` so it finishes or aborts its episodes as it would unboxed.
 """
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from swarm.box._forward import Forwarder, receive_listener
+from swarm.box._forward import Broker, Forwarder, receive_listener
 from swarm.box._plan import BoxPlan
 from swarm.box._probe import BoxUnavailable, missing
 
@@ -64,6 +64,7 @@ def run_boxed_swarm(args: Sequence[str], plan: BoxPlan, *, env: Mapping[str, str
             listener = receive_listener(handoff_out, _HANDOFF_TIMEOUT_S)
             if listener is not None:
                 forwarder = Forwarder(listener, server).start()
+                Broker(handoff_out, server).start()
         child = _child_pid(info_r)
         return _wait(proc, child)
     finally:
