@@ -98,7 +98,7 @@ def write(rec: CampaignRecord, folder: Path) -> list[Path]:
                         xytext=(3, 3))
     ax.set_xlabel("CPU-hours spent")
     ax.set_ylabel("objective (AUC)")
-    ax.set_title(f"{rec.name}: the incumbent, and each tested change (filled: held)", fontsize=9)
+    ax.set_title("the incumbent, each tested change (filled: held) and each screen's arms", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     written.append(save(plt, fig, folder / "progress.png", data))
@@ -112,9 +112,8 @@ def write(rec: CampaignRecord, folder: Path) -> list[Path]:
     ax.axvline(0, color="grey", linewidth=0.8)
     ax.set_yticks(range(len(effects)), [f"r{r.round} {r.kind}: {r.changes}"[:60] for r in reversed(effects)],
                   fontsize=6)
-    ax.set_xlabel("effect (AUC): a screen's main effect with its 95% interval; a confirmation's treatment − "
-                  "control at its test's level", fontsize=7)
-    ax.set_title("every screen effect (squares, blue: flagged) and confirmation (circles, green: held)", fontsize=9)
+    ax.set_xlabel("effect on the objective (AUC): screens at 95%, confirmations at their test's level", fontsize=7)
+    ax.set_title("screen effects (squares; blue: flagged), confirmations (circles; green: held)", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     written.append(save(plt, fig, folder / "forest.png", data))
     return written
