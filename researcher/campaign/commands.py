@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from researcher.campaign import ledger, record, runner, spec
-from researcher.campaign.discovery import describe
+from researcher.campaign.levels import describe
 from researcher.operations import scheduler, terminal
 from researcher.study.flags import parse_duration
 from researcher.study.layout import check_study_id, slugify

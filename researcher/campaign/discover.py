@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from researcher.campaign import discovery, proposals
-from researcher.campaign.discovery import MIN_LEVELS, Comparison, Config, Discovery, Effect, Knob, Stage
+from researcher.campaign import proposals
+from researcher.campaign.discovery import Comparison, Discovery, Effect, Knob, Stage
 from researcher.campaign.goal import Goal
+from researcher.campaign.levels import MIN_LEVELS, Config, describe, screen_arms
 from researcher.campaign.record import CampaignRecord, ClaimRecord, claim_study_id
 from researcher.campaign.spec import CampaignSpec, Claim
 from researcher.findings.records import Evidence, arm_key
@@ -38,9 +39,9 @@ from researcher.types.design import Factor
 MIN_SEEDS = 2
 SEEDS = {"screen": 2, "refine": 2}  # selections: one look; comparisons take the campaign's seeds and looks
 SIZE_KNOBS = ("group_size", "batch_groups")  # fair only per episode consumed
-# A run's seconds before any was measured: a start-up, then its episodes (a letters run of 30 steps of 32 episodes
-# took about 120 s on 2 busy cores: 0.094 s an episode).
-FIRST_GUESS_START_S, FIRST_GUESS_EPISODE_S = 30.0, 0.094
+# A run's seconds: a start-up, then its episodes at the rate measured so far, or before any run at this guess (a
+# letters run of 30 steps of 32 episodes took about 120 s on 2 busy cores: 0.094 s an episode).
+RUN_START_S, FIRST_GUESS_EPISODE_S = 30.0, 0.094
 STUDY_STEPS = 30  # StudyOptions.steps_per_run's default
 RUN_LENGTHS = (STUDY_STEPS, 20)  # a goal campaign's runs, longest first: 20 steps keep 4 held-out rounds
 
@@ -138,7 +139,7 @@ class Pricing:
             episodes = [budgets[str(i)].episodes for i in range(len(arms))]
         else:
             episodes = [self.steps * arm_budgets.episodes_per_step(a) for a in arms]
-        return [FIRST_GUESS_START_S + self.episode_s * n for n in episodes]
+        return [RUN_START_S + self.episode_s * n for n in episodes]
 
     def cost(self, arms: Sequence[Config], seeds: int, looks: int) -> float:
         """Seconds a stage of these arms takes at ``seeds`` an arm and ``looks`` looks."""
@@ -163,7 +164,7 @@ def _run_length(price: Pricing, d: Discovery, rec: CampaignRecord, seeds: int) -
     comparison (its flags together) and the verification's first look; the shortest where none does. The
     ledger says when runs are shorter than a study's default: every stage's objective is read over this one
     length, so it is fixed before the first stage."""
-    screen = [{**d.incumbent, **a} for a in discovery.screen_arms(d.screen_factors())]
+    screen = [{**d.incumbent, **a} for a in screen_arms(d.screen_factors())]
 
     def least_round_s(steps: int) -> float:
         priced = dataclasses.replace(price, steps=steps)
@@ -180,7 +181,7 @@ def _run_length(price: Pricing, d: Discovery, rec: CampaignRecord, seeds: int) -
 def measured_episode_s(rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> float:
     """The mean seconds an episode took in the campaign's finished runs, past a run's start-up (before any
     run: a guess)."""
-    per_episode = [max((r.wall_s - FIRST_GUESS_START_S) / (r.last_step * arm_budgets.episodes_per_step(r.config)), 1e-3)
+    per_episode = [max((r.wall_s - RUN_START_S) / (r.last_step * arm_budgets.episodes_per_step(r.config)), 1e-3)
                    for c in rec.claims for r in runs.all_records(StudyLayout(c.study_id, studies_root, artifacts_root).runs_dir)
                    if r.wall_s is not None and r.status == "finished" and r.last_step > 0]
     return sum(per_episode) / len(per_episode) if per_episode else FIRST_GUESS_EPISODE_S
@@ -234,10 +235,11 @@ def record_outcome(rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -
         d.record_screen_cut(f"round {stage.round}'s screen did not complete (the budget cut its runs, or they failed)")
         return
     if stage.kind == "screen":
+        assert study is not None  # complete: every arm has its runs
         effects = [Effect(knob=e.name, low=e.levels[0][0], high=e.levels[0][1], estimate=e.estimate or 0.0,
-                          resolved=e.resolved, hw=e.hw) for e in (study.effects if study else []) if e.kind == "main"]
-        arms = {discovery.describe({**d.incumbent, **a.overrides}, d.defaults): a.axes[study.axis].mean
-                for a in study.arms if study.axis in a.axes} if study else {}
+                          resolved=e.resolved, hw=e.hw) for e in study.effects if e.kind == "main"]
+        arms = {describe({**d.incumbent, **a.overrides}, d.defaults): a.axes[study.axis].mean
+                for a in study.arms if study.axis in a.axes}
         d.record_screen(effects, arms)
     elif stage.kind == "refine":
         best = _arm(study, stage.arms, study.best) if study and study.best else None
@@ -287,4 +289,4 @@ def _line(d: Discovery, stage: Stage, claim: ClaimRecord) -> str:
     changed = ", ".join(f"{c.knob}={catalog.show(c.value)}" for c in t.changes)
     outcome = "holds" if t.held else "does not hold"
     return (f"{where}: {changed} {outcome} ({t.diff:+.3f}, bounds {t.low:+.3f} to {t.high:+.3f} at one-sided level "
-            f"{t.alpha:.4f}); incumbent now {discovery.describe(d.incumbent, d.defaults)}.")
+            f"{t.alpha:.4f}); incumbent now {describe(d.incumbent, d.defaults)}.")

@@ -41,29 +41,26 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from researcher.campaign.error_budget import ErrorBudget
-from researcher.planner import screen
-from researcher.types.design import Factor
+from researcher.campaign.levels import (
+    Config,
+    Knob,
+    describe,
+    ordered,
+    refine_levels,
+    screen_arms,
+    screen_pair,
+)
+
+__all__ = ["Change", "Comparison", "Config", "Discovery", "Effect", "Knob", "Proposal", "Screened", "Stage", "Test"]
 
 StageKind = Literal["screen", "confirm", "refine", "combine", "verify"]
-Config = dict[str, Any]
 SEED_STRIDE = 10_000  # stage k's studies add this x (k + 1) to their seeds (a study spans 1000 an iteration, at most 9)
-MIN_LEVELS = 3  # a dose-response's levels at least
 MAX_PROPOSALS = 3  # hypotheses beyond the catalog a round takes
 # A confirmation is sized to resolve this share of the effect that selected it (the screen's estimate, biased
 # up by the selection), not the campaign's minimum: a change the screen saw at +0.1 needs a few seeds to hold,
 # not the dozen that would resolve ±0.02. A change that holds at less than this share is still kept: sizing
 # decides only how many seeds a confirmation starts with, never its test.
 SIZE_TO_SEEN = 0.5
-
-
-class Knob(BaseModel):
-    """A knob the search may move: its config key and its ordered ladder of values. ``down_only``: a level
-    above the current one costs more runs (group and batch size: episodes a step, and arms are matched on
-    episodes), so the screen tries the level below beside the current one."""
-
-    key: str
-    ladder: list[Any]
-    down_only: bool = False
 
 
 class Change(BaseModel):
@@ -222,7 +219,7 @@ class Discovery(BaseModel):
                     or any(q.knob == p.knob for q in self.proposals) or p.value in screened.get(p.knob, [])):
                 continue
             if self._find(p.knob) is None:  # an unset key's default is the server's: its ladder is the new level
-                self.extra_knobs.append(Knob(key=p.knob, ladder=_ordered([v for v in (p.current, p.value) if v is not None])))
+                self.extra_knobs.append(Knob(key=p.knob, ladder=ordered([v for v in (p.current, p.value) if v is not None])))
             self.proposals.append(p)
         return list(self.proposals)
 
@@ -240,7 +237,7 @@ class Discovery(BaseModel):
         for p in self.proposals:  # after the screen's own flags: confirmed like them, refined on the knob's ladder
             if all(c.knob != p.knob for c in self.flagged):
                 knob = self._knob(p.knob)
-                knob.ladder = knob.ladder if p.value in knob.ladder else _ordered([*knob.ladder, p.value])
+                knob.ladder = knob.ladder if p.value in knob.ladder else ordered([*knob.ladder, p.value])
                 self.flagged.append(Change(knob=p.knob, value=p.value))
         self.proposals = []
         if not self.flagged:
@@ -372,53 +369,3 @@ class Discovery(BaseModel):
 
     def _find(self, key: str) -> Knob | None:
         return next((k for k in [*self.knobs, *self.extra_knobs] if k.key == key), None)
-
-
-def _ordered(values: Sequence[Any]) -> list[Any]:
-    """Distinct values in order: ascending where they are all numbers, else as given."""
-    distinct = list(dict.fromkeys(values))
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in distinct)
-    return sorted(distinct) if numeric else distinct
-
-
-def describe(config: Config, defaults: Config) -> str:
-    """A configuration as what it changes from the defaults: ``{lr=0.003, policy_loss='gspo'}``."""
-    changed = ", ".join(f"{k}={v!r}" for k, v in sorted(config.items()) if defaults.get(k) != v)
-    return "{" + (changed or "the defaults") + "}"
-
-
-def screen_arms(factors: Sequence[tuple[str, list[Any]]]) -> list[Config]:
-    """A screen's arms (overrides): the planner's two-level factorial (a resolution III fraction of 8 arms
-    past three knobs), or both levels of a single knob."""
-    if len(factors) == 1:
-        key, pair = factors[0]
-        return [{key: v} for v in pair]
-    return screen.arms([Factor(name=key, where="server", levels=pair) for key, pair in factors])
-
-
-def screen_pair(knob: Knob, current: Any) -> list[Any]:
-    """Two levels around ``current`` on the knob's ladder: its neighbours on both sides, or ``current`` and
-    its one neighbour at an end of the ladder (``current`` off the ladder: the ladder's first two); a
-    ``down_only`` knob: the level below and ``current``."""
-    ladder = knob.ladder
-    if current not in ladder:
-        return list(ladder[:2])
-    i = ladder.index(current)
-    if knob.down_only and i > 0:
-        return [ladder[i - 1], current]
-    if 0 < i < len(ladder) - 1:
-        return [ladder[i - 1], ladder[i + 1]]
-    return [ladder[0], ladder[1]] if i == 0 else [ladder[-2], ladder[-1]]
-
-
-def refine_levels(knob: Knob, winner: Any, current: Any) -> list[Any]:
-    """At least ``MIN_LEVELS`` levels around a confirmed ``winner``: it and its neighbours on the ladder,
-    continuing in the direction it moved from ``current`` where the ladder ends on one side."""
-    ladder = knob.ladder
-    if winner not in ladder or len(ladder) < MIN_LEVELS:
-        return list(dict.fromkeys([winner, *ladder]))[:max(MIN_LEVELS, len(ladder))]
-    i = ladder.index(winner)
-    lo = min(max(i - 1, 0), len(ladder) - MIN_LEVELS)
-    if current in ladder and ladder.index(current) < i and i + 1 < len(ladder):
-        lo = min(i - 1, len(ladder) - MIN_LEVELS)  # moved up: look one further up as well
-    return list(ladder[lo:lo + MIN_LEVELS])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from researcher.campaign.discovery import describe
+from researcher.campaign.levels import describe
 from researcher.campaign.record import CampaignRecord, ClaimRecord
 from researcher.campaign.spec import CampaignSpec, Claim
 from researcher.findings.verdicts import Verdict

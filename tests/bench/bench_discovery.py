@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.campaign import discover, goal, record, standing
-from researcher.campaign.discovery import describe
+from researcher.campaign.levels import describe
 from researcher.evidence import stats
 from researcher.findings.records import IterationSummary
 from researcher.planner import catalog
