@@ -131,6 +131,7 @@ class Pricing:
     steps: int
     parallel: int
     per_episode: bool
+    max_runs: int = 16  # StudyOptions.max_runs: a study with further looks may launch this many runs
 
     def run_s(self, arms: Sequence[Config]) -> list[float]:
         """Each arm's estimated seconds a run."""
@@ -142,8 +143,11 @@ class Pricing:
         return [RUN_START_S + self.episode_s * n for n in episodes]
 
     def cost(self, arms: Sequence[Config], seeds: int, looks: int) -> float:
-        """Seconds a stage of these arms takes at ``seeds`` an arm and ``looks`` looks."""
-        return seeds * looks * sum(self.run_s(arms)) / max(self.parallel, 1)
+        """Seconds a stage of these arms takes at ``seeds`` an arm and ``looks`` looks: one look runs its seeds;
+        further looks add the seeds its pilot asks for, up to the study's ``max_runs`` (letters' confirmations
+        took 2 seeds an arm, then 8)."""
+        per_arm = seeds if looks == 1 else max(seeds, self.max_runs / max(len(arms), 1))
+        return per_arm * sum(self.run_s(arms)) / max(self.parallel, 1)
 
 
 def _pricing(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifacts_root: Path) -> Pricing:
@@ -151,7 +155,8 @@ def _pricing(spec: CampaignSpec, rec: CampaignRecord, studies_root: Path, artifa
     d = rec.discovery
     assert d is not None and rec.goal is not None
     price = Pricing(episode_s=measured_episode_s(rec, studies_root, artifacts_root), steps=STUDY_STEPS,
-                    parallel=spec.campaign.parallel_runs or 2, per_episode=rec.goal.objective == "episode")
+                    parallel=spec.campaign.parallel_runs or 2, per_episode=rec.goal.objective == "episode",
+                    max_runs=spec.campaign.max_runs or 16)
     if spec.campaign.steps_per_run:
         return dataclasses.replace(price, steps=spec.campaign.steps_per_run)
     if d.steps is None:
@@ -167,8 +172,8 @@ def _run_length(price: Pricing, d: Discovery, rec: CampaignRecord, seeds: int) -
     screen = [{**d.incumbent, **a} for a in screen_arms(d.screen_factors())]
 
     def least_round_s(steps: int) -> float:
-        priced = dataclasses.replace(price, steps=steps)
-        return priced.cost(screen, SEEDS["screen"], 1) + 2 * priced.cost([d.incumbent, d.incumbent], seeds, 1)
+        priced, pair = dataclasses.replace(price, steps=steps), [d.incumbent, d.incumbent]
+        return priced.cost(screen, SEEDS["screen"], 1) + priced.cost(pair, seeds, 2) + priced.cost(pair, seeds, 1)
 
     steps = next((n for n in RUN_LENGTHS if least_round_s(n) <= rec.left_s), RUN_LENGTHS[-1])
     if steps < STUDY_STEPS:

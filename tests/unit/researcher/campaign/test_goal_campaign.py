@@ -86,7 +86,7 @@ def test_a_stage_the_budget_cannot_fit_ends_the_search_before_it_runs(tmp_path: 
     assert not rec.claims and rec.ended is not None
     # Runs are first shortened to the shortest length (no whole round fits), then the screen still does not fit.
     assert d.steps == 20
-    assert rec.notes == ["Runs of 20 steps, not 30: a whole round at 30 needs about 20 min, and the budget is 5 min.",
+    assert rec.notes == ["Runs of 20 steps, not 30: a whole round at 30 needs about 30 min, and the budget is 5 min.",
                          "Not started: round 1's screen needs about 6 min at 2 seeds an arm (4 arms, 90 s a run), "
                          "and 5 min are left."]
     assert "Nothing beat the baseline: the budget ended the search" in rec.ended
@@ -115,14 +115,14 @@ def test_flags_a_round_cannot_fit_one_by_one_are_tested_together(tmp_path: Path)
     d.record_screen([Effect(knob="lr", low=1e-4, high=1e-2, estimate=0.12, resolved=True),
                      Effect(knob="temperature", low=0.7, high=1.3, estimate=0.06, resolved=True)])
     parsed = spec.parse('[campaign]\nname = "g"\ngoal = "Make the letters task learn faster"\nsteps_per_run = 30\n')
-    # 120 s a run, 2 at once: a comparison of 3 seeds x 3 looks takes 18 min, a refinement 6; 30 min fit one.
+    # 120 s a run, 2 at once: a comparison with further looks may take 16 runs (16 min), a refinement 6 runs.
     rec = CampaignRecord(name="g", budget_s=1800.0, study_deadline=0.0, claims=[],
                          goal=goal.read("Make the letters task learn faster", TASKS), discovery=d)
     discover.advance(parsed, rec, tmp_path / "studies", tmp_path / "artifacts")
     assert [c.stage.kind for c in rec.claims] == ["combine"]  # type: ignore[union-attr]
     assert rec.claims[0].stage.arms[1] == {"lr": 1e-2, "kl_coef": 0.0, "temperature": 1.3}  # type: ignore[union-attr]
     assert rec.notes[0].startswith("Round 1: confirming its 2 flags one by one, then refining and combining them, "
-                                   "needs about 66 min, and 30 min are left")
+                                   "needs about 60 min, and 30 min are left")
     roomy = Discovery.model_validate(d.model_dump() | {"together": False, "step": "confirm", "tests": []})
     roomy.refined, roomy.flagged = [], d.refined
     rec = CampaignRecord(name="g", budget_s=36000.0, study_deadline=0.0, claims=[],
