@@ -234,9 +234,10 @@ def record_outcome(rec: CampaignRecord, claim: ClaimRecord, state: StudyState) -
     claim.recorded = True
     last = last_summary(state)
     study = last.study if last and claim.phase == "done" else None
-    if stage.kind == "screen" and not _complete(study, stage, study_options(state).seeds):
+    seeds = study_options(state).seeds
+    if stage.kind == "screen" and not _complete(study, stage, seeds):
         rec.notes.append(f"Round {stage.round}'s screen ({claim.study_id}) ended {claim.phase} before each of its "
-                         f"{len(stage.arms)} arms had {study_options(state).seeds} usable runs: it is not read.")
+                         f"{len(stage.arms)} arms had {seeds} usable runs: it is not read.")
         d.record_screen_cut(f"round {stage.round}'s screen did not complete (the budget cut its runs, or they failed)")
         return
     if stage.kind == "screen":
