@@ -129,10 +129,10 @@ def example_name(source: str, examples_root: Path) -> str | None:
 
 
 def run_probe(client: Path, work_dir: Path, swarm_command: Sequence[str], *, timeout_s: float = PROBE_TIMEOUT_S,
-              threads: int = 1) -> ProbeReport | Failure:
-    """``swarm run CLIENT --probe`` boxed in ``work_dir`` (its output kept in ``probe.log``)."""
+              threads: int = 1, read: Sequence[Path] = ()) -> ProbeReport | Failure:
+    """``swarm run CLIENT --probe`` boxed in ``work_dir``, reading ``read`` too (its output kept in ``probe.log``)."""
     runs.private_dir(work_dir)
-    done = sandbox.run_boxed([*swarm_command, "run", str(client), *sandbox.box_flags(), "--probe"],
+    done = sandbox.run_boxed([*swarm_command, "run", str(client), *sandbox.box_flags(read), "--probe"],
                              env=sandbox.study_env(work_dir, client_token=None, threads=threads), cwd=work_dir,
                              limits=sandbox.Limits(cpu_s=PROBE_CPU_S), timeout_s=timeout_s)
     (work_dir / PROBE_LOG).write_text(done.output)

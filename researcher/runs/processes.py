@@ -50,7 +50,7 @@ class RunProcesses:
     def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 120.0, external_token: str | None = None,
                  mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None,
-                 log_max_bytes: int = LOG_MAX_BYTES, log_keep: int = LOG_KEEP) -> None:
+                 log_max_bytes: int = LOG_MAX_BYTES, log_keep: int = LOG_KEEP, box_read: Sequence[Path] = ()) -> None:
         self.log_max_bytes, self.log_keep = log_max_bytes, log_keep  # run logs' size cap (logs.cap)
         self.gpus = list(gpus)  # this machine's GPU ids runs may use (``resources.discover_gpus``)
         self.artifacts_root = artifacts_root  # where every study's run records are (who holds which GPU)
@@ -60,6 +60,7 @@ class RunProcesses:
         self.threads = threads
         self.ready_timeout_s = ready_timeout_s
         self.external_token = external_token
+        self.box_read = list(box_read)  # files outside the study its boxed clients read (a data study's)
 
     def _server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_SERVERS}
@@ -88,7 +89,7 @@ class RunProcesses:
 
     def client_argv(self, record: RunRecord) -> list[str]:
         """The run's `swarm run` command wherever it is placed."""
-        return [*self.swarm_command, "run", record.client, *sandbox.box_flags(), "--server", record.url,
+        return [*self.swarm_command, "run", record.client, *sandbox.box_flags(self.box_read), "--server", record.url,
                 "--episodes", str(record.episodes),
                 "--group-size", str(record.group_size), "--seed", str(record.seed),
                 "--concurrency", str(record.concurrency), "--retry-for", "30",

@@ -63,9 +63,10 @@ class RayLauncher(Launcher):
 
     def __init__(self, address: str, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 300.0, mlflow_uri: str | None = None,
-                 artifacts_root: Path | None = None, python: str = sys.executable) -> None:
+                 artifacts_root: Path | None = None, python: str = sys.executable,
+                 box_read: Sequence[Path] = ()) -> None:
         super().__init__(swarm_command, model=model, threads=threads, ready_timeout_s=ready_timeout_s,
-                         mlflow_uri=mlflow_uri, artifacts_root=artifacts_root)
+                         mlflow_uri=mlflow_uri, artifacts_root=artifacts_root, box_read=box_read)
         self.address = address
         self.python = python
         self._client: Any = None

@@ -110,11 +110,14 @@ def _violations(tree: ast.AST) -> list[tuple[int, str]]:
 # ---------------------------------------------------------------------------- the OS sandbox
 
 
-def box_flags() -> list[str]:
-    """``swarm run``'s flag that runs study code in the OS sandbox (``swarm.box``: namespaces, seccomp, only
-    its server's port) where this machine can build it; none where it cannot (the researcher then refuses
-    LLM-written code unless the study allows it unboxed: ``unboxed_refusal``)."""
-    return [] if box.missing() else ["--box"]
+def box_flags(read: Sequence[Path] = ()) -> list[str]:
+    """``swarm run``'s flags that run study code in the OS sandbox (``swarm.box``: namespaces, seccomp, only
+    its server's port) where this machine can build it, letting it read ``read`` too (a data study's files,
+    ``datatask.readable``); none where it cannot (the researcher then refuses LLM-written code unless the
+    study allows it unboxed: ``unboxed_refusal``)."""
+    if box.missing():
+        return []
+    return ["--box", *(flag for path in read for flag in ("--box-read", str(path)))]
 
 
 def unboxed_refusal(llm_written: bool, allow_unboxed: bool) -> str | None:

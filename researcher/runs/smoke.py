@@ -39,8 +39,9 @@ def run(launcher: RunProcesses, client_path: Path, config_path: Path, work_dir: 
             launcher.wait_ready(work_dir, record)
         except LaunchError as exc:
             return str(exc)
-        argv = [*launcher.swarm_command, "run", str(client_path), *sandbox.box_flags(), "--server", record.url, "--episodes",
-                str(episodes), "--group-size", str(group_size), "--concurrency", str(group_size), "--retry-for", "10"]
+        argv = [*launcher.swarm_command, "run", str(client_path), *sandbox.box_flags(launcher.box_read),
+                "--server", record.url, "--episodes", str(episodes), "--group-size", str(group_size),
+                "--concurrency", str(group_size), "--retry-for", "10"]
         if rewards_out is not None:
             argv += ["--rewards-out", str(rewards_out)]
         env = sandbox.study_env(work_dir, client_token=launcher.client_token(record), threads=launcher.threads)

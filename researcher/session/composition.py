@@ -31,7 +31,7 @@ from researcher.planner.schema import Planner
 from researcher.runs import resources
 from researcher.runs.launcher import Launcher
 from researcher.session.context import StudyContext
-from researcher.study import events
+from researcher.study import datatask, events
 from researcher.study import files as studyfiles
 from researcher.study.layout import StudyLayout
 from researcher.tracking.tracker import Tracker
@@ -108,11 +108,13 @@ def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int)
         from researcher.runs.ray_launcher import RayLauncher
 
         return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
-                           mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root)
+                           mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root,
+                           box_read=datatask.readable(options))
     return Launcher(settings.swarm_command, model=options.model, threads=threads,
                     external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
                     gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root,
-                    log_max_bytes=int(settings.log_max_mb * 2**20), log_keep=settings.log_keep)
+                    log_max_bytes=int(settings.log_max_mb * 2**20), log_keep=settings.log_keep,
+                    box_read=datatask.readable(options))
 
 
 def _takeover_recorder(layout: StudyLayout, emit: Emit) -> Callable[[Takeover], None]:

@@ -109,6 +109,14 @@ def check_unchanged(options: StudyOptions) -> None:
                              "in study.toml): restore it, or start a new study on the new data")
 
 
+def readable(options: StudyOptions) -> list[Path]:
+    """The files a data study's boxed clients must read (``swarm run --box-read``): the data, the held-out
+    file and a ``PATH.py:FUNC`` reward's file. The box shows a client its own folder and the interpreter
+    only, and these live wherever the user keeps them."""
+    paths = [options.data, options.heldout, options.reward.rpartition(":")[0] or None]
+    return [Path(p) for p in dict.fromkeys(p for p in paths if p) if Path(p).is_file()]
+
+
 def root(study_dir: Path) -> Path:
     """The examples root of a data study: it holds the one task, ``data``."""
     return study_dir / "task"

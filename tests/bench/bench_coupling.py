@@ -39,22 +39,28 @@ from researcher.study.layout import StudyLayout
 ROOT = Path(__file__).resolve().parents[2]
 RESEARCHER = [sys.executable, "-m", "researcher.cli"]
 
-# name: (task, control overrides, treatment overrides); the issue's three tiny claims and a SmolLM2 one.
-CLAIMS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "kl": ("letters", {"kl_coef": 0.0}, {"kl_coef": 0.2}),
-    "lr": ("letters", {"lr": 3e-4}, {"lr": 1e-3}),
-    "group-size": ("letters", {"group_size": 8}, {"group_size": 2}),  # judged per episode consumed
-    "gsm-lr": ("gsm-format", {"lr": 1e-5}, {"lr": 3e-5}),  # SmolLM2 (--model smollm2-135m)
+GSM = ROOT / "studies" / "examples" / "gsm-format"
+# gsm-format is a data task (task "data"), passed as the replication campaign passes its SmolLM2 claims.
+GSM_FLAGS = ["--data", str(GSM / "train.jsonl"), "--heldout", str(GSM / "test.jsonl"),
+             "--reward", f"{GSM / 'reward.py'}:score"]
+
+# name: (task, control overrides, treatment overrides, extra `researcher start` flags); the issue's three
+# tiny claims and a SmolLM2 one.
+CLAIMS: dict[str, tuple[str, dict[str, Any], dict[str, Any], list[str]]] = {
+    "kl": ("letters", {"kl_coef": 0.0}, {"kl_coef": 0.2}, []),
+    "lr": ("letters", {"lr": 3e-4}, {"lr": 1e-3}, []),
+    "group-size": ("letters", {"group_size": 8}, {"group_size": 2}, []),  # judged per episode consumed
+    "gsm-lr": ("data", {"lr": 1e-5}, {"lr": 3e-5}, GSM_FLAGS),  # SmolLM2 (--model smollm2-135m)
 }
 
 
 def study(out: Path, name: str, claim: str, couple: bool, seeds: int, steps: int, model: str | None) -> Evidence | None:
     """One single-look comparison study of ``claim``; its whole-study evidence (None if it produced none)."""
-    task, control, treatment = CLAIMS[claim]
+    task, control, treatment, task_flags = CLAIMS[claim]
     design = Design(task=task, arms=[{"name": "control", "overrides": control},  # type: ignore[list-item]
                                      {"name": "treatment", "overrides": treatment}])  # type: ignore[list-item]
     dirs = ["--studies-dir", str(out / "studies"), "--artifacts-dir", str(out / "artifacts")]
-    flags = ["--couple" if couple else "--no-couple", *(["--model", model] if model else [])]
+    flags = ["--couple" if couple else "--no-couple", *(["--model", model] if model else []), *task_flags]
     done = subprocess.run([*RESEARCHER, "start", "--topic", topic_for(design), "--design",
                            json.dumps(design.model_dump()), "--study-id", name, "--seeds", str(seeds),
                            "--max-iterations", "1", "--steps-per-run", str(steps), "--seed-base", "0",

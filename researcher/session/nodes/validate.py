@@ -86,7 +86,8 @@ def _check(client: Path, config: Path, state: StudyState, ctx: StudyContext, att
     reward_range = contract
     passed.append(f"static contract (REWARD_RANGE = ({reward_range[0]:g}, {reward_range[1]:g}))")
     work_dir = ctx.layout.smoke_dir(state["iteration"], attempt)
-    probe = preflight.run_probe(client, work_dir, ctx.launcher.swarm_command, threads=ctx.launcher.threads)
+    probe = preflight.run_probe(client, work_dir, ctx.launcher.swarm_command, threads=ctx.launcher.threads,
+                                read=ctx.launcher.box_read)
     if isinstance(probe, Failure):
         return probe
     passed.append(f"data probe (tasks(seed) deterministic and seed-dependent over the first {probe.tasks_per_seed} "

@@ -13,10 +13,11 @@ import pytest
 
 from researcher.planner import catalog
 from researcher.planner.offline import OfflinePlanner
-from researcher.runs import sandbox
+from researcher.runs import preflight, sandbox
 from researcher.study import datatask, flags
 from researcher.types.design import DATA_TASK
 from researcher.types.settings import StudyOptions
+from swarm import box
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = ROOT / "studies" / "examples" / "arith"
@@ -117,3 +118,20 @@ def test_researcher_studies_the_users_model_and_data(tmp_path: Path) -> None:
     assert study["data_sha256"] == datatask.sha256(ARITH / "train.parquet") and study["model"] == str(model)
     report = (tmp_path / "studies" / "mydata" / "report.md").read_text()
     assert "data task" in report and "lr" in report
+
+
+@pytest.mark.skipif(box.missing() is not None, reason="this machine cannot build the OS sandbox")
+def test_a_boxed_data_client_reads_the_users_files_and_nothing_else_outside(tmp_path: Path) -> None:
+    """The box shows a client its own folder: a data study passes its data, held-out and reward files in
+    (``datatask.readable`` → ``swarm run --box-read``), else its probe finds no data file."""
+    gsm = ROOT / "studies" / "examples" / "gsm-format"
+    options = StudyOptions(**datatask.options_for(gsm / "train.jsonl", gsm / "test.jsonl", f"{gsm}/reward.py:score", 0))
+    assert datatask.readable(options) == [gsm / "train.jsonl", gsm / "test.jsonl", gsm / "reward.py"]
+    assert datatask.readable(options.model_copy(update={"reward": "verl", "heldout": None})) == [gsm / "train.jsonl"]
+    client = catalog.examples(datatask.write_task(options, tmp_path / "study", ARITH / "config.toml"))["data"].client
+    swarm = [sys.executable, "-m", "swarm.cli"]
+    probe = preflight.run_probe(client, tmp_path / "probe", swarm, read=datatask.readable(options))
+    assert isinstance(probe, preflight.ProbeReport), probe
+    assert probe.heldout == 32
+    blind = preflight.run_probe(client, tmp_path / "blind", swarm)
+    assert isinstance(blind, preflight.Failure) and "train.jsonl: no such file" in blind.message, blind
