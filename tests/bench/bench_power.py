@@ -73,13 +73,17 @@ def start(out: Path, name: str, plan: Design, flags: list[str]) -> Path:
 def measured(out: Path, name: str, plan: Design, seeds: int, steps: int, couple: bool) -> Evidence:
     """Part 1: every arm on ``seeds`` seeds in one look; the study's whole evidence."""
     flags = ["--seeds", str(seeds), "--max-iterations", "1", "--steps-per-run", str(steps), "--seed-base", "0",
-             "--parallel", "2", "--budget", "6h", "--couple" if couple else "--no-couple"]
+             "--max-runs", str(seeds * len(plan.arms)), "--parallel", "2", "--budget", "6h",
+             "--couple" if couple else "--no-couple"]
     analysis = StudyLayout(name, out / "studies", out / "artifacts").artifacts_dir / "analysis-1.json"
     if not analysis.is_file():  # a study measured before (--out reused) is read, not run again
         start(out, name, plan, flags)
     if not analysis.is_file():
         raise SystemExit(f"{name}: the study wrote no analysis; see {out / f'{name}.log'}")
-    return IterationSummary.model_validate_json(analysis.read_text()).study
+    evidence = IterationSummary.model_validate_json(analysis.read_text()).study
+    if evidence is None:
+        raise SystemExit(f"{name}: its analysis holds no evidence; see {out / f'{name}.log'}")
+    return evidence
 
 
 def differences(evidence: Evidence, treatment: str) -> list[float]:
