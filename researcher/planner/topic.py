@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from researcher.planner import catalog
-from researcher.types.design import same_value
+from researcher.types.design import DATA_TASK, same_value
 
 Shape = Literal["comparison", "sweep"]
 MIN_SWEEP = 4  # a dose-response curve needs at least this many values of the knob
@@ -62,7 +62,8 @@ _UNKNOWN_TASK = (re.compile(r"\bthe ([a-z][a-z0-9_-]*) (?:task|benchmark|dataset
                  re.compile(r"\bon (?:the )?([a-z][a-z0-9_-]*)\s*[?.!]*\s*$"))
 _NOT_TASKS = {"average", "it", "this", "that", "them", "cpu", "gpu", "time", "policy", "learning", "training",
               "purpose", "top", "paper", "reward", "rewards", "speed", "convergence", "stability", "model", "same",
-              "task", "tasks", "results", "performance"}
+              "task", "tasks", "results", "performance",
+              "learn", "learns", "train", "trains", "improve", "improves"}  # "the data task learn faster"
 
 
 @dataclass(frozen=True)
@@ -349,7 +350,9 @@ def _task(text: str, knob: catalog.Knob | None) -> tuple[str, bool, list[str]]:
         return knob.task, True, notes
     if named is not None:
         return named, True, notes
+    # "the data task" is the user's own data (``on_task`` says so), not an unknown example.
     unknown = next((m.group(1) for p in _UNKNOWN_TASK for m in [p.search(text)] if m and m.group(1) not in _NOT_TASKS
+                    and m.group(1) != DATA_TASK
                     and not _hits(m.group(1), [(ph, k) for k in catalog.KNOBS for ph in k.phrases])), None)
     known = ", ".join(sorted(catalog.TASK_KEYWORDS))
     if unknown:

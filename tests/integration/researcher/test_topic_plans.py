@@ -289,3 +289,7 @@ def test_a_topic_naming_no_task_run_on_the_users_data_says_so() -> None:
     assert on_data.task == DATA_TASK and "ran letters" not in notes and "own data task" in notes
     named = topic.parse(KL_TOPIC)
     assert topic.on_task(named, DATA_TASK) is named  # a task the topic names stays its task
+    # A designed study on the data task names it ("makes the data task learn faster"): the same notes.
+    designed = topic.on_task(topic.parse("Which of lr = 1e-05 or lr = 3e-05 makes the data task learn faster?"),
+                             DATA_TASK)
+    assert designed.assumptions == ("the topic names no example task; ran the study's own data task",)
