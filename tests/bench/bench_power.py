@@ -18,15 +18,17 @@ Two parts.
 
 Why resample rather than run every study: at 10 minutes a study, 3 effects × 2 noise modes × 20 studies is
 20 hours of this machine. The runs of part 1 are the same runs a study makes (server, client, held-out
-rounds, the verdict's axis and window); only the study's sampling of seeds is simulated. The study that
-fixes the schedule is itself one real study at the 2× effect, and its verdict is printed.
+rounds, the verdict's axis and window); only the study's sampling of seeds is simulated. ``--real`` real
+studies at the budget, at the effect nearest 2×, check it: the first fixes the looks, and their Answers
+are counted (``RESULT real_studies=<n> real_yes=<k> effect=<k>x budget=<b>``).
 
 One line per effect:
 ``RESULT effect=<k>x min_effect=<x> true_effect=<x> power_independent=<x> power_coupled=<x>
 sd_independent=<x> sd_coupled=<x> seeds_max=<n> looks=<n> studies=<n>``
 
     .venv/bin/python tests/bench/bench_power.py [--seeds 16] [--steps 30] [--budget 10m]
-        [--control 3e-4] [--treatments 3.6e-4,4.4e-4,6.5e-4] [--studies 4000] [--out DIR] [--plan PLAN_JSON]
+        [--control 3e-4] [--treatments 3.6e-4,4.4e-4,6.5e-4] [--studies 4000] [--real 1] [--out DIR]
+        [--plan PLAN_JSON]
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ def measured(out: Path, name: str, plan: Design, seeds: int, steps: int, couple:
     return evidence
 
 
+def real_study(out: Path, index: int, plan: Design, budget: str) -> str:
+    """One real study at ``budget`` on seeds of its own (reused when ``out`` holds it): its Answer."""
+    report = out / "studies" / f"real-{index}" / "report.md"
+    if not report.is_file():
+        start(out, f"real-{index}", plan, ["--budget", budget, "--seed-base", str(100_000 + 10_000 * index)])
+    return report.read_text().split("## Answer\n\n", 1)[-1].split("\n\n", 1)[0] if report.is_file() else ""
+
+
 def differences(evidence: Evidence, treatment: str) -> list[float]:
     """``treatment`` − control per seed both ran, on the verdict's axis."""
     arms = {a.name.split("-", 1)[-1]: a for a in evidence.arms}
@@ -136,8 +146,9 @@ def main() -> None:
     parser.add_argument("--control", type=float, default=3e-4)
     parser.add_argument("--treatments", default="3.6e-4,4.4e-4,6.5e-4", help="about 1x, 2x, 4x min_effect")
     parser.add_argument("--studies", type=int, default=4000, help="simulated studies per effect and noise mode")
-    parser.add_argument("--plan", type=Path, default=None, help="a study's plan.json to take the looks from "
-                                                                "instead of running one at --budget")
+    parser.add_argument("--real", type=int, default=1, help="real studies at --budget at the 2x effect (the "
+                                                            "first one's registered looks drive the simulation)")
+    parser.add_argument("--plan", type=Path, default=None, help="a study's plan.json to take the looks from instead")
     parser.add_argument("--out", type=Path, default=None, help="keep (and reuse) the studies here")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-power-"))
@@ -155,14 +166,18 @@ def main() -> None:
     true = [statistics.fmean(diffs[t, True] + diffs[t, False]) for t in range(len(treatments))]
     middle = min(range(len(treatments)), key=lambda t: abs(true[t] - 2 * MIN_EFFECT))
     plan_json = args.plan
-    if plan_json is None:  # one real study at the budget, at the effect nearest 2x min_effect, coupled
+    if args.real:  # real studies at the budget, at the effect nearest 2x min_effect, coupled (the default)
         at_budget = design(args.control, [treatments[middle]])
-        folder = start(out, "at-budget", at_budget, ["--budget", args.budget, "--seed-base", "100000"])
-        report = folder / "report.md"
-        answer = report.read_text().split("## Answer\n\n", 1)[-1].split("\n\n", 1)[0] if report.is_file() else ""
-        print(f"the real study at {args.budget} (lr {args.control:g} vs {treatments[middle]:g}): {answer[:400]}",
-              flush=True)
-        plan_json = folder / "plan.json"
+        answers = [real_study(out, i, at_budget, args.budget) for i in range(args.real)]
+        for i, answer in enumerate(answers):
+            print(f"real study {i} at {args.budget} (lr {args.control:g} vs {treatments[middle]:g}): {answer[:300]}",
+                  flush=True)
+        yes = sum(verdicts.answer_class(a) is verdicts.Verdict.YES for a in answers)
+        print(f"RESULT real_studies={args.real} real_yes={yes} effect={true[middle] / MIN_EFFECT:.1f}x "
+              f"budget={args.budget}", flush=True)
+        plan_json = plan_json or out / "studies" / "real-0" / "plan.json"
+    if plan_json is None:
+        raise SystemExit("no study to take the looks from: give --plan or --real 1 or more")
     registered, plans = schedule(plan_json)
     print(f"looks: {', '.join(f'{p.seeds} seeds' for p in plans)} an arm (pilot first; {registered.spending}, "
           f"alpha {registered.alpha})", flush=True)
