@@ -24,7 +24,9 @@ are counted (``RESULT real_studies=<n> real_yes=<k> effect=<k>x budget=<b>``).
 
 One line per effect:
 ``RESULT effect=<k>x min_effect=<x> true_effect=<x> power_independent=<x> power_coupled=<x>
-sd_independent=<x> sd_coupled=<x> seeds_max=<n> looks=<n> studies=<n>``
+sd_independent=<x> sd_coupled=<x> seeds_max=<n> looks=<n> studies=<n> seeds_for_power_0.8_independent=<n>
+seeds_for_power_0.8_coupled=<n>`` (the last two: the seeds an arm the same looks would need for power 0.8,
+a larger budget's study; None beyond 32).
 
     .venv/bin/python tests/bench/bench_power.py [--seeds 16] [--steps 30] [--budget 10m]
         [--control 3e-4] [--treatments 3.6e-4,4.4e-4,6.5e-4] [--studies 4000] [--real 1] [--out DIR]
@@ -54,6 +56,7 @@ from researcher.planner.designed import Design, DesignArm, topic_for
 from researcher.study.layout import StudyLayout
 
 MIN_EFFECT = 0.02  # StudyOptions.min_effect's default
+MAX_SEEDS = 32  # the most seeds an arm ``seeds_for`` tries
 
 
 def design(control: float, treatments: list[float]) -> Design:
@@ -111,13 +114,24 @@ def schedule(plan_json: Path) -> tuple[SequentialDesign, list[LookPlan]]:
     registered = PlanFile.model_validate_json(plan_json.read_text()).design
     if registered is None or registered.max_seeds is None:
         raise SystemExit(f"{plan_json}: no sized design (the study ended before its pilot was sized)")
+    return registered, looks_of(registered, registered.max_seeds)
+
+
+def looks_of(registered: SequentialDesign, max_seeds: int) -> list[LookPlan]:
+    """``registered``'s looks had it been sized to ``max_seeds`` seeds an arm."""
     plans = [LookPlan(look=1, seeds=registered.pilot_seeds, fraction=1.0 if registered.looks == 1 else None)]
     while plans[-1].fraction != 1.0:
         left = registered.looks - len(plans)
-        seeds = plans[-1].seeds + -(-(registered.max_seeds - plans[-1].seeds) // left)
-        last = left == 1 or seeds >= registered.max_seeds
-        plans.append(LookPlan(look=len(plans) + 1, seeds=seeds, fraction=1.0 if last else seeds / registered.max_seeds))
-    return registered, plans
+        seeds = plans[-1].seeds + -(-(max_seeds - plans[-1].seeds) // left)
+        last = left == 1 or seeds >= max_seeds
+        plans.append(LookPlan(look=len(plans) + 1, seeds=seeds, fraction=1.0 if last else seeds / max_seeds))
+    return plans
+
+
+def seeds_for(diffs: list[float], registered: SequentialDesign, studies: int, aim: float = 0.8) -> int | None:
+    """The fewest seeds an arm (up to ``MAX_SEEDS``) whose looks give power ``aim``; None if none do."""
+    return next((n for n in range(registered.pilot_seeds + 1, MAX_SEEDS + 1)
+                 if power(diffs, registered, looks_of(registered, n), studies, n) >= aim), None)
 
 
 def power(diffs: list[float], registered: SequentialDesign, plans: list[LookPlan], studies: int, seed: int) -> float:
@@ -191,7 +205,9 @@ def main() -> None:
               f"power_independent={power(ind, registered, plans, args.studies, t):.3f} "
               f"power_coupled={power(cpl, registered, plans, args.studies, t):.3f} "
               f"sd_independent={statistics.stdev(ind):.4f} sd_coupled={statistics.stdev(cpl):.4f} "
-              f"seeds_max={plans[-1].seeds} looks={len(plans)} studies={args.studies}", flush=True)
+              f"seeds_max={plans[-1].seeds} looks={len(plans)} studies={args.studies} "
+              f"seeds_for_power_0.8_independent={seeds_for(ind, registered, args.studies // 4)} "
+              f"seeds_for_power_0.8_coupled={seeds_for(cpl, registered, args.studies // 4)}", flush=True)
 
 
 if __name__ == "__main__":
