@@ -19,13 +19,17 @@ Answer with no class, such as a failed study).
 
     .venv/bin/python tests/bench/bench_verdict.py --topic "…" --repeats 5 [--budget 10m] [--jobs 1]
         [--out DIR] [-- --steps-per-run 30 …]   # anything after -- goes to `researcher start`
+
+With ``--out``, studies that finished in an earlier run into the same DIR are read back rather than rerun.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,10 +54,17 @@ def _answer(report: Path) -> str:
 
 
 def _repeat(index: int, topic: str, budget: str, extra: list[str], out: Path) -> tuple[int, Verdict | None, str, float]:
-    """One study on seeds of its own: (index, class, Answer, wall seconds)."""
+    """One study on seeds of its own: (index, class, Answer, wall seconds). A study that finished in an earlier
+    run of the bench into the same ``--out`` is read back, not rerun, so a long bench can span sessions; one
+    cut short is started again from nothing."""
     sid = f"verdict-{index}"
     here = out / sid
-    here.mkdir(parents=True, exist_ok=True)
+    finished = here / "finished.json"
+    if finished.is_file():
+        answer = _answer(here / "studies" / sid / "report.md")
+        return index, answer_class(answer), answer, float(json.loads(finished.read_text())["wall_s"])
+    shutil.rmtree(here, ignore_errors=True)
+    here.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in _LLM_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # this checkout's code
     command = [str(ROOT / ".venv" / "bin" / "researcher"), "start", "--topic", topic, "--budget", budget,
@@ -62,8 +73,10 @@ def _repeat(index: int, topic: str, budget: str, extra: list[str], out: Path) ->
     started = time.monotonic()
     with open(here / "researcher.log", "w") as log:
         subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    wall = time.monotonic() - started
     answer = _answer(here / "studies" / sid / "report.md")
-    return index, answer_class(answer), answer, time.monotonic() - started
+    finished.write_text(json.dumps({"wall_s": wall}))
+    return index, answer_class(answer), answer, wall
 
 
 def _name(verdict: Verdict | None) -> str:
@@ -78,7 +91,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget", default="10m", help="each study's --budget (the README's: 10m)")
     parser.add_argument("--jobs", type=int, default=1, help="studies at once (1: they do not share the cores)")
-    parser.add_argument("--out", type=Path, default=None, help="keep the studies here (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="keep the studies here (default: a temp dir); studies finished there before are read back")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-verdict-"))
     print(f"topic: {args.topic}\nbudget: {args.budget} · repeats: {args.repeats} · extra: {' '.join(extra) or '-'} "
