@@ -116,7 +116,7 @@ def _session_argv(spec: CampaignSpec, rec: CampaignRecord, claim: ClaimRecord, w
             "--until", until, "--window", f"{window_s:.0f}s", "--park-after-look", *roots]
     for key, value in spec.knobs(claim.index).items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    for key in ("model", "data", "heldout", "reward", "prompt_key", "answer_key"):
+    for key in ("model", "data", "heldout", "reward", "prompt_key", "answer_key", "data_config"):
         if getattr(c, key) is not None:
             argv += [f"--{key.replace('_', '-')}", str(getattr(c, key))]
     if claim.baseline:

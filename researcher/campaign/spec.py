@@ -9,7 +9,7 @@
     topic = "Does a KL coefficient of 0.1 slow learning on letters compared with 0?"
     expect = "yes"                # or "no", "no meaningful difference"
     source = "DAPO, arXiv 2503.14476"
-    # optional: model, data, heldout, reward, prompt_key, answer_key, share, and any of STUDY_KEYS
+    # optional: model, data, heldout, reward, prompt_key, answer_key, data_config, share, and any of STUDY_KEYS
 
 An open ``question`` (with or without claims) is screened first: its first claim is a screen of the task's
 knobs (``researcher.planner.screen``), and each knob the screen flags becomes a claim of its own, run on
@@ -65,6 +65,8 @@ class Claim(StudyKnobs):
     reward: str | None = None
     prompt_key: str | None = None
     answer_key: str | None = None
+    data_config: str | None = Field(None, description="with data: the task's server config (``researcher start "
+                                    "--data-config``); unset: the example one, scaled to ``model``")
     share: float | None = Field(None, gt=0, le=1, description="the most of the campaign's budget this claim may spend")
     design: dict[str, Any] | None = Field(None, description="a discovery stage's arms (``researcher start --design``)")
     alpha: float | None = Field(None, gt=0, lt=0.5, description="its study's two-sided false-positive rate")

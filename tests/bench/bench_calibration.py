@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--effects", type=int, default=10)
     parser.add_argument("--budget", default="10m", help="each study's --budget (the README's: 10m)")
     parser.add_argument("--jobs", type=int, default=1, help="studies at once (1: they do not share the cores)")
-    parser.add_argument("--out", type=Path, default=None, help="keep the studies here (default: a temp dir); studies finished there before are read back")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the studies here (default: a temp dir); those finished there are read back")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-calibration-"))
     topics = interleaved(args.nulls, args.effects)

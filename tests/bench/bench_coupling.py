@@ -16,7 +16,7 @@ the seeds a study needs for the same interval. With few pairs the ratio itself i
 mean_independent=<x> mean_coupled=<x> minutes=<m>``
 
     .venv/bin/python tests/bench/bench_coupling.py [--claims kl,lr,group-size] [--seeds 8] [--steps 30]
-        [--out DIR] [--model smollm2-135m --claims gsm-lr --seeds 3 --steps 5]
+        [--out DIR] [--model smollm2-135m --claims gsm-lr,gsm-random --seeds 3 --steps 5]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ GSM = ROOT / "studies" / "examples" / "gsm-format"
 # gsm-format is a data task (task "data"), passed as the replication campaign passes its SmolLM2 claims.
 GSM_FLAGS = ["--data", str(GSM / "train.jsonl"), "--heldout", str(GSM / "test.jsonl"),
              "--reward", f"{GSM / 'reward.py'}:score"]
+# The replication file's own server config for its SmolLM2 claims: sync mode, so coupled arms sample alike.
+GSM_SYNC_FLAGS = [*GSM_FLAGS, "--data-config", str(ROOT / "studies" / "replications" / "smollm2-gsm.toml")]
 
 # name: (task, control overrides, treatment overrides, extra `researcher start` flags); the issue's three
 # tiny claims and a SmolLM2 one.
@@ -50,7 +52,9 @@ CLAIMS: dict[str, tuple[str, dict[str, Any], dict[str, Any], list[str]]] = {
     "kl": ("letters", {"kl_coef": 0.0}, {"kl_coef": 0.2}, []),
     "lr": ("letters", {"lr": 3e-4}, {"lr": 1e-3}, []),
     "group-size": ("letters", {"group_size": 8}, {"group_size": 2}, []),  # judged per episode consumed
-    "gsm-lr": ("data", {"lr": 1e-5}, {"lr": 3e-5}, GSM_FLAGS),  # SmolLM2 (--model smollm2-135m)
+    "gsm-lr": ("data", {"lr": 1e-5}, {"lr": 3e-5}, GSM_FLAGS),  # SmolLM2 (--model smollm2-135m), async
+    # The replication file's spurious-rewards claim (a coin's reward against the real one), in sync mode.
+    "gsm-random": ("data", {"random_reward": 0.0}, {"random_reward": 0.5}, GSM_SYNC_FLAGS),
 }
 
 
@@ -119,7 +123,7 @@ def main() -> None:
     parser.add_argument("--claims", default="kl,lr,group-size", help=f"comma-separated, of {', '.join(CLAIMS)}")
     parser.add_argument("--seeds", type=int, default=8, help="pairs per study")
     parser.add_argument("--steps", type=int, default=30, help="steps a run at the task's own batch size")
-    parser.add_argument("--model", default=None, help="every run's --model (gsm-lr: smollm2-135m)")
+    parser.add_argument("--model", default=None, help="every run's --model (gsm-lr, gsm-random: smollm2-135m)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     claims = [c.strip() for c in args.claims.split(",") if c.strip()]

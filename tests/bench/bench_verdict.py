@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget", default="10m", help="each study's --budget (the README's: 10m)")
     parser.add_argument("--jobs", type=int, default=1, help="studies at once (1: they do not share the cores)")
-    parser.add_argument("--out", type=Path, default=None, help="keep the studies here (default: a temp dir); studies finished there before are read back")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the studies here (default: a temp dir); those finished there are read back")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-verdict-"))
     print(f"topic: {args.topic}\nbudget: {args.budget} · repeats: {args.repeats} · extra: {' '.join(extra) or '-'} "
