@@ -78,7 +78,8 @@ def test_the_environment_names_the_hub_cache(hub_cache: Path) -> None:
     folder, pretrained, parameters, defaults = json.loads(done.stdout)
     assert Path(folder) == _snapshot(hub_cache, TAGGED)
     assert (pretrained, parameters) == (True, 134_515_008)  # counted from the safetensors header
-    assert defaults == {"lr": 1e-5, "max_tokens": 96, "max_staleness": 4, "micro_batch_tokens": 2048}
+    assert defaults == {"lr": 1e-5, "max_tokens": 96, "max_staleness": 4, "micro_batch_tokens": 2048,
+                        "eval_hold_s": 300.0}
 
 
 def _safetensors(values: int) -> bytes:

@@ -16,7 +16,7 @@ from support import ROOT, SWARM, ServeProcess, free_port
 
 from swarm.config import ServerConfig, starting_config
 
-SCALED_135M = {"lr": 1e-5, "max_tokens": 96, "max_staleness": 4, "micro_batch_tokens": 2048}
+SCALED_135M = {"lr": 1e-5, "max_tokens": 96, "max_staleness": 4, "micro_batch_tokens": 2048, "eval_hold_s": 300.0}
 
 
 def test_a_pretrained_model_starts_from_defaults_scaled_to_it() -> None:
@@ -28,7 +28,7 @@ def test_a_pretrained_model_starts_from_defaults_scaled_to_it() -> None:
 def test_what_a_config_or_flag_sets_wins_over_the_scaled_defaults() -> None:
     config, defaults = starting_config("smollm2-135m", {"lr": 3e-4, "max_tokens": 8, "group_size": 4})
     assert (config.lr, config.max_tokens, config.group_size, config.max_staleness) == (3e-4, 8, 4, 4)
-    assert defaults.keys == {"max_staleness": 4, "micro_batch_tokens": 2048}  # only the values taken
+    assert defaults.keys == {"max_staleness": 4, "micro_batch_tokens": 2048, "eval_hold_s": 300.0}  # only those taken
 
 
 def test_random_weights_keep_the_built_in_defaults(bpe_model: Path) -> None:
@@ -54,7 +54,7 @@ def test_a_bare_serve_of_smollm2_trains_at_its_scaled_lr_and_says_so(tmp_path: P
                  for json_ in ((), ("--json",))]
         assert all(done.returncode == 0 for done in shown), [done.stderr for done in shown]
         (row,) = [line for line in shown[0].stdout.splitlines() if "│ defaults " in line]
-        assert ("model-scaled for smollm2-135m: lr=1e-05  max_staleness=4  max_tokens=96  "
+        assert ("model-scaled for smollm2-135m: eval_hold_s=300.0  lr=1e-05  max_staleness=4  max_tokens=96  "
                 "micro_batch_tokens=2048") in row, shown[0].stdout
         status = json.loads(shown[1].stdout)
         assert status["defaults"] == {"source": "model-scaled", "keys": SCALED_135M, "resumed": False}
