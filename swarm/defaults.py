@@ -50,8 +50,8 @@ _MICRO_BATCH_BY_SIZE = ((300_000_000, 2048), (1_500_000_000, 1024))  # (at most,
 
 
 def training_defaults(model: str, answer_chars: int = 0) -> dict[str, Any]:
-    """ServerConfig keys (``lr``, ``max_tokens``, ``max_staleness``, and ``micro_batch_tokens`` and
-    ``eval_hold_s`` for a pretrained model) and ``eval_every`` for ``model``
+    """ServerConfig keys (``lr``, ``max_tokens``, ``max_staleness``; for a pretrained model also
+    ``micro_batch_tokens`` and ``eval_hold_s``) and ``eval_every`` for ``model``
     (a preset, a registry name, a .gguf file or a folder), given the longest reference answer's length."""
     facts = model_facts(model)
     if not facts.pretrained:
