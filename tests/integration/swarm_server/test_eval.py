@@ -178,6 +178,41 @@ def test_run_evaluates_the_heldout_set_at_step_zero_and_every_n_steps(start_serv
         client.run(iter([]), workflow, group_size=2, concurrency=1, heldout=heldout + heldout[:1], eval_every=1)
 
 
+def test_a_sync_drain_refusal_names_the_step_whose_round_the_next_step_waits_for(start_server) -> None:
+    """Sync mode, the next batch already complete when a step ends: every training claim is refused (the
+    drain) while the next step holds for this step's held-out round. The refusal names the step, as
+    admission's does, so the client starts the round from it (``swarm.client._runner``); unnamed, a
+    SmolLM2 run's rounds at steps 2, 4, ... waited out ``eval_hold_s`` unclaimed and were skipped."""
+    server = start_server(group_size=2, min_group_size=2, batch_groups=1, max_tokens=4, mode="sync",
+                          eval_hold_s=300.0)
+    core = server.core
+
+    def group(task: str) -> None:
+        for reward, ep in enumerate((_claim(server, task), _claim(server, task))):
+            _chat(server, ep)
+            assert _end(server, ep, "finish", {"reward": float(reward)}).status_code == 200
+
+    def eval_round() -> None:
+        episode = _claim(server, "h0", purpose="eval", eval_every=1)
+        assert episode["step"] == core.step
+        _chat(server, episode)
+        assert _end(server, episode, "finish", {"reward": 0.5}).status_code == 200
+
+    eval_round()  # step 0's round; its claim tells the server the cadence: a round after every step
+    group("t1")
+    wait_for(lambda: core.step == 1)
+    group("t2")  # step 2's batch is complete, and step 2 waits for step 1's round
+    assert core.batch_ready() and core.step == 1
+    with server.client() as http:
+        refused = http.post("/api/v1/episodes", json={"task_id": "t3"})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["detail"] == {"reason": "sync_drain", "step": 1}
+    assert core.step == 1 and _status(server)["episodes"]["claimed"] == 4  # the refused claim left nothing
+    eval_round()  # what the client does on that refusal: the held step trains as soon as the round ends
+    wait_for(lambda: core.step == 2, 60, what="step 2 after step 1's round")
+    assert [int(m["metrics"]["eval/step"]) for m in _metrics(server) if "eval/step" in m["metrics"]] == [0, 1]
+
+
 def test_async_rounds_fall_on_exact_multiples_and_training_ends_at_max_steps(start_server) -> None:
     """Async mode, where a round used to land a step late (its claim waited for a running step): the
     eval claims carry the cadence, so the step after each multiple waits for that multiple's round;
