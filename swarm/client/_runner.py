@@ -22,8 +22,9 @@ server holds its next step until they end, so the round evaluates one policy; th
 and rounds fall on exactly 0, k, 2k, … in every run). Workers run queued
 eval episodes before claiming more training ones, and while a training claim is refused for now
 (admission holds new work until the next step, and that step waits for the round); a refusal that
-names the server's step (admission's and sync mode's drain do) starts a round that is due, as a claim would. A failed eval
-claim turns evaluation off for the rest of the run (logged), since training need not stop for it.
+names the server's step (admission's and sync mode's drain do) starts a round that is due, as a claim
+would. A failed eval claim turns evaluation off for the rest of the run (logged), since training need
+not stop for it.
 """
 
 from __future__ import annotations
