@@ -28,10 +28,10 @@ The rules, and why:
   size is unknown; gradients accumulate over micro-batches, so the update itself is the same.
 - **Evaluation cadence.** Every 5 steps (``swarm run``'s default): a pretrained model's step is
   slow, so a round every 5 steps still gives a 60-step run 13 points.
-- **Waiting for a held-out round.** The step after a round's step waits for the round (``eval_hold_s``),
-  so every run's rounds fall at the same steps. The built-in 10 s fits the tiny presets; one SmolLM2 round
-  (32 replies of up to 96 tokens) took 25-60 s on 2 cores, and at 10 s a run trained on without its
-  rounds at steps 2 and 4 (measured, 2026-12-03). A pretrained model waits up to 300 s.
+- **Waiting for a held-out round.** The step after a round's step waits up to ``eval_hold_s`` for the
+  round to be claimed, so every run's rounds fall at the same steps. A client claims it on its next claim
+  or refusal, and its workers claim when an episode ends: a tiny preset's episodes end within a second
+  (the built-in 10 s), a pretrained model's can take tens of seconds on a CPU. It waits up to 300 s.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from swarm.models.named import model_facts
 __all__ = ["server_defaults", "training_defaults"]
 
 T = TypeVar("T")
-EVAL_HOLD_S = 300.0  # seconds a pretrained model's step waits for its held-out round (the rules above)
+EVAL_HOLD_S = 300.0  # seconds a pretrained model's step waits for its held-out round's claim (the rules above)
 
 _LR_BY_SIZE = ((300_000_000, 1e-5), (1_500_000_000, 3e-6))  # (at most this many parameters, lr); above: 1e-6
 _MICRO_BATCH_BY_SIZE = ((300_000_000, 2048), (1_500_000_000, 1024))  # (at most, tokens); above or unknown: 512
