@@ -299,9 +299,7 @@ class ServerCore:
         if evaluating:
             return
         if self.config.mode == "sync" and (self.loop.training or self.batch_ready()):
-            # The step is named, as admission names it: the next step may be held for this step's held-out
-            # round, and a client whose every claim is refused here starts that round only if it knows the
-            # step (``swarm.client._runner``); unnamed, the round waited out ``eval_hold_s`` and was skipped.
+            # Named, as admission's is: a client refused here starts a due held-out round from it (``_runner``).
             raise RetryLater("sync mode: a weight update is pending while in-flight episodes finish",
                              retry_after=0.5, detail={"reason": "sync_drain", "step": self.step})
 
