@@ -95,9 +95,12 @@ def _words(design: SequentialDesign, pilot: Comparison | None, min_effect: float
                 "the pilot gave no spread to size it from")
         return f"Sized from the pilot: {need}; the budget runs {design.max_seeds} seeds an arm."
     hours = ""
-    if design.needed_hours is not None:
-        hours = (f", about {design.needed_hours:.1f} hours here" if design.needed_hours >= 1 else
-                 f", about {design.needed_hours * 60:.0f} minutes here")
+    if design.needed_seeds <= design.pilot_seeds:
+        hours = ", no more than the pilot ran"
+    elif design.needed_hours is not None:
+        more = (f"{design.needed_hours:.1f} hours" if design.needed_hours >= 1 else
+                f"{max(design.needed_hours * 60, 1):.0f} minutes")
+        hours = f", about {more} more here"
     need = (f"{spread} needs about {design.needed_seeds} seeds an arm to resolve ±{min_effect} at 80% power"
             f"{hours}")
     if design.reachable:

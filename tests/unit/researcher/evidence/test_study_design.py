@@ -70,7 +70,14 @@ def test_a_budget_that_cannot_decide_says_so_with_the_seeds_and_hours_needed() -
     assert sized.reachable is False and sized.needed_seeds is not None and sized.needed_seeds > sized.max_seeds
     assert sized.sizing.startswith("The budget cannot decide this: the pilot's spread (paired difference sd 0.0500) "
                                    f"needs about {sized.needed_seeds} seeds an arm to resolve ±0.01 at 80% power")
-    assert "hours here" in sized.sizing and f"the budget runs only {sized.max_seeds}" in sized.sizing
+    assert "hours more here" in sized.sizing and f"the budget runs only {sized.max_seeds}" in sized.sizing
+
+
+def test_a_pilot_that_already_has_the_seeds_needed_says_so_rather_than_zero_minutes() -> None:
+    room = sizing.Room(time_left_s=3600, run_s=600, parallel=2, runs_left=100, arms=2)
+    sized = sizing.size(sizing.register(3, 4), _pilot(0.5, 2.5), room, 5.0)
+    assert sized.needed_seeds is not None and sized.needed_seeds <= 4
+    assert "no more than the pilot ran" in sized.sizing and "minutes" not in sized.sizing
 
 
 def test_a_single_registered_look_is_a_fixed_design() -> None:
