@@ -141,6 +141,8 @@ def start(
     alpha: Annotated[float | None, typer.Option(min=0.0001, max=0.4999, help=(
         "the study's two-sided false-positive rate over all its looks (default 0.05)"),
         rich_help_panel="Campaigns")] = None,
+    keep_training_state: Annotated[bool, typer.Option("--keep-training-state", help=(
+        "keep each ended run's optimizer state and KL reference (default: its checkpoints keep the weights only)"))] = False,
     allow_unboxed: Annotated[bool, typer.Option("--allow-unboxed", help=(
         "run LLM-written study code even where the OS sandbox (bubblewrap) cannot be built; the report says so"))] = False,
     studies_dir: StudiesDir = Path("studies"),
@@ -167,7 +169,8 @@ def start(
                  "gpus_per_run": gpus_per_run, "run_resources": run_resources,
                  "ray_address": ray_address or os.environ.get("RESEARCHER_RAY_ADDRESS") or None,
                  "park_after_look": park_after_look or None, "baseline": baseline, "design": design,
-                 "alpha": alpha, "allow_unboxed": allow_unboxed or None},
+                 "alpha": alpha, "allow_unboxed": allow_unboxed or None,
+                 "keep_training_state": keep_training_state or None},
         data=None if data is None else DataFlags(source=data, reward=reward, heldout=heldout, prompt_key=prompt_key,
                                                  answer_key=answer_key, warmup_steps=warmup_steps, config=data_config))
     try:

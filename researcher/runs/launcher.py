@@ -249,6 +249,7 @@ class Launcher(RunProcesses):
                 log.info("control stop of %s failed (%s); terminating it", record.key, exc)
             if not detached.wait_exit(record.server_pid, record.server_started, 20.0):
                 detached.stop_group(record.server_pid, record.server_started)
+        self.shed_ended(record)
         run_status.move(record, status)
         record.ending, record.ended_at = None, time.time()
         runs.save(run_dir, record)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from researcher.runs import detached, sandbox
+from researcher.runs import detached, sandbox, shedding
 from researcher.runs import record as runs
 from researcher.runs.logs import LOG_KEEP, LOG_MAX_BYTES, SERVER_LOG, tail
 from researcher.runs.record import RunRecord
@@ -50,7 +50,8 @@ class RunProcesses:
     def __init__(self, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 120.0, external_token: str | None = None,
                  mlflow_uri: str | None = None, gpus: Sequence[str] = (), artifacts_root: Path | None = None,
-                 log_max_bytes: int = LOG_MAX_BYTES, log_keep: int = LOG_KEEP, box_read: Sequence[Path] = ()) -> None:
+                 log_max_bytes: int = LOG_MAX_BYTES, log_keep: int = LOG_KEEP, box_read: Sequence[Path] = (),
+                 keep_training_state: bool = False) -> None:
         self.log_max_bytes, self.log_keep = log_max_bytes, log_keep  # run logs' size cap (logs.cap)
         self.gpus = list(gpus)  # this machine's GPU ids runs may use (``resources.discover_gpus``)
         self.artifacts_root = artifacts_root  # where every study's run records are (who holds which GPU)
@@ -61,6 +62,13 @@ class RunProcesses:
         self.ready_timeout_s = ready_timeout_s
         self.external_token = external_token
         self.box_read = list(box_read)  # files outside the study its boxed clients read (a data study's)
+        self.keep_training_state = keep_training_state  # else an ended run sheds it (``shedding``)
+
+    def shed_ended(self, record: RunRecord) -> None:
+        """An ended run of ours keeps its checkpoints' weights only (``researcher.runs.shedding``); an
+        external server's state is its owner's."""
+        if not (self.keep_training_state or record.external) and record.state_dir:
+            shedding.shed_training_state(Path(record.state_dir))
 
     def _server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_SERVERS}

@@ -64,9 +64,10 @@ class RayLauncher(Launcher):
     def __init__(self, address: str, swarm_command: Sequence[str], *, model: str | None = None, threads: int = 1,
                  ready_timeout_s: float = 300.0, mlflow_uri: str | None = None,
                  artifacts_root: Path | None = None, python: str = sys.executable,
-                 box_read: Sequence[Path] = ()) -> None:
+                 box_read: Sequence[Path] = (), keep_training_state: bool = False) -> None:
         super().__init__(swarm_command, model=model, threads=threads, ready_timeout_s=ready_timeout_s,
-                         mlflow_uri=mlflow_uri, artifacts_root=artifacts_root, box_read=box_read)
+                         mlflow_uri=mlflow_uri, artifacts_root=artifacts_root, box_read=box_read,
+                         keep_training_state=keep_training_state)
         self.address = address
         self.python = python
         self._client: Any = None
@@ -304,6 +305,7 @@ class RayLauncher(Launcher):
         self.stop_client(record)
         self._stop_server(record, checkpoint_first=False)
         self._fetch_logs(run_dir, record)
+        self.shed_ended(record)
         run_status.move(record, status)
         record.ending, record.ended_at = None, time.time()
         if record.queued_at is not None:

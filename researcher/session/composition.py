@@ -109,12 +109,12 @@ def _launcher(settings: ResearcherSettings, options: StudyOptions, threads: int)
 
         return RayLauncher(options.ray_address, settings.swarm_command, model=options.model, threads=threads,
                            mlflow_uri=settings.mlflow_uri(), artifacts_root=settings.artifacts_root,
-                           box_read=datatask.readable(options))
+                           box_read=datatask.readable(options), keep_training_state=options.keep_training_state)
     return Launcher(settings.swarm_command, model=options.model, threads=threads,
                     external_token=settings.server_token, mlflow_uri=settings.mlflow_uri(),
                     gpus=resources.discover_gpus(), artifacts_root=settings.artifacts_root,
                     log_max_bytes=int(settings.log_max_mb * 2**20), log_keep=settings.log_keep,
-                    box_read=datatask.readable(options))
+                    box_read=datatask.readable(options), keep_training_state=options.keep_training_state)
 
 
 def _takeover_recorder(layout: StudyLayout, emit: Emit) -> Callable[[Takeover], None]:

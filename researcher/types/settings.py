@@ -69,6 +69,9 @@ class StudyOptions(BaseModel):
     client_stuck_s: float = Field(600.0, gt=0, description="no finished episode for this long while the server "
                                   "waits = a hung client (restarted)")
     min_free_disk_mb: float = Field(500.0, ge=0, description="park the study when the artifacts disk has less free")
+    keep_training_state: bool = Field(False, description="keep an ended run's optimizer state and KL reference in "
+                                      "its checkpoints; default: only the weights stay (an ended run is never "
+                                      "resumed; researcher.runs.shedding)")
     model: str | None = Field(None, description="what `swarm serve --model` loads for every run; None: each "
                               "experiment's config.toml decides (its `model` key, else the server's default, tiny)")
     couple: bool = Field(True, description="paired arms share their tasks and sampling noise (swarm serve "

@@ -40,6 +40,17 @@ def _check_killed_and_resumed(cli, sid: str, tmp_path: Path) -> None:
     assert resumed.returncode == 0, (tmp_path / "start.log").read_text()[-2000:] + resumed.stdout + resumed.stderr
 
 
+def _check_weights_only(records: list[runs.RunRecord]) -> None:
+    """Ended runs keep their checkpoints' weights, a folder that still loads, and shed the optimizer
+    state (researcher.runs.shedding)."""
+    from transformers import AutoModelForCausalLM
+
+    folders = [w for r in records for w in Path(r.state_dir).glob("checkpoints/step-*/weights")]
+    assert len(folders) >= len(records)
+    assert all((w / "model.safetensors").is_file() and not (w / "optimizer.pt").exists() for w in folders)
+    assert AutoModelForCausalLM.from_pretrained(folders[0]).num_parameters() > 0
+
+
 def _wait_mid_study(runs_dir: Path, proc, timeout: float = 240) -> list[runs.RunRecord]:
     """Until some run is launched and has trained a couple of steps (the graph is in `monitor`)."""
     def mid_study() -> list[runs.RunRecord]:
@@ -85,6 +96,7 @@ def test_sigkill_then_resume_completes_without_launching_twice(cli, tmp_path: Pa
     assert all(r.eval_samples == 2 for r in records)  # each held-out task twice a round: its noise is measured
     assert all(r.last_step >= r.target_step for r in records)
     no_leftover_servers(runs_dir)
+    _check_weights_only(records)
 
     study_dir = cli.studies / sid
     plan = json.loads((study_dir / "plan.json").read_text())

@@ -89,6 +89,9 @@ def test_a_study_on_two_ray_nodes(cli, cluster: Cluster, tmp_path: Path, monkeyp
         (nodes_seen, names)
     records = runs.all_records(runs_dir)
     assert all(r.launches == 1 and r.resumes == 0 for r in records)
+    weights = [w for r in records for w in Path(r.state_dir).glob("checkpoints/step-*/weights")]  # ended: shed
+    assert len(weights) >= 4 and all((w / "model.safetensors").is_file() and not (w / "optimizer.pt").exists()
+                                     for w in weights)
     jobs = _jobs_of(cluster)
     assert len(jobs) == len(set(jobs)) and all(j in jobs for r in records for j in r.jobs)
     # No token on a job's command line, metadata or runtime env; the servers' tokens stay in their state dirs.
