@@ -5,7 +5,7 @@ Registered first (plan.json, before the pilot runs): at most ``max_iterations`` 
 alpha spending at 5%, the pilot's seeds. After the pilot the spread of its paired difference and its
 measured seconds per run give the seeds per arm that resolve ±``min_effect`` with 80% power, and the
 seeds the budget can run; the study is sized to what the budget runs (it stops early once settled), and
-when that is short of the need it says so at once ("needs about N seeds an arm, about H hours here").
+when that is short of the need it says so at once ("needs about N seeds an arm, about H hours more here").
 Each later look is registered before its runs start, with its information fraction; the last look the
 budget allows spends what alpha is left.
 """

@@ -48,7 +48,7 @@ def test_a_pilot_that_shows_the_budget_cannot_decide_says_so_before_the_next_run
     assert design is not None and design.reachable is False and design.looks == 2 and design.pilot_seeds == 2
     assert design.needed_seeds is not None and design.max_seeds is not None and design.needed_seeds > design.max_seeds
     assert re.fullmatch(r"The budget cannot decide this: the pilot's spread \(paired difference sd 0\.0566\) needs "
-                        r"about \d+ seeds an arm to resolve ±0\.02 at 80% power, about [0-9.]+ (hours|minutes) here, "
+                        r"about \d+ seeds an arm to resolve ±0\.02 at 80% power, about [0-9.]+ (hours|minutes) more here, "
                         r"and the budget runs only \d+\. The study runs what fits\.", design.sizing), design.sizing
     assert ("sized", {"text": design.sizing, "reachable": False, "needed": design.needed_seeds,
                       "max_seeds": design.max_seeds}) in events
